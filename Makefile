@@ -1,0 +1,24 @@
+# The two commands: `make demo` (set up, then train digits on 2 processes) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NP ?= 2
+# Open MPI refuses to run as root without these (CI and containers run as root).
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+.PHONY: setup demo test bench clean
+
+setup:
+	bash scripts/setup/setup.sh
+
+demo: setup
+	$(VENV)/bin/horovodrun -np $(NP) --gloo $(VENV)/bin/hvdtrain train --dataset digits --model mlp --epochs 20
+
+test: setup
+	$(PY) -m pytest -v -rs
+
+bench: setup
+	$(PY) scripts/bench_sync.py
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,87 @@
+"""Atomic checkpoint files.
+
+A checkpoint is written to a temporary file in the same folder, flushed to disk, then renamed over
+the old one. A crash or a full disk mid-write leaves the previous checkpoint intact. Loading uses
+``torch.load(weights_only=True)``, which refuses to run code stored in the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CHECKPOINT_NAME = "checkpoint.pt"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, unreadable, or belongs to a different run setup."""
+
+
+def checkpoint_path(path: str | os.PathLike) -> Path:
+    """Accept a run folder or a checkpoint file."""
+    p = Path(path)
+    return p / CHECKPOINT_NAME if p.is_dir() else p
+
+
+def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format_version": FORMAT_VERSION, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave a half-written file behind
+        raise
+    _fsync_dir(path.parent)  # make the rename itself durable
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    path = checkpoint_path(path)
+    if not path.is_file():
+        raise CheckpointError(f"--resume: no checkpoint at {path}; pass a checkpoint file or a "
+                              f"run folder that holds {CHECKPOINT_NAME}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated zip, pickle errors, unsupported globals...
+        raise CheckpointError(f"--resume: {path} is not a readable checkpoint "
+                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                              "it may be truncated or from another program. Resume from an "
+                              "intact checkpoint, or start without --resume") from None
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"--resume: {path} is not an hvdtrain checkpoint "
+                              f"(format {state.get('format_version') if isinstance(state, dict) else '?'}, "
+                              f"expected {FORMAT_VERSION})")
+    return state
+
+
+def check_compatible(state: dict[str, Any], expected: dict[str, Any], path: Any) -> None:
+    """Compare the identity a checkpoint was written with (model, input shape...) to this run's."""
+    saved = state.get("identity", {})
+    diffs = [f"{k}: checkpoint has {saved.get(k)!r}, this run has {v!r}"
+             for k, v in expected.items() if saved.get(k) != v]
+    if diffs:
+        raise CheckpointError(f"--resume: {path} was written for a different setup ("
+                              + "; ".join(diffs) + "). Resume with the flags it was trained "
+                              "with, or start without --resume")

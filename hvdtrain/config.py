@@ -1,0 +1,310 @@
+"""Every option of a training run, as documented dataclasses.
+
+Each field's ``metadata["help"]`` is its documentation and also its ``--flag`` help text, so the
+command line (cli.py), a TOML/YAML config file and the code all read one source. Validation lives
+here too: :meth:`Config.validate` rejects impossible values before any process starts talking,
+with a message that names the flag and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """An option has a value that cannot work. The message names the flag and the fix."""
+
+
+def _opt(default: Any, help: str, choices: tuple | None = None, **kw) -> Any:
+    """A dataclass field whose metadata carries its help text (and allowed values)."""
+    meta = {"help": help, "choices": choices, **kw}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class DataConfig:
+    """Where the samples come from and how they are split."""
+
+    dataset: str = _opt("digits", "digits (scikit-learn's bundled 8x8 digits), synthetic, "
+                        "mnist (a folder of IDX files) or npz (a file with x and y arrays)",
+                        choices=("digits", "synthetic", "mnist", "npz"))
+    data_path: str | None = _opt(None, "folder of MNIST IDX files, or the .npz file; "
+                                 "required for --dataset mnist|npz")
+    test_fraction: float = _opt(0.2, "share of samples held out for testing (stratified), "
+                                "when the dataset has no test split of its own")
+    data_seed: int = _opt(0, "seed of the train/test split and of synthetic data")
+    synthetic_samples: int = _opt(8192, "number of samples in --dataset synthetic")
+    synthetic_shape: tuple[int, ...] = _opt((1024,), "shape of one synthetic sample, "
+                                            "e.g. 1024 or 1x28x28")
+    synthetic_classes: int = _opt(10, "number of classes in --dataset synthetic")
+
+
+@dataclass
+class ModelConfig:
+    """Which network to train. Input and output sizes come from the dataset."""
+
+    model: str = _opt("mlp", "model from the registry (see hvdtrain/models.py)",
+                      choices=("mlp", "cnn"))
+    hidden: tuple[int, ...] = _opt((256, 128), "hidden layer widths of the MLP, e.g. 1024,1024")
+    channels: tuple[int, ...] = _opt((32, 64), "convolution channels of the CNN, one per block")
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer and its learning-rate schedule."""
+
+    optimizer: str = _opt("sgd", "sgd (with --momentum), adam or adamw",
+                          choices=("sgd", "adam", "adamw"))
+    lr: float = _opt(0.05, "learning rate of one worker; it is scaled by the world size "
+                     "(see --lr-scaling)")
+    momentum: float = _opt(0.9, "SGD momentum")
+    weight_decay: float = _opt(0.0, "L2 penalty (decoupled for adamw)")
+    lr_scaling: str = _opt("linear", "linear: multiply --lr by the number of workers "
+                           "(Goyal et al. 2017); none: use --lr as is",
+                           choices=("linear", "none"))
+    warmup_epochs: float = _opt(1.0, "epochs over which the learning rate ramps from --lr to "
+                                "the scaled rate; 0 disables warmup")
+    lr_schedule: str = _opt("constant", "after warmup: constant, or cosine decay to 0",
+                            choices=("constant", "cosine"))
+
+
+@dataclass
+class SyncConfig:
+    """Horovod settings for --mode sync."""
+
+    compression: str = _opt("none", "gradient compression on the wire: none or fp16",
+                            choices=("none", "fp16"))
+    reduce_op: str = _opt("average", "how gradients combine: average, or adasum "
+                          "(Maleki et al. 2020; the learning rate is then not scaled on CPU)",
+                          choices=("average", "adasum"))
+    backward_passes_per_step: int = _opt(1, "gradient accumulation: split each per-worker "
+                                         "batch into this many backward passes before one "
+                                         "allreduce and update")
+    fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
+                                      "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
+    cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME)")
+
+
+@dataclass
+class RunConfig:
+    """The loop: how long, how big, where the results go."""
+
+    mode: str = _opt("sync", "update scheme: sync (Horovod allreduce)", choices=("sync",))
+    epochs: int = _opt(20, "passes over the training split")
+    batch_size: int = _opt(32, "samples per worker per optimizer step; the global batch is "
+                           "this times the number of workers")
+    seed: int = _opt(0, "seed of model initialisation and data shuffling")
+    max_steps_per_epoch: int = _opt(0, "stop each epoch after this many steps (0: no limit); "
+                                    "for benchmarks and quick checks")
+    eval_every: int = _opt(1, "evaluate test accuracy every N epochs (and always at the end)")
+    run_dir: str | None = _opt(None, "folder for the metrics log and checkpoints "
+                               "(default: runs/<time>-<mode>-<dataset>-<model>)")
+    checkpoint_every: int = _opt(1, "write a checkpoint every N epochs (0: only at the end)")
+    resume: str | None = _opt(None, "resume from this checkpoint file or run folder")
+    log_steps: bool = _opt(False, "also log one line per step (loss averaged across workers; "
+                           "costs one small allreduce per step)")
+    progress: bool = _opt(True, "show the progress bar on the main process")
+    device: str = _opt("auto", "auto (a GPU per local rank when CUDA is present), cpu or cuda")
+    threads: int = _opt(0, "torch intra-op threads per process (0: cores / processes per host)")
+    deterministic: bool = _opt(False, "use deterministic torch kernels (for exact resume on GPU)")
+
+
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
+            "sync": SyncConfig, "run": RunConfig}
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    # --- building -----------------------------------------------------------------------------
+    @classmethod
+    def from_overrides(cls, values: dict[str, Any]) -> "Config":
+        """Build from flat ``{field_name: value}`` pairs; names are unique across sections."""
+        cfg = cls()
+        owner = field_owners()
+        for name, value in values.items():
+            if name not in owner:
+                raise ConfigError(f"unknown option {name!r}; valid options are: "
+                                  f"{', '.join(sorted(owner))}")
+            section = getattr(cfg, owner[name])
+            setattr(section, name, coerce(section, name, value))
+        return cfg
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+    # --- checking -----------------------------------------------------------------------------
+    def validate(self) -> "Config":
+        """Raise :class:`ConfigError` for the first value that cannot work."""
+        d, m, o, s, r = self.data, self.model, self.optim, self.sync, self.run
+        _require(r.epochs >= 1, "--epochs", r.epochs, "train for at least one epoch, e.g. --epochs 10")
+        _require(r.batch_size >= 1, "--batch-size", r.batch_size,
+                 "use a positive per-worker batch, e.g. --batch-size 32")
+        _require(r.max_steps_per_epoch >= 0, "--max-steps-per-epoch", r.max_steps_per_epoch,
+                 "use 0 for no limit or a positive step count")
+        _require(r.eval_every >= 1, "--eval-every", r.eval_every, "evaluate every N >= 1 epochs")
+        _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
+                 "use 0 (only at the end) or a positive number of epochs")
+        _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        _require(r.device in ("auto", "cpu", "cuda") or r.device.startswith("cuda:"), "--device",
+                 r.device, "use auto, cpu, cuda or cuda:N")
+        _require(math.isfinite(o.lr) and o.lr > 0, "--lr", o.lr,
+                 "pass a positive learning rate, e.g. --lr 0.05")
+        _require(0 <= o.momentum < 1, "--momentum", o.momentum, "use a value in [0, 1), e.g. 0.9")
+        _require(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "use 0 or a positive value")
+        _require(o.warmup_epochs >= 0, "--warmup-epochs", o.warmup_epochs,
+                 "use 0 (no warmup) or a positive number of epochs")
+        _require(0 < d.test_fraction < 1, "--test-fraction", d.test_fraction,
+                 "hold out a share strictly between 0 and 1, e.g. 0.2")
+        _require(d.synthetic_samples >= 2, "--synthetic-samples", d.synthetic_samples,
+                 "use at least 2 samples")
+        _require(len(d.synthetic_shape) >= 1 and all(n >= 1 for n in d.synthetic_shape),
+                 "--synthetic-shape", d.synthetic_shape, "give positive sizes such as 1024 or 1x28x28")
+        _require(d.synthetic_classes >= 2, "--synthetic-classes", d.synthetic_classes,
+                 "use at least 2 classes")
+        if d.dataset in ("mnist", "npz"):
+            _require(bool(d.data_path), "--data-path", d.data_path,
+                     f"--dataset {d.dataset} reads local files: pass --data-path "
+                     + ("FOLDER holding train-images-idx3-ubyte etc." if d.dataset == "mnist"
+                        else "FILE.npz holding arrays x and y"))
+        _require(len(m.hidden) >= 1 and all(n >= 1 for n in m.hidden), "--hidden", m.hidden,
+                 "give positive layer widths, e.g. --hidden 256,128")
+        _require(len(m.channels) >= 1 and all(n >= 1 for n in m.channels), "--channels",
+                 m.channels, "give positive channel counts, e.g. --channels 32,64")
+        k = s.backward_passes_per_step
+        _require(k >= 1, "--backward-passes-per-step", k, "use 1 (no accumulation) or more")
+        _require(r.batch_size % k == 0, "--backward-passes-per-step", k,
+                 f"it must divide --batch-size {r.batch_size} evenly "
+                 f"({r.batch_size} % {k} = {r.batch_size % k}); change one of them")
+        _require(s.fusion_threshold_mb >= 0, "--fusion-threshold-mb", s.fusion_threshold_mb,
+                 "use 0 (no fusion) or a size in MiB, e.g. 64")
+        _require(s.cycle_time_ms > 0, "--cycle-time-ms", s.cycle_time_ms,
+                 "use a positive time in ms, e.g. 1")
+        return self
+
+
+def _require(ok: bool, flag: str, got: Any, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{flag}: invalid value {_show(got)}; {fix}")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) or "(empty)"
+    return repr(value)
+
+
+def field_owners() -> dict[str, str]:
+    """Map each option name to the section that holds it."""
+    owners: dict[str, str] = {}
+    for section, klass in SECTIONS.items():
+        for f in dataclasses.fields(klass):
+            assert f.name not in owners, f"option {f.name} defined twice"
+            owners[f.name] = section
+    return owners
+
+
+def coerce(section: Any, name: str, value: Any) -> Any:
+    """Turn a value from the command line or a config file into the field's type."""
+    f = {f.name: f for f in dataclasses.fields(section)}[name]
+    flag = "--" + name.replace("_", "-")
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    try:
+        if value is None:
+            out = None
+        elif isinstance(default, bool):
+            out = parse_bool(value)
+        elif isinstance(default, tuple):
+            out = parse_int_tuple(value)
+        elif isinstance(default, int):
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError("not a whole number")
+            out = int(value)
+        elif isinstance(default, float):
+            out = float(value)
+        else:
+            out = str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{flag}: cannot read {value!r} ({e}); "
+                          f"expected {type(default).__name__}") from None
+    choices = f.metadata.get("choices")
+    if choices and out not in choices:
+        raise ConfigError(f"{flag}: invalid choice {out!r}; choose one of {', '.join(choices)}")
+    return out
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_int_tuple(value: Any) -> tuple[int, ...]:
+    """``"1024,1024"``, ``"1x28x28"``, ``[256, 128]`` or ``64`` -> a tuple of ints."""
+    if isinstance(value, (list, tuple)):
+        parts = list(value)
+    elif isinstance(value, int):
+        parts = [value]
+    else:
+        parts = [p for p in str(value).replace("x", ",").split(",") if p.strip()]
+    return tuple(int(p) for p in parts)
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a TOML or YAML file into flat option pairs.
+
+    Keys may sit at the top level or under a section named like the dataclasses
+    (``[optim]``, ``[run]``...). Dashes and underscores are interchangeable.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"--config: file {path} not found; pass the path of a .toml or .yaml file")
+    text = p.read_text()
+    try:
+        if p.suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            raw = tomllib.loads(text)
+        elif p.suffix in (".yaml", ".yml"):
+            import yaml
+            raw = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"--config: {path} must end in .toml, .yaml or .yml")
+    except ConfigError:
+        raise
+    except Exception as e:  # the parsers' own error types differ; all mean "fix the file"
+        raise ConfigError(f"--config: cannot parse {path}: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config: {path} must hold a table of options, not {type(raw).__name__}")
+    flat: dict[str, Any] = {}
+    for key, value in raw.items():
+        key = key.replace("-", "_")
+        if key in SECTIONS and isinstance(value, dict):
+            for sub, v in value.items():
+                flat[sub.replace("-", "_")] = v
+        else:
+            flat[key] = value
+    owners = field_owners()
+    unknown = sorted(k for k in flat if k not in owners)
+    if unknown:
+        raise ConfigError(f"--config: {path} has unknown option(s) {', '.join(unknown)}; "
+                          f"valid options are: {', '.join(sorted(owners))}")
+    return flat

@@ -1,0 +1,226 @@
+"""Datasets, the train/test split, and each worker's shard of every epoch.
+
+All datasets here fit in memory, so a dataset is four tensors and batches are index lookups; no
+DataLoader worker processes compete with the training ranks for the machine's cores.
+"""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler
+
+from .config import DataConfig
+
+
+class DataError(ValueError):
+    """A dataset file is missing, unreadable or has the wrong shape. The message says which."""
+
+
+@dataclass
+class Dataset:
+    name: str
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    def describe(self) -> str:
+        return (f"{self.name}: {len(self.x_train)} train / {len(self.x_test)} test samples, "
+                f"input {'x'.join(map(str, self.input_shape))}, {self.num_classes} classes")
+
+
+def load_dataset(cfg: DataConfig) -> Dataset:
+    loaders = {"digits": _digits, "synthetic": _synthetic, "mnist": _mnist, "npz": _npz}
+    return loaders[cfg.dataset](cfg)
+
+
+# --- the datasets ----------------------------------------------------------------------------
+def _digits(cfg: DataConfig) -> Dataset:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()  # ships inside scikit-learn: 1,797 real 8x8 images, no download
+    x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]  # pixel values are 0..16
+    return _split("digits", x, bunch.target, cfg)
+
+
+def _synthetic(cfg: DataConfig) -> Dataset:
+    """Gaussian inputs labelled by a fixed random linear teacher, so there is something to learn."""
+    rng = np.random.default_rng(cfg.data_seed)
+    n, shape, k = cfg.synthetic_samples, cfg.synthetic_shape, cfg.synthetic_classes
+    x = rng.standard_normal((n, *shape), dtype=np.float32)
+    teacher = rng.standard_normal((int(np.prod(shape)), k), dtype=np.float32)
+    y = (x.reshape(n, -1) @ teacher).argmax(axis=1)
+    return _split("synthetic", x, y, cfg, stratify=False)
+
+
+def _mnist(cfg: DataConfig) -> Dataset:
+    folder = Path(cfg.data_path)
+    if not folder.is_dir():
+        raise DataError(f"--data-path {folder}: no such folder; it should hold the four MNIST "
+                        "IDX files (train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+                        "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte, optionally .gz)")
+    arrays = {}
+    for part in ("train-images", "train-labels", "t10k-images", "t10k-labels"):
+        dims = 3 if part.endswith("images") else 1
+        arrays[part] = read_idx(_find_idx(folder, part, dims))
+    for split in ("train", "t10k"):
+        images, labels = arrays[f"{split}-images"], arrays[f"{split}-labels"]
+        if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
+            raise DataError(f"{folder}: {split} images have shape {images.shape} but labels "
+                            f"{labels.shape}; expected (N, H, W) images and N labels")
+    mean, std = 0.1307, 0.3081  # MNIST's pixel statistics, the usual normalisation
+    def prep(images: np.ndarray) -> np.ndarray:
+        return ((images.astype(np.float32) / 255.0 - mean) / std)[:, None, :, :]
+    y_train, y_test = arrays["train-labels"].astype(np.int64), arrays["t10k-labels"].astype(np.int64)
+    return _make("mnist", prep(arrays["train-images"]), y_train, prep(arrays["t10k-images"]), y_test)
+
+
+def _npz(cfg: DataConfig) -> Dataset:
+    path = Path(cfg.data_path)
+    if not path.is_file():
+        raise DataError(f"--data-path {path}: no such file; pass a .npz file holding arrays "
+                        "x (samples first) and y (integer labels), optionally x_test and y_test")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except Exception as e:  # zipfile, pickle and numpy raise different types for a bad file
+        raise DataError(f"{path}: not a readable .npz file ({type(e).__name__}: {e}); "
+                        "re-create it with numpy.savez(path, x=..., y=...)") from None
+    for key in ("x", "y"):
+        if key not in arrays:
+            raise DataError(f"{path}: has arrays {sorted(arrays)} but no {key!r}; save it with "
+                            "numpy.savez(path, x=samples, y=labels)")
+    x = _as_samples(arrays["x"], path, "x")
+    y = _as_labels(arrays["y"], len(x), path, "y")
+    if "x_test" in arrays or "y_test" in arrays:
+        if not ("x_test" in arrays and "y_test" in arrays):
+            raise DataError(f"{path}: has only one of x_test / y_test; save both or neither")
+        x_test = _as_samples(arrays["x_test"], path, "x_test")
+        if x_test.shape[1:] != x.shape[1:]:
+            raise DataError(f"{path}: x_test samples have shape {x_test.shape[1:]} but x samples "
+                            f"{x.shape[1:]}; they must match")
+        y_test = _as_labels(arrays["y_test"], len(x_test), path, "y_test")
+        return _make(path.stem, x, y, x_test, y_test)
+    return _split(path.stem, x, y, cfg)
+
+
+def _as_samples(x: np.ndarray, path: Path, key: str) -> np.ndarray:
+    if x.ndim < 2 or len(x) == 0:
+        raise DataError(f"{path}: {key} has shape {x.shape}; expected (samples, features...) "
+                        "with at least one sample")
+    if not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+        raise DataError(f"{path}: {key} has dtype {x.dtype}; expected numbers")
+    if x.dtype == np.uint8:
+        x = x / 255.0  # 8-bit images
+    if x.ndim == 3:
+        x = x[:, None]  # (N, H, W) images get one channel
+    x = x.astype(np.float32)
+    if not np.isfinite(x).all():
+        raise DataError(f"{path}: {key} contains NaN or infinite values; clean the data first")
+    return x
+
+
+def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> np.ndarray:
+    if y.ndim != 1 or len(y) != n:
+        raise DataError(f"{path}: {key} has shape {y.shape}; expected one label per sample, ({n},)")
+    if not np.issubdtype(y.dtype, np.integer):
+        if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
+            y = y.astype(np.int64)
+        else:
+            raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer class labels")
+    if y.min() < 0:
+        raise DataError(f"{path}: {key} has negative labels; use classes 0..K-1")
+    return y.astype(np.int64)
+
+
+def _split(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, stratify: bool = True) -> Dataset:
+    from sklearn.model_selection import train_test_split
+
+    try:
+        x_tr, x_te, y_tr, y_te = train_test_split(
+            x, y, test_size=cfg.test_fraction, random_state=cfg.data_seed,
+            stratify=y if stratify else None)
+    except ValueError as e:  # e.g. a class with a single sample cannot be stratified
+        raise DataError(f"{name}: cannot split {len(x)} samples into train and test ({e}); "
+                        "add samples or change --test-fraction") from None
+    return _make(name, x_tr, y_tr, x_te, y_te)
+
+
+def _make(name, x_tr, y_tr, x_te, y_te) -> Dataset:
+    num_classes = int(max(y_tr.max(), y_te.max())) + 1
+    return Dataset(name, torch.from_numpy(np.ascontiguousarray(x_tr)), torch.from_numpy(y_tr),
+                   torch.from_numpy(np.ascontiguousarray(x_te)), torch.from_numpy(y_te),
+                   num_classes)
+
+
+# --- MNIST IDX files -------------------------------------------------------------------------
+_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def _find_idx(folder: Path, part: str, dims: int) -> Path:
+    # Distributions spell the names either train-images-idx3-ubyte or train-images.idx3-ubyte.
+    for stem in (f"{part}-idx{dims}-ubyte", f"{part}.idx{dims}-ubyte"):
+        for suffix in ("", ".gz"):
+            if (folder / (stem + suffix)).is_file():
+                return folder / (stem + suffix)
+    raise DataError(f"{folder}: missing {part}-idx{dims}-ubyte (or .gz); an MNIST folder needs "
+                    "train-images, train-labels, t10k-images and t10k-labels IDX files")
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (the MNIST format): magic, dimension sizes, then raw big-endian data."""
+    try:
+        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    except (OSError, EOFError) as e:
+        raise DataError(f"{path}: cannot read ({e}); the download may be incomplete") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
+        raise DataError(f"{path}: not an IDX file (bad magic number {raw[:4].hex() or 'none'}); "
+                        "expected MNIST-format data")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated header; the file is incomplete, download it again")
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    dtype = np.dtype(_IDX_DTYPES[raw[2]])
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise DataError(f"{path}: header says shape {shape} ({expected} bytes of data) but the "
+                        f"file holds {len(raw) - header}; it is truncated or corrupt, "
+                        "download it again")
+    return np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
+
+
+# --- sharding --------------------------------------------------------------------------------
+def epoch_batches(num_samples: int, batch_size: int, rank: int, world_size: int,
+                  epoch: int, seed: int) -> np.ndarray:
+    """This worker's batches of sample indices for one epoch, shape (steps, batch_size).
+
+    Every epoch is one permutation, seeded by (seed, epoch), shared by all workers; worker r takes
+    every world_size-th index starting at r (torch's DistributedSampler). So at each step the
+    workers' batches are disjoint and together form one global batch of batch_size * world_size
+    consecutive samples of the permutation: the same global batch a single process would draw
+    with that batch size. All workers get the same number of steps; the remainder is dropped.
+    """
+    sampler = DistributedSampler(range(num_samples), num_replicas=world_size, rank=rank,
+                                 shuffle=True, seed=seed, drop_last=True)
+    sampler.set_epoch(epoch)
+    indices = np.fromiter(iter(sampler), dtype=np.int64)
+    steps = len(indices) // batch_size
+    return indices[: steps * batch_size].reshape(steps, batch_size)
+
+
+def eval_shard(num_samples: int, rank: int, world_size: int) -> slice:
+    """A contiguous slice of the test split per worker; together they cover it exactly once."""
+    per, extra = divmod(num_samples, world_size)
+    start = rank * per + min(rank, extra)
+    return slice(start, start + per + (1 if rank < extra else 0))

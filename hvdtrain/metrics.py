@@ -1,0 +1,87 @@
+"""What a run shows and records: a Keras-style progress bar on the main process, and a JSONL log.
+
+The JSONL log has one header line (config, world size, package versions), then one line per epoch
+and, with ``--log-steps``, one per step. Each line is flushed as it is written, so a crashed run
+keeps everything up to the crash.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in ("hvdtrain", "torch", "horovod", "mpi4py", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+class JsonlLog:
+    """Append-only JSON-lines log. Only the main process creates one."""
+
+    def __init__(self, path: str | Path, append: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO = open(self.path, "a" if append else "w")
+
+    def write(self, kind: str, **fields: Any) -> None:
+        record = {"type": kind, "time": round(time.time(), 3), **fields}
+        self._file.write(json.dumps(record, default=str) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class ProgressBar:
+    """One Keras-style line per epoch::
+
+        Epoch 3/20
+        22/22 [==============================] - 0.4s 18ms/step - loss: 0.2154 - acc: 0.9403
+
+    Shown only on the main process and only when enabled; otherwise every call is a no-op.
+    """
+
+    def __init__(self, enabled: bool, stream: TextIO = sys.stderr):
+        self.enabled = enabled
+        self.stream = stream
+        self._bar: tqdm | None = None
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
+        if not self.enabled:
+            return
+        print(f"Epoch {epoch}/{epochs}", file=self.stream, flush=True)
+        # tqdm fills the bar with the ascii string's characters from first (empty) to last (full),
+        # so ".>=" gives Keras' look: '=' done, '>' at the head, '.' to go.
+        self._bar = tqdm(total=steps, file=self.stream, ascii=".>=", mininterval=0.25,
+                         dynamic_ncols=False, leave=True,
+                         bar_format="{n_fmt}/{total_fmt} [{bar:30}] - {elapsed_s:.1f}s {desc}")
+
+    def update(self, step_seconds: float, loss: float, acc: float) -> None:
+        if self._bar is None:
+            return
+        self._bar.set_description_str(f"{step_seconds * 1000:.0f}ms/step - loss: {loss:.4f} - "
+                                  f"acc: {acc:.4f}", refresh=False)
+        self._bar.update(1)
+
+    def end_epoch(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,59 @@
+"""This rank's copy of the model and the arithmetic of one forward and backward pass.
+
+Update schemes decide what happens to the gradients (allreduce, push to a server); the replica
+only computes them. A pipelined replica can replace this one behind the same methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class BatchStats:
+    """Sums over one batch (not means), so that they add across micro-batches and workers."""
+
+    loss_sum: torch.Tensor  # detached scalar tensor: reading it is the caller's choice
+    correct: torch.Tensor
+    count: int
+
+    def __iadd__(self, other: "BatchStats") -> "BatchStats":
+        self.loss_sum = self.loss_sum + other.loss_sum
+        self.correct = self.correct + other.correct
+        self.count += other.count
+        return self
+
+
+class Replica:
+    def __init__(self, model: nn.Module, device: torch.device):
+        self.model = model.to(device)
+        self.device = device
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
+        """Add d(grad_scale * mean loss)/d(params) to the gradients; return the batch's sums."""
+        logits = self.model(x)
+        loss = F.cross_entropy(logits, y)
+        (loss * grad_scale).backward()
+        with torch.no_grad():
+            correct = (logits.argmax(dim=1) == y).sum()
+        return BatchStats(loss.detach() * len(y), correct, len(y))
+
+    @torch.no_grad()
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> BatchStats:
+        was_training = self.model.training
+        self.model.eval()
+        total = BatchStats(torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0)
+        for start in range(0, len(x), batch_size):
+            xb, yb = x[start:start + batch_size], y[start:start + batch_size]
+            logits = self.model(xb)
+            total += BatchStats(F.cross_entropy(logits, yb, reduction="sum"),
+                                (logits.argmax(dim=1) == yb).sum(), len(yb))
+        self.model.train(was_training)
+        return total

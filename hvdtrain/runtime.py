@@ -1,0 +1,93 @@
+"""Who am I: rank, size, local rank, devices. Read once at start-up; plain fields after that.
+
+A single process with no launcher is a world of size 1 and goes through the same code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .config import ConfigError, RunConfig, SyncConfig
+
+
+@dataclass(frozen=True)
+class Runtime:
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    device: torch.device
+    launcher: str  # "horovodrun --gloo", "mpirun" or "none": shown in logs
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.size > 1
+
+
+def detect_launcher() -> str:
+    if "HOROVOD_RANK" in os.environ and "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ:
+        return "horovodrun --gloo"
+    if "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
+        return "mpirun"
+    return "none"
+
+
+def horovod_environment(sync: SyncConfig) -> dict[str, str]:
+    """Horovod's tuning knobs as environment variables; Horovod reads them in hvd.init()."""
+    return {
+        "HOROVOD_FUSION_THRESHOLD": str(int(sync.fusion_threshold_mb * 1024 * 1024)),
+        "HOROVOD_CYCLE_TIME": f"{sync.cycle_time_ms:g}",
+    }
+
+
+def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
+    """hvd.init() with hvdtrain's tuned settings, then pick this rank's device and threads."""
+    os.environ.update(horovod_environment(sync))
+    import horovod.torch as hvd
+
+    hvd.init()
+    runtime = Runtime(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
+                      local_size=hvd.local_size(),
+                      device=pick_device(run.device, hvd.local_rank()),
+                      launcher=detect_launcher())
+    configure_torch(run, runtime)
+    return runtime
+
+
+def pick_device(requested: str, local_rank: int) -> torch.device:
+    if requested == "cpu":
+        return torch.device("cpu")
+    if requested == "auto" and not torch.cuda.is_available():
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ConfigError(f"--device {requested}: this torch build sees no CUDA device; "
+                          "use --device cpu, or install a CUDA build of torch")
+    if requested.startswith("cuda:"):
+        device = torch.device(requested)
+    else:  # one GPU per local rank
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def configure_torch(run: RunConfig, runtime: Runtime) -> None:
+    torch.set_num_threads(run.threads or default_threads(runtime.local_size))
+    if run.deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def default_threads(local_size: int) -> int:
+    """Cores per process. Without this each rank starts one thread per core, and N ranks on one
+    host oversubscribe it N-fold, which on a small machine costs more than the allreduce."""
+    allowed = len(os.sched_getaffinity(0))
+    total = os.cpu_count() or allowed
+    if allowed < total:  # the launcher bound us to a subset of cores: use exactly those
+        return allowed
+    return max(1, total // max(1, local_size))

@@ -1,0 +1,102 @@
+"""Synchronous data parallelism: Horovod's ring-allreduce behind the user's own torch optimizer.
+
+Every line here exists because training is distributed; the arithmetic of a step lives in
+replica.py and the loop in trainer.py. This is the Horovod recipe, wrapped rather than rewritten:
+``hvd.DistributedOptimizer`` around the optimizer, parameters broadcast from rank 0 at the start,
+and optimizer state broadcast from rank 0 after a resume.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .config import Config
+from .optim import build_optimizer, set_learning_rate
+from .replica import BatchStats, Replica
+from .runtime import Runtime
+
+
+class HorovodSync:
+    """The sync update scheme. Trainer-facing methods are the same as the async scheme's."""
+
+    def __init__(self, cfg: Config, runtime: Runtime):
+        import horovod.torch as hvd
+
+        self.hvd = hvd
+        self.cfg = cfg
+        self.runtime = runtime
+        self.accumulation = cfg.sync.backward_passes_per_step
+        self.replica: Replica | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    @property
+    def lr_scale(self) -> float:
+        """How many times one worker's learning rate the combined update can take."""
+        if self.cfg.sync.reduce_op == "adasum":
+            # Adasum adds orthogonal gradients instead of averaging them, so it needs no scaling
+            # across hosts; on GPUs with NCCL it still averages within a host (Horovod docs).
+            return float(self.hvd.local_size()) if self.hvd.nccl_built() and \
+                self.runtime.device.type == "cuda" else 1.0
+        return float(self.runtime.size)
+
+    def attach(self, replica: Replica) -> None:
+        hvd = self.hvd
+        self.replica = replica
+        compression = hvd.Compression.fp16 if self.cfg.sync.compression == "fp16" else hvd.Compression.none
+        op = hvd.Adasum if self.cfg.sync.reduce_op == "adasum" else hvd.Average
+        optimizer = build_optimizer(replica.parameters(), self.cfg.optim)
+        # Horovod: allreduce each gradient as soon as backward produces it, overlapping
+        # communication with the rest of the backward pass.
+        self.optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=replica.model.named_parameters(),
+            compression=compression, op=op,
+            backward_passes_per_step=self.accumulation)
+        # Horovod: every replica starts from rank 0's initial weights.
+        hvd.broadcast_parameters(replica.model.state_dict(), root_rank=0)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats:
+        assert self.replica is not None and self.optimizer is not None, "call attach() first"
+        set_learning_rate(self.optimizer, lr)
+        self.optimizer.zero_grad()
+        # Gradient accumulation: k backward passes over equal slices of the batch, each scaled by
+        # 1/k, add up to the gradient of the whole batch's mean loss; Horovod allreduces after the
+        # k-th pass (backward_passes_per_step), so the update matches k = 1.
+        parts = [self.replica.forward_backward(xs, ys, grad_scale=1.0 / self.accumulation)
+                 for xs, ys in zip(x.chunk(self.accumulation), y.chunk(self.accumulation))]
+        self.optimizer.step()
+        stats = parts[0]
+        for part in parts[1:]:
+            stats += part
+        return stats
+
+    # --- collectives the trainer needs, without knowing Horovod -----------------------------
+    def sum_across_workers(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum, name="hvdtrain.metrics").tolist()
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return self.hvd.broadcast_object(obj, root_rank=0, name="hvdtrain.object")
+
+    def eval_replica(self) -> Replica:
+        return self.replica
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """Collective: rank 0 passes the loaded state, the others pass None."""
+        hvd = self.hvd
+        if state is not None:
+            self.replica.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        # Horovod: the other ranks take rank 0's optimizer state (momentum buffers, Adam moments).
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        # Parameters go last: broadcast_optimizer_state initialises empty state on the other
+        # ranks with a zero-gradient step, which weight decay turns into a parameter change.
+        hvd.broadcast_parameters(self.replica.model.state_dict(), root_rank=0)
+
+    def close(self) -> None:
+        pass  # Horovod shuts down at interpreter exit; an explicit hvd.shutdown() can race it

@@ -1,0 +1,228 @@
+"""The shared training loop: epochs, evaluation, metrics, checkpoints.
+
+It knows nothing of Horovod or MPI. The update scheme behind it (sync.HorovodSync, and later the
+parameter-server client) provides five things: ``attach(replica)``, ``step(x, y, lr)``,
+``sum_across_workers(values)``, ``broadcast_object(obj)``, ``state_dict()`` /
+``load_state_dict(state)``, plus ``eval_replica()`` and ``lr_scale``. The loop never branches on
+which scheme it drives.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from . import checkpoint
+from .config import Config
+from .data import Dataset, epoch_batches, eval_shard
+from .metrics import JsonlLog, ProgressBar, package_versions
+from .models import count_parameters
+from .optim import learning_rate
+from .replica import BatchStats, Replica
+from .runtime import Runtime
+
+
+class UpdateScheme(Protocol):
+    lr_scale: float
+
+    def attach(self, replica: Replica) -> None: ...
+    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats: ...
+    def sum_across_workers(self, values: list[float]) -> list[float]: ...
+    def broadcast_object(self, obj: Any) -> Any: ...
+    def eval_replica(self) -> Replica: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any] | None) -> None: ...
+    def close(self) -> None: ...
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (for example the loss became NaN). The message says where and why."""
+
+
+@dataclass
+class EpochResult:
+    epoch: int
+    train_loss: float
+    train_acc: float
+    test_loss: float | None
+    test_acc: float | None
+    seconds: float
+    samples_per_sec: float
+
+
+class Trainer:
+    def __init__(self, cfg: Config, runtime: Runtime, scheme: UpdateScheme, dataset: Dataset,
+                 replica: Replica, num_workers: int, worker_rank: int):
+        self.cfg = cfg
+        self.runtime = runtime
+        self.scheme = scheme
+        self.dataset = dataset
+        self.replica = replica
+        self.num_workers = num_workers
+        self.worker_rank = worker_rank
+        self.is_main = runtime.is_main_process
+        device = replica.device
+        # In-memory datasets live on the training device; a batch is then one index lookup.
+        self.x_train, self.y_train = dataset.x_train.to(device), dataset.y_train.to(device)
+        shard = eval_shard(len(dataset.x_test), worker_rank, num_workers)
+        self.x_test, self.y_test = dataset.x_test[shard].to(device), dataset.y_test[shard].to(device)
+        run = cfg.run
+        full_steps = len(epoch_batches(len(self.x_train), run.batch_size, 0, num_workers, 0, run.seed))
+        if full_steps == 0:
+            raise TrainingError(
+                f"the training split has {len(self.x_train)} samples, fewer than one global batch "
+                f"of {run.batch_size} x {num_workers} workers; lower --batch-size")
+        self.steps_per_epoch = min(full_steps, run.max_steps_per_epoch or full_steps)
+        self.total_steps = self.steps_per_epoch * run.epochs
+        self.run_dir = self._choose_run_dir() if self.is_main else None
+        self.log: JsonlLog | None = None
+        self.bar = ProgressBar(enabled=self.is_main and run.progress)
+        self.global_step = 0
+        self.start_epoch = 0
+        self.history: list[EpochResult] = []
+
+    # --- set-up ----------------------------------------------------------------------------
+    def _choose_run_dir(self) -> Path:
+        run = self.cfg.run
+        if run.run_dir:
+            return Path(run.run_dir)
+        if run.resume:  # keep writing into the run being resumed
+            return checkpoint.checkpoint_path(run.resume).parent
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        return Path("runs") / f"{stamp}-{run.mode}-{self.cfg.data.dataset}-{self.cfg.model.model}"
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for a checkpoint to be loadable into this run."""
+        return {"model": self.cfg.model.model, "input_shape": list(self.dataset.input_shape),
+                "num_classes": self.dataset.num_classes,
+                "num_parameters": count_parameters(self.replica.model),
+                "optimizer": self.cfg.optim.optimizer}
+
+    def _resume(self) -> None:
+        """Rank 0 reads the checkpoint; every rank learns whether that worked before any tensor
+        moves, so a bad file stops all ranks with the same message instead of hanging them."""
+        path = self.cfg.run.resume
+        state, error = None, None
+        if self.is_main:
+            try:
+                state = checkpoint.load(path)
+                checkpoint.check_compatible(state, self.identity(), path)
+            except checkpoint.CheckpointError as e:
+                error = str(e)
+        error = self.scheme.broadcast_object(error)
+        if error:
+            raise checkpoint.CheckpointError(error)
+        progress = self.scheme.broadcast_object(
+            {k: state[k] for k in ("epoch", "global_step", "num_workers")} if self.is_main else None)
+        if progress["num_workers"] != self.num_workers and self.is_main:
+            print(f"warning: checkpoint was written with {progress['num_workers']} workers, this "
+                  f"run has {self.num_workers}; the data order differs from an uninterrupted run",
+                  flush=True)
+        self.scheme.load_state_dict(state)
+        self.start_epoch, self.global_step = progress["epoch"], progress["global_step"]
+
+    def _save(self, epoch: int) -> Path | None:
+        state = self.scheme.state_dict()  # may be collective (the async scheme asks the servers)
+        if not self.is_main:
+            return None
+        return checkpoint.save_atomic(
+            {**state, "identity": self.identity(), "epoch": epoch, "global_step": self.global_step,
+             "num_workers": self.num_workers, "config": self.cfg.to_dict()},
+            self.run_dir / checkpoint.CHECKPOINT_NAME)
+
+    # --- the loop --------------------------------------------------------------------------
+    def fit(self) -> list[EpochResult]:
+        run = self.cfg.run
+        self.scheme.attach(self.replica)
+        if run.resume:
+            self._resume()
+        if self.is_main:
+            self.log = JsonlLog(self.run_dir / "metrics.jsonl", append=bool(run.resume))
+            self.log.write("header", config=self.cfg.to_dict(), world_size=self.runtime.size,
+                           num_workers=self.num_workers, launcher=self.runtime.launcher,
+                           device=str(self.replica.device), versions=package_versions(),
+                           dataset=self.dataset.describe(),
+                           num_parameters=count_parameters(self.replica.model),
+                           steps_per_epoch=self.steps_per_epoch, resumed_from_epoch=self.start_epoch)
+            print(f"hvdtrain: {run.mode} training of {self.cfg.model.model} "
+                  f"({count_parameters(self.replica.model):,} parameters) on {self.dataset.describe()}"
+                  f"; {self.num_workers} worker(s), launcher: {self.runtime.launcher}, "
+                  f"device: {self.replica.device}; logging to {self.run_dir}", flush=True)
+        started = time.perf_counter()
+        try:
+            for epoch in range(self.start_epoch, run.epochs):
+                result = self._train_epoch(epoch, started)
+                self.history.append(result)
+                last = epoch + 1 == run.epochs
+                if last or (run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0):
+                    self._save(epoch + 1)
+        finally:
+            if self.log:
+                self.log.close()
+        return self.history
+
+    def _train_epoch(self, epoch: int, started: float) -> EpochResult:
+        run = self.cfg.run
+        batches = epoch_batches(len(self.x_train), run.batch_size, self.worker_rank,
+                                self.num_workers, epoch, run.seed)[: self.steps_per_epoch]
+        # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on resume.
+        torch.manual_seed(run.seed * 100_003 + epoch * 1009 + self.worker_rank)
+        self.replica.model.train()
+        self.bar.start_epoch(epoch + 1, run.epochs, len(batches))
+        loss_sum, correct, count = 0.0, 0.0, 0
+        t0 = time.perf_counter()
+        for i, idx in enumerate(batches):
+            lr = learning_rate(self.global_step, self.total_steps, self.steps_per_epoch,
+                               self.cfg.optim, self.scheme.lr_scale)
+            index = torch.from_numpy(idx).to(self.x_train.device)
+            stats = self.scheme.step(self.x_train[index], self.y_train[index], lr)
+            step_loss = stats.loss_sum.item()
+            if not math.isfinite(step_loss):
+                raise TrainingError(f"loss became {step_loss} at epoch {epoch + 1}, step {i + 1} "
+                                    f"(global step {self.global_step + 1}); lower --lr or check "
+                                    "the data. The last checkpoint is kept unchanged.")
+            loss_sum += step_loss
+            correct += stats.correct.item()
+            count += stats.count
+            self.global_step += 1
+            if run.log_steps:
+                g_loss, g_count = self.scheme.sum_across_workers([step_loss, stats.count])
+                if self.log:
+                    self.log.write("step", epoch=epoch + 1, step=self.global_step, lr=lr,
+                                   loss=g_loss / g_count)
+            self.bar.update((time.perf_counter() - t0) / (i + 1), loss_sum / count, correct / count)
+        seconds = time.perf_counter() - t0
+        g_loss, g_correct, g_count = self.scheme.sum_across_workers([loss_sum, correct, count])
+        result = EpochResult(epoch + 1, g_loss / g_count, g_correct / g_count, None, None, seconds,
+                             g_count / seconds)
+        if (epoch + 1) % run.eval_every == 0 or epoch + 1 == run.epochs:
+            result.test_loss, result.test_acc = self.evaluate()
+        summary = (f"epoch {epoch + 1}/{run.epochs} - loss: {result.train_loss:.4f} - acc: "
+                   f"{result.train_acc:.4f}"
+                   + (f" - test_loss: {result.test_loss:.4f} - test_acc: {result.test_acc:.4f}"
+                      if result.test_acc is not None else "")
+                   + f" - {result.samples_per_sec:,.0f} samples/s - lr: {lr:.4g}")
+        self.bar.end_epoch()
+        if self.is_main:
+            print(summary, flush=True)
+        if self.log:
+            self.log.write("epoch", epoch=epoch + 1, step=self.global_step, lr=lr,
+                           train_loss=result.train_loss, train_acc=result.train_acc,
+                           test_loss=result.test_loss, test_acc=result.test_acc,
+                           epoch_seconds=round(seconds, 4),
+                           samples_per_sec=round(result.samples_per_sec, 2),
+                           wall_seconds=round(time.perf_counter() - started, 3))
+        return result
+
+    def evaluate(self) -> tuple[float, float]:
+        """Test loss and accuracy over the whole test split, each worker scoring its shard."""
+        stats = self.scheme.eval_replica().evaluate(self.x_test, self.y_test)
+        loss, correct, count = self.scheme.sum_across_workers(
+            [stats.loss_sum.item(), stats.correct.item(), stats.count])
+        return loss / count, correct / count

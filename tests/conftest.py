@@ -1,0 +1,58 @@
+"""Shared helpers: launch real mpirun / horovodrun jobs with a timeout, read their logs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent  # the venv's bin: hvdtrain, horovodrun
+LAUNCH_TIMEOUT = 240  # seconds; a hung job fails the test instead of stalling CI
+
+
+def launcher_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # Open MPI refuses root without these; CI runs as root.
+    env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+    env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def mpirun(np: int, *command: str) -> list[str]:
+    # --oversubscribe: the test machine may have fewer cores than ranks.
+    return ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", *command]
+
+
+def horovodrun(np: int, *command: str) -> list[str]:
+    return [str(BIN / "horovodrun"), "-np", str(np), "--gloo", *command]
+
+
+def hvdtrain(*args: str) -> list[str]:
+    return [str(BIN / "hvdtrain"), *args]
+
+
+def run(cmd: list[str], cwd: Path | None = None, timeout: float = LAUNCH_TIMEOUT,
+        check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=launcher_env(), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(cmd)}\n"
+                    f"stdout:\n{e.stdout}\nstderr:\n{e.stderr}")
+    if check and proc.returncode != 0:
+        pytest.fail(f"exit code {proc.returncode}: {' '.join(cmd)}\n"
+                    f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _launchers_present():
+    if shutil.which("mpirun") is None:
+        pytest.exit("mpirun not found: run `make setup` (it installs Open MPI)", returncode=1)

@@ -1,0 +1,79 @@
+"""Tier 1: options, validation messages, config files, and the CLI's exit codes."""
+
+import pytest
+
+from hvdtrain.cli import build_parser, config_from_args, main
+from hvdtrain.config import Config, ConfigError, load_config_file
+
+
+def parse(*argv):
+    return config_from_args(build_parser().parse_args(["train", *argv]))
+
+
+def test_defaults_are_valid_and_flags_override():
+    cfg = parse("--lr", "0.1", "--hidden", "64,32", "--batch-size", "16", "--no-progress")
+    assert cfg.optim.lr == 0.1
+    assert cfg.model.hidden == (64, 32)
+    assert cfg.run.batch_size == 16
+    assert cfg.run.progress is False
+    assert Config().validate().run.mode == "sync"
+
+
+@pytest.mark.parametrize("argv, flag, hint", [
+    (["--lr", "-0.1"], "--lr", "positive learning rate"),
+    (["--lr", "nan"], "--lr", "positive learning rate"),
+    (["--batch-size", "0"], "--batch-size", "positive per-worker batch"),
+    (["--epochs", "0"], "--epochs", "at least one epoch"),
+    (["--momentum", "1.5"], "--momentum", "[0, 1)"),
+    (["--test-fraction", "1"], "--test-fraction", "between 0 and 1"),
+    (["--batch-size", "30", "--backward-passes-per-step", "4"], "--backward-passes-per-step",
+     "30 % 4 = 2"),
+    (["--dataset", "mnist"], "--data-path", "train-images-idx3-ubyte"),
+    (["--hidden", "64,0"], "--hidden", "positive layer widths"),
+    (["--batch-size", "many"], "--batch-size", "cannot read 'many'"),
+])
+def test_invalid_values_name_the_flag_and_the_fix(argv, flag, hint):
+    with pytest.raises(ConfigError) as err:
+        parse(*argv)
+    assert str(err.value).startswith(flag)
+    assert hint in str(err.value)
+
+
+def test_cli_exit_code_2_for_bad_values_and_unknown_flags(capsys):
+    assert main(["train", "--lr", "-1"]) == 2
+    assert "--lr: invalid value -1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--learning-rate", "0.1"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --learning-rate" in capsys.readouterr().err
+
+
+def test_toml_and_yaml_files_and_flags_win(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('[optim]\nlr = 0.2\noptimizer = "adam"\n[run]\nepochs = 3\n'
+                    'batch-size = 8\n[model]\nhidden = [32, 16]\n')
+    cfg = parse("--config", str(toml), "--epochs", "5")
+    assert (cfg.optim.lr, cfg.optim.optimizer, cfg.run.batch_size) == (0.2, "adam", 8)
+    assert cfg.model.hidden == (32, 16)
+    assert cfg.run.epochs == 5  # the flag overrides the file
+    yaml = tmp_path / "run.yaml"
+    yaml.write_text("lr: 0.3\nsynthetic_shape: 1x4x4\n")
+    cfg = parse("--config", str(yaml))
+    assert cfg.optim.lr == 0.3 and cfg.data.synthetic_shape == (1, 4, 4)
+
+
+def test_config_file_errors(tmp_path):
+    bad_key = tmp_path / "bad.toml"
+    bad_key.write_text("[optim]\nlearning_rate = 0.1\n")
+    with pytest.raises(ConfigError, match="unknown option.*learning_rate"):
+        load_config_file(str(bad_key))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("lr = = 0.1\n")
+    with pytest.raises(ConfigError, match="cannot parse"):
+        load_config_file(str(broken))
+    with pytest.raises(ConfigError, match="not found"):
+        load_config_file(str(tmp_path / "missing.toml"))
+    bad_choice = tmp_path / "choice.toml"
+    bad_choice.write_text('optimizer = "lamb"\n')
+    with pytest.raises(ConfigError, match="choose one of sgd, adam, adamw"):
+        parse("--config", str(bad_choice))

@@ -1,0 +1,94 @@
+"""Tier 1: the model registry, checkpoint files, and the learning-rate schedule."""
+
+import pytest
+import torch
+
+from hvdtrain import checkpoint
+from hvdtrain.config import ConfigError, ModelConfig, OptimConfig
+from hvdtrain.models import MODELS, build_model, count_parameters
+from hvdtrain.optim import learning_rate
+
+
+@pytest.mark.parametrize("name, shape", [("mlp", (1, 8, 8)), ("mlp", (64,)), ("cnn", (1, 8, 8)),
+                                         ("cnn", (3, 28, 28))])
+def test_models_infer_sizes_from_the_data(name, shape):
+    model = build_model(name, shape, 7, ModelConfig())
+    assert isinstance(model, torch.nn.Sequential)
+    assert model(torch.zeros(5, *shape)).shape == (5, 7)
+
+
+def test_registry_and_errors():
+    assert {"mlp", "cnn"} <= set(MODELS)
+    with pytest.raises(ConfigError, match="unknown model 'resnet'"):
+        build_model("resnet", (64,), 10, ModelConfig())
+    with pytest.raises(ConfigError, match="needs image samples"):
+        build_model("cnn", (64,), 10, ModelConfig())
+    # The benchmark's model: an MLP of about 2M parameters.
+    big = build_model("mlp", (1024,), 10, ModelConfig(hidden=(1024, 1024)))
+    assert 2_000_000 < count_parameters(big) < 2_200_000
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = build_model("mlp", (64,), 10, ModelConfig())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    path = checkpoint.save_atomic({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                   "identity": {"model": "mlp"}, "epoch": 3},
+                                  tmp_path / checkpoint.CHECKPOINT_NAME)
+    state = checkpoint.load(tmp_path)  # a run folder works as well as a file
+    assert state["epoch"] == 3
+    for key, value in model.state_dict().items():
+        assert torch.equal(state["model"][key], value)
+    restored = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    restored.load_state_dict(state["optimizer"])
+    assert torch.equal(restored.state_dict()["state"][0]["momentum_buffer"],
+                       opt.state_dict()["state"][0]["momentum_buffer"])
+    assert path == tmp_path / checkpoint.CHECKPOINT_NAME
+    assert [p.name for p in tmp_path.iterdir()] == [checkpoint.CHECKPOINT_NAME]  # no temp files
+
+
+def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / checkpoint.CHECKPOINT_NAME
+    checkpoint.save_atomic({"epoch": 1}, path)
+
+    def full_disk(obj, f):
+        f.write(b"partial bytes")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_atomic({"epoch": 2}, path)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["epoch"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [checkpoint.CHECKPOINT_NAME]
+
+
+def test_bad_checkpoints_are_reported(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="no checkpoint at"):
+        checkpoint.load(tmp_path / "missing.pt")
+    path = checkpoint.save_atomic({"model": {"w": torch.ones(1000)}}, tmp_path / "c.pt")
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(checkpoint.CheckpointError, match="not a readable checkpoint"):
+        checkpoint.load(path)
+    torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="not an hvdtrain checkpoint"):
+        checkpoint.load(tmp_path / "other.pt")
+    state = {"identity": {"model": "cnn", "num_classes": 10}}
+    with pytest.raises(checkpoint.CheckpointError, match="model: checkpoint has 'cnn', this run has 'mlp'"):
+        checkpoint.check_compatible(state, {"model": "mlp", "num_classes": 10}, path)
+
+
+def test_learning_rate_warmup_scaling_and_cosine():
+    cfg = OptimConfig(lr=0.1, warmup_epochs=2, lr_scaling="linear")
+    lr = lambda step, c=cfg: learning_rate(step, total_steps=100, steps_per_epoch=10, cfg=c,
+                                           lr_scale=4)
+    assert lr(0) == pytest.approx(0.1)  # warmup starts at one worker's rate
+    assert lr(10) == pytest.approx(0.25)  # halfway to 0.4
+    assert lr(20) == pytest.approx(0.4) and lr(99) == pytest.approx(0.4)
+    cosine = OptimConfig(lr=0.1, warmup_epochs=0, lr_schedule="cosine")
+    assert lr(0, cosine) == pytest.approx(0.4)
+    assert lr(50, cosine) == pytest.approx(0.2)
+    assert lr(100, cosine) == pytest.approx(0.0, abs=1e-12)
+    unscaled = OptimConfig(lr=0.1, warmup_epochs=1, lr_scaling="none")
+    assert lr(0, unscaled) == pytest.approx(0.1) and lr(50, unscaled) == pytest.approx(0.1)

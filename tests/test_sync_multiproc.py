@@ -1,0 +1,119 @@
+"""Tiers 2 and 3: real mpirun / horovodrun jobs of sync training, each with a timeout."""
+
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, horovodrun, hvdtrain, mpirun, run
+from hvdtrain.metrics import read_jsonl
+
+pytestmark = pytest.mark.multiproc
+HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")
+QUICK = ["--epochs", "2", "--no-progress", "--seed", "3"]
+LAUNCHERS = {"mpirun": mpirun, "horovodrun": horovodrun}
+
+
+def launch(launcher: str, np: int, *command: str) -> list[str]:
+    return LAUNCHERS[launcher](np, *command)
+
+
+def final_state(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("launcher, extra", [
+    ("mpirun", []),
+    ("horovodrun", []),
+    ("horovodrun", ["--compression", "fp16", "--backward-passes-per-step", "2",
+                    "--optimizer", "adam", "--lr", "0.002"]),
+    ("mpirun", ["--reduce-op", "adasum", "--optimizer", "adamw", "--lr", "0.002",
+                "--weight-decay", "0.01"]),
+])
+def test_every_rank_ends_with_identical_parameters(tmp_path, launcher, extra):
+    run(launch(launcher, 2, sys.executable, HELPER, str(tmp_path), *QUICK,
+               "--run-dir", str(tmp_path / "run"), *extra))
+    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    for name, tensor in rank0.items():
+        assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
+    log = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    epochs = [r for r in log if r["type"] == "epoch"]
+    assert len(epochs) == 2 and epochs[-1]["train_loss"] < epochs[0]["train_loss"]
+    assert log[0]["world_size"] == 2 and log[0]["versions"]["horovod"] == "0.28.1"
+
+
+def step_losses(run_dir) -> list[float]:
+    return [r["loss"] for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "step"]
+
+
+PARITY = ["--epochs", "2", "--no-progress", "--log-steps", "--optimizer", "sgd",
+          "--momentum", "0.9", "--lr", "0.05", "--lr-scaling", "none", "--warmup-epochs", "0"]
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, launcher):
+    one, two, accum = tmp_path / "one", tmp_path / "two", tmp_path / "accum"
+    run(hvdtrain("train", *PARITY, "--batch-size", "32", "--run-dir", str(one)))
+    run(launch(launcher, 2, *hvdtrain("train", *PARITY, "--batch-size", "16",
+                                      "--run-dir", str(two))))
+    single, double = step_losses(one), step_losses(two)
+    assert len(single) == len(double) > 50
+    worst = max(abs(a - b) for a, b in zip(single, double))
+    assert worst < 1e-5, f"per-step losses differ by up to {worst}"
+    # Gradient accumulation: 2 backward passes of 8 samples per step make the same update.
+    run(launch(launcher, 2, *hvdtrain("train", *PARITY, "--batch-size", "16",
+                                      "--backward-passes-per-step", "2", "--run-dir", str(accum))))
+    worst = max(abs(a - b) for a, b in zip(single, step_losses(accum)))
+    assert worst < 1e-5, f"accumulated per-step losses differ by up to {worst}"
+
+
+def test_digits_reaches_95_percent_under_horovodrun(tmp_path):
+    proc = run(horovodrun(2, *hvdtrain("train", "--dataset", "digits", "--epochs", "20",
+                                       "--run-dir", str(tmp_path))))
+    epochs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
+    assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+    assert "done: test accuracy" in proc.stdout
+    assert "ms/step - loss:" in proc.stderr  # the progress bar ran on rank 0
+
+
+def test_resumed_run_ends_with_the_same_weights(tmp_path):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    flags = ["--no-progress", "--seed", "5", "--checkpoint-every", "1"]
+    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "4", "--run-dir", str(straight))))
+    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(stopped))))
+    assert torch.load(stopped / "checkpoint.pt", weights_only=True)["epoch"] == 2
+    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(stopped))))
+    a, b = final_state(straight), final_state(stopped)
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after resume"
+    log = read_jsonl(stopped / "metrics.jsonl")
+    assert [r["epoch"] for r in log if r["type"] == "epoch"] == [1, 2, 3, 4]
+
+
+def test_bad_checkpoint_stops_every_rank_with_a_message(tmp_path):
+    good = tmp_path / "good"
+    run(hvdtrain("train", *QUICK, "--epochs", "1", "--run-dir", str(good)))
+    ckpt = good / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:1000])
+    proc = run(mpirun(2, *hvdtrain("train", *QUICK, "--resume", str(good))), check=False)
+    assert proc.returncode != 0
+    assert "not a readable checkpoint" in proc.stderr
+    run(hvdtrain("train", *QUICK, "--epochs", "1", "--model", "cnn",
+                       "--run-dir", str(tmp_path / "cnn")))
+    proc = run(hvdtrain("train", *QUICK, "--resume", str(tmp_path / "cnn")), check=False)
+    assert proc.returncode == 2 and "model: checkpoint has 'cnn', this run has 'mlp'" in proc.stderr
+
+
+def test_single_process_without_a_launcher(tmp_path):
+    proc = run(hvdtrain("train", "--epochs", "1", "--run-dir", str(tmp_path)))
+    header = read_jsonl(tmp_path / "metrics.jsonl")[0]
+    assert header["world_size"] == 1 and header["launcher"] == "none"
+    assert "epoch 1/1" in proc.stdout
+
+
+def test_bad_input_exits_2_before_training(tmp_path):
+    proc = run(mpirun(2, *hvdtrain("train", "--dataset", "mnist", "--data-path",
+                                   str(tmp_path / "absent"))), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.count("no such folder") == 1  # reported once, by rank 0
