@@ -1,0 +1,62 @@
+"""What every benchmark loop shares: the model, the data and the timing, so that the loops differ
+only in how they distribute training."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn as nn
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--features", type=int, default=1024)
+    parser.add_argument("--hidden", type=str, default="1024,1024")
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--batch-size", type=int, default=64, help="per process")
+    parser.add_argument("--warmup-steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--threads", type=int, default=0, help="0: leave torch's default")
+    return parser.parse_args()
+
+
+def make_model(args: argparse.Namespace) -> nn.Sequential:
+    """The same layers as hvdtrain's --model mlp: Flatten, (Linear, ReLU)*, Linear."""
+    widths = [args.features, *map(int, args.hidden.split(","))]
+    layers: list[nn.Module] = [nn.Flatten()]
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    layers.append(nn.Linear(widths[-1], args.classes))
+    return nn.Sequential(*layers)
+
+
+def make_data(args: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1234 + rank)
+    x = torch.randn(2048, args.features, generator=g)
+    y = torch.randint(0, args.classes, (2048,), generator=g)
+    return x, y
+
+
+def timed_loop(step, args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Run warmup steps, then time ``args.steps`` steps; return seconds."""
+    b = args.batch_size
+    def batch(i):
+        start = (i * b) % (len(x) - b)
+        return x[start:start + b], y[start:start + b]
+    for i in range(args.warmup_steps):
+        step(*batch(i))
+    t0 = time.perf_counter()
+    for i in range(args.steps):
+        step(*batch(i))
+    return time.perf_counter() - t0
+
+
+def report(name: str, world_size: int, args: argparse.Namespace, seconds: float) -> None:
+    """The line the driver parses: global samples per second."""
+    samples = world_size * args.batch_size * args.steps
+    print("BENCH " + json.dumps({"name": name, "world_size": world_size,
+                                 "samples_per_sec": samples / seconds}), flush=True)

@@ -1,0 +1,32 @@
+"""The loop a user would write by hand with Horovod, after Horovod's pytorch_mnist example."""
+
+import torch
+import torch.nn.functional as F
+
+import horovod.torch as hvd
+from common import make_data, make_model, parse_args, report, timed_loop
+
+args = parse_args()
+hvd.init()                                                      # Horovod: start
+if args.threads:
+    torch.set_num_threads(args.threads)
+torch.manual_seed(0)
+model = make_model(args)
+optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
+optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())  # Horovod
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)       # Horovod: same start everywhere
+hvd.broadcast_optimizer_state(optimizer, root_rank=0)           # Horovod
+x, y = make_data(args, hvd.rank())
+
+
+def step(xb, yb):
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(xb), yb)
+    loss.backward()
+    optimizer.step()
+    loss.item()  # read the loss each step, as a training loop that logs it does
+
+
+seconds = timed_loop(step, args, x, y)
+if hvd.rank() == 0:
+    report("plain_horovod", hvd.size(), args, seconds)

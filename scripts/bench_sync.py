@@ -1,0 +1,153 @@
+#!/usr/bin/env python
+"""Benchmark hvdtrain's sync training step against the loops a user would otherwise write.
+
+All figures come from one run of this script, measured side by side in interleaved rounds (the
+machine is shared and noisy), and are reported as ratios:
+
+  hvdtrain            ``hvdtrain train`` with its defaults, on a synthetic-data MLP (~2.1M params)
+  plain, same         a hand-written Horovod loop with hvdtrain's Horovod settings and threads
+  plain, defaults     the same loop with Horovod's and torch's own defaults
+  ddp                 PyTorch DistributedDataParallel over Gloo, launched by torchrun
+
+    python scripts/bench_sync.py [--launcher gloo|mpi] [--rounds 3] [--hvdtrain-flags "..."]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE.parent))
+from hvdtrain.config import SyncConfig  # noqa: E402
+from hvdtrain.runtime import default_threads, horovod_environment  # noqa: E402
+
+MODEL = dict(features=1024, hidden="1024,1024", classes=10)
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    return env
+
+
+def launch(np: int, launcher: str, command: list[str]) -> list[str]:
+    if launcher == "mpi":
+        return ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", *command]
+    return [str(BIN / "horovodrun"), "-np", str(np), "--gloo", *command]
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: int = 600) -> str:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def bench_line(output: str) -> float:
+    for line in output.splitlines():
+        if "BENCH " in line:
+            return json.loads(line.split("BENCH ", 1)[1])["samples_per_sec"]
+    raise SystemExit(f"no BENCH line in output:\n{output[-3000:]}")
+
+
+def loop_args(args: argparse.Namespace) -> list[str]:
+    return ["--features", str(MODEL["features"]), "--hidden", MODEL["hidden"],
+            "--classes", str(MODEL["classes"]), "--batch-size", str(args.batch_size),
+            "--steps", str(args.steps)]
+
+
+def measure_hvdtrain(np: int, args: argparse.Namespace) -> float:
+    steps_per_epoch = 50
+    epochs = 1 + max(1, args.steps // steps_per_epoch)  # the first epoch is warmup
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = [str(BIN / "hvdtrain"), "train", "--dataset", "synthetic",
+               "--synthetic-shape", str(MODEL["features"]), "--synthetic-samples", "16384",
+               "--synthetic-classes", str(MODEL["classes"]), "--hidden", MODEL["hidden"],
+               "--batch-size", str(args.batch_size), "--epochs", str(epochs),
+               "--max-steps-per-epoch", str(steps_per_epoch), "--lr", "0.01",
+               "--eval-every", str(epochs), "--checkpoint-every", "0", "--no-progress",
+               "--run-dir", run_dir, *shlex.split(args.hvdtrain_flags)]
+        run(launch(np, args.launcher, cmd), base_env())
+        with open(Path(run_dir) / "metrics.jsonl") as f:
+            epochs_seen = [json.loads(line) for line in f if '"epoch"' in line]
+    rates = [e["samples_per_sec"] for e in epochs_seen if e["type"] == "epoch"][1:]
+    return statistics.median(rates)
+
+
+def measure_plain(np: int, args: argparse.Namespace, same_settings: bool) -> float:
+    env = base_env()
+    extra = []
+    if same_settings:
+        env.update(horovod_environment(SyncConfig()))
+        extra = ["--threads", str(default_threads(np))]
+    cmd = [sys.executable, str(HERE / "bench" / "plain_horovod_loop.py"), *loop_args(args), *extra]
+    return bench_line(run(launch(np, args.launcher, cmd), env))
+
+
+def measure_ddp(np: int, args: argparse.Namespace) -> float:
+    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={np}",
+           str(HERE / "bench" / "ddp_loop.py"), *loop_args(args)]
+    return bench_line(run(cmd, base_env()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--launcher", choices=("gloo", "mpi"), default="gloo",
+                        help="horovodrun --gloo or mpirun, for hvdtrain and the plain loop alike")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians")
+    parser.add_argument("--steps", type=int, default=150, help="timed steps per measurement")
+    parser.add_argument("--batch-size", type=int, default=64, help="per process")
+    parser.add_argument("--nps", default="1,2", help="process counts to measure")
+    parser.add_argument("--hvdtrain-flags", default="", help="extra flags for hvdtrain train")
+    args = parser.parse_args()
+
+    contenders = {
+        "hvdtrain": measure_hvdtrain,
+        "plain, same settings": lambda np, a: measure_plain(np, a, same_settings=True),
+        "plain, Horovod defaults": lambda np, a: measure_plain(np, a, same_settings=False),
+        "DDP over Gloo": measure_ddp,
+    }
+    nps = [int(n) for n in args.nps.split(",")]
+    samples: dict[tuple[str, int], list[float]] = {}
+    for round_ in range(args.rounds):
+        for np in nps:
+            for name, measure in contenders.items():
+                rate = measure(np, args)
+                samples.setdefault((name, np), []).append(rate)
+                print(f"round {round_ + 1}/{args.rounds} np={np} {name:<24} {rate:10.0f} samples/s",
+                      flush=True)
+    median = {key: statistics.median(v) for key, v in samples.items()}
+
+    print(f"\nlauncher: {args.launcher}; model: MLP {MODEL['features']}-{MODEL['hidden']}-"
+          f"{MODEL['classes']} (~2.1M params); batch {args.batch_size} per process; "
+          f"medians of {args.rounds} rounds; hvdtrain defaults: {horovod_environment(SyncConfig())}, "
+          f"threads per process = cores / processes")
+    print(f"\n| contender | " + " | ".join(f"np={n} samples/s" for n in nps) +
+          (" | scaling efficiency np=2 |" if {1, 2} <= set(nps) else " |"))
+    print("|---" * (len(nps) + 1 + ({1, 2} <= set(nps))) + "|")
+    for name in contenders:
+        row = f"| {name} | " + " | ".join(f"{median[(name, n)]:,.0f}" for n in nps)
+        if {1, 2} <= set(nps):
+            row += f" | {median[(name, 2)] / (2 * median[(name, 1)]):.2f}"
+        print(row + " |")
+    print("\n| ratio | " + " | ".join(f"np={n}" for n in nps) + " |")
+    print("|---" * (len(nps) + 1) + "|")
+    for name in list(contenders)[1:]:
+        print(f"| hvdtrain / {name} | " +
+              " | ".join(f"{median[('hvdtrain', n)] / median[(name, n)]:.3f}" for n in nps) + " |")
+
+
+if __name__ == "__main__":
+    main()
