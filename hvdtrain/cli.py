@@ -95,39 +95,113 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def train(cfg: Config) -> int:
-    from .trainer import Trainer, TrainingError
+    from .trainer import TrainingError
 
     try:
-        trainer = prepare_sync(cfg)
+        dataset, model = load_inputs(cfg)  # bad input fails here, on every rank alike
+    except (ConfigError, DataError) as e:
+        return fail(str(e), EXIT_BAD_INPUT)
+    if cfg.run.mode == "async":
+        return train_async(cfg, dataset, model)
+    try:
+        trainer = prepare_sync(cfg, dataset, model)
         history = trainer.fit()
     except (ConfigError, DataError, CheckpointError) as e:
         return fail(str(e), EXIT_BAD_INPUT)
     except TrainingError as e:
         print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
         return 1
+    report(trainer, history)
+    return 0
+
+
+def report(trainer, history) -> None:
     if trainer.is_main and history:
         final = history[-1]
         print(f"done: test accuracy {final.test_acc:.4f} after {final.epoch} epochs; "
               f"log {trainer.run_dir / 'metrics.jsonl'}, checkpoint "
               f"{trainer.run_dir / 'checkpoint.pt'}", flush=True)
-    return 0
 
 
-def prepare_sync(cfg: Config):
-    """Everything that can fail on bad input happens before hvd.init(), identically on each rank."""
+def load_inputs(cfg: Config):
+    """Dataset and model, before any process starts communicating."""
     import torch
 
     from .data import load_dataset
     from .models import build_model
+
+    dataset = load_dataset(cfg.data)
+    torch.manual_seed(cfg.run.seed)
+    model = build_model(cfg.model.model, dataset.input_shape, dataset.num_classes, cfg.model)
+    return dataset, model
+
+
+def prepare_sync(cfg: Config, dataset=None, model=None):
     from .replica import Replica
     from .runtime import start_horovod
     from .sync import HorovodSync
     from .trainer import Trainer
 
-    dataset = load_dataset(cfg.data)
-    torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg.model.model, dataset.input_shape, dataset.num_classes, cfg.model)
+    if dataset is None:
+        dataset, model = load_inputs(cfg)
     runtime = start_horovod(cfg.run, cfg.sync)
     scheme = HorovodSync(cfg, runtime)
     return Trainer(cfg, runtime, scheme, dataset, Replica(model, runtime.device),
                    num_workers=runtime.size, worker_rank=runtime.rank)
+
+
+def train_async(cfg: Config, dataset, model) -> int:
+    """Async mode: the last --num-servers ranks serve parameters, the others train.
+
+    An MPI job whose rank stops with an error would leave the others blocked in a receive, so
+    every error after MPI starts ends the whole job with MPI_Abort, after printing its message.
+    """
+    from .ps.protocol import Topology
+    from .runtime import start_mpi
+
+    try:
+        runtime = start_mpi(cfg.run)
+        topology = Topology(runtime.size, cfg.ps.num_servers)
+    except ConfigError as e:
+        return fail(str(e), EXIT_BAD_INPUT)  # the same on every rank: all exit cleanly
+    from mpi4py import MPI
+
+    from .ps.client import ParameterServerClient
+    from .ps.server import ParameterServer
+    from .replica import Replica
+    from .trainer import Trainer, TrainingError
+
+    world = MPI.COMM_WORLD
+    is_server = topology.is_server(runtime.rank)
+    comm = world.Dup()  # the parameter server's private channel
+    worker_comm = world.Split(1 if is_server else 0, runtime.rank)
+    try:
+        if is_server:
+            ParameterServer(comm, cfg, topology).serve()
+            return 0
+        scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
+        trainer = Trainer(cfg, runtime, scheme, dataset, Replica(model, runtime.device),
+                          num_workers=topology.num_workers, worker_rank=worker_comm.Get_rank())
+        history = trainer.fit()
+    except (ConfigError, DataError, CheckpointError) as e:
+        abort(world, f"hvdtrain: error: {e}", EXIT_BAD_INPUT, collective=True)
+    except TrainingError as e:
+        abort(world, f"hvdtrain: error (rank {runtime.rank}): {e}", 1)
+    except BaseException as e:  # anything else: never leave the other ranks hanging
+        import traceback
+        traceback.print_exc()
+        abort(world, f"hvdtrain: error (rank {runtime.rank}): {type(e).__name__}: {e}", 1)
+    report(trainer, history)
+    return 0
+
+
+def abort(world, message: str, code: int, collective: bool = False) -> None:
+    """Print, then end every rank of the job. For an error that all ranks raise together (a bad
+    checkpoint), rank 0 alone prints and aborts; the others give it a moment to do so."""
+    import time
+
+    if collective and world.Get_rank() != 0:
+        time.sleep(10)
+    else:
+        print(message, file=sys.stderr, flush=True)
+    world.Abort(code)

@@ -88,14 +88,36 @@ class SyncConfig:
                                          "allreduce and update")
     fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
                                       "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
-    cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME)")
+    cycle_time_ms: float = _opt(5.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME); "
+                                "longer than Horovod's 1 ms so its thread steals less CPU from "
+                                "compute (see docs/benchmarks.md)")
+
+
+@dataclass
+class PSConfig:
+    """Parameter-server settings for --mode async (launch with mpirun: S servers + N-S workers)."""
+
+    num_servers: int = _opt(1, "server processes; the last S ranks serve, the others train")
+    staleness: float = _opt(math.inf, "SSP bound: no worker may be more than this many pushes "
+                            "ahead of the slowest; 0 is lock-step, inf fully asynchronous. "
+                            "Unbounded by default, as in MXNet dist_async: with --pull-every 1 "
+                            "each gradient is about workers-1 updates stale anyway, and a bound "
+                            "only adds waiting when a worker straggles")
+    pull_every: int = _opt(1, "pull fresh parameters after every k-th push")
+    bsp: bool = _opt(False, "lock-step averaging through the server: each round's gradients "
+                     "are averaged and applied once, like sync training")
+    dc_lambda: float = _opt(0.0, "delay compensation (DC-ASGD, Zheng et al. 2017): "
+                            "g + lambda*g*g*(w_now - w_pulled); 0 disables, ~0.04 is typical")
+    chunk_mb: float = _opt(1.0, "gradient and parameter messages travel in chunks of this many "
+                           "MiB, so the server updates one chunk while the next is in flight")
 
 
 @dataclass
 class RunConfig:
     """The loop: how long, how big, where the results go."""
 
-    mode: str = _opt("sync", "update scheme: sync (Horovod allreduce)", choices=("sync",))
+    mode: str = _opt("sync", "update scheme: sync (Horovod allreduce) or async (parameter "
+                     "server over MPI; launch with mpirun)", choices=("sync", "async"))
     epochs: int = _opt(20, "passes over the training split")
     batch_size: int = _opt(32, "samples per worker per optimizer step; the global batch is "
                            "this times the number of workers")
@@ -116,7 +138,7 @@ class RunConfig:
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
-            "sync": SyncConfig, "run": RunConfig}
+            "sync": SyncConfig, "ps": PSConfig, "run": RunConfig}
 
 
 @dataclass
@@ -125,6 +147,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
+    ps: PSConfig = field(default_factory=PSConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     # --- building -----------------------------------------------------------------------------
@@ -191,6 +214,19 @@ class Config:
                  "use 0 (no fusion) or a size in MiB, e.g. 64")
         _require(s.cycle_time_ms > 0, "--cycle-time-ms", s.cycle_time_ms,
                  "use a positive time in ms, e.g. 1")
+        p = self.ps
+        _require(p.num_servers >= 1, "--num-servers", p.num_servers, "use at least 1 server")
+        _require(p.staleness >= 0, "--staleness", p.staleness,
+                 "use 0 (lock-step), a positive bound such as 4, or inf (fully asynchronous)")
+        _require(p.pull_every >= 1, "--pull-every", p.pull_every, "pull every k >= 1 pushes")
+        _require(p.dc_lambda >= 0, "--dc-lambda", p.dc_lambda, "use 0 (off) or a small positive "
+                 "value such as 0.04")
+        _require(not (p.bsp and p.dc_lambda), "--dc-lambda", p.dc_lambda,
+                 "delay compensation has nothing to correct under --bsp; drop one of them")
+        _require(p.chunk_mb > 0, "--chunk-mb", p.chunk_mb, "use a positive size in MiB, e.g. 1")
+        if r.mode == "async":
+            _require(r.device in ("auto", "cpu"), "--device", r.device,
+                     "async mode keeps parameters in host memory: use --device cpu")
         return self
 
 

@@ -21,6 +21,7 @@ class Runtime:
     local_size: int
     device: torch.device
     launcher: str  # "horovodrun --gloo", "mpirun" or "none": shown in logs
+    role: str = "worker"  # or "server" (parameter server, async mode)
 
     @property
     def is_main_process(self) -> bool:
@@ -57,6 +58,25 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
                       local_size=hvd.local_size(),
                       device=pick_device(run.device, hvd.local_rank()),
                       launcher=detect_launcher())
+    configure_torch(run, runtime)
+    return runtime
+
+
+def start_mpi(run: RunConfig) -> Runtime:
+    """MPI through mpi4py, for the parameter server (async mode). mpi4py asks for
+    MPI_THREAD_MULTIPLE, which Horovod also wants should both live in one process."""
+    launcher = detect_launcher()
+    if launcher == "horovodrun --gloo":
+        raise ConfigError("--mode async talks MPI, but horovodrun --gloo starts no MPI job; "
+                          "launch with mpirun -np N, or horovodrun --mpi -np N")
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    node = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this host
+    local_rank, local_size = node.Get_rank(), node.Get_size()
+    node.Free()
+    runtime = Runtime(rank=world.Get_rank(), size=world.Get_size(), local_rank=local_rank,
+                      local_size=local_size, device=torch.device("cpu"), launcher=launcher)
     configure_torch(run, runtime)
     return runtime
 

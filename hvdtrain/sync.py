@@ -53,8 +53,6 @@ class HorovodSync:
             optimizer, named_parameters=replica.model.named_parameters(),
             compression=compression, op=op,
             backward_passes_per_step=self.accumulation)
-        # Horovod: every replica starts from rank 0's initial weights.
-        hvd.broadcast_parameters(replica.model.state_dict(), root_rank=0)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats:
         assert self.replica is not None and self.optimizer is not None, "call attach() first"
@@ -79,24 +77,33 @@ class HorovodSync:
     def broadcast_object(self, obj: Any) -> Any:
         return self.hvd.broadcast_object(obj, root_rank=0, name="hvdtrain.object")
 
+    @property
+    def eval_partition(self) -> tuple[int, int]:
+        return self.runtime.rank, self.runtime.size  # every rank scores a share of the test split
+
     def eval_replica(self) -> Replica:
         return self.replica
+
+    def end_of_training(self) -> None:
+        pass  # every step was already collective
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def load_state_dict(self, state: dict[str, Any] | None) -> None:
-        """Collective: rank 0 passes the loaded state, the others pass None."""
+    def start(self, state: dict[str, Any] | None) -> None:
+        """Collective: every replica starts from rank 0's weights. On resume rank 0 passes the
+        checkpoint's state (the others pass None) and its optimizer state is broadcast too."""
         hvd = self.hvd
-        if state is not None:
-            self.replica.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-        # Horovod: the other ranks take rank 0's optimizer state (momentum buffers, Adam moments).
-        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
-        # Parameters go last: broadcast_optimizer_state initialises empty state on the other
-        # ranks with a zero-gradient step, which weight decay turns into a parameter change.
+        if self.cfg.run.resume:
+            if state is not None:
+                self.replica.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+            # Horovod: the other ranks take rank 0's optimizer state (momentum, Adam moments).
+            hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        # Horovod: parameters go last, because broadcast_optimizer_state initialises empty state
+        # on the other ranks with a zero-gradient step, which weight decay turns into a change.
         hvd.broadcast_parameters(self.replica.model.state_dict(), root_rank=0)
 
     def close(self) -> None:
-        pass  # Horovod shuts down at interpreter exit; an explicit hvd.shutdown() can race it
+        return None  # Horovod shuts down at interpreter exit; an explicit hvd.shutdown() can race it

@@ -1,9 +1,7 @@
 """The shared training loop: epochs, evaluation, metrics, checkpoints.
 
-It knows nothing of Horovod or MPI. The update scheme behind it (sync.HorovodSync, and later the
-parameter-server client) provides five things: ``attach(replica)``, ``step(x, y, lr)``,
-``sum_across_workers(values)``, ``broadcast_object(obj)``, ``state_dict()`` /
-``load_state_dict(state)``, plus ``eval_replica()`` and ``lr_scale``. The loop never branches on
+It knows nothing of Horovod or MPI. The update scheme behind it (sync.HorovodSync or
+ps.client.ParameterServerClient) fits the small interface below, and the loop never branches on
 which scheme it drives.
 """
 
@@ -29,16 +27,18 @@ from .runtime import Runtime
 
 
 class UpdateScheme(Protocol):
-    lr_scale: float
+    lr_scale: float                           # multiplier of one worker's learning rate
+    eval_partition: tuple[int, int] | None    # (index, parts) of the test split to score, or None
 
     def attach(self, replica: Replica) -> None: ...
+    def start(self, state: dict[str, Any] | None) -> None: ...   # collective; state on main only
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats: ...
     def sum_across_workers(self, values: list[float]) -> list[float]: ...
     def broadcast_object(self, obj: Any) -> Any: ...
     def eval_replica(self) -> Replica: ...
+    def end_of_training(self) -> None: ...
     def state_dict(self) -> dict[str, Any]: ...
-    def load_state_dict(self, state: dict[str, Any] | None) -> None: ...
-    def close(self) -> None: ...
+    def close(self) -> dict[str, Any] | None: ...
 
 
 class TrainingError(RuntimeError):
@@ -70,7 +70,9 @@ class Trainer:
         device = replica.device
         # In-memory datasets live on the training device; a batch is then one index lookup.
         self.x_train, self.y_train = dataset.x_train.to(device), dataset.y_train.to(device)
-        shard = eval_shard(len(dataset.x_test), worker_rank, num_workers)
+        part = scheme.eval_partition
+        shard = eval_shard(len(dataset.x_test), *part) if part else slice(0, 0)
+        self.evaluates = part is not None
         self.x_test, self.y_test = dataset.x_test[shard].to(device), dataset.y_test[shard].to(device)
         run = cfg.run
         full_steps = len(epoch_batches(len(self.x_train), run.batch_size, 0, num_workers, 0, run.seed))
@@ -99,14 +101,16 @@ class Trainer:
 
     def identity(self) -> dict[str, Any]:
         """What must match for a checkpoint to be loadable into this run."""
-        return {"model": self.cfg.model.model, "input_shape": list(self.dataset.input_shape),
+        return {"mode": self.cfg.run.mode, "model": self.cfg.model.model,
+                "input_shape": list(self.dataset.input_shape),
                 "num_classes": self.dataset.num_classes,
                 "num_parameters": count_parameters(self.replica.model),
                 "optimizer": self.cfg.optim.optimizer}
 
-    def _resume(self) -> None:
+    def _resume(self) -> dict[str, Any] | None:
         """Rank 0 reads the checkpoint; every rank learns whether that worked before any tensor
-        moves, so a bad file stops all ranks with the same message instead of hanging them."""
+        moves, so a bad file stops all ranks with the same message instead of hanging them.
+        Returns the state on rank 0 (None elsewhere), for the scheme's start()."""
         path = self.cfg.run.resume
         state, error = None, None
         if self.is_main:
@@ -124,8 +128,8 @@ class Trainer:
             print(f"warning: checkpoint was written with {progress['num_workers']} workers, this "
                   f"run has {self.num_workers}; the data order differs from an uninterrupted run",
                   flush=True)
-        self.scheme.load_state_dict(state)
         self.start_epoch, self.global_step = progress["epoch"], progress["global_step"]
+        return state
 
     def _save(self, epoch: int) -> Path | None:
         state = self.scheme.state_dict()  # may be collective (the async scheme asks the servers)
@@ -140,8 +144,7 @@ class Trainer:
     def fit(self) -> list[EpochResult]:
         run = self.cfg.run
         self.scheme.attach(self.replica)
-        if run.resume:
-            self._resume()
+        self.scheme.start(self._resume() if run.resume else None)
         if self.is_main:
             self.log = JsonlLog(self.run_dir / "metrics.jsonl", append=bool(run.resume))
             self.log.write("header", config=self.cfg.to_dict(), world_size=self.runtime.size,
@@ -162,6 +165,9 @@ class Trainer:
                 last = epoch + 1 == run.epochs
                 if last or (run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0):
                     self._save(epoch + 1)
+            summary = self.scheme.close()
+            if self.log and summary:
+                self.log.write("scheme", **summary)
         finally:
             if self.log:
                 self.log.close()
@@ -198,6 +204,8 @@ class Trainer:
                                    loss=g_loss / g_count)
             self.bar.update((time.perf_counter() - t0) / (i + 1), loss_sum / count, correct / count)
         seconds = time.perf_counter() - t0
+        if epoch + 1 == run.epochs:
+            self.scheme.end_of_training()  # the last evaluation and checkpoint see every update
         g_loss, g_correct, g_count = self.scheme.sum_across_workers([loss_sum, correct, count])
         result = EpochResult(epoch + 1, g_loss / g_count, g_correct / g_count, None, None, seconds,
                              g_count / seconds)
@@ -220,8 +228,11 @@ class Trainer:
                            wall_seconds=round(time.perf_counter() - started, 3))
         return result
 
-    def evaluate(self) -> tuple[float, float]:
-        """Test loss and accuracy over the whole test split, each worker scoring its shard."""
+    def evaluate(self) -> tuple[float | None, float | None]:
+        """Test loss and accuracy over the whole test split: each evaluating worker scores its
+        part and the parts are summed (sync), or worker 0 scores it all (async)."""
+        if not self.evaluates:
+            return None, None
         stats = self.scheme.eval_replica().evaluate(self.x_test, self.y_test)
         loss, correct, count = self.scheme.sum_across_workers(
             [stats.loss_sum.item(), stats.correct.item(), stats.count])

@@ -42,7 +42,7 @@ def base_env() -> dict[str, str]:
 
 def launch(np: int, launcher: str, command: list[str]) -> list[str]:
     if launcher == "mpi":
-        return ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", *command]
+        return ["mpirun", "-np", str(np), "--oversubscribe", *command]
     return [str(BIN / "horovodrun"), "-np", str(np), "--gloo", *command]
 
 
@@ -111,6 +111,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--nps", default="1,2", help="process counts to measure")
     parser.add_argument("--hvdtrain-flags", default="", help="extra flags for hvdtrain train")
+    parser.add_argument("--only", default="", help="comma-separated contenders to run, by "
+                        "position: 0 hvdtrain, 1 plain same, 2 plain defaults, 3 ddp")
     args = parser.parse_args()
 
     contenders = {
@@ -119,6 +121,9 @@ def main() -> None:
         "plain, Horovod defaults": lambda np, a: measure_plain(np, a, same_settings=False),
         "DDP over Gloo": measure_ddp,
     }
+    if args.only:
+        keep = [list(contenders)[int(i)] for i in args.only.split(",")]
+        contenders = {name: contenders[name] for name in keep}
     nps = [int(n) for n in args.nps.split(",")]
     samples: dict[tuple[str, int], list[float]] = {}
     for round_ in range(args.rounds):
@@ -144,7 +149,7 @@ def main() -> None:
         print(row + " |")
     print("\n| ratio | " + " | ".join(f"np={n}" for n in nps) + " |")
     print("|---" * (len(nps) + 1) + "|")
-    for name in list(contenders)[1:]:
+    for name in [n for n in contenders if n != "hvdtrain" and "hvdtrain" in contenders]:
         print(f"| hvdtrain / {name} | " +
               " | ".join(f"{median[('hvdtrain', n)] / median[(name, n)]:.3f}" for n in nps) + " |")
 

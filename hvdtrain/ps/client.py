@@ -1,0 +1,199 @@
+"""The worker side of the parameter server: the async update scheme behind the shared trainer.
+
+The replica's parameters are views into one contiguous float32 buffer, so a pull receives
+straight into the model's weights; gradients are gathered into a second buffer of the same
+layout and pushed shard by shard, chunk by chunk, with buffer-based (never pickled) MPI calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import Config
+from ..replica import BatchStats, Replica
+from ..runtime import Runtime
+from .protocol import (HAS_STATE, WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
+                       make_header, shard_bounds)
+
+
+class ParameterServerClient:
+    """The async update scheme. Trainer-facing methods are the same as sync.HorovodSync's."""
+
+    def __init__(self, cfg: Config, runtime: Runtime, comm, worker_comm, topology: Topology):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.cfg = cfg
+        self.runtime = runtime
+        self.comm = comm                # private duplicate of COMM_WORLD: servers and workers
+        self.worker_comm = worker_comm  # workers only: start-up and end-of-training agreement
+        self.topology = topology
+        self.worker_rank = worker_comm.Get_rank()
+        self.is_main = self.worker_rank == 0
+        self.pull_every = cfg.ps.pull_every
+        self.clock = 0
+        self.replica: Replica | None = None
+        self.params_flat: torch.Tensor | None = None
+        self.grads_flat: torch.Tensor | None = None
+        self.routes: list[tuple[int, list[tuple[int, int]]]] = []  # (server rank, chunk ranges)
+        self._ack = np.zeros((topology.num_servers, 1), dtype=np.int64)
+
+    @property
+    def lr_scale(self) -> float:
+        # BSP applies the mean of all workers' gradients, like sync training, so it takes the
+        # same linearly scaled rate. Asynchronous updates apply each worker's gradient alone.
+        return float(self.topology.num_workers) if self.cfg.ps.bsp else 1.0
+
+    @property
+    def eval_partition(self) -> tuple[int, int] | None:
+        # Worker 0 scores the whole test split with the servers' current parameters; the other
+        # workers keep training instead of waiting for it.
+        return (0, 1) if self.is_main else None
+
+    # --- set-up --------------------------------------------------------------------------------
+    def attach(self, replica: Replica) -> None:
+        if replica.device.type != "cpu":
+            raise NotImplementedError("async mode keeps parameters on the CPU; use --device cpu")
+        self.replica = replica
+        params = [p for p in replica.model.parameters()]
+        total = sum(p.numel() for p in params)
+        self.params_flat = torch.empty(total, dtype=torch.float32)
+        self.grads_flat = torch.zeros(total, dtype=torch.float32)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            self.params_flat[offset:offset + n].copy_(p.data.view(-1))
+            p.data = self.params_flat[offset:offset + n].view_as(p)  # weights live in the buffer
+            offset += n
+        self._grad_views = [self.grads_flat[o:o + p.numel()].view_as(p)
+                            for o, p in zip(np.cumsum([0] + [q.numel() for q in params[:-1]]), params)]
+        chunk = chunk_elements(self.cfg.ps.chunk_mb)
+        for server, (a, b) in zip(self.topology.server_ranks(),
+                                  shard_bounds(total, self.topology.num_servers)):
+            self.routes.append((server, [(a + x, a + y) for x, y in chunk_bounds(b - a, chunk)]))
+
+    def start(self, state: dict[str, Any] | None) -> None:
+        """Collective over workers: worker 0 seeds the servers (its initial weights, or the
+        checkpoint's weights and optimizer state); then every worker pulls."""
+        if self.is_main:
+            if state is not None:
+                self.replica.model.load_state_dict(state["model"])
+            server_state = state.get("server_state") if state else None
+            self._send_init(server_state)
+        self.pull()
+
+    def _send_init(self, server_state: dict[str, Any] | None) -> None:
+        total = self.params_flat.numel()
+        params = self.params_flat.numpy()
+        for server, chunks in self.routes:
+            flags = HAS_STATE if server_state else 0
+            self.comm.Send(make_header(Kind.INIT, size=total, flags=flags), dest=server,
+                           tag=Tag.REQUEST)
+            for a, b in chunks:
+                self.comm.Send(params[a:b], dest=server, tag=Tag.PARAMS)
+            if server_state:
+                self.comm.send({"vectors": sorted(server_state["vectors"]),
+                                "scalars": server_state["scalars"],
+                                "version": server_state.get("version", 0)},
+                               dest=server, tag=Tag.INFO)
+                for name in sorted(server_state["vectors"]):
+                    vector = server_state["vectors"][name].numpy()
+                    for a, b in chunks:
+                        self.comm.Send(np.ascontiguousarray(vector[a:b]), dest=server, tag=Tag.STATE)
+
+    # --- the hot path --------------------------------------------------------------------------
+    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats:
+        model = self.replica.model
+        for p in model.parameters():
+            p.grad = None
+        stats = self.replica.forward_backward(x, y, grad_scale=1.0)
+        for p, view in zip(model.parameters(), self._grad_views):
+            view.copy_(p.grad)
+        self.push(lr, samples=stats.count,
+                  want_params=self.clock % self.pull_every == self.pull_every - 1)
+        return stats
+
+    def push(self, lr: float, samples: int = 0, want_params: bool = True) -> None:
+        """Send the gradient buffer to the servers; with want_params, receive fresh parameters
+        into the model's weights. Returns once the servers allow this worker to go on."""
+        self.clock += 1
+        self._exchange(Kind.PUSH, lr=lr, want_params=want_params, send_grads=True, size=samples)
+
+    def pull(self) -> None:
+        self._exchange(Kind.PULL, lr=0.0, want_params=True, send_grads=False)
+
+    def _exchange(self, kind: Kind, lr: float, want_params: bool, send_grads: bool,
+                  size: int = 0) -> None:
+        """One request to every server, all in flight at once: post the receives for the reply
+        first, then the header and gradient chunks, then wait for everything."""
+        params, grads = self.params_flat.numpy(), self.grads_flat.numpy()
+        requests = []
+        for i, (server, chunks) in enumerate(self.routes):
+            if want_params:
+                requests += [self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS)
+                             for a, b in chunks]
+            else:
+                requests.append(self.comm.Irecv(self._ack[i], source=server, tag=Tag.ACK))
+        header = make_header(kind, clock=self.clock, lr=lr, size=size,
+                             flags=WANT_PARAMS if want_params else 0, worker=self.worker_rank)
+        for server, chunks in self.routes:
+            self.comm.Send(header, dest=server, tag=Tag.REQUEST)
+            if send_grads:
+                requests += [self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD)
+                             for a, b in chunks]
+        self.MPI.Request.Waitall(requests)
+
+    # --- what the trainer needs besides steps ----------------------------------------------------
+    def sum_across_workers(self, values: list[float]) -> list[float]:
+        return list(values)  # no collective on the async path: each worker reports its own
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return self.worker_comm.bcast(obj, root=0)
+
+    def eval_replica(self) -> Replica:
+        self.pull()  # score the servers' current parameters
+        return self.replica
+
+    def end_of_training(self) -> None:
+        # The final evaluation and checkpoint must include every worker's last update.
+        self.worker_comm.Barrier()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Worker 0 asks every server for its shard and optimizer state; others return {}."""
+        if not self.is_main:
+            return {}
+        params = self.params_flat.numpy()
+        vectors: dict[str, np.ndarray] = {}
+        meta: dict[str, Any] = {}
+        for server, chunks in self.routes:
+            requests = [self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS)
+                        for a, b in chunks]
+            self.comm.Send(make_header(Kind.SAVE), dest=server, tag=Tag.REQUEST)
+            self.MPI.Request.Waitall(requests)
+            meta = self.comm.recv(source=server, tag=Tag.INFO)
+            for name in meta["vectors"]:
+                vector = vectors.setdefault(name, np.empty(self.params_flat.numel(), np.float32))
+                for a, b in chunks:
+                    self.comm.Recv(vector[a:b], source=server, tag=Tag.STATE)
+        model_state = {k: v.clone() for k, v in self.replica.model.state_dict().items()}
+        return {"model": model_state,
+                "server_state": {"vectors": {k: torch.from_numpy(v) for k, v in vectors.items()},
+                                 "scalars": meta.get("scalars", {}),
+                                 "clocks": meta.get("clocks", []),
+                                 "version": meta.get("version", 0),
+                                 "staleness_histogram": meta.get("staleness", {})}}
+
+    def close(self) -> dict[str, Any] | None:
+        """Tell the servers this worker is done; worker 0 collects their final statistics."""
+        for server, _ in self.routes:
+            self.comm.Send(make_header(Kind.DONE, clock=self.clock), dest=server, tag=Tag.REQUEST)
+        if not self.is_main:
+            return None
+        stats = [self.comm.recv(source=server, tag=Tag.INFO) for server, _ in self.routes]
+        # Every server sees every push (each holds a shard), so server 0's counts are the job's.
+        return {"servers": stats, "staleness_histogram": stats[0]["staleness_histogram"],
+                "pushes_applied": stats[0]["pushes_applied"], "samples": stats[0]["samples"],
+                "samples_per_sec": stats[0]["samples_per_sec"]}

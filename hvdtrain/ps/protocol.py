@@ -1,0 +1,134 @@
+"""The parameter server's wire protocol and the arithmetic behind it, free of MPI calls.
+
+Every message travels on a private communicator (``COMM_WORLD.Dup()``) with one of the named tags
+below. A request is a fixed header of ``HEADER_LEN`` int64 words; tensors follow as float32
+buffers in chunks of at most ``chunk_elems`` elements, so the server can update chunk i while
+chunk i+1 is still on the wire. Tensors never go through pickle; only small control-path
+dictionaries (statistics, checkpoint metadata) do.
+
+Rank layout: with N processes and S servers, ranks 0..N-S-1 are workers and the last S ranks are
+servers, so rank 0 is worker 0, the process that logs and checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+from ..config import ConfigError
+
+
+class Tag(IntEnum):
+    REQUEST = 11   # header, worker -> server
+    GRAD = 12      # gradient chunk, worker -> server
+    PARAMS = 13    # parameter chunk, server -> worker (and worker 0 -> server in INIT)
+    ACK = 14       # reply without parameters: the worker may go on
+    STATE = 15     # optimizer-state chunk, either direction (checkpoint save / restore)
+    INFO = 16      # small pickled dict on the control path
+
+
+class Kind(IntEnum):
+    INIT = 1   # worker 0 -> server: initial parameters (and optimizer state on resume)
+    PUSH = 2   # a gradient; the reply is PARAMS (when WANT_PARAMS) or ACK
+    PULL = 3   # just send the current parameters
+    SAVE = 4   # send parameters, optimizer state and clocks, for a checkpoint
+    DONE = 5   # this worker has finished
+
+
+# header words
+HEADER_LEN = 6
+H_KIND, H_CLOCK, H_LR, H_FLAGS, H_SIZE, H_WORKER = range(HEADER_LEN)
+WANT_PARAMS = 1
+HAS_STATE = 2
+
+
+def make_header(kind: Kind, clock: int = 0, lr: float = 0.0, flags: int = 0, size: int = 0,
+                worker: int = 0) -> np.ndarray:
+    header = np.zeros(HEADER_LEN, dtype=np.int64)
+    header[H_KIND], header[H_CLOCK], header[H_FLAGS] = kind, clock, flags
+    header[H_SIZE], header[H_WORKER] = size, worker
+    header[H_LR] = lr_to_word(lr)
+    return header
+
+
+def lr_to_word(lr: float) -> int:
+    """A float64 carried bit-for-bit in an int64 header word."""
+    return struct.unpack("<q", struct.pack("<d", lr))[0]
+
+
+def word_to_lr(word: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", int(word)))[0]
+
+
+# --- topology --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Topology:
+    world_size: int
+    num_servers: int
+
+    def __post_init__(self):
+        if self.num_servers < 1:
+            raise ConfigError(f"--num-servers: invalid value {self.num_servers}; "
+                              "use at least 1 server")
+        if self.num_servers >= self.world_size:
+            raise ConfigError(
+                f"--num-servers {self.num_servers} with {self.world_size} process(es) leaves "
+                f"{self.world_size} - {self.num_servers} = {self.world_size - self.num_servers} "
+                f"workers; async mode needs at least one worker: launch at least "
+                f"{self.num_servers + 1} processes (mpirun -np {self.num_servers + 1} ...) or "
+                "lower --num-servers")
+
+    @property
+    def num_workers(self) -> int:
+        return self.world_size - self.num_servers
+
+    def is_server(self, rank: int) -> bool:
+        return rank >= self.num_workers
+
+    def server_ranks(self) -> list[int]:
+        return list(range(self.num_workers, self.world_size))
+
+    def worker_ranks(self) -> list[int]:
+        return list(range(self.num_workers))
+
+    def server_index(self, rank: int) -> int:
+        return rank - self.num_workers
+
+
+# --- shards and chunks -----------------------------------------------------------------------
+def shard_bounds(total: int, num_servers: int) -> list[tuple[int, int]]:
+    """Split [0, total) into num_servers contiguous ranges whose sizes differ by at most one."""
+    if num_servers < 1 or total < num_servers:
+        raise ConfigError(f"cannot split {total} parameters across {num_servers} servers; "
+                          "use fewer servers than parameters")
+    base, extra = divmod(total, num_servers)
+    bounds, start = [], 0
+    for s in range(num_servers):
+        end = start + base + (1 if s < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def chunk_bounds(length: int, chunk_elems: int) -> list[tuple[int, int]]:
+    """Split [0, length) into consecutive chunks of at most chunk_elems elements."""
+    chunk_elems = max(1, chunk_elems)
+    return [(a, min(a + chunk_elems, length)) for a in range(0, length, chunk_elems)]
+
+
+def chunk_elements(chunk_mb: float) -> int:
+    return max(1, int(chunk_mb * 1024 * 1024) // 4)  # float32
+
+
+# --- staleness -------------------------------------------------------------------------------
+def may_proceed(clock: int, clocks: list[float], bound: float) -> bool:
+    """SSP rule (Ho et al. 2013): a worker that has made ``clock`` pushes may start its next step
+    only while it is at most ``bound`` clocks ahead of the slowest worker still running.
+    ``clocks`` holds every worker's count, with ``inf`` for workers that have finished.
+    bound = 0 is lock-step, bound = inf fully asynchronous."""
+    slowest = min(clocks)
+    return math.isinf(slowest) or clock - slowest <= bound

@@ -1,0 +1,267 @@
+"""The parameter server: holds one contiguous shard of the flattened parameters and applies each
+pushed gradient as it arrives, with a server-side torch optimizer whose state lives here.
+
+The loop is a single thread that blocks in MPI receives. Open MPI moves point-to-point messages
+only while a process is inside MPI, so a server that waits in ``Recv`` is always making progress
+for the workers, and a server that is computing is never waiting for one.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config import Config
+from ..optim import build_optimizer, set_learning_rate
+from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN, WANT_PARAMS,
+                       Kind, Tag, Topology, chunk_bounds, chunk_elements, may_proceed,
+                       shard_bounds, word_to_lr)
+
+
+class ParameterServer:
+    def __init__(self, comm, cfg: Config, topology: Topology):
+        from mpi4py import MPI
+
+        self.MPI = MPI
+        self.comm = comm  # the private, duplicated communicator
+        self.cfg = cfg
+        self.topology = topology
+        self.index = topology.server_index(comm.Get_rank())
+        self.num_workers = topology.num_workers
+        self.staleness_bound = cfg.ps.staleness
+        self.bsp = cfg.ps.bsp
+        self.dc_lambda = cfg.ps.dc_lambda
+        self.chunk_elems = chunk_elements(cfg.ps.chunk_mb)
+        self.header = np.zeros(HEADER_LEN, dtype=np.int64)
+        # filled in by INIT
+        self.params: torch.Tensor | None = None
+        self.chunks: list[tuple[int, int]] = []
+        self.chunk_params: list[torch.nn.Parameter] = []
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.grad_buffer: np.ndarray | None = None
+        # bookkeeping
+        self.clocks: list[float] = [0] * self.num_workers   # pushes per worker; inf once done
+        self.version = 0                                   # updates applied to these parameters
+        self.pulled_version = [0] * self.num_workers       # version each worker last received
+        self.staleness = Counter()                         # staleness of every applied gradient
+        self.pending: dict[int, bool] = {}                 # worker -> wants params, reply held back
+        self.pushes_received = 0
+        self.samples_received = 0
+        self.first_push: float | None = None
+        self.last_push = 0.0
+        self.busy_seconds = 0.0
+        self.started = time.perf_counter()
+        self.round_sum: np.ndarray | None = None           # BSP: this round's gradient sum
+        self.round_count = 0
+        self.backups: dict[int, np.ndarray] = {}           # DC-ASGD: params each worker last pulled
+
+    # --- set-up --------------------------------------------------------------------------------
+    def _allocate(self, total: int) -> None:
+        start, end = shard_bounds(total, self.topology.num_servers)[self.index]
+        self.params = torch.zeros(end - start, dtype=torch.float32)
+        self.chunks = chunk_bounds(end - start, self.chunk_elems)
+        # One torch Parameter per chunk, each a view into the shard, so the stock torch optimizer
+        # can update chunk i as soon as it has arrived. Updates are elementwise, so chunked
+        # application is the same arithmetic as one optimizer over the whole tensor.
+        self.chunk_params = [torch.nn.Parameter(self.params[a:b], requires_grad=True)
+                             for a, b in self.chunks]
+        self.optimizer = build_optimizer(self.chunk_params, self.cfg.optim)
+        self.grad_buffer = np.empty(max(b - a for a, b in self.chunks), dtype=np.float32)
+        if self.bsp:
+            self.round_sum = np.zeros(end - start, dtype=np.float32)
+
+    def _recv_init(self) -> None:
+        """The first message is worker 0's INIT: parameters, plus optimizer state on resume.
+        Other workers' requests wait in MPI's queue until then, so nobody sees random weights."""
+        self.comm.Recv(self.header, source=0, tag=Tag.REQUEST)
+        assert self.header[H_KIND] == Kind.INIT, f"expected INIT, got {self.header[H_KIND]}"
+        self._allocate(int(self.header[H_SIZE]))
+        params = self.params.numpy()
+        for a, b in self.chunks:
+            self.comm.Recv(params[a:b], source=0, tag=Tag.PARAMS)
+        if self.header[H_FLAGS] & HAS_STATE:
+            self._recv_state(source=0)
+        for w in range(self.num_workers):
+            self.pulled_version[w] = self.version
+
+    # --- the loop ------------------------------------------------------------------------------
+    def serve(self) -> dict[str, Any]:
+        status = self.MPI.Status()
+        self._recv_init()
+        active = self.num_workers
+        while active:
+            self.comm.Recv(self.header, source=self.MPI.ANY_SOURCE, tag=Tag.REQUEST, status=status)
+            worker = status.Get_source()
+            kind = int(self.header[H_KIND])
+            t0 = time.perf_counter()
+            if kind == Kind.PUSH:
+                self.samples_received += int(self.header[H_SIZE])
+                self.first_push = self.first_push or t0
+                self._push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
+                           bool(self.header[H_FLAGS] & WANT_PARAMS))
+                self.last_push = time.perf_counter()
+            elif kind == Kind.PULL:
+                self._send_params(worker)
+            elif kind == Kind.SAVE:
+                self._send_params(worker)
+                self._send_state(worker)
+            elif kind == Kind.DONE:
+                self.clocks[worker] = math.inf
+                active -= 1
+                self._release_pending()
+            else:
+                raise RuntimeError(f"parameter server got unknown request kind {kind} from {worker}")
+            self.busy_seconds += time.perf_counter() - t0
+        stats = self.statistics()
+        self.comm.send(stats, dest=0, tag=Tag.INFO)
+        return stats
+
+    def _push(self, worker: int, clock: int, lr: float, want_params: bool) -> None:
+        self.pushes_received += 1
+        self.clocks[worker] = clock
+        set_learning_rate(self.optimizer, lr)
+        if self.bsp:
+            self._push_bsp(worker, want_params)
+            return
+        staleness = self.version - self.pulled_version[worker]
+        self.staleness[staleness] += 1
+        reply_now = may_proceed(clock, self.clocks, self.staleness_bound)
+        stream = reply_now and want_params  # send each chunk back as soon as it is updated
+        params = self.params.numpy()
+        for i, (a, b) in enumerate(self.chunks):
+            grad = self.grad_buffer[: b - a]
+            self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
+            if self.dc_lambda:
+                self._delay_compensate(worker, grad, a, b)
+            self._apply(i, grad)
+            if stream:
+                self.comm.Send(params[a:b], dest=worker, tag=Tag.PARAMS)
+        self.version += 1
+        if stream:
+            self._mark_pulled(worker)
+        elif reply_now:
+            self._reply(worker, want_params)
+        else:
+            self.pending[worker] = want_params
+        self._release_pending()
+
+    def _push_bsp(self, worker: int, want_params: bool) -> None:
+        """Lock-step averaging: sum the round's gradients, apply their mean once, reply to all."""
+        for a, b in self.chunks:
+            grad = self.grad_buffer[: b - a]
+            self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
+            self.round_sum[a:b] += grad
+        self.pending[worker] = want_params
+        self.round_count += 1
+        if self.round_count >= self.num_workers_running():
+            self._finish_round()
+
+    def _finish_round(self) -> None:
+        self.round_sum /= self.round_count
+        for i, (a, b) in enumerate(self.chunks):
+            self._apply(i, self.round_sum[a:b])
+        self.staleness[0] += self.round_count  # every gradient of a round is fresh
+        self.version += 1
+        self.round_sum[:] = 0
+        self.round_count = 0
+        for w, want in sorted(self.pending.items()):
+            self._reply(w, want)
+        self.pending.clear()
+
+    def num_workers_running(self) -> int:
+        return sum(1 for c in self.clocks if not math.isinf(c))
+
+    def _apply(self, chunk: int, grad: np.ndarray) -> None:
+        param = self.chunk_params[chunk]
+        param.grad = torch.from_numpy(grad)
+        self.optimizer.step()
+        param.grad = None  # so the next step() touches only the next chunk
+
+    def _delay_compensate(self, worker: int, grad: np.ndarray, a: int, b: int) -> None:
+        """DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_when_pulled), a cheap
+        diagonal Taylor correction for the updates the worker did not see."""
+        backup = self.backups.get(worker)
+        if backup is None:
+            return
+        now = self.params.numpy()[a:b]
+        grad += self.dc_lambda * grad * grad * (now - backup[a:b])
+
+    # --- replies -------------------------------------------------------------------------------
+    def _reply(self, worker: int, want_params: bool) -> None:
+        if want_params:
+            self._send_params(worker)
+        else:
+            self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
+
+    def _send_params(self, worker: int) -> None:
+        params = self.params.numpy()
+        for a, b in self.chunks:
+            self.comm.Send(params[a:b], dest=worker, tag=Tag.PARAMS)
+        self._mark_pulled(worker)
+
+    def _mark_pulled(self, worker: int) -> None:
+        self.pulled_version[worker] = self.version
+        if self.dc_lambda:
+            backup = self.backups.setdefault(worker, np.empty_like(self.params.numpy()))
+            backup[:] = self.params.numpy()
+
+    def _release_pending(self) -> None:
+        if self.bsp:
+            # A worker that finished mid-round must not hold the others' round open.
+            if self.pending and self.round_count >= self.num_workers_running():
+                self._finish_round()
+            return
+        for worker, want in list(self.pending.items()):
+            if may_proceed(self.clocks[worker], self.clocks, self.staleness_bound):
+                del self.pending[worker]
+                self._reply(worker, want)
+
+    # --- checkpoint state ----------------------------------------------------------------------
+    def _state_layout(self) -> tuple[list[str], list[str]]:
+        """Names of the optimizer's per-element tensors and of its scalars, e.g. momentum_buffer
+        for SGD, exp_avg and exp_avg_sq plus step for Adam."""
+        state = self.optimizer.state.get(self.chunk_params[0], {})
+        vectors = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
+        scalars = sorted(k for k, v in state.items()
+                         if (torch.is_tensor(v) and v.dim() == 0) or isinstance(v, (int, float)))
+        return vectors, scalars
+
+    def _send_state(self, dest: int) -> None:
+        vectors, scalars = self._state_layout()
+        first = self.optimizer.state.get(self.chunk_params[0], {})
+        self.comm.send({"vectors": vectors,
+                        "scalars": {k: float(first[k]) for k in scalars},
+                        "clocks": [c if not math.isinf(c) else -1 for c in self.clocks],
+                        "version": self.version,
+                        "staleness": dict(self.staleness)}, dest=dest, tag=Tag.INFO)
+        for name in vectors:
+            for p in self.chunk_params:
+                self.comm.Send(self.optimizer.state[p][name].numpy(), dest=dest, tag=Tag.STATE)
+
+    def _recv_state(self, source: int) -> None:
+        meta = self.comm.recv(source=source, tag=Tag.INFO)
+        for p in self.chunk_params:
+            self.optimizer.state[p] = {k: torch.tensor(v) for k, v in meta["scalars"].items()}
+        for name in meta["vectors"]:
+            for p in self.chunk_params:
+                buf = torch.empty_like(p.data)
+                self.comm.Recv(buf.numpy(), source=source, tag=Tag.STATE)
+                self.optimizer.state[p][name] = buf
+        self.version = int(meta.get("version", 0))
+
+    def statistics(self) -> dict[str, Any]:
+        span = self.last_push - self.first_push if self.first_push else 0.0
+        return {"server": self.index, "pushes_applied": self.pushes_received,
+                "samples": self.samples_received, "push_span_seconds": round(span, 4),
+                "samples_per_sec": round(self.samples_received / span, 2) if span else None,
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "updates": self.version,
+                "staleness_histogram": {int(k): int(v) for k, v in sorted(self.staleness.items())},
+                "busy_seconds": round(self.busy_seconds, 3),
+                "wall_seconds": round(time.perf_counter() - self.started, 3)}

@@ -1,0 +1,130 @@
+#!/usr/bin/env python
+"""Benchmark the parameter server, with every figure a ratio against a baseline from this run.
+
+1. Push-plus-pull throughput for a 16 MiB model, 1 server and 1 worker, against
+   ``python -m mpi4py.bench pingpong -a numpy`` at the same message size (its bandwidth moves the
+   same bytes: one message each way per round trip). Target: at least 0.7.
+2. The server's peak memory above a bare interpreter with torch (and mpi4py) imported, in units
+   of the model's size. Target: at most 4.
+3. Async training throughput against sync training with the same number of workers.
+
+    python scripts/bench_ps.py [--rounds 3] [--mib 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1",
+             PYTHONPATH=f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    return e
+
+
+def run(cmd: list[str], timeout: int = 600) -> str:
+    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
+                         f"{proc.stderr[-3000:]}")
+    return proc.stdout
+
+
+def mpirun(np: int, *command: str) -> list[str]:
+    return ["mpirun", "-np", str(np), "--oversubscribe", *command]
+
+
+def pingpong_bandwidth(nbytes: int) -> float:
+    """Bytes per second that mpi4py's own ping-pong reaches at this message size."""
+    out = run(mpirun(2, sys.executable, "-m", "mpi4py.bench", "pingpong", "-a", "numpy",
+                     "-m", str(nbytes), "-n", str(nbytes), "--loop-huge", "40",
+                     "--skip-huge", "5"))
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s*\d+\s", line)]
+    size, _, bandwidth = (float(v) for v in rows[-1][:3])  # bytes, time (us), MiB/s
+    assert int(size) == nbytes, out
+    return bandwidth * 1024 * 1024
+
+
+def ps_throughput(mib: float) -> tuple[float, dict]:
+    out = run(mpirun(2, sys.executable, str(HERE / "bench" / "ps_throughput.py"),
+                     "--mib", str(mib)))
+    worker = json.loads(out.split("BENCH ", 1)[1].splitlines()[0])
+    server = json.loads(out.split("SERVER ", 1)[1].splitlines()[0])
+    return worker["bytes_per_sec"], {**server, "model_bytes": worker["model_bytes"]}
+
+
+def bare_rss() -> int:
+    """Peak memory of an MPI process that imported torch and mpi4py and did nothing else."""
+    out = run(mpirun(1, sys.executable, "-c",
+                     "import resource, torch, numpy; from mpi4py import MPI; "
+                     "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"))
+    return int(out.split("RSS", 1)[1].split()[0])
+
+
+def training_rate(mode: str, workers: int, extra: list[str]) -> float:
+    with tempfile.TemporaryDirectory() as run_dir:
+        np = workers + (1 if mode == "async" else 0)
+        cmd = [str(BIN / "hvdtrain"), "train", "--mode", mode, "--dataset", "synthetic",
+               "--synthetic-shape", "1024", "--synthetic-samples", "16384", "--hidden", "1024,1024",
+               "--batch-size", "64", "--epochs", "2", "--max-steps-per-epoch", "60",
+               "--eval-every", "2", "--checkpoint-every", "0", "--no-progress",
+               "--run-dir", run_dir, *extra]
+        run(mpirun(np, *cmd))
+        records = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
+    if mode == "async":
+        return next(r for r in records if r["type"] == "scheme")["samples_per_sec"]
+    return statistics.median(r["samples_per_sec"] for r in records if r["type"] == "epoch")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mib", type=float, default=16.0)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    nbytes = int(args.mib * 1024 * 1024)
+
+    pp, ps, servers, sync_rate, async_rate = [], [], [], [], []
+    for r in range(args.rounds):
+        pp.append(pingpong_bandwidth(nbytes))
+        rate, server = ps_throughput(args.mib)
+        ps.append(rate)
+        servers.append(server)
+        sync_rate.append(training_rate("sync", args.workers, []))
+        async_rate.append(training_rate("async", args.workers, []))
+        print(f"round {r + 1}/{args.rounds}: pingpong {pp[-1] / 2**30:.2f} GiB/s, "
+              f"ps push+pull {ps[-1] / 2**30:.2f} GiB/s, sync {sync_rate[-1]:,.0f} samples/s, "
+              f"async {async_rate[-1]:,.0f} samples/s", flush=True)
+    bare = bare_rss()
+    peak = max(s["peak_rss_bytes"] for s in servers)
+    model = servers[0]["model_bytes"]
+    med = statistics.median
+    print(f"\nmessage/model size: {args.mib:g} MiB; medians of {args.rounds} rounds")
+    print("| measure | value | baseline | ratio | target |")
+    print("|---|---|---|---|---|")
+    print(f"| push+pull throughput, 1 server 1 worker | {med(ps) / 2**30:.2f} GiB/s | "
+          f"pingpong {med(pp) / 2**30:.2f} GiB/s | {med(ps) / med(pp):.2f} | >= 0.7 |")
+    print(f"| server peak RSS above bare torch process | {(peak - bare) / 2**20:.0f} MiB | "
+          f"model {model / 2**20:.0f} MiB | {(peak - bare) / model:.2f}x | <= 4x |")
+    print(f"| async training, {args.workers} workers + 1 server | {med(async_rate):,.0f} samples/s "
+          f"| sync, {args.workers} workers {med(sync_rate):,.0f} samples/s | "
+          f"{med(async_rate) / med(sync_rate):.2f} | - |")
+
+
+if __name__ == "__main__":
+    main()

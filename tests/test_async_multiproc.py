@@ -1,0 +1,97 @@
+"""Tiers 2 and 3 for async training: real mpirun jobs with a parameter server, with timeouts."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import horovodrun, hvdtrain, mpirun, run
+from hvdtrain.metrics import read_jsonl
+
+pytestmark = pytest.mark.multiproc
+QUIET = ["--no-progress", "--seed", "1"]
+
+
+def records(run_dir, kind):
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
+
+
+def final_model(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
+def test_one_server_two_workers_train_digits_to_95_percent(tmp_path):
+    proc = run(mpirun(3, *hvdtrain("train", "--mode", "async", "--epochs", "15",
+                                   "--run-dir", str(tmp_path))))
+    epochs = records(tmp_path, "epoch")
+    assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+    assert "done: test accuracy" in proc.stdout
+    summary = records(tmp_path, "scheme")[0]
+    steps = records(tmp_path, "header")[0]["steps_per_epoch"] * 15
+    assert summary["pushes_applied"] == 2 * steps  # no update lost: every push was applied
+    histogram = {int(k): v for k, v in summary["staleness_histogram"].items()}
+    assert sum(histogram.values()) == 2 * steps
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert set(state["server_state"]["vectors"]) == {"momentum_buffer"}  # SGD state from server
+
+
+def test_bsp_through_the_server_matches_sync_horovod(tmp_path):
+    flags = [*QUIET, "--epochs", "2", "--optimizer", "sgd", "--momentum", "0.9"]
+    run(mpirun(2, *hvdtrain("train", "--mode", "sync", *flags, "--run-dir", str(tmp_path / "s"))))
+    run(mpirun(3, *hvdtrain("train", "--mode", "async", "--bsp", *flags,
+                            "--run-dir", str(tmp_path / "a"))))
+    sync, bsp = final_model(tmp_path / "s"), final_model(tmp_path / "a")
+    for name in sync:
+        worst = (sync[name] - bsp[name]).abs().max().item()
+        assert worst < 1e-5, f"{name} differs by {worst}"
+
+
+def test_two_servers_give_the_same_result_as_one(tmp_path):
+    flags = [*QUIET, "--mode", "async", "--bsp", "--epochs", "1", "--chunk-mb", "0.01"]
+    run(mpirun(3, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "one"))))
+    run(mpirun(4, *hvdtrain("train", *flags, "--num-servers", "2",
+                            "--run-dir", str(tmp_path / "two"))))
+    one, two = final_model(tmp_path / "one"), final_model(tmp_path / "two")
+    for name in one:
+        assert torch.allclose(one[name], two[name], atol=1e-6), name
+    servers = records(tmp_path / "two", "scheme")[0]["servers"]
+    assert len(servers) == 2 and all(s["pushes_applied"] == servers[0]["pushes_applied"]
+                                     for s in servers)
+
+
+def test_lock_step_bounds_the_staleness(tmp_path):
+    run(mpirun(3, *hvdtrain("train", *QUIET, "--mode", "async", "--staleness", "0",
+                            "--epochs", "2", "--run-dir", str(tmp_path))))
+    histogram = records(tmp_path, "scheme")[0]["staleness_histogram"]
+    # With bound 0 and 2 workers, a gradient can miss at most the other worker's one update.
+    assert set(map(int, histogram)) <= {0, 1}, histogram
+
+
+def test_async_resume_restores_server_state(tmp_path):
+    flags = [*QUIET, "--mode", "async", "--optimizer", "adam", "--lr", "0.002"]
+    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(tmp_path))))
+    first = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert set(first["server_state"]["vectors"]) == {"exp_avg", "exp_avg_sq"}
+    assert first["server_state"]["scalars"]["step"] > 0
+    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(tmp_path))))
+    epochs = records(tmp_path, "epoch")
+    assert [e["epoch"] for e in epochs] == [1, 2, 3, 4]
+    resumed = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert resumed["server_state"]["scalars"]["step"] > first["server_state"]["scalars"]["step"]
+    assert epochs[-1]["test_acc"] > 0.9
+
+
+def test_worker_error_ends_the_whole_job_promptly(tmp_path):
+    x = np.random.default_rng(0).standard_normal((200, 8)).astype(np.float32) * 1e30
+    np.savez(tmp_path / "huge.npz", x=x, y=np.arange(200) % 2)
+    proc = run(mpirun(3, *hvdtrain("train", *QUIET, "--mode", "async", "--dataset", "npz",
+                                   "--data-path", str(tmp_path / "huge.npz"),
+                                   "--run-dir", str(tmp_path / "run"))), check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "loss became" in proc.stderr
+
+
+def test_impossible_topologies_and_launchers_are_rejected(tmp_path):
+    proc = run(mpirun(2, *hvdtrain("train", "--mode", "async", "--num-servers", "2")), check=False)
+    assert proc.returncode == 2 and "2 - 2 = 0 workers" in proc.stderr
+    proc = run(horovodrun(2, *hvdtrain("train", "--mode", "async")), check=False)
+    assert proc.returncode != 0 and "horovodrun --gloo starts no MPI job" in proc.stderr

@@ -1,0 +1,60 @@
+"""Tier 1: the parameter server's arithmetic and wire layout, without MPI."""
+
+import math
+
+import numpy as np
+import pytest
+
+from hvdtrain.config import ConfigError
+from hvdtrain.ps.protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_WORKER, HEADER_LEN,
+                                  WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
+                                  make_header, may_proceed, shard_bounds, word_to_lr)
+
+
+@pytest.mark.parametrize("total, servers", [(10, 1), (10, 3), (7, 7), (1_000_003, 4)])
+def test_shards_are_contiguous_balanced_and_cover_everything(total, servers):
+    bounds = shard_bounds(total, servers)
+    assert len(bounds) == servers
+    assert bounds[0][0] == 0 and bounds[-1][1] == total
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))  # contiguous, no gaps
+    sizes = [b - a for a, b in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def test_impossible_shards_and_topologies_show_the_arithmetic():
+    with pytest.raises(ConfigError, match="cannot split 3 parameters across 4 servers"):
+        shard_bounds(3, 4)
+    with pytest.raises(ConfigError, match="3 - 3 = 0 workers.*at least 4 processes"):
+        Topology(world_size=3, num_servers=3)
+    with pytest.raises(ConfigError, match="2 - 5 = -3 workers"):
+        Topology(world_size=2, num_servers=5)
+    t = Topology(world_size=5, num_servers=2)
+    assert t.num_workers == 3 and t.worker_ranks() == [0, 1, 2] and t.server_ranks() == [3, 4]
+    assert t.is_server(3) and not t.is_server(0) and t.server_index(4) == 1
+
+
+def test_chunks():
+    assert chunk_bounds(10, 4) == [(0, 4), (4, 8), (8, 10)]
+    assert chunk_bounds(4, 4) == [(0, 4)]
+    assert chunk_elements(1.0) == 262_144  # 1 MiB of float32
+
+
+def test_header_layout_is_fixed():
+    header = make_header(Kind.PUSH, clock=7, lr=0.0123, flags=WANT_PARAMS, size=64, worker=2)
+    assert header.dtype == np.int64 and header.shape == (HEADER_LEN,)
+    assert header[H_KIND] == Kind.PUSH and header[H_CLOCK] == 7 and header[H_SIZE] == 64
+    assert header[H_FLAGS] == WANT_PARAMS and header[H_WORKER] == 2
+    assert word_to_lr(header[H_LR]) == 0.0123  # the float64 travels bit for bit
+    assert len({t.value for t in Tag}) == len(Tag)  # tags are distinct
+
+
+@pytest.mark.parametrize("clock, clocks, bound, expected", [
+    (3, [3, 3], 0, True),            # lock-step: level with everyone
+    (4, [4, 3], 0, False),           # lock-step: one ahead must wait
+    (5, [5, 3], 2, True),            # SSP: exactly at the bound
+    (6, [6, 3], 2, False),           # SSP: past the bound
+    (100, [100, 0], math.inf, True),  # fully asynchronous
+    (9, [9, math.inf], 0, True),     # a finished worker never holds anyone back
+])
+def test_staleness_rule(clock, clocks, bound, expected):
+    assert may_proceed(clock, clocks, bound) is expected
