@@ -53,10 +53,12 @@ def pingpong_bandwidth(nbytes: int) -> float:
     out = run(mpirun(2, sys.executable, "-m", "mpi4py.bench", "pingpong", "-a", "numpy",
                      "-m", str(nbytes), "-n", str(nbytes), "--loop-huge", "40",
                      "--skip-huge", "5"))
+    # "# Size [B]  Bandwidth [MB/s] | Time Mean [s] ..." where MB = 1e6 bytes and the time is
+    # one way, so bandwidth = size / (half the round trip).
     rows = [line.split() for line in out.splitlines() if re.match(r"^\s*\d+\s", line)]
-    size, _, bandwidth = (float(v) for v in rows[-1][:3])  # bytes, time (us), MiB/s
-    assert int(size) == nbytes, out
-    return bandwidth * 1024 * 1024
+    size, bandwidth = int(rows[-1][0]), float(rows[-1][1])
+    assert size == nbytes, out
+    return bandwidth * 1e6
 
 
 def ps_throughput(mib: float) -> tuple[float, dict]:

@@ -18,10 +18,14 @@ import numpy as np
 import torch
 
 from ..config import Config
-from ..optim import build_optimizer, set_learning_rate
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN, WANT_PARAMS,
                        Kind, Tag, Topology, chunk_bounds, chunk_elements, may_proceed,
                        shard_bounds, word_to_lr)
+from .shard_optimizer import ShardOptimizer
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 class ParameterServer:
@@ -42,9 +46,9 @@ class ParameterServer:
         # filled in by INIT
         self.params: torch.Tensor | None = None
         self.chunks: list[tuple[int, int]] = []
-        self.chunk_params: list[torch.nn.Parameter] = []
-        self.optimizer: torch.optim.Optimizer | None = None
+        self.optimizer: ShardOptimizer | None = None
         self.grad_buffer: np.ndarray | None = None
+        self.lr = 0.0  # the pushing worker's current learning rate (its schedule, its header)
         # bookkeeping
         self.clocks: list[float] = [0] * self.num_workers   # pushes per worker; inf once done
         self.version = 0                                   # updates applied to these parameters
@@ -57,6 +61,7 @@ class ParameterServer:
         self.last_push = 0.0
         self.busy_seconds = 0.0
         self.started = time.perf_counter()
+        self.rss_at_start = peak_rss_bytes()  # MPI and torch are loaded, no tensors yet
         self.round_sum: np.ndarray | None = None           # BSP: this round's gradient sum
         self.round_count = 0
         self.backups: dict[int, np.ndarray] = {}           # DC-ASGD: params each worker last pulled
@@ -66,12 +71,9 @@ class ParameterServer:
         start, end = shard_bounds(total, self.topology.num_servers)[self.index]
         self.params = torch.zeros(end - start, dtype=torch.float32)
         self.chunks = chunk_bounds(end - start, self.chunk_elems)
-        # One torch Parameter per chunk, each a view into the shard, so the stock torch optimizer
-        # can update chunk i as soon as it has arrived. Updates are elementwise, so chunked
-        # application is the same arithmetic as one optimizer over the whole tensor.
-        self.chunk_params = [torch.nn.Parameter(self.params[a:b], requires_grad=True)
-                             for a, b in self.chunks]
-        self.optimizer = build_optimizer(self.chunk_params, self.cfg.optim)
+        # Chunk i is updated as soon as it has arrived. The update rules are elementwise, so
+        # chunked application is the same arithmetic as one step over the whole shard.
+        self.optimizer = ShardOptimizer(self.params, self.chunks, self.cfg.optim)
         self.grad_buffer = np.empty(max(b - a for a, b in self.chunks), dtype=np.float32)
         if self.bsp:
             self.round_sum = np.zeros(end - start, dtype=np.float32)
@@ -125,7 +127,7 @@ class ParameterServer:
     def _push(self, worker: int, clock: int, lr: float, want_params: bool) -> None:
         self.pushes_received += 1
         self.clocks[worker] = clock
-        set_learning_rate(self.optimizer, lr)
+        self.lr = lr
         if self.bsp:
             self._push_bsp(worker, want_params)
             return
@@ -178,10 +180,7 @@ class ParameterServer:
         return sum(1 for c in self.clocks if not math.isinf(c))
 
     def _apply(self, chunk: int, grad: np.ndarray) -> None:
-        param = self.chunk_params[chunk]
-        param.grad = torch.from_numpy(grad)
-        self.optimizer.step()
-        param.grad = None  # so the next step() touches only the next chunk
+        self.optimizer.apply(chunk, torch.from_numpy(grad), self.lr)
 
     def _delay_compensate(self, worker: int, grad: np.ndarray, a: int, b: int) -> None:
         """DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_when_pulled), a cheap
@@ -223,36 +222,26 @@ class ParameterServer:
                 self._reply(worker, want)
 
     # --- checkpoint state ----------------------------------------------------------------------
-    def _state_layout(self) -> tuple[list[str], list[str]]:
-        """Names of the optimizer's per-element tensors and of its scalars, e.g. momentum_buffer
-        for SGD, exp_avg and exp_avg_sq plus step for Adam."""
-        state = self.optimizer.state.get(self.chunk_params[0], {})
-        vectors = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() > 0)
-        scalars = sorted(k for k, v in state.items()
-                         if (torch.is_tensor(v) and v.dim() == 0) or isinstance(v, (int, float)))
-        return vectors, scalars
-
     def _send_state(self, dest: int) -> None:
-        vectors, scalars = self._state_layout()
-        first = self.optimizer.state.get(self.chunk_params[0], {})
-        self.comm.send({"vectors": vectors,
-                        "scalars": {k: float(first[k]) for k in scalars},
+        """Optimizer state as named per-element vectors (momentum_buffer for SGD, exp_avg and
+        exp_avg_sq for Adam) plus scalars, so a checkpoint does not depend on the shard layout."""
+        vectors = sorted(self.optimizer.vectors)
+        self.comm.send({"vectors": vectors, "scalars": self.optimizer.scalars(),
                         "clocks": [c if not math.isinf(c) else -1 for c in self.clocks],
                         "version": self.version,
                         "staleness": dict(self.staleness)}, dest=dest, tag=Tag.INFO)
         for name in vectors:
-            for p in self.chunk_params:
-                self.comm.Send(self.optimizer.state[p][name].numpy(), dest=dest, tag=Tag.STATE)
+            vector = self.optimizer.vectors[name].numpy()
+            for a, b in self.chunks:
+                self.comm.Send(vector[a:b], dest=dest, tag=Tag.STATE)
 
     def _recv_state(self, source: int) -> None:
         meta = self.comm.recv(source=source, tag=Tag.INFO)
-        for p in self.chunk_params:
-            self.optimizer.state[p] = {k: torch.tensor(v) for k, v in meta["scalars"].items()}
+        vectors = {name: torch.empty_like(self.params) for name in meta["vectors"]}
         for name in meta["vectors"]:
-            for p in self.chunk_params:
-                buf = torch.empty_like(p.data)
-                self.comm.Recv(buf.numpy(), source=source, tag=Tag.STATE)
-                self.optimizer.state[p][name] = buf
+            for a, b in self.chunks:
+                self.comm.Recv(vectors[name].numpy()[a:b], source=source, tag=Tag.STATE)
+        self.optimizer.load(vectors, meta["scalars"])
         self.version = int(meta.get("version", 0))
 
     def statistics(self) -> dict[str, Any]:
@@ -260,7 +249,7 @@ class ParameterServer:
         return {"server": self.index, "pushes_applied": self.pushes_received,
                 "samples": self.samples_received, "push_span_seconds": round(span, 4),
                 "samples_per_sec": round(self.samples_received / span, 2) if span else None,
-                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "peak_rss_bytes": peak_rss_bytes(), "rss_at_start_bytes": self.rss_at_start,
                 "updates": self.version,
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(self.staleness.items())},
                 "busy_seconds": round(self.busy_seconds, 3),

@@ -20,6 +20,7 @@ parser.add_argument("--warmup", type=int, default=5)
 parser.add_argument("--rounds", type=int, default=40)
 parser.add_argument("--chunk-mb", type=float, default=None)
 parser.add_argument("--optimizer", default="sgd")
+parser.add_argument("--momentum", type=float, default=0.9)
 args = parser.parse_args()
 
 from mpi4py import MPI  # noqa: E402  (after argparse: --help needs no MPI)
@@ -32,6 +33,7 @@ from hvdtrain.runtime import Runtime  # noqa: E402
 cfg = Config()
 cfg.run.mode = "async"
 cfg.optim.optimizer = args.optimizer
+cfg.optim.momentum = args.momentum
 if args.chunk_mb:
     cfg.ps.chunk_mb = args.chunk_mb
 world = MPI.COMM_WORLD
