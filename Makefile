@@ -6,7 +6,7 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench bench-ps clean
 
 setup:
 	bash scripts/setup/setup.sh
@@ -18,7 +18,11 @@ test: setup
 	$(PY) -m pytest -v -rs
 
 bench: setup
-	$(PY) scripts/bench_sync.py
+	$(PY) scripts/bench_sync.py --launcher mpi
+	$(PY) scripts/bench_sync.py --launcher gloo
+
+bench-ps: setup
+	$(PY) scripts/bench_ps.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from . import checkpoint
-from .config import Config
+from .config import Config, ConfigError
 from .data import Dataset, epoch_batches, eval_shard
 from .metrics import JsonlLog, ProgressBar, package_versions
 from .models import count_parameters
@@ -77,8 +77,8 @@ class Trainer:
         run = cfg.run
         full_steps = len(epoch_batches(len(self.x_train), run.batch_size, 0, num_workers, 0, run.seed))
         if full_steps == 0:
-            raise TrainingError(
-                f"the training split has {len(self.x_train)} samples, fewer than one global batch "
+            raise ConfigError(
+                f"--batch-size: the training split has {len(self.x_train)} samples, fewer than one global batch "
                 f"of {run.batch_size} x {num_workers} workers; lower --batch-size")
         self.steps_per_epoch = min(full_steps, run.max_steps_per_epoch or full_steps)
         self.total_steps = self.steps_per_epoch * run.epochs

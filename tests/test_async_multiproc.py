@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import horovodrun, hvdtrain, mpirun, run
+from conftest import BIN, horovodrun, hvdtrain, mpirun, run
 from hvdtrain.metrics import read_jsonl
 
 pytestmark = pytest.mark.multiproc
@@ -95,3 +95,12 @@ def test_impossible_topologies_and_launchers_are_rejected(tmp_path):
     assert proc.returncode == 2 and "2 - 2 = 0 workers" in proc.stderr
     proc = run(horovodrun(2, *hvdtrain("train", "--mode", "async")), check=False)
     assert proc.returncode != 0 and "horovodrun --gloo starts no MPI job" in proc.stderr
+
+
+def test_delay_compensated_async_under_horovodrun_mpi(tmp_path):
+    # horovodrun without --gloo launches through mpirun, which async mode needs.
+    run([str(BIN / "horovodrun"), "-np", "3", "--mpi",
+         *hvdtrain("train", *QUIET, "--mode", "async", "--dc-lambda", "0.04", "--epochs", "6",
+                   "--run-dir", str(tmp_path))])
+    assert records(tmp_path, "epoch")[-1]["test_acc"] >= 0.9
+    assert records(tmp_path, "header")[0]["config"]["ps"]["dc_lambda"] == 0.04

@@ -8,7 +8,8 @@ import pytest
 from hvdtrain.config import ConfigError
 from hvdtrain.ps.protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_WORKER, HEADER_LEN,
                                   WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
-                                  make_header, may_proceed, shard_bounds, word_to_lr)
+                                  delay_compensate, make_header, may_proceed, shard_bounds,
+                                  word_to_lr)
 
 
 @pytest.mark.parametrize("total, servers", [(10, 1), (10, 3), (7, 7), (1_000_003, 4)])
@@ -58,3 +59,38 @@ def test_header_layout_is_fixed():
 ])
 def test_staleness_rule(clock, clocks, bound, expected):
     assert may_proceed(clock, clocks, bound) is expected
+
+
+def test_delay_compensation_moves_the_gradient_along_the_missed_update():
+    grad = np.array([2.0, -1.0, 0.5], dtype=np.float32)
+    now = np.array([1.0, 1.0, 1.0], dtype=np.float32)
+    pulled = np.array([0.0, 3.0, 1.0], dtype=np.float32)
+    delay_compensate(grad, 0.5, now, pulled)
+    # g + 0.5 * g^2 * (now - pulled): 2 + 0.5*4*1, -1 + 0.5*1*(-2), 0.5 + 0
+    assert grad.tolist() == [4.0, -2.0, 0.5]
+
+
+def test_server_optimizer_matches_torch_optimizers_chunk_by_chunk():
+    import torch
+
+    from hvdtrain.config import OptimConfig
+    from hvdtrain.ps.shard_optimizer import ShardOptimizer
+
+    for cfg in [OptimConfig(optimizer="sgd", momentum=0.9, weight_decay=0.01),
+                OptimConfig(optimizer="adam"), OptimConfig(optimizer="adamw", weight_decay=0.1)]:
+        torch.manual_seed(0)
+        start = torch.randn(10)
+        reference = torch.nn.Parameter(start.clone())
+        opt = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[
+            cfg.optimizer]
+        kwargs = {"momentum": cfg.momentum} if cfg.optimizer == "sgd" else {}
+        opt = opt([reference], lr=0.1, weight_decay=cfg.weight_decay, **kwargs)
+        shard = start.clone()
+        server = ShardOptimizer(shard, chunk_bounds(10, 4), cfg)
+        for _ in range(3):
+            grad = torch.randn(10)
+            reference.grad = grad.clone()
+            opt.step()
+            for i, (a, b) in enumerate(server.chunks):
+                server.apply(i, grad[a:b].clone(), lr=0.1)
+        assert torch.allclose(shard, reference.detach(), atol=1e-6), cfg.optimizer

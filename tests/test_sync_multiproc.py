@@ -5,13 +5,15 @@ import sys
 import pytest
 import torch
 
-from conftest import REPO, horovodrun, hvdtrain, mpirun, run
+from conftest import BIN, REPO, horovodrun, hvdtrain, mpirun, run
 from hvdtrain.metrics import read_jsonl
 
 pytestmark = pytest.mark.multiproc
 HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")
 QUICK = ["--epochs", "2", "--no-progress", "--seed", "3"]
-LAUNCHERS = {"mpirun": mpirun, "horovodrun": horovodrun}
+LAUNCHERS = {"mpirun": mpirun, "horovodrun": horovodrun,
+             "horovodrun --mpi": lambda np, *cmd: [str(BIN / "horovodrun"), "-np", str(np),
+                                                  "--mpi", *cmd]}
 
 
 def launch(launcher: str, np: int, *command: str) -> list[str]:
@@ -25,6 +27,7 @@ def final_state(run_dir):
 @pytest.mark.parametrize("launcher, extra", [
     ("mpirun", []),
     ("horovodrun", []),
+    ("horovodrun --mpi", ["--model", "cnn"]),
     ("horovodrun", ["--compression", "fp16", "--backward-passes-per-step", "2",
                     "--optimizer", "adam", "--lr", "0.002"]),
     ("mpirun", ["--reduce-op", "adasum", "--optimizer", "adamw", "--lr", "0.002",

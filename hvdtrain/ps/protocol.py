@@ -132,3 +132,13 @@ def may_proceed(clock: int, clocks: list[float], bound: float) -> bool:
     bound = 0 is lock-step, bound = inf fully asynchronous."""
     slowest = min(clocks)
     return math.isinf(slowest) or clock - slowest <= bound
+
+
+# --- delay compensation ----------------------------------------------------------------------
+def delay_compensate(grad: np.ndarray, lam: float, now: np.ndarray, pulled: np.ndarray) -> None:
+    """DC-ASGD (Zheng et al. 2017), in place: g += lambda * g * g * (w_now - w_pulled).
+
+    A gradient computed at the parameters the worker pulled (w_pulled) is corrected towards the
+    gradient at the server's current parameters (w_now), using g*g as a cheap diagonal
+    approximation of the Hessian."""
+    grad += lam * grad * grad * (now - pulled)

@@ -19,8 +19,8 @@ import torch
 
 from ..config import Config
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN, WANT_PARAMS,
-                       Kind, Tag, Topology, chunk_bounds, chunk_elements, may_proceed,
-                       shard_bounds, word_to_lr)
+                       Kind, Tag, Topology, chunk_bounds, chunk_elements, delay_compensate,
+                       may_proceed, shard_bounds, word_to_lr)
 from .shard_optimizer import ShardOptimizer
 
 
@@ -136,6 +136,7 @@ class ParameterServer:
         reply_now = may_proceed(clock, self.clocks, self.staleness_bound)
         stream = reply_now and want_params  # send each chunk back as soon as it is updated
         params = self.params.numpy()
+        sends = []
         for i, (a, b) in enumerate(self.chunks):
             grad = self.grad_buffer[: b - a]
             self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
@@ -143,9 +144,13 @@ class ParameterServer:
                 self._delay_compensate(worker, grad, a, b)
             self._apply(i, grad)
             if stream:
-                self.comm.Send(params[a:b], dest=worker, tag=Tag.PARAMS)
+                # Non-blocking: the worker copies chunk i out while this process receives and
+                # updates chunk i+1, so the two directions overlap on two cores. Chunk i is not
+                # touched again before the Waitall below.
+                sends.append(self.comm.Isend(params[a:b], dest=worker, tag=Tag.PARAMS))
         self.version += 1
         if stream:
+            self.MPI.Request.Waitall(sends)
             self._mark_pulled(worker)
         elif reply_now:
             self._reply(worker, want_params)
@@ -183,13 +188,9 @@ class ParameterServer:
         self.optimizer.apply(chunk, torch.from_numpy(grad), self.lr)
 
     def _delay_compensate(self, worker: int, grad: np.ndarray, a: int, b: int) -> None:
-        """DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_when_pulled), a cheap
-        diagonal Taylor correction for the updates the worker did not see."""
-        backup = self.backups.get(worker)
-        if backup is None:
-            return
-        now = self.params.numpy()[a:b]
-        grad += self.dc_lambda * grad * grad * (now - backup[a:b])
+        backup = self.backups.get(worker)  # the parameters this worker last received
+        if backup is not None:
+            delay_compensate(grad, self.dc_lambda, self.params.numpy()[a:b], backup[a:b])
 
     # --- replies -------------------------------------------------------------------------------
     def _reply(self, worker: int, want_params: bool) -> None:
@@ -200,8 +201,8 @@ class ParameterServer:
 
     def _send_params(self, worker: int) -> None:
         params = self.params.numpy()
-        for a, b in self.chunks:
-            self.comm.Send(params[a:b], dest=worker, tag=Tag.PARAMS)
+        self.MPI.Request.Waitall([self.comm.Isend(params[a:b], dest=worker, tag=Tag.PARAMS)
+                                  for a, b in self.chunks])
         self._mark_pulled(worker)
 
     def _mark_pulled(self, worker: int) -> None:

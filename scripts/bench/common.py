@@ -20,7 +20,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup-steps", type=int, default=20)
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--lr", type=float, default=0.01)
-    parser.add_argument("--threads", type=int, default=0, help="0: leave torch's default")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="0: leave torch's default; -1: hvdtrain's rule (cores / processes)")
     return parser.parse_args()
 
 
@@ -35,22 +36,33 @@ def make_model(args: argparse.Namespace) -> nn.Sequential:
 
 
 def make_data(args: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """As many samples as hvdtrain's benchmark run holds (16,384), so both read the same amount
+    of memory."""
     g = torch.Generator().manual_seed(1234 + rank)
-    x = torch.randn(2048, args.features, generator=g)
-    y = torch.randint(0, args.classes, (2048,), generator=g)
+    x = torch.randn(16384, args.features, generator=g)
+    y = torch.randint(0, args.classes, (16384,), generator=g)
     return x, y
 
 
 def timed_loop(step, args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
-    """Run warmup steps, then time ``args.steps`` steps; return seconds."""
+    """Run warmup steps, then time ``args.steps`` steps; return seconds. Batches are random
+    samples of the data, reshuffled each pass, as a shuffling data loader would give them."""
     b = args.batch_size
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(x), generator=g)
+
     def batch(i):
-        start = (i * b) % (len(x) - b)
-        return x[start:start + b], y[start:start + b]
+        nonlocal order
+        start = (i * b) % (len(x) - b + 1)
+        if start == 0 and i:
+            order = torch.randperm(len(x), generator=g)
+        idx = order[start:start + b]
+        return x[idx], y[idx]
+
     for i in range(args.warmup_steps):
         step(*batch(i))
     t0 = time.perf_counter()
-    for i in range(args.steps):
+    for i in range(args.warmup_steps, args.warmup_steps + args.steps):
         step(*batch(i))
     return time.perf_counter() - t0
 

@@ -8,7 +8,10 @@ from common import make_data, make_model, parse_args, report, timed_loop
 
 args = parse_args()
 hvd.init()                                                      # Horovod: start
-if args.threads:
+if args.threads < 0:  # "same settings": hvdtrain's rule, cores per process on this host
+    from hvdtrain.runtime import default_threads
+    torch.set_num_threads(default_threads(hvd.local_size()))
+elif args.threads:
     torch.set_num_threads(args.threads)
 torch.manual_seed(0)
 model = make_model(args)

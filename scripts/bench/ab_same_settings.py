@@ -1,0 +1,66 @@
+"""hvdtrain's training step against a hand-written Horovod loop, A/B inside one job.
+
+Separate launches on a shared 2-core machine differ by +-20% from one minute to the next, which
+hides a 3% difference. Here both run in the same processes, with the same Horovod context and
+settings (hvdtrain's), the same data and the same model shape, alternating in blocks of 50 steps:
+slow drift of the machine hits both alike. Run under horovodrun or mpirun.
+"""
+
+import json
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+import horovod.torch as hvd
+from hvdtrain.cli import build_parser, config_from_args, prepare_sync
+from hvdtrain.models import build_model
+
+ROUNDS, STEPS, BATCH = int(sys.argv[1]), 50, 64
+with tempfile.TemporaryDirectory() as run_dir:
+    cfg = config_from_args(build_parser().parse_args([
+        "train", "--dataset", "synthetic", "--synthetic-shape", "1024",
+        "--synthetic-samples", "16384", "--hidden", "1024,1024", "--batch-size", str(BATCH),
+        "--epochs", str(ROUNDS + 1), "--max-steps-per-epoch", str(STEPS), "--lr", "0.01",
+        "--eval-every", "1000", "--no-progress", "--run-dir", run_dir]))
+    trainer = prepare_sync(cfg)  # hvd.init with hvdtrain's settings
+    trainer.scheme.attach(trainer.replica)
+    trainer.scheme.start(None)
+
+    # The plain loop, as in Horovod's pytorch_mnist example, on a second copy of the model.
+    model = build_model("mlp", (1024,), 10, cfg.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(                               # Horovod
+        optimizer, named_parameters=[(f"plain.{n}", p) for n, p in model.named_parameters()])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)          # Horovod
+    x, y = trainer.x_train, trainer.y_train
+    generator = torch.Generator().manual_seed(hvd.rank())
+
+    def plain_block() -> float:
+        t0 = time.perf_counter()
+        for _ in range(STEPS):
+            idx = torch.randint(0, len(x), (BATCH,), generator=generator)
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x[idx]), y[idx])
+            loss.backward()
+            optimizer.step()
+            loss.item()
+        return STEPS * BATCH * hvd.size() / (time.perf_counter() - t0)
+
+    trainer._train_epoch(0, time.perf_counter())  # warm up both
+    plain_block()
+    ratios = []
+    for r in range(ROUNDS):
+        if r % 2:  # alternate which goes first
+            theirs = plain_block()
+            ours = trainer._train_epoch(r + 1, time.perf_counter()).samples_per_sec
+        else:
+            ours = trainer._train_epoch(r + 1, time.perf_counter()).samples_per_sec
+            theirs = plain_block()
+        ratios.append(ours / theirs)
+    if hvd.rank() == 0:
+        print("AB " + json.dumps({"world_size": hvd.size(), "ratios": ratios,
+                                  "median": statistics.median(ratios)}), flush=True)
