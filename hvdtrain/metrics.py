@@ -56,32 +56,45 @@ class ProgressBar:
         Epoch 3/20
         22/22 [==============================] - 0.4s 18ms/step - loss: 0.2154 - acc: 0.9403
 
-    Shown only on the main process and only when enabled; otherwise every call is a no-op.
+    Shown only on the main process and only when enabled; otherwise every call is a no-op. On a
+    terminal the line fills in as steps finish (tqdm). Under a launcher, output is a pipe that
+    prefixes every write with the rank, so the finished line is printed once instead.
     """
 
     def __init__(self, enabled: bool, stream: TextIO = sys.stderr):
         self.enabled = enabled
         self.stream = stream
+        self.live = enabled and stream.isatty()
         self._bar: tqdm | None = None
+        self._steps = 0
+        self._started = 0.0
+        self._text = ""
 
     def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
         if not self.enabled:
             return
         print(f"Epoch {epoch}/{epochs}", file=self.stream, flush=True)
-        # tqdm fills the bar with the ascii string's characters from first (empty) to last (full),
-        # so ".>=" gives Keras' look: '=' done, '>' at the head, '.' to go.
-        self._bar = tqdm(total=steps, file=self.stream, ascii=".>=", mininterval=0.25,
-                         dynamic_ncols=False, leave=True,
-                         bar_format="{n_fmt}/{total_fmt} [{bar:30}] - {elapsed_s:.1f}s {desc}")
+        self._steps, self._started, self._text = steps, time.perf_counter(), ""
+        if self.live:
+            # tqdm fills the bar with the ascii string's characters from first (empty) to last
+            # (full), so ".>=" gives Keras' look: '=' done, '>' at the head, '.' to go.
+            self._bar = tqdm(total=steps, file=self.stream, ascii=".>=", mininterval=0.25,
+                             dynamic_ncols=False, leave=True,
+                             bar_format="{n_fmt}/{total_fmt} [{bar:30}] - {elapsed_s:.1f}s {desc}")
 
     def update(self, step_seconds: float, loss: float, acc: float) -> None:
-        if self._bar is None:
+        if not self.enabled:
             return
-        self._bar.set_description_str(f"{step_seconds * 1000:.0f}ms/step - loss: {loss:.4f} - "
-                                  f"acc: {acc:.4f}", refresh=False)
-        self._bar.update(1)
+        self._text = f"{step_seconds * 1000:.0f}ms/step - loss: {loss:.4f} - acc: {acc:.4f}"
+        if self._bar is not None:
+            self._bar.set_description_str(self._text, refresh=False)
+            self._bar.update(1)
 
     def end_epoch(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        elif self.enabled:
+            seconds = time.perf_counter() - self._started
+            print(f"{self._steps}/{self._steps} [{'=' * 30}] - {seconds:.1f}s {self._text}",
+                  file=self.stream, flush=True)

@@ -39,7 +39,9 @@ class Kind(IntEnum):
     DONE = 5   # this worker has finished
 
 
-# header words
+# Header words: the request kind; the worker's clock (pushes made, this one included); its learning
+# rate as float64 bits; flags; a size (parameter count for INIT, batch samples for PUSH); and the
+# sending worker's index.
 HEADER_LEN = 6
 H_KIND, H_CLOCK, H_LR, H_FLAGS, H_SIZE, H_WORKER = range(HEADER_LEN)
 WANT_PARAMS = 1
