@@ -121,7 +121,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="per process")
     parser.add_argument("--nps", default="1,2", help="process counts to measure")
     parser.add_argument("--hvdtrain-flags", default="", help="extra flags for hvdtrain train")
-    parser.add_argument("--ab-blocks", type=int, default=8,
+    parser.add_argument("--ab-blocks", type=int, default=20,
                         help="alternating 50-step blocks in the A/B job")
     args = parser.parse_args()
 
