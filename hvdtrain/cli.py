@@ -78,8 +78,14 @@ def rank_from_environment() -> int:
 
 
 def fail(message: str, code: int) -> int:
+    """Report an error that every rank hits alike (bad input): rank 0 prints it. The other ranks
+    wait a moment before exiting, because a launcher stops the whole job at the first non-zero
+    exit, which could kill rank 0 before it has printed."""
     if rank_from_environment() == 0:
         print(f"hvdtrain: error: {message}", file=sys.stderr, flush=True)
+    else:
+        import time
+        time.sleep(3)
     return code
 
 
