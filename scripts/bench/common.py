@@ -9,6 +9,7 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 def parse_args() -> argparse.Namespace:
@@ -42,6 +43,17 @@ def make_data(args: argparse.Namespace, rank: int) -> tuple[torch.Tensor, torch.
     x = torch.randn(16384, args.features, generator=g)
     y = torch.randint(0, args.classes, (16384,), generator=g)
     return x, y
+
+
+def make_step(model: nn.Module, optimizer: torch.optim.Optimizer):
+    """The plain training step both baselines run; only the distributed wrapping differs."""
+    def step(xb: torch.Tensor, yb: torch.Tensor) -> None:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+        loss.item()  # read the loss each step, as a training loop that logs it does
+    return step
 
 
 def timed_loop(step, args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:

@@ -2,10 +2,9 @@
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from common import make_data, make_model, parse_args, report, timed_loop
+from common import make_data, make_model, make_step, parse_args, report, timed_loop
 
 args = parse_args()
 dist.init_process_group("gloo")                                 # DDP: start (env from torchrun)
@@ -15,16 +14,7 @@ torch.manual_seed(0)
 model = DistributedDataParallel(make_model(args))               # DDP: broadcasts, bucketed allreduce
 optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * dist.get_world_size(), momentum=0.9)
 x, y = make_data(args, dist.get_rank())
-
-
-def step(xb, yb):
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(xb), yb)
-    loss.backward()
-    optimizer.step()
-    loss.item()
-
-
+step = make_step(model, optimizer)
 seconds = timed_loop(step, args, x, y)
 if dist.get_rank() == 0:
     report("ddp_gloo", dist.get_world_size(), args, seconds)

@@ -1,10 +1,9 @@
 """The loop a user would write by hand with Horovod, after Horovod's pytorch_mnist example."""
 
 import torch
-import torch.nn.functional as F
 
 import horovod.torch as hvd
-from common import make_data, make_model, parse_args, report, timed_loop
+from common import make_data, make_model, make_step, parse_args, report, timed_loop
 
 args = parse_args()
 hvd.init()                                                      # Horovod: start
@@ -20,16 +19,7 @@ optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_par
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)       # Horovod: same start everywhere
 hvd.broadcast_optimizer_state(optimizer, root_rank=0)           # Horovod
 x, y = make_data(args, hvd.rank())
-
-
-def step(xb, yb):
-    optimizer.zero_grad()
-    loss = F.cross_entropy(model(xb), yb)
-    loss.backward()
-    optimizer.step()
-    loss.item()  # read the loss each step, as a training loop that logs it does
-
-
+step = make_step(model, optimizer)
 seconds = timed_loop(step, args, x, y)
 if hvd.rank() == 0:
     report("plain_horovod", hvd.size(), args, seconds)
