@@ -21,7 +21,6 @@ class Runtime:
     local_size: int
     device: torch.device
     launcher: str  # "horovodrun --gloo", "mpirun" or "none": shown in logs
-    role: str = "worker"  # or "server" (parameter server, async mode)
 
     @property
     def is_main_process(self) -> bool:

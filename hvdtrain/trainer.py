@@ -78,8 +78,8 @@ class Trainer:
         full_steps = len(epoch_batches(len(self.x_train), run.batch_size, 0, num_workers, 0, run.seed))
         if full_steps == 0:
             raise ConfigError(
-                f"--batch-size: the training split has {len(self.x_train)} samples, fewer than one global batch "
-                f"of {run.batch_size} x {num_workers} workers; lower --batch-size")
+                f"--batch-size: the training split has {len(self.x_train)} samples, fewer than "
+                f"one global batch of {run.batch_size} x {num_workers} workers; lower --batch-size")
         self.steps_per_epoch = min(full_steps, run.max_steps_per_epoch or full_steps)
         self.total_steps = self.steps_per_epoch * run.epochs
         self.run_dir = self._choose_run_dir() if self.is_main else None

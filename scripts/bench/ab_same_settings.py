@@ -13,9 +13,9 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
 
 import horovod.torch as hvd
+from common import make_step
 from hvdtrain.cli import build_parser, config_from_args, prepare_sync
 from hvdtrain.models import build_model
 
@@ -39,15 +39,13 @@ with tempfile.TemporaryDirectory() as run_dir:
     x, y = trainer.x_train, trainer.y_train
     generator = torch.Generator().manual_seed(hvd.rank())
 
+    plain_step = make_step(model, optimizer)
+
     def plain_block() -> float:
         t0 = time.perf_counter()
         for _ in range(STEPS):
             idx = torch.randint(0, len(x), (BATCH,), generator=generator)
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
-            optimizer.step()
-            loss.item()
+            plain_step(x[idx], y[idx])
         return STEPS * BATCH * hvd.size() / (time.perf_counter() - t0)
 
     trainer._train_epoch(0, time.perf_counter())  # warm up both
