@@ -6,7 +6,7 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test bench bench-ps clean
+.PHONY: setup demo test bench bench-ps bench-pipeline clean
 
 setup:
 	bash scripts/setup/setup.sh
@@ -23,6 +23,9 @@ bench: setup
 
 bench-ps: setup
 	$(PY) scripts/bench_ps.py
+
+bench-pipeline: setup
+	$(PY) scripts/bench_pipeline.py
 
 clean:
 	rm -rf runs .pytest_cache

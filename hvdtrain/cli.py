@@ -143,7 +143,7 @@ def load_inputs(cfg: Config):
 
 
 def prepare_sync(cfg: Config, dataset=None, model=None):
-    from .replica import Replica
+    from .pipeline import build_replica
     from .runtime import start_horovod
     from .sync import HorovodSync
     from .trainer import Trainer
@@ -152,7 +152,8 @@ def prepare_sync(cfg: Config, dataset=None, model=None):
         dataset, model = load_inputs(cfg)
     runtime = start_horovod(cfg.run, cfg.sync)
     scheme = HorovodSync(cfg, runtime)
-    return Trainer(cfg, runtime, scheme, dataset, Replica(model, runtime.device),
+    replica = build_replica(model, cfg, runtime)
+    return Trainer(cfg, runtime, scheme, dataset, replica,
                    num_workers=runtime.size, worker_rank=runtime.rank)
 
 
@@ -173,8 +174,8 @@ def train_async(cfg: Config, dataset, model) -> int:
     from mpi4py import MPI
 
     from .ps.client import ParameterServerClient
+    from .pipeline import build_replica
     from .ps.server import ParameterServer
-    from .replica import Replica
     from .trainer import Trainer, TrainingError
 
     world = MPI.COMM_WORLD
@@ -186,8 +187,8 @@ def train_async(cfg: Config, dataset, model) -> int:
             ParameterServer(comm, cfg, topology).serve()
             return 0
         scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
-        trainer = Trainer(cfg, runtime, scheme, dataset, Replica(model, runtime.device),
-                          num_workers=topology.num_workers, worker_rank=worker_comm.Get_rank())
+        replica = build_replica(model, cfg, runtime)
+        trainer = Trainer(cfg, runtime, scheme, dataset, replica, num_workers=topology.num_workers, worker_rank=worker_comm.Get_rank())
         history = trainer.fit()
     except (ConfigError, DataError, CheckpointError) as e:
         abort(world, f"hvdtrain: error: {e}", EXIT_BAD_INPUT, collective=True)

@@ -110,6 +110,28 @@ class PSConfig:
                             "g + lambda*g*g*(w_now - w_pulled); 0 disables, ~0.04 is typical")
     chunk_mb: float = _opt(1.0, "gradient and parameter messages travel in chunks of this many "
                            "MiB, so the server updates one chunk while the next is in flight")
+    shared_memory: bool = _opt(True, "between a server and the workers on its host, keep "
+                               "gradients and parameters in an MPI shared-memory window instead "
+                               "of copying them through messages")
+
+
+@dataclass
+class PipelineConfig:
+    """Layer-split model parallelism inside each rank (pipeline stages fed micro-batches)."""
+
+    stages: int = _opt(1, "split each replica by layers into this many pipeline stages, each on "
+                       "its own device (1: no split)")
+    devices: str = _opt("auto", "the stages' devices: auto, cpu, cuda (rank r takes "
+                        "cuda:r*K+k for stage k), or a list such as cuda:0,cuda:1 or cpu,cpu "
+                        "with one entry per stage, or one per stage of every rank on the host")
+    split_points: tuple[int, ...] = _opt((), "layer indices where stages 2..K begin, e.g. 3 "
+                                         "(default: balance the stages by parameter count)")
+    micro_batches: int = _opt(1, "micro-batches per batch; the stages work on different "
+                              "micro-batches at the same time")
+    schedule: str = _opt("gpipe", "gpipe (all forwards, then all backwards), 1f1b (one forward, "
+                         "one backward: fewer activations in flight), or sequential (one stage "
+                         "after another, no overlap: the naive split)",
+                         choices=("gpipe", "1f1b", "sequential"))
 
 
 @dataclass
@@ -138,7 +160,7 @@ class RunConfig:
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
-            "sync": SyncConfig, "ps": PSConfig, "run": RunConfig}
+            "sync": SyncConfig, "ps": PSConfig, "pipeline": PipelineConfig, "run": RunConfig}
 
 
 @dataclass
@@ -148,6 +170,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     ps: PSConfig = field(default_factory=PSConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
     # --- building -----------------------------------------------------------------------------
@@ -227,7 +250,26 @@ class Config:
         if r.mode == "async":
             _require(r.device in ("auto", "cpu"), "--device", r.device,
                      "async mode keeps parameters in host memory: use --device cpu")
+        self._validate_pipeline()
         return self
+
+    def _validate_pipeline(self) -> None:
+        pl, r = self.pipeline, self.run
+        _require(pl.stages >= 1, "--stages", pl.stages, "use 1 (no split) or more stages")
+        _require(pl.micro_batches >= 1, "--micro-batches", pl.micro_batches, "use 1 or more")
+        per_pass = r.batch_size // self.sync.backward_passes_per_step
+        _require(pl.micro_batches <= per_pass, "--micro-batches", pl.micro_batches,
+                 f"each backward pass sees --batch-size {r.batch_size} / "
+                 f"--backward-passes-per-step {self.sync.backward_passes_per_step} = {per_pass} "
+                 f"samples, too few for {pl.micro_batches} micro-batches; use at most {per_pass}")
+        if pl.split_points:
+            _require(len(pl.split_points) == pl.stages - 1, "--split-points", pl.split_points,
+                     f"--stages {pl.stages} needs {pl.stages - 1} split point(s), got "
+                     f"{len(pl.split_points)}")
+        if pl.stages > 1 and r.mode == "async":
+            _require(all(d.strip() in ("auto", "cpu") for d in pl.devices.split(",")),
+                     "--devices", pl.devices,
+                     "async mode keeps parameters in host memory: use --devices cpu")
 
 
 def _require(ok: bool, flag: str, got: Any, fix: str) -> None:

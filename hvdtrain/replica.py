@@ -1,7 +1,7 @@
 """This rank's copy of the model and the arithmetic of one forward and backward pass.
 
 Update schemes decide what happens to the gradients (allreduce, push to a server); the replica
-only computes them. A pipelined replica can replace this one behind the same methods.
+only computes them. A pipelined replica (pipeline.py) replaces this one behind the same methods.
 """
 
 from __future__ import annotations
@@ -29,12 +29,26 @@ class BatchStats:
 
 
 class Replica:
+    backward_passes = 1  # backward passes per forward_backward call (a pipeline makes one per
+                         # micro-batch); Horovod must wait for all of them before it allreduces
+
     def __init__(self, model: nn.Module, device: torch.device):
         self.model = model.to(device)
-        self.device = device
+        self.device = device  # where the inputs go
+        self.devices = [device]
 
     def parameters(self):
         return self.model.parameters()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)
+
+    def describe(self) -> str:
+        return str(self.device)
+
+    def take_epoch_metrics(self) -> dict:
+        """Extra figures for this epoch's log line (the pipeline's stage times); then reset."""
+        return {}
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
         """Add d(grad_scale * mean loss)/d(params) to the gradients; return the batch's sums."""
@@ -49,10 +63,12 @@ class Replica:
     def evaluate(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> BatchStats:
         was_training = self.model.training
         self.model.eval()
-        total = BatchStats(torch.zeros((), device=self.device), torch.zeros((), device=self.device), 0)
+        out = self.devices[-1]  # where the logits come out
+        total = BatchStats(torch.zeros((), device=out), torch.zeros((), device=out), 0)
         for start in range(0, len(x), batch_size):
             xb, yb = x[start:start + batch_size], y[start:start + batch_size]
-            logits = self.model(xb)
+            logits = self.forward(xb)
+            yb = yb.to(logits.device)
             total += BatchStats(F.cross_entropy(logits, yb, reduction="sum"),
                                 (logits.argmax(dim=1) == yb).sum(), len(yb))
         self.model.train(was_training)

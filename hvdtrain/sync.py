@@ -52,7 +52,7 @@ class HorovodSync:
         self.optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=replica.model.named_parameters(),
             compression=compression, op=op,
-            backward_passes_per_step=self.accumulation)
+            backward_passes_per_step=self.accumulation * replica.backward_passes)
 
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats:
         assert self.replica is not None and self.optimizer is not None, "call attach() first"

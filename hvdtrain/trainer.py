@@ -149,14 +149,14 @@ class Trainer:
             self.log = JsonlLog(self.run_dir / "metrics.jsonl", append=bool(run.resume))
             self.log.write("header", config=self.cfg.to_dict(), world_size=self.runtime.size,
                            num_workers=self.num_workers, launcher=self.runtime.launcher,
-                           device=str(self.replica.device), versions=package_versions(),
+                           device=self.replica.describe(), versions=package_versions(),
                            dataset=self.dataset.describe(),
                            num_parameters=count_parameters(self.replica.model),
                            steps_per_epoch=self.steps_per_epoch, resumed_from_epoch=self.start_epoch)
             print(f"hvdtrain: {run.mode} training of {self.cfg.model.model} "
                   f"({count_parameters(self.replica.model):,} parameters) on {self.dataset.describe()}"
                   f"; {self.num_workers} worker(s), launcher: {self.runtime.launcher}, "
-                  f"device: {self.replica.device}; logging to {self.run_dir}", flush=True)
+                  f"device: {self.replica.describe()}; logging to {self.run_dir}", flush=True)
         started = time.perf_counter()
         try:
             for epoch in range(self.start_epoch, run.epochs):
@@ -225,7 +225,8 @@ class Trainer:
                            test_loss=result.test_loss, test_acc=result.test_acc,
                            epoch_seconds=round(seconds, 4),
                            samples_per_sec=round(result.samples_per_sec, 2),
-                           wall_seconds=round(time.perf_counter() - started, 3))
+                           wall_seconds=round(time.perf_counter() - started, 3),
+                           **self.replica.take_epoch_metrics())
         return result
 
     def evaluate(self) -> tuple[float | None, float | None]:

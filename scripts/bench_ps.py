@@ -61,9 +61,10 @@ def pingpong_bandwidth(nbytes: int) -> float:
     return bandwidth * 1e6
 
 
-def ps_throughput(mib: float, momentum: float = 0.9) -> tuple[float, dict]:
+def ps_throughput(mib: float, momentum: float = 0.9, shared: bool = True) -> tuple[float, dict]:
     out = run(mpirun(2, sys.executable, str(HERE / "bench" / "ps_throughput.py"),
-                     "--mib", str(mib), "--momentum", str(momentum)))
+                     "--mib", str(mib), "--momentum", str(momentum),
+                     *([] if shared else ["--no-shared-memory"])))
     worker = json.loads(out.split("BENCH ", 1)[1].splitlines()[0])
     server = json.loads(out.split("SERVER ", 1)[1].splitlines()[0])
     return worker["bytes_per_sec"], {**server, "model_bytes": worker["model_bytes"]}
@@ -101,17 +102,19 @@ def main() -> None:
     args = parser.parse_args()
     nbytes = int(args.mib * 1024 * 1024)
 
-    pp, ps, ps_plain, servers, sync_rate, async_rate = [], [], [], [], [], []
+    pp, ps, ps_plain, ps_messages, servers, sync_rate, async_rate = [], [], [], [], [], [], []
     for r in range(args.rounds):
         pp.append(pingpong_bandwidth(nbytes))
         rate, server = ps_throughput(args.mib)
         ps.append(rate)
         servers.append(server)
         ps_plain.append(ps_throughput(args.mib, momentum=0.0)[0])
+        ps_messages.append(ps_throughput(args.mib, shared=False)[0])
         sync_rate.append(training_rate("sync", args.workers, []))
         async_rate.append(training_rate("async", args.workers, []))
         print(f"round {r + 1}/{args.rounds}: pingpong {pp[-1] / 2**30:.2f} GiB/s, "
-              f"ps push+pull {ps[-1] / 2**30:.2f} GiB/s, sync {sync_rate[-1]:,.0f} samples/s, "
+              f"ps push+pull {ps[-1] / 2**30:.2f} GiB/s (plain SGD {ps_plain[-1] / 2**30:.2f}, "
+              f"messages {ps_messages[-1] / 2**30:.2f}), sync {sync_rate[-1]:,.0f} samples/s, "
               f"async {async_rate[-1]:,.0f} samples/s", flush=True)
     bare = bare_rss()
     peak = max(s["peak_rss_bytes"] for s in servers)
@@ -125,6 +128,9 @@ def main() -> None:
           f"{med(ps) / med(pp):.2f} | >= 0.7 |")
     print(f"| the same, server plain SGD (no momentum state) | {med(ps_plain) / 2**30:.2f} GiB/s | "
           f"pingpong {med(pp) / 2**30:.2f} GiB/s | {med(ps_plain) / med(pp):.2f} | >= 0.7 |")
+    print(f"| momentum 0.9 over messages only (--no-shared-memory, the path between hosts) | "
+          f"{med(ps_messages) / 2**30:.2f} GiB/s | pingpong {med(pp) / 2**30:.2f} GiB/s | "
+          f"{med(ps_messages) / med(pp):.2f} | - |")
     print(f"| server peak RSS above bare torch process | {(peak - bare) / 2**20:.0f} MiB | "
           f"model {model / 2**20:.0f} MiB | {(peak - bare) / model:.2f}x | <= 4x |")
     print(f"| async training, {args.workers} workers + 1 server | {med(async_rate):,.0f} samples/s "

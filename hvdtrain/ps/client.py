@@ -3,6 +3,8 @@
 The replica's parameters are views into one contiguous float32 buffer, so a pull receives
 straight into the model's weights; gradients are gathered into a second buffer of the same
 layout and pushed shard by shard, chunk by chunk, with buffer-based (never pickled) MPI calls.
+A server on the same host reads that gradient buffer in place and the worker copies fresh
+parameters out of the server's shard, through an MPI shared-memory window (``shared_memory.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ..replica import BatchStats, Replica
 from ..runtime import Runtime
 from .protocol import (HAS_STATE, WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
                        make_header, shard_bounds)
+from .shared_memory import HostWindow
 
 
 class ParameterServerClient:
@@ -40,6 +43,10 @@ class ParameterServerClient:
         self.grads_flat: torch.Tensor | None = None
         self.routes: list[tuple[int, list[tuple[int, int]]]] = []  # (server rank, chunk ranges)
         self._ack = np.zeros((topology.num_servers, 1), dtype=np.int64)
+        self.host: HostWindow | None = None
+        # server rank -> (its parameter shard in the shared window, the shard's first element)
+        self.shared_params: dict[int, tuple[np.ndarray, int]] = {}
+        self._ready: np.ndarray | None = None  # READY words, one per chunk of the whole model
 
     @property
     def lr_scale(self) -> float:
@@ -55,43 +62,64 @@ class ParameterServerClient:
 
     # --- set-up --------------------------------------------------------------------------------
     def attach(self, replica: Replica) -> None:
-        if replica.device.type != "cpu":
+        if any(d.type != "cpu" for d in replica.devices):
             raise NotImplementedError("async mode keeps parameters on the CPU; use --device cpu")
         self.replica = replica
         params = [p for p in replica.model.parameters()]
         total = sum(p.numel() for p in params)
         self.params_flat = torch.empty(total, dtype=torch.float32)
-        self.grads_flat = torch.zeros(total, dtype=torch.float32)
         offset = 0
         for p in params:
             n = p.numel()
             self.params_flat[offset:offset + n].copy_(p.data.view(-1))
             p.data = self.params_flat[offset:offset + n].view_as(p)  # weights live in the buffer
             offset += n
-        self._grad_views = [self.grads_flat[o:o + p.numel()].view_as(p)
-                            for o, p in zip(np.cumsum([0] + [q.numel() for q in params[:-1]]), params)]
+        self._bind_gradients(torch.zeros(total, dtype=torch.float32))
         chunk = chunk_elements(self.cfg.ps.chunk_mb)
         for server, (a, b) in zip(self.topology.server_ranks(),
                                   shard_bounds(total, self.topology.num_servers)):
             self.routes.append((server, [(a + x, a + y) for x, y in chunk_bounds(b - a, chunk)]))
+        self._ready = np.zeros(sum(len(chunks) for _, chunks in self.routes), dtype=np.int64)
+
+    def _bind_gradients(self, buffer: torch.Tensor) -> None:
+        """Make ``buffer`` the flat gradient, with one view of it per parameter."""
+        self.grads_flat = buffer
+        offset, self._grad_views = 0, []
+        for p in self.replica.model.parameters():
+            self._grad_views.append(buffer[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
 
     def start(self, state: dict[str, Any] | None) -> None:
         """Collective over workers: worker 0 seeds the servers (its initial weights, or the
         checkpoint's weights and optimizer state); then every worker pulls."""
+        total = self.params_flat.numel()
+        server_state = state.get("server_state") if state else None
+        headers = []
         if self.is_main:
             if state is not None:
                 self.replica.model.load_state_dict(state["model"])
-            server_state = state.get("server_state") if state else None
-            self._send_init(server_state)
+            flags = HAS_STATE if server_state else 0
+            headers = [self.comm.Isend(make_header(Kind.INIT, size=total, flags=flags),
+                                       dest=server, tag=Tag.REQUEST) for server, _ in self.routes]
+        # Collective with the servers on this host, which create it on receiving the INIT header
+        # (that is how they learn the model's size).
+        self.host = HostWindow(self.comm, 4 * total, self.cfg.ps.shared_memory)
+        me = self.comm.Get_rank()
+        if self.host.shares_host(me):
+            self._bind_gradients(torch.from_numpy(self.host.segment(me)))
+            self.grads_flat.zero_()
+        for (server, _), (first, _) in zip(self.routes,
+                                           shard_bounds(total, self.topology.num_servers)):
+            if self.host.shares_host(server):
+                self.shared_params[server] = (self.host.segment(server), first)
+        if self.is_main:
+            self.MPI.Request.Waitall(headers)
+            self._send_init_payload(server_state)
         self.pull()
 
-    def _send_init(self, server_state: dict[str, Any] | None) -> None:
-        total = self.params_flat.numel()
+    def _send_init_payload(self, server_state: dict[str, Any] | None) -> None:
         params = self.params_flat.numpy()
         for server, chunks in self.routes:
-            flags = HAS_STATE if server_state else 0
-            self.comm.Send(make_header(Kind.INIT, size=total, flags=flags), dest=server,
-                           tag=Tag.REQUEST)
             for a, b in chunks:
                 self.comm.Send(params[a:b], dest=server, tag=Tag.PARAMS)
             if server_state:
@@ -128,23 +156,45 @@ class ParameterServerClient:
     def _exchange(self, kind: Kind, lr: float, want_params: bool, send_grads: bool,
                   size: int = 0) -> None:
         """One request to every server, all in flight at once: post the receives for the reply
-        first, then the header and gradient chunks, then wait for everything."""
+        first, then the header and gradient chunks, then wait for everything. A chunk from a
+        server on this host arrives as a READY word and is copied out of the shared window as
+        soon as it is announced, while the server updates the next one."""
         params, grads = self.params_flat.numpy(), self.grads_flat.numpy()
-        requests = []
+        requests, copies = [], []  # copies[i]: what to copy once requests[i] completes
+        ready = iter(range(len(self._ready)))
         for i, (server, chunks) in enumerate(self.routes):
-            if want_params:
-                requests += [self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS)
-                             for a, b in chunks]
-            else:
+            if not want_params:
                 requests.append(self.comm.Irecv(self._ack[i], source=server, tag=Tag.ACK))
+                copies.append(None)
+                continue
+            shared = self.shared_params.get(server)
+            for a, b in chunks:
+                if shared is None:
+                    requests.append(self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS))
+                    copies.append(None)
+                else:
+                    k = next(ready)
+                    requests.append(self.comm.Irecv(self._ready[k:k + 1], source=server,
+                                                    tag=Tag.READY))
+                    copies.append((a, b, *shared))
         header = make_header(kind, clock=self.clock, lr=lr, size=size,
                              flags=WANT_PARAMS if want_params else 0, worker=self.worker_rank)
+        if send_grads:
+            self.host.sync()  # publish the gradient stores before the header announces them
         for server, chunks in self.routes:
             self.comm.Send(header, dest=server, tag=Tag.REQUEST)
-            if send_grads:
-                requests += [self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD)
-                             for a, b in chunks]
-        self.MPI.Request.Waitall(requests)
+            if send_grads and server not in self.shared_params:
+                for a, b in chunks:
+                    requests.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
+                    copies.append(None)
+        while True:
+            index = self.MPI.Request.Waitany(requests)
+            if index == self.MPI.UNDEFINED:
+                break
+            if copies[index] is not None:
+                a, b, shard, first = copies[index]
+                self.host.sync()
+                params[a:b] = shard[a - first:b - first]
 
     # --- what the trainer needs besides steps ----------------------------------------------------
     def sum_across_workers(self, values: list[float]) -> list[float]:
@@ -165,14 +215,10 @@ class ParameterServerClient:
         """Worker 0 asks every server for its shard and optimizer state; others return {}."""
         if not self.is_main:
             return {}
-        params = self.params_flat.numpy()
         vectors: dict[str, np.ndarray] = {}
         meta: dict[str, Any] = {}
+        self._exchange(Kind.SAVE, lr=0.0, want_params=True, send_grads=False)
         for server, chunks in self.routes:
-            requests = [self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS)
-                        for a, b in chunks]
-            self.comm.Send(make_header(Kind.SAVE), dest=server, tag=Tag.REQUEST)
-            self.MPI.Request.Waitall(requests)
             meta = self.comm.recv(source=server, tag=Tag.INFO)
             for name in meta["vectors"]:
                 vector = vectors.setdefault(name, np.empty(self.params_flat.numel(), np.float32))
@@ -190,9 +236,11 @@ class ParameterServerClient:
         """Tell the servers this worker is done; worker 0 collects their final statistics."""
         for server, _ in self.routes:
             self.comm.Send(make_header(Kind.DONE, clock=self.clock), dest=server, tag=Tag.REQUEST)
+        stats = ([self.comm.recv(source=server, tag=Tag.INFO) for server, _ in self.routes]
+                 if self.is_main else [])
+        self.host.close()  # collective with the servers, which close after the last DONE
         if not self.is_main:
             return None
-        stats = [self.comm.recv(source=server, tag=Tag.INFO) for server, _ in self.routes]
         # Every server sees every push (each holds a shard), so server 0's counts are the job's.
         return {"servers": stats, "staleness_histogram": stats[0]["staleness_histogram"],
                 "pushes_applied": stats[0]["pushes_applied"], "samples": stats[0]["samples"],

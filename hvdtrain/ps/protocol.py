@@ -4,7 +4,9 @@ Every message travels on a private communicator (``COMM_WORLD.Dup()``) with one 
 below. A request is a fixed header of ``HEADER_LEN`` int64 words; tensors follow as float32
 buffers in chunks of at most ``chunk_elems`` elements, so the server can update chunk i while
 chunk i+1 is still on the wire. Tensors never go through pickle; only small control-path
-dictionaries (statistics, checkpoint metadata) do.
+dictionaries (statistics, checkpoint metadata) do. Between a server and a worker on the same host
+the tensors stay in an MPI shared-memory window (``shared_memory.py``) and only the header and a
+READY word per updated chunk travel as messages.
 
 Rank layout: with N processes and S servers, ranks 0..N-S-1 are workers and the last S ranks are
 servers, so rank 0 is worker 0, the process that logs and checkpoints.
@@ -29,6 +31,7 @@ class Tag(IntEnum):
     ACK = 14       # reply without parameters: the worker may go on
     STATE = 15     # optimizer-state chunk, either direction (checkpoint save / restore)
     INFO = 16      # small pickled dict on the control path
+    READY = 17     # one word, server -> worker on the same host: chunk i is updated in the window
 
 
 class Kind(IntEnum):

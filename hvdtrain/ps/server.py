@@ -4,6 +4,13 @@ pushed gradient as it arrives, with a server-side torch optimizer whose state li
 The loop is a single thread that blocks in MPI receives. Open MPI moves point-to-point messages
 only while a process is inside MPI, so a server that waits in ``Recv`` is always making progress
 for the workers, and a server that is computing is never waiting for one.
+
+Workers on the server's host share its memory (``shared_memory.HostWindow``): the update reads
+their gradient in place and they copy each updated chunk out of the shard themselves, so the
+server's core spends a push on the update alone. Like the workers of Hogwild and of any
+asynchronous PS, a worker copying chunk i may see it half-way through another worker's update
+of it: every element is either the old or the new value. Lock-step rounds (``--bsp``) never
+write while anyone reads.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER
                        Kind, Tag, Topology, chunk_bounds, chunk_elements, delay_compensate,
                        may_proceed, shard_bounds, word_to_lr)
 from .shard_optimizer import ShardOptimizer
+from .shared_memory import HostWindow
 
 
 def peak_rss_bytes() -> int:
@@ -48,6 +56,9 @@ class ParameterServer:
         self.chunks: list[tuple[int, int]] = []
         self.optimizer: ShardOptimizer | None = None
         self.grad_buffer: np.ndarray | None = None
+        self.host: HostWindow | None = None
+        self.shared_grads: dict[int, np.ndarray] = {}      # worker -> its gradient, this shard
+        self.ready_words: np.ndarray | None = None         # READY payloads, one per chunk
         self.lr = 0.0  # the pushing worker's current learning rate (its schedule, its header)
         # bookkeeping
         self.clocks: list[float] = [0] * self.num_workers   # pushes per worker; inf once done
@@ -69,8 +80,16 @@ class ParameterServer:
     # --- set-up --------------------------------------------------------------------------------
     def _allocate(self, total: int) -> None:
         start, end = shard_bounds(total, self.topology.num_servers)[self.index]
-        self.params = torch.zeros(end - start, dtype=torch.float32)
+        # Collective with every worker on this host, which create it right after sending INIT.
+        self.host = HostWindow(self.comm, 4 * (end - start), self.cfg.ps.shared_memory)
+        if self.host.shares_host(self.comm.Get_rank()):
+            self.params = torch.from_numpy(self.host.segment(self.comm.Get_rank()))
+        else:
+            self.params = torch.zeros(end - start, dtype=torch.float32)
+        self.shared_grads = {w: self.host.segment(w)[start:end] for w in range(self.num_workers)
+                             if self.host.shares_host(w)}
         self.chunks = chunk_bounds(end - start, self.chunk_elems)
+        self.ready_words = np.arange(len(self.chunks), dtype=np.int64)
         # Chunk i is updated as soon as it has arrived. The update rules are elementwise, so
         # chunked application is the same arithmetic as one step over the whole shard.
         self.optimizer = ShardOptimizer(self.params, self.chunks, self.cfg.optim)
@@ -122,6 +141,7 @@ class ParameterServer:
             self.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
         self.comm.send(stats, dest=0, tag=Tag.INFO)
+        self.host.close()  # collective with the workers' close()
         return stats
 
     def _push(self, worker: int, clock: int, lr: float, want_params: bool) -> None:
@@ -135,11 +155,10 @@ class ParameterServer:
         self.staleness[staleness] += 1
         reply_now = may_proceed(clock, self.clocks, self.staleness_bound)
         stream = reply_now and want_params  # send each chunk back as soon as it is updated
-        params = self.params.numpy()
         sends = []
+        self.host.sync()  # the worker's gradient stores happened before its header
         for i, (a, b) in enumerate(self.chunks):
-            grad = self.grad_buffer[: b - a]
-            self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
+            grad = self._gradient_chunk(worker, a, b)
             if self.dc_lambda:
                 self._delay_compensate(worker, grad, a, b)
             self._apply(i, grad)
@@ -147,7 +166,7 @@ class ParameterServer:
                 # Non-blocking: the worker copies chunk i out while this process receives and
                 # updates chunk i+1, so the two directions overlap on two cores. Chunk i is not
                 # touched again before the Waitall below.
-                sends.append(self.comm.Isend(params[a:b], dest=worker, tag=Tag.PARAMS))
+                sends.append(self._send_chunk(worker, i))
         self.version += 1
         if stream:
             self.MPI.Request.Waitall(sends)
@@ -160,10 +179,9 @@ class ParameterServer:
 
     def _push_bsp(self, worker: int, want_params: bool) -> None:
         """Lock-step averaging: sum the round's gradients, apply their mean once, reply to all."""
+        self.host.sync()
         for a, b in self.chunks:
-            grad = self.grad_buffer[: b - a]
-            self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
-            self.round_sum[a:b] += grad
+            self.round_sum[a:b] += self._gradient_chunk(worker, a, b)
         self.pending[worker] = want_params
         self.round_count += 1
         if self.round_count >= self.num_workers_running():
@@ -184,6 +202,26 @@ class ParameterServer:
     def num_workers_running(self) -> int:
         return sum(1 for c in self.clocks if not math.isinf(c))
 
+    def _gradient_chunk(self, worker: int, a: int, b: int) -> np.ndarray:
+        shared = self.shared_grads.get(worker)
+        if shared is None:
+            grad = self.grad_buffer[: b - a]
+            self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
+            return grad
+        if self.dc_lambda:  # compensation rewrites the gradient: work on a copy, not the worker's
+            grad = self.grad_buffer[: b - a]
+            grad[:] = shared[a:b]
+            return grad
+        return shared[a:b]
+
+    def _send_chunk(self, worker: int, chunk: int):
+        """Start handing chunk ``chunk`` of the parameters to ``worker``; returns the request."""
+        if worker in self.shared_grads:  # same host: the worker copies it out of the window
+            self.host.sync()
+            return self.comm.Isend(self.ready_words[chunk:chunk + 1], dest=worker, tag=Tag.READY)
+        a, b = self.chunks[chunk]
+        return self.comm.Isend(self.params.numpy()[a:b], dest=worker, tag=Tag.PARAMS)
+
     def _apply(self, chunk: int, grad: np.ndarray) -> None:
         self.optimizer.apply(chunk, torch.from_numpy(grad), self.lr)
 
@@ -200,9 +238,7 @@ class ParameterServer:
             self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
 
     def _send_params(self, worker: int) -> None:
-        params = self.params.numpy()
-        self.MPI.Request.Waitall([self.comm.Isend(params[a:b], dest=worker, tag=Tag.PARAMS)
-                                  for a, b in self.chunks])
+        self.MPI.Request.Waitall([self._send_chunk(worker, i) for i in range(len(self.chunks))])
         self._mark_pulled(worker)
 
     def _mark_pulled(self, worker: int) -> None:

@@ -1,0 +1,340 @@
+"""Layer-split model parallelism inside one rank: the model's ordered layers cut into K stages,
+each on its own device, fed micro-batches.
+
+The split and the device assignment are pure functions (unit-tested without devices). The
+replica below replaces ``replica.Replica`` behind the same methods, so the trainer and both
+update schemes drive it unchanged: Horovod allreduces every stage's gradients (they are all
+parameters of this rank's model), and the parameter server flattens every stage's parameters.
+
+How one batch runs. The batch is cut into M micro-batches. Each stage runs in its own thread,
+so stage k can work on micro-batch m while stage k+1 works on micro-batch m-1: torch releases
+the GIL inside its kernels, and each device (or CPU core) computes independently. The autograd
+graph is cut at every stage boundary: stage k+1 receives a detached copy of stage k's output,
+and in the backward pass hands the gradient of that input back to stage k, which continues its
+own backward from there. Each micro-batch's loss is weighted by its share of the batch, so the
+gradients that accumulate over the M backward passes are the gradient of the whole batch's mean
+loss: the update equals the unsplit model's.
+
+Schedules: ``gpipe`` (every stage does all its forwards, then all its backwards), ``1f1b`` (after
+a warm-up of K-1-k forwards, stage k alternates one forward and one backward, so at most K-k
+micro-batches' activations are alive in it), and ``sequential`` (one thread, one stage after
+another: the naive split the benchmark compares against).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import Config, ConfigError, PipelineConfig
+from .replica import BatchStats, Replica
+from .runtime import Runtime
+
+
+# --- the split: pure arithmetic ---------------------------------------------------------------
+def balanced_bounds(sizes: list[int], stages: int) -> list[tuple[int, int]]:
+    """Cut layers with parameter counts ``sizes`` into ``stages`` contiguous, non-empty groups
+    whose largest parameter count is as small as possible (ties: the fewest layers in the
+    largest group). Returns [start, end) layer ranges."""
+    n = len(sizes)
+    if not 1 <= stages <= n:
+        raise ConfigError(f"--stages {stages}: the model has {n} layers and every stage needs at "
+                          f"least one; use --stages between 1 and {n}")
+    prefix = [0]
+    for s in sizes:
+        prefix.append(prefix[-1] + s)
+
+    def cost(a: int, b: int) -> tuple[int, int]:
+        return prefix[b] - prefix[a], b - a
+
+    # best[k][i]: the best (largest group cost) for the first i layers in k groups; cut[k][i]: the
+    # start of the last of those groups.
+    inf = (float("inf"), float("inf"))
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = (0, 0)
+    for k in range(1, stages + 1):
+        for i in range(k, n - (stages - k) + 1):
+            for j in range(k - 1, i):
+                candidate = max(best[k - 1][j], cost(j, i))
+                if candidate < best[k][i]:
+                    best[k][i], cut[k][i] = candidate, j
+    bounds, end = [], n
+    for k in range(stages, 0, -1):
+        start = cut[k][end]
+        bounds.append((start, end))
+        end = start
+    return bounds[::-1]
+
+
+def explicit_bounds(points: tuple[int, ...], num_layers: int) -> list[tuple[int, int]]:
+    """Stages that begin at the given layer indices (stage 1 begins at 0)."""
+    edges = [0, *points, num_layers]
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ConfigError(
+            f"--split-points {','.join(map(str, points))}: split points must rise strictly "
+            f"between 1 and {num_layers - 1} (the model has {num_layers} layers, so the stages "
+            f"would be layers {' | '.join(f'{a}..{b - 1}' for a, b in zip(edges, edges[1:]))})")
+    return list(zip(edges, edges[1:]))
+
+
+def assign_devices(spec: str, stages: int, local_rank: int, local_size: int,
+                   gpu_count: int) -> list[str]:
+    """The devices of this rank's stages. The same checks run on every rank, for every rank of
+    the host, so a topology that cannot work fails everywhere alike before training starts."""
+    entries = [e.strip() for e in spec.split(",") if e.strip()] or ["auto"]
+    if entries == ["auto"]:
+        entries = ["cuda" if gpu_count else "cpu"]
+    if len(entries) == 1:
+        entries = entries * stages
+    if len(entries) == stages * local_size and local_size > 1:
+        mine = entries[local_rank * stages:(local_rank + 1) * stages]
+        host = [entries[r * stages:(r + 1) * stages] for r in range(local_size)]
+    elif len(entries) == stages:
+        mine, host = entries, [entries] * local_size
+    else:
+        raise ConfigError(
+            f"--devices {spec}: give one device per stage ({stages}), or one per stage of every "
+            f"rank on this host ({local_size} ranks x {stages} stages = {stages * local_size})")
+    resolved = [[_resolve(e, r, k, stages, spec) for k, e in enumerate(devs)]
+                for r, devs in enumerate(host)]
+    gpus = [d for devs in resolved for d in devs if d.startswith("cuda")]
+    for d in gpus:
+        if int(d.split(":")[1]) >= gpu_count:
+            raise ConfigError(
+                f"--devices {spec}: {local_size} rank(s) on this host x {stages} stages need "
+                f"{d}, but this host has {gpu_count} GPU(s); use fewer stages or ranks per "
+                f"host, or --devices cpu")
+    if len(set(gpus)) < len(gpus):
+        clash = sorted({d for d in gpus if gpus.count(d) > 1})
+        raise ConfigError(
+            f"--devices {spec}: {', '.join(clash)} would hold more than one stage on this host "
+            f"({local_size} rank(s) x {stages} stages); give --devices cuda (rank r takes "
+            f"cuda:r*{stages}+k) or list {stages * local_size} distinct devices")
+    return resolved[local_rank % local_size] if local_size else resolved[0]
+
+
+def _resolve(entry: str, local_rank: int, stage: int, stages: int, spec: str) -> str:
+    if entry == "cpu":
+        return "cpu"
+    if entry == "cuda":
+        return f"cuda:{local_rank * stages + stage}"
+    if entry.startswith("cuda:") and entry[5:].isdigit():
+        return entry
+    raise ConfigError(f"--devices {spec}: unknown device {entry!r}; use cpu, cuda or cuda:N")
+
+
+def sequential_layers(model: nn.Module) -> nn.Sequential:
+    """The ordered layers to split: the model itself, or its ``.layers`` Sequential."""
+    if isinstance(model, nn.Sequential):
+        return model
+    layers = getattr(model, "layers", None)
+    if isinstance(layers, nn.Sequential):
+        return layers
+    raise ConfigError(f"--stages: {type(model).__name__} is not an nn.Sequential and has no "
+                      "`layers` Sequential, so it cannot be split by layers; use --stages 1")
+
+
+def gpipe_bubble(stages: int, micro_batches: int) -> float:
+    """The idle share of each stage under GPipe with equal stage times: (K-1)/(M+K-1)."""
+    return (stages - 1) / (micro_batches + stages - 1)
+
+
+def stage_program(schedule: str, stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]:
+    """The order of one stage's work: ("F", m) forwards and ("B", m) backwards."""
+    m = micro_batches
+    if schedule == "1f1b":
+        warmup = min(stages - 1 - stage, m)
+        ops = [("F", i) for i in range(warmup)]
+        for i in range(m - warmup):
+            ops += [("F", warmup + i), ("B", i)]
+        return ops + [("B", i) for i in range(m - warmup, m)]
+    return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+# --- the replica ------------------------------------------------------------------------------
+class _Aborted(Exception):
+    """Another stage failed; this one stops waiting for it."""
+
+
+class PipelineReplica(Replica):
+    def __init__(self, model: nn.Module, devices: list[str], cfg: PipelineConfig):
+        layers = sequential_layers(model)
+        stages = len(devices)
+        bounds = (explicit_bounds(cfg.split_points, len(layers)) if cfg.split_points else
+                  balanced_bounds([sum(p.numel() for p in layer.parameters()) for layer in layers],
+                                  stages))
+        self.model = model
+        self.devices = [torch.device(d) for d in devices]
+        self.device = self.devices[0]            # where the trainer puts the inputs
+        self.bounds = bounds
+        self.stages = [layers[a:b].to(dev) for (a, b), dev in zip(bounds, self.devices)]
+        self.micro_batches = cfg.micro_batches
+        self.schedule = cfg.schedule
+        self.backward_passes = cfg.micro_batches  # Horovod allreduces after the last of them
+        self._pool = (ThreadPoolExecutor(stages, thread_name_prefix="stage")
+                      if cfg.schedule != "sequential" and stages > 1 else None)
+        self._busy = [0.0] * stages
+        self._wall = 0.0
+
+    def describe(self) -> str:
+        return " | ".join(f"layers {a}-{b - 1} on {d}" for (a, b), d in zip(self.bounds, self.devices))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for stage, dev in zip(self.stages, self.devices):
+            x = stage(x.to(dev))
+        return x
+
+    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
+        run = _Run(self, x, y, grad_scale)
+        started = time.perf_counter()
+        if self._pool is None:
+            run.sequential()
+        else:
+            futures = [self._pool.submit(run.stage, k) for k in range(len(self.stages))]
+            errors = []
+            for f in futures:
+                try:
+                    f.result()
+                except _Aborted:
+                    pass
+                except BaseException as e:  # noqa: BLE001  re-raised below, first one wins
+                    errors.append(e)
+            if errors:
+                raise errors[0]
+        self._wall += time.perf_counter() - started
+        for k, seconds in enumerate(run.busy):
+            self._busy[k] += seconds
+        return run.stats()
+
+    def take_epoch_metrics(self) -> dict:
+        """Time each stage computed, the schedule's wall time, and the idle share (bubble)
+        beside GPipe's formula; resets the counters."""
+        k = len(self.stages)
+        measured = 1 - sum(self._busy) / (k * self._wall) if self._wall else None
+        out = {"pipeline": {"stages": k, "micro_batches": self.micro_batches,
+                            "schedule": self.schedule, "devices": [str(d) for d in self.devices],
+                            "layers": [list(b) for b in self.bounds],
+                            "stage_busy_seconds": [round(s, 4) for s in self._busy],
+                            "schedule_seconds": round(self._wall, 4),
+                            "bubble_fraction": None if measured is None else round(measured, 4),
+                            "gpipe_bubble_formula": round(gpipe_bubble(k, self.micro_batches), 4)}}
+        self._busy, self._wall = [0.0] * k, 0.0
+        return out
+
+
+class _Run:
+    """One batch's trip through the stages: micro-batch tensors, the hand-offs between stages,
+    and each stage's busy time."""
+
+    def __init__(self, replica: PipelineReplica, x: torch.Tensor, y: torch.Tensor,
+                 grad_scale: float):
+        self.r = replica
+        k = len(replica.stages)
+        m = min(replica.micro_batches, len(y))
+        self.xs, self.ys = x.tensor_split(m), y.tensor_split(m)
+        self.m = m
+        self.weights = [len(ys) / len(y) * grad_scale for ys in self.ys]
+        self.inputs: list[dict[int, torch.Tensor]] = [{} for _ in range(k)]
+        self.outputs: list[dict[int, torch.Tensor]] = [{} for _ in range(k)]
+        self.losses: dict[int, torch.Tensor] = {}
+        self.correct: dict[int, torch.Tensor] = {}
+        # activations[k]: inputs waiting for stage k; grads[k]: gradients of stage k's outputs
+        self.activations = [queue.Queue() for _ in range(k)]
+        self.grads = [queue.Queue() for _ in range(k)]
+        self.busy = [0.0] * k
+        self.failed = threading.Event()
+
+    # --- one unit of work each ---
+    def forward(self, k: int, i: int) -> None:
+        dev = self.r.devices[k]
+        inp = self.xs[i].to(dev) if k == 0 else self._take(self.activations[k])
+        t0 = time.perf_counter()
+        out = self.r.stages[k](inp)
+        if k == len(self.r.stages) - 1:
+            y = self.ys[i].to(dev)
+            self.losses[i] = F.cross_entropy(out, y)
+            with torch.no_grad():
+                self.correct[i] = (out.argmax(dim=1) == y).sum()
+        else:
+            # Cut the graph here: the next stage starts from a leaf that collects the gradient.
+            self.activations[k + 1].put(
+                out.detach().to(self.r.devices[k + 1]).requires_grad_(True))
+        self._timed(k, t0)
+        self.inputs[k][i], self.outputs[k][i] = inp, out
+
+    def backward(self, k: int, i: int) -> None:
+        last = k == len(self.r.stages) - 1
+        grad = None if last else self._take(self.grads[k])
+        t0 = time.perf_counter()
+        if last:
+            (self.losses[i] * self.weights[i]).backward()
+        else:
+            self.outputs[k][i].backward(grad)
+        self._timed(k, t0)
+        inp = self.inputs[k].pop(i)
+        self.outputs[k].pop(i)
+        if k > 0:
+            self.grads[k - 1].put(inp.grad.to(self.r.devices[k - 1]))
+
+    # --- drivers ---
+    def stage(self, k: int) -> None:
+        """Stage k's thread: its program of forwards and backwards, in order."""
+        try:
+            for op, i in stage_program(self.r.schedule, k, len(self.r.stages), self.m):
+                (self.forward if op == "F" else self.backward)(k, i)
+        except _Aborted:
+            raise
+        except BaseException:
+            self.failed.set()  # the other stages stop waiting for this one
+            raise
+
+    def sequential(self) -> None:
+        k = len(self.r.stages)
+        for i in range(self.m):
+            for s in range(k):
+                self.forward(s, i)
+        for i in range(self.m):
+            for s in reversed(range(k)):
+                self.backward(s, i)
+
+    def stats(self) -> BatchStats:
+        loss = sum(self.losses[i].detach() * len(self.ys[i]) for i in range(self.m))
+        correct = sum(self.correct[i] for i in range(self.m))
+        return BatchStats(loss, correct, sum(len(y) for y in self.ys))
+
+    # --- helpers ---
+    def _take(self, channel: queue.Queue) -> torch.Tensor:
+        while True:
+            try:
+                return channel.get(timeout=0.2)
+            except queue.Empty:
+                if self.failed.is_set():
+                    raise _Aborted() from None
+
+    def _timed(self, k: int, t0: float) -> None:
+        dev = self.r.devices[k]
+        if dev.type == "cuda":  # kernels are asynchronous: count them where they finish
+            torch.cuda.synchronize(dev)
+        self.busy[k] += time.perf_counter() - t0
+
+
+def build_replica(model: nn.Module, cfg: Config, runtime: Runtime) -> Replica:
+    """The plain replica, or the pipelined one when --stages > 1."""
+    pl = cfg.pipeline
+    if pl.stages == 1:
+        return Replica(model, runtime.device)
+    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    devices = assign_devices(pl.devices, pl.stages, runtime.local_rank, runtime.local_size,
+                             gpu_count)
+    if devices[0].startswith("cuda"):
+        torch.cuda.set_device(torch.device(devices[0]))
+    if not cfg.run.threads and pl.schedule != "sequential" and "cpu" in devices:
+        # The stages' threads compute at the same time: share this process's cores among them.
+        torch.set_num_threads(max(1, torch.get_num_threads() // devices.count("cpu")))
+    return PipelineReplica(model, devices, pl)

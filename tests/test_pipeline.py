@@ -1,0 +1,236 @@
+"""Tier 1 and 3 for the layer-split pipeline: the split arithmetic, the device assignment, the
+schedules, and parity of a split model with the unsplit one."""
+
+import copy
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+from hvdtrain.config import Config, ConfigError, ModelConfig, PipelineConfig
+from hvdtrain.models import build_model
+from hvdtrain.pipeline import (PipelineReplica, assign_devices, balanced_bounds, explicit_bounds,
+                               gpipe_bubble, stage_program)
+from hvdtrain.replica import Replica
+
+
+# --- the split ----------------------------------------------------------------------------------
+def test_balanced_bounds_minimise_the_largest_stage():
+    assert balanced_bounds([1, 1, 1, 1], 2) == [(0, 2), (2, 4)]
+    assert balanced_bounds([8, 1, 1, 1, 1], 2) == [(0, 1), (1, 5)]
+    assert balanced_bounds([5, 5, 5], 3) == [(0, 1), (1, 2), (2, 3)]
+    # The MLP's layers: Flatten, Linear, ReLU, Linear, ReLU, Linear (no-parameter layers count 0).
+    sizes = [0, 64 * 256 + 256, 0, 256 * 128 + 128, 0, 128 * 10 + 10]
+    # The second Linear alone outweighs the first, so the best split puts it with the small last
+    # one; of the equal-cost splits, the one whose largest stage has the fewest layers wins.
+    assert balanced_bounds(sizes, 2) == [(0, 3), (3, 6)]
+
+
+def test_more_stages_than_layers_is_rejected_with_the_arithmetic():
+    with pytest.raises(ConfigError, match="the model has 3 layers.*between 1 and 3"):
+        balanced_bounds([1, 2, 3], 4)
+
+
+def test_explicit_split_points():
+    assert explicit_bounds((2,), 5) == [(0, 2), (2, 5)]
+    assert explicit_bounds((1, 3), 4) == [(0, 1), (1, 3), (3, 4)]
+    for bad in [(3, 2), (0,), (5,), (2, 2)]:
+        with pytest.raises(ConfigError, match="rise strictly between 1 and 4"):
+            explicit_bounds(bad, 5)
+
+
+def test_split_points_must_match_the_stage_count():
+    cfg = Config.from_overrides({"stages": 3, "split_points": "2"})
+    with pytest.raises(ConfigError, match="--stages 3 needs 2 split point"):
+        cfg.validate()
+    cfg = Config.from_overrides({"stages": 2, "micro_batches": 64, "batch_size": 32})
+    with pytest.raises(ConfigError, match="32 / --backward-passes-per-step 1 = 32 samples"):
+        cfg.validate()
+
+
+# --- devices ------------------------------------------------------------------------------------
+def test_devices_by_local_rank():
+    assert assign_devices("cpu,cpu", 2, 0, 1, 0) == ["cpu", "cpu"]
+    assert assign_devices("auto", 2, 1, 2, 0) == ["cpu", "cpu"]
+    assert assign_devices("cuda", 2, 1, 2, 4) == ["cuda:2", "cuda:3"]
+    assert assign_devices("auto", 2, 0, 1, 2) == ["cuda:0", "cuda:1"]
+    assert assign_devices("cuda:0,cuda:1,cuda:2,cuda:3", 2, 1, 2, 4) == ["cuda:2", "cuda:3"]
+    assert assign_devices("cuda:1,cpu", 2, 0, 1, 2) == ["cuda:1", "cpu"]
+
+
+def test_impossible_device_assignments_are_rejected_on_every_rank():
+    # Rank 0 alone would fit, but rank 1 needs cuda:2 and cuda:3: both ranks must refuse.
+    for local_rank in (0, 1):
+        with pytest.raises(ConfigError, match=r"2 rank\(s\) on this host x 2 stages need cuda:2, "
+                                              r"but this host has 2 GPU"):
+            assign_devices("cuda", 2, local_rank, 2, 2)
+    with pytest.raises(ConfigError, match="cuda:0, cuda:1 would hold more than one stage"):
+        assign_devices("cuda:0,cuda:1", 2, 0, 2, 4)
+    with pytest.raises(ConfigError, match=r"one device per stage \(2\)"):
+        assign_devices("cpu,cpu,cpu", 2, 0, 1, 0)
+    with pytest.raises(ConfigError, match="unknown device 'tpu'"):
+        assign_devices("tpu,cpu", 2, 0, 1, 0)
+
+
+# --- schedules ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("stages,micro", [(2, 4), (3, 2), (4, 8), (2, 1)])
+def test_every_stage_program_runs_each_micro_batch_once_in_order(schedule, stages, micro):
+    for k in range(stages):
+        ops = stage_program(schedule, k, stages, micro)
+        assert sorted(ops) == sorted([("F", i) for i in range(micro)] +
+                                     [("B", i) for i in range(micro)])
+        assert [i for op, i in ops if op == "F"] == list(range(micro))
+        assert [i for op, i in ops if op == "B"] == list(range(micro))
+        for i in range(micro):
+            assert ops.index(("F", i)) < ops.index(("B", i))
+    if schedule == "1f1b" and stages == 2 and micro == 4:
+        assert stage_program(schedule, 0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2),
+                                                    ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
+
+
+def test_gpipe_bubble_formula():
+    assert gpipe_bubble(1, 4) == 0
+    assert gpipe_bubble(2, 1) == 0.5
+    assert gpipe_bubble(4, 8) == pytest.approx(3 / 11)
+
+
+# --- parity with the unsplit model ----------------------------------------------------------------
+def _models(name="mlp"):
+    torch.manual_seed(0)
+    shape = (64,) if name == "mlp" else (1, 8, 8)
+    model = build_model(name, shape, 10, ModelConfig())
+    return model, copy.deepcopy(model), shape
+
+
+@pytest.mark.parametrize("model_name", ["mlp", "cnn"])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "sequential"])
+@pytest.mark.parametrize("micro", [1, 4])
+def test_split_model_matches_unsplit_loss_and_gradients(model_name, schedule, micro):
+    whole, split, shape = _models(model_name)
+    torch.manual_seed(1)
+    x, y = torch.randn(32, *shape), torch.randint(0, 10, (32,))
+    plain = Replica(whole, torch.device("cpu"))
+    piped = PipelineReplica(split, ["cpu", "cpu"],
+                            PipelineConfig(stages=2, micro_batches=micro, schedule=schedule))
+    assert piped.backward_passes == micro
+    a = plain.forward_backward(x, y, grad_scale=0.5)
+    b = piped.forward_backward(x, y, grad_scale=0.5)
+    assert abs(a.loss_sum.item() - b.loss_sum.item()) < 1e-6 * 32
+    assert a.correct.item() == b.correct.item() and a.count == b.count
+    for (name, p), q in zip(whole.named_parameters(), split.parameters()):
+        assert (p.grad - q.grad).abs().max().item() < 1e-6, name
+    # the same weights (stages are slices of the model, not copies): checkpoints interchange
+    assert list(whole.state_dict()) == list(split.state_dict())
+    evaluated_a, evaluated_b = plain.evaluate(x, y), piped.evaluate(x, y)
+    assert abs(evaluated_a.loss_sum.item() - evaluated_b.loss_sum.item()) < 1e-4
+    metrics = piped.take_epoch_metrics()["pipeline"]
+    assert 0 <= metrics["bubble_fraction"] < 1
+    assert metrics["gpipe_bubble_formula"] == round(gpipe_bubble(2, micro), 4)
+    assert len(metrics["stage_busy_seconds"]) == 2 and all(s > 0 for s in
+                                                           metrics["stage_busy_seconds"])
+
+
+def test_three_stages_with_explicit_split_points():
+    whole, split, shape = _models()
+    x, y = torch.randn(16, *shape), torch.randint(0, 10, (16,))
+    piped = PipelineReplica(split, ["cpu"] * 3, PipelineConfig(stages=3, split_points=(2, 4),
+                                                               micro_batches=3))
+    assert piped.bounds == [(0, 2), (2, 4), (4, 6)]
+    a = Replica(whole, torch.device("cpu")).forward_backward(x, y, 1.0)
+    b = piped.forward_backward(x, y, 1.0)
+    assert abs(a.loss_sum.item() - b.loss_sum.item()) < 1e-5
+    for p, q in zip(whole.parameters(), split.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6)
+
+
+class Explode(nn.Module):
+    def forward(self, x):
+        raise RuntimeError("stage exploded")
+
+
+def test_a_failing_stage_raises_instead_of_hanging_the_others():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), Explode(), nn.Linear(32, 10))
+    piped = PipelineReplica(model, ["cpu", "cpu"],
+                            PipelineConfig(stages=2, split_points=(2,), micro_batches=4))
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stage exploded"):
+        piped.forward_backward(torch.randn(8, 64), torch.zeros(8, dtype=torch.long), 1.0)
+    assert time.perf_counter() - t0 < 10
+
+
+def test_a_model_without_ordered_layers_cannot_be_split():
+    class Opaque(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+
+    with pytest.raises(ConfigError, match="cannot be split by layers"):
+        PipelineReplica(Opaque(), ["cpu", "cpu"], PipelineConfig(stages=2))
+
+
+# --- hybrid parallelism: real mpirun jobs, each with a timeout --------------------------------
+HYBRID = ["--no-progress", "--seed", "1", "--stages", "2", "--devices", "cpu,cpu",
+          "--micro-batches", "4"]
+
+
+def _records(run_dir, kind):
+    from hvdtrain.metrics import read_jsonl
+    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_hybrid_run_trains_digits_to_95_percent(tmp_path, mode):
+    from conftest import hvdtrain, mpirun, run
+
+    # mpirun -np 2: two data-parallel replicas (sync), or one server and one worker (async);
+    # every replica is split into two CPU stages.
+    run(mpirun(2, *hvdtrain("train", *HYBRID, "--mode", mode, "--epochs", "15",
+                            "--run-dir", str(tmp_path))))
+    epochs = _records(tmp_path, "epoch")
+    assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+    pipe = epochs[-1]["pipeline"]
+    assert pipe["stages"] == 2 and pipe["layers"] == [[0, 3], [3, 6]]
+    assert 0 < pipe["bubble_fraction"] < 1 and pipe["gpipe_bubble_formula"] == 0.2
+
+
+@pytest.mark.multiproc
+def test_hybrid_sync_matches_unsplit_sync(tmp_path):
+    """Horovod must allreduce once per step, after all M micro-batches' backward passes."""
+    from conftest import hvdtrain, mpirun, run
+
+    flags = ["--no-progress", "--seed", "1", "--epochs", "1", "--momentum", "0.9"]
+    run(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "plain"))))
+    run(mpirun(2, *hvdtrain("train", *HYBRID[3:], *flags, "--schedule", "1f1b",
+                            "--run-dir", str(tmp_path / "split"))))
+    plain = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
+    split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["model"]
+    for name in plain:
+        assert (plain[name] - split[name]).abs().max().item() < 1e-5, name
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is about a host without GPUs")
+def test_impossible_stage_devices_exit_2_with_the_arithmetic():
+    from conftest import hvdtrain, run
+
+    proc = run(hvdtrain("train", "--stages", "2", "--devices", "cuda", "--epochs", "1"),
+               check=False)
+    assert proc.returncode == 2
+    assert "2 stages need cuda:0, but this host has 0 GPU(s)" in proc.stderr
+
+
+# --- GPUs ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_split_across_gpu_and_cpu_matches_unsplit():
+    devices = ["cuda:0", "cuda:1"] if torch.cuda.device_count() >= 2 else ["cuda:0", "cpu"]
+    whole, split, shape = _models()
+    x, y = torch.randn(32, *shape), torch.randint(0, 10, (32,))
+    piped = PipelineReplica(split, devices, PipelineConfig(stages=2, micro_batches=4))
+    a = Replica(whole, torch.device("cpu")).forward_backward(x, y, 1.0)
+    b = piped.forward_backward(x.to(devices[0]), y.to(devices[0]), 1.0)
+    assert abs(a.loss_sum.item() - b.loss_sum.item()) < 1e-4
+    for p, q in zip(whole.parameters(), split.parameters()):
+        assert torch.allclose(p.grad, q.grad.cpu(), atol=1e-5)
