@@ -12,7 +12,7 @@ Ratios are samples/s against the naive split (median of the per-block ratios). T
 bubble (1 - busy / (stages x wall)) is printed beside GPipe's (K-1)/(M+K-1). For context, the
 unsplit model with torch's intra-op parallelism over all cores is measured too.
 
-    python scripts/bench_pipeline.py [--blocks 6] [--steps 15] [--batch 256]
+    python scripts/bench_pipeline.py [--blocks 6] [--steps 8] [--batch 1024] [--micro 2,4,8]
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=6)
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--micro", default="2,4,8")
     args = parser.parse_args()
