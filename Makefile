@@ -1,4 +1,4 @@
-# The two commands: `make demo` (set up, then train digits on 2 processes) and `make test`.
+# The two commands: `make demo` (set up, then compare sync and async on digits) and `make test`.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 2
@@ -6,12 +6,15 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo test bench bench-ps bench-pipeline clean
+.PHONY: setup demo train test bench bench-ps bench-pipeline clean
 
 setup:
 	bash scripts/setup/setup.sh
 
 demo: setup
+	$(VENV)/bin/hvdtrain compare --workers $(NP) --dataset digits --model mlp
+
+train: setup
 	$(VENV)/bin/horovodrun -np $(NP) --gloo $(VENV)/bin/hvdtrain train --dataset digits --model mlp --epochs 20
 
 test: setup

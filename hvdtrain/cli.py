@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         group = train.add_argument_group(section, klass.__doc__)
         for f in dataclasses.fields(klass):
             add_flag(group, f)
+    from .compare.command import add_parser as add_compare
+    add_compare(commands)
     return parser
 
 
@@ -91,6 +93,12 @@ def fail(message: str, code: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # argparse exits with 2 on an unknown flag
+    if args.command == "compare":
+        from .compare.command import main as compare
+        try:
+            return compare(args)
+        except ConfigError as e:
+            return fail(str(e), EXIT_BAD_INPUT)
     try:
         cfg = config_from_args(args)
     except ConfigError as e:

@@ -88,8 +88,9 @@ class SyncConfig:
                                          "allreduce and update")
     fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
                                       "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
-    cycle_time_ms: float = _opt(5.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME); "
-                                "longer than Horovod's 1 ms so its thread steals less CPU from "
+    cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME), "
+                                "Horovod's default; a small model's step waits about one cycle "
+                                "per allreduce, while for large models 5 can leave more CPU to "
                                 "compute (see docs/benchmarks.md)")
 
 
@@ -157,6 +158,8 @@ class RunConfig:
     device: str = _opt("auto", "auto (a GPU per local rank when CUDA is present), cpu or cuda")
     threads: int = _opt(0, "torch intra-op threads per process (0: cores / processes per host)")
     deterministic: bool = _opt(False, "use deterministic torch kernels (for exact resume on GPU)")
+    straggler: str = _opt("", "slow down the last worker, to study stragglers: 3x (each step "
+                          "takes 3 times as long) or 50ms (a fixed delay per step)")
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
@@ -203,6 +206,10 @@ class Config:
         _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
                  "use 0 (only at the end) or a positive number of epochs")
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        try:
+            parse_straggler(r.straggler)
+        except ValueError as e:
+            raise ConfigError(f"--straggler: invalid value {r.straggler!r}; {e}") from None
         _require(r.device in ("auto", "cpu", "cuda") or r.device.startswith("cuda:"), "--device",
                  r.device, "use auto, cpu, cuda or cuda:N")
         _require(math.isfinite(o.lr) and o.lr > 0, "--lr", o.lr,
@@ -270,6 +277,26 @@ class Config:
             _require(all(d.strip() in ("auto", "cpu") for d in pl.devices.split(",")),
                      "--devices", pl.devices,
                      "async mode keeps parameters in host memory: use --devices cpu")
+
+
+def parse_straggler(text: str) -> tuple[float, float]:
+    """``"3x"`` -> (3.0, 0.0): each step takes 3 times as long; ``"50ms"`` -> (1.0, 0.05): 50 ms
+    more per step; ``""`` or ``"none"`` -> (1.0, 0.0)."""
+    text = (text or "").strip().lower()
+    if text in ("", "none"):
+        return 1.0, 0.0
+    try:
+        if text.endswith("ms"):
+            delay = float(text[:-2]) / 1000
+            if delay >= 0:
+                return 1.0, delay
+        elif text.endswith("x"):
+            factor = float(text[:-1])
+            if factor >= 1:
+                return factor, 0.0
+    except ValueError:
+        pass
+    raise ValueError("use a slow-down factor of at least 1 such as 3x, or a delay such as 50ms")
 
 
 def _require(ok: bool, flag: str, got: Any, fix: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from . import checkpoint
-from .config import Config, ConfigError
+from .config import Config, ConfigError, parse_straggler
 from .data import Dataset, epoch_batches, eval_shard
 from .metrics import JsonlLog, ProgressBar, package_versions
 from .models import count_parameters
@@ -88,6 +88,10 @@ class Trainer:
         self.global_step = 0
         self.start_epoch = 0
         self.history: list[EpochResult] = []
+        # --straggler: the last worker sleeps after each step (for comparing the schemes).
+        factor, delay = parse_straggler(run.straggler)
+        is_straggler = run.straggler and worker_rank == num_workers - 1
+        self.straggle = (factor, delay) if is_straggler else None
 
     # --- set-up ----------------------------------------------------------------------------
     def _choose_run_dir(self) -> Path:
@@ -187,8 +191,12 @@ class Trainer:
             lr = learning_rate(self.global_step, self.total_steps, self.steps_per_epoch,
                                self.cfg.optim, self.scheme.lr_scale)
             index = torch.from_numpy(idx).to(self.x_train.device)
+            step_started = time.perf_counter()
             stats = self.scheme.step(self.x_train[index], self.y_train[index], lr)
             step_loss = stats.loss_sum.item()
+            if self.straggle:
+                factor, delay = self.straggle
+                time.sleep((factor - 1) * (time.perf_counter() - step_started) + delay)
             if not math.isfinite(step_loss):
                 raise TrainingError(f"loss became {step_loss} at epoch {epoch + 1}, step {i + 1} "
                                     f"(global step {self.global_step + 1}); lower --lr or check "

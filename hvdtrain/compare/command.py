@@ -1,0 +1,124 @@
+"""``hvdtrain compare``: plan, run, read, report, plot."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from ..config import ConfigError, parse_straggler
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser(
+        "compare", help="compare sync, async and SSP training: tables and plots",
+        description="Launch sync (Horovod), async (parameter server, no staleness bound) and SSP "
+                    "runs with the same workers, model, data and budget, for several seeds and "
+                    "straggler conditions; write every run's log, a summary CSV, PNG plots and a "
+                    "Markdown report into one folder. Finished runs are skipped when run again.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default="runs/compare", help="folder for the runs, report and plots")
+    p.add_argument("--workers", type=int, default=2, help="training processes in every run")
+    p.add_argument("--modes", default="sync,async,ssp", help="any of sync, async, ssp")
+    p.add_argument("--staleness-bounds", default="2", help="SSP bounds, one run set per bound")
+    p.add_argument("--seeds", type=int, default=3, help="seeds per mode (0, 1, ...)")
+    p.add_argument("--stragglers", default="none,3x",
+                   help="straggler conditions: none, a factor such as 3x, or a delay such as 50ms")
+    p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
+    p.add_argument("--epochs", type=int, default=10, help="the budget of every run")
+    p.add_argument("--dataset", default="digits")
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--train-args", default="",
+                   help="more hvdtrain train flags for every run, e.g. '--batch-size 64'")
+    p.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is "
+                   "stopped and recorded as failed")
+    p.add_argument("--force", action="store_true", help="run again even the finished runs")
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
+
+
+def validate(args) -> None:
+    if args.workers < 1:
+        raise ConfigError(f"--workers: invalid value {args.workers}; use 1 or more")
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds: invalid value {args.seeds}; use 1 or more")
+    if not 0 < args.target <= 1:
+        raise ConfigError(f"--target: invalid value {args.target}; use an accuracy in (0, 1]")
+    if args.epochs < 1:
+        raise ConfigError(f"--epochs: invalid value {args.epochs}; use 1 or more")
+    for s in args.stragglers.split(","):
+        try:
+            parse_straggler(s)
+        except ValueError as e:
+            raise ConfigError(f"--stragglers: invalid condition {s!r}; {e}") from None
+    if any(b < 0 for b in _ints(args.staleness_bounds, "--staleness-bounds")):
+        raise ConfigError("--staleness-bounds: bounds must be 0 or more")
+
+
+def main(args) -> int:
+    from tqdm import tqdm
+
+    from . import plan as planning
+    from .plots import write_plots
+    from .report import write_csv, write_report
+    from .results import read_result
+    from .runner import OUTPUT, last_lines, run_one
+
+    validate(args)
+    try:
+        modes = planning.modes([m.strip() for m in args.modes.split(",") if m.strip()],
+                               _ints(args.staleness_bounds, "--staleness-bounds"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    train_args = ["--dataset", args.dataset, "--model", args.model, "--epochs", str(args.epochs),
+                  "--checkpoint-every", "0", *shlex.split(args.train_args)]
+    runs = planning.plan(modes, list(range(args.seeds)), args.stragglers.split(","),
+                         args.workers, train_args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"hvdtrain compare: {len(runs)} runs ({', '.join(m.name for m in modes)}; "
+          f"{args.seeds} seed(s); stragglers: {args.stragglers}) on {args.workers} workers, "
+          f"{args.dataset}/{args.model}, {args.epochs} epochs each; into {out}", flush=True)
+    results = []
+    started = time.perf_counter()
+    bar = tqdm(runs, unit="run", file=sys.stdout, dynamic_ncols=True, disable=None)
+    for i, run in enumerate(bar, 1):
+        bar.set_description(run.name)
+        status = run_one(run, out, args.run_timeout, args.force)
+        run_dir = out / "runs" / run.name
+        if status["status"] != "ok":
+            status["reason"] += f": {last_lines(run_dir / OUTPUT)}"
+        result = read_result(run, run_dir, status, args.target)
+        results.append(result)
+        if status.get("skipped"):
+            line = "skipped (finished earlier; --force runs it again)"
+        elif result.status != "ok":
+            line = f"FAILED ({result.reason}); output in {run_dir / OUTPUT}"
+        else:
+            reached = (f"reached {args.target:.0%} at {result.time_to_target:.2f} s"
+                       if result.time_to_target is not None else f"did not reach {args.target:.0%}")
+            line = (f"ok in {status['seconds']:.1f} s: test acc {result.final_test_acc:.4f}, "
+                    f"{reached}")
+        tqdm.write(f"[{i}/{len(runs)}] {run.name}: {line}", file=sys.stdout)
+    bar.close()
+    write_csv(results, out / "summary.csv")
+    plots = write_plots(results, out, args.target)
+    description = (f"{args.workers} workers, {args.dataset}/{args.model}, {args.epochs} epochs, "
+                   f"seeds 0..{args.seeds - 1}; each mode with hvdtrain's defaults (the async "
+                   "learning rate is not scaled by the number of workers, sync's is); launched "
+                   f"with mpirun on one host. Extra flags: {args.train_args or 'none'}.")
+    report = write_report(results, out / "report.md", args.target, args.workers, description,
+                          plots)
+    print("\n" + report.split("\n## Plots")[0].rstrip())
+    failed = sum(r.status != "ok" for r in results)
+    print(f"\ndone in {time.perf_counter() - started:.0f} s; {failed} failed run(s)."
+          f"\nreport: {out / 'report.md'}\nsummary: {out / 'summary.csv'}"
+          f"\nplots: {', '.join(str(out / p) for p in plots)}", flush=True)
+    return 1 if failed else 0

@@ -1,0 +1,73 @@
+"""One row of figures per run, read from its metrics log."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..metrics import read_jsonl
+from .plan import PlannedRun
+
+
+@dataclass
+class RunResult:
+    name: str
+    mode: str
+    straggler: str
+    seed: int
+    status: str                 # ok | failed
+    reason: str
+    final_test_acc: float | None
+    time_to_target: float | None  # seconds of training until the first evaluation >= target
+    samples_per_sec: float | None  # all workers' samples / training wall time
+    mean_staleness: float | None   # async: mean over every applied gradient; sync: 0
+    wall_seconds: float | None
+    curve: list[dict]              # per evaluation: step, wall_seconds, train_loss, test_acc
+    staleness_histogram: dict[int, int]
+
+    def row(self) -> dict:
+        out = asdict(self)
+        out.pop("curve")
+        out.pop("staleness_histogram")
+        return out
+
+
+def time_to_target(curve: list[dict], target: float) -> float | None:
+    for point in curve:
+        if point.get("test_acc") is not None and point["test_acc"] >= target:
+            return point["wall_seconds"]
+    return None
+
+
+def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> RunResult:
+    result = RunResult(run.name, run.mode.name, run.straggler or "none", run.seed,
+                       status["status"], status.get("reason", ""), None, None, None, None, None,
+                       [], {})
+    if status["status"] != "ok":
+        return result
+    try:
+        records = read_jsonl(run_dir / "metrics.jsonl")
+        header = next(r for r in records if r["type"] == "header")
+        epochs = [r for r in records if r["type"] == "epoch"]
+        scheme = next((r for r in records if r["type"] == "scheme"), None)
+        if not epochs:
+            raise ValueError("no epoch was logged")
+    except (OSError, ValueError, StopIteration, KeyError) as e:
+        result.status, result.reason = "failed", f"unreadable metrics log: {e}"
+        return result
+    result.curve = [{"step": e["step"], "wall_seconds": e["wall_seconds"],
+                     "train_loss": e["train_loss"], "test_acc": e["test_acc"]} for e in epochs]
+    result.final_test_acc = epochs[-1]["test_acc"]
+    result.time_to_target = time_to_target(result.curve, target)
+    result.wall_seconds = epochs[-1]["wall_seconds"]
+    batch = header["config"]["run"]["batch_size"]
+    samples = header["steps_per_epoch"] * batch * header["num_workers"] * len(epochs)
+    result.samples_per_sec = samples / result.wall_seconds if result.wall_seconds else None
+    if scheme and scheme.get("staleness_histogram"):
+        hist = {int(k): int(v) for k, v in scheme["staleness_histogram"].items()}
+        result.staleness_histogram = hist
+        total = sum(hist.values())
+        result.mean_staleness = sum(k * v for k, v in hist.items()) / total if total else None
+    elif not run.mode.is_async:
+        result.mean_staleness = 0.0
+    return result

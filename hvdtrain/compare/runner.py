@@ -1,0 +1,77 @@
+"""Launch the planned runs one after another, each with a timeout. A run that already finished
+with the same command is skipped; a failed run is recorded with its exit code and output, and
+tried again next time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .plan import PlannedRun
+
+STATUS = "status.json"
+OUTPUT = "output.txt"
+
+
+def launch_env() -> dict[str, str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # Open MPI refuses root without these
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def previous_status(run_dir: Path, command: list[str]) -> dict | None:
+    """The recorded status of a finished run with exactly this command, else None."""
+    try:
+        status = json.loads((run_dir / STATUS).read_text())
+    except (OSError, ValueError):
+        return None
+    if status.get("status") == "ok" and status.get("command") == command and \
+            (run_dir / "metrics.jsonl").is_file():
+        return status
+    return None
+
+
+def run_one(run: PlannedRun, out: Path, timeout: float, force: bool) -> dict:
+    """Run (or skip) one planned run; returns its status record."""
+    run_dir = out / "runs" / run.name
+    command = run.command(sys.executable, str(run_dir))
+    if not force:
+        done = previous_status(run_dir, command)
+        if done:
+            return {**done, "skipped": True}
+    if run_dir.exists():  # a failed or different earlier attempt: start clean
+        for child in run_dir.iterdir():
+            if child.is_file():
+                child.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with open(run_dir / OUTPUT, "w") as log:
+        # A session of its own, so a timeout can stop mpirun and every rank it started.
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=launch_env(),
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+            reason = "" if code == 0 else f"exit code {code}"
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            code, reason = None, f"timed out after {timeout:g} s"
+    status = {"status": "ok" if code == 0 else "failed", "reason": reason, "returncode": code,
+              "seconds": round(time.perf_counter() - started, 2), "command": command}
+    (run_dir / STATUS).write_text(json.dumps(status, indent=1))
+    return {**status, "skipped": False}
+
+
+def last_lines(path: Path, n: int = 3) -> str:
+    try:
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    errors = [line for line in lines if "error" in line.lower()]
+    return " | ".join((errors or lines)[-n:])
