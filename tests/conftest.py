@@ -39,9 +39,10 @@ def hvdtrain(*args: str) -> list[str]:
 
 
 def run(cmd: list[str], cwd: Path | None = None, timeout: float = LAUNCH_TIMEOUT,
-        check: bool = True) -> subprocess.CompletedProcess:
+        check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=launcher_env(), capture_output=True, text=True,
+        proc = subprocess.run(cmd, cwd=cwd, env={**launcher_env(), **(env or {})},
+                              capture_output=True, text=True,
                               timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"timed out after {timeout}s (a hang): {' '.join(cmd)}\n"

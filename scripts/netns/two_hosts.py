@@ -4,7 +4,8 @@ mpirun and horovodrun over a real TCP path (tests/test_multihost.py, scripts/ben
 Each namespace gets an interface named ``hvd0`` (the same name on both sides, because horovodrun
 looks for interfaces common to all hosts) with an address on 10.213.0.0/24, and loopback. A
 command runs "on" a host through ``netns_ssh`` (beside this file), which also gives it the host's
-own hostname, so Open MPI does not mistake the two for one node and use shared memory.
+own hostname (its address), so Open MPI does not mistake the two for one node and use shared
+memory.
 
 Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN) and the ``ip`` and ``unshare`` tools;
 :func:`unavailable_reason` says why not when they are missing.
@@ -48,8 +49,10 @@ class TwoHosts:
     def __init__(self, tag: str | None = None):
         tag = tag or str(os.getpid())
         self.namespaces = [f"hvda{tag}", f"hvdb{tag}"]
-        self.names = [f"hvdhost-a{tag}", f"hvdhost-b{tag}"]
         self.addresses = [f"{SUBNET}.1", f"{SUBNET}.2"]
+        # Each host's hostname is its address: distinct, so Open MPI sees two nodes, and
+        # resolvable without an /etc/hosts entry, which Gloo needs to find its own address.
+        self.names = list(self.addresses)
         self.shim: Path | None = None  # a folder whose `ssh` is netns_ssh, for horovodrun
 
     def __enter__(self) -> "TwoHosts":
@@ -91,7 +94,9 @@ class TwoHosts:
 
     @staticmethod
     def mpirun_flags() -> list[str]:
-        """Open MPI over the veth pair only: TCP between the hosts, no shared memory."""
-        return ["--mca", "plm_rsh_agent", str(SSH), "--mca", "btl", "tcp,self",
+        """Open MPI over the veth pair only: TCP between the hosts, no shared memory. No
+        binding: each "host" would bind its first rank to core 0, the same core of this one
+        machine."""
+        return ["--bind-to", "none", "--mca", "plm_rsh_agent", str(SSH), "--mca", "btl", "tcp,self",
                 "--mca", "btl_tcp_if_include", f"{SUBNET}.0/24",
                 "--mca", "oob_tcp_if_include", f"{SUBNET}.0/24"]
