@@ -34,12 +34,18 @@ def unavailable_reason() -> str | None:
         if shutil.which(tool) is None:
             return f"the {tool} tool is not installed (iproute2 / util-linux)"
     probe = f"hvdprobe{os.getpid()}"
+    steps = [(["ip", "netns", "add", probe], "create a network namespace"),
+             (["ip", "-n", probe, "link", "add", "hvdpa", "type", "veth", "peer", "name", "hvdpb"],
+              "create a veth pair"),
+             (["unshare", "--uts", "true"], "give a process its own hostname (unshare --uts)")]
     try:
-        _ip("netns", "add", probe)
-    except (subprocess.CalledProcessError, OSError) as e:
-        detail = getattr(e, "stderr", "") or str(e)
-        return f"cannot create a network namespace (needs root or CAP_SYS_ADMIN): {detail.strip()}"
-    _ip("netns", "del", probe)
+        for command, what in steps:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+            if proc.returncode != 0:
+                return (f"cannot {what} (needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN): "
+                        f"{proc.stderr.strip()}")
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
     return None
 
 
