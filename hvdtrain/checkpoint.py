@@ -21,6 +21,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, unreadable, or belongs to a different run setup."""
 
 
+class CheckpointWriteError(RuntimeError):
+    """Writing a checkpoint failed (full disk, quota, lost mount); the previous one is intact."""
+
+
 def checkpoint_path(path: str | os.PathLike) -> Path:
     """Accept a run folder or a checkpoint file."""
     p = Path(path)
@@ -37,8 +41,12 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)  # never leave a half-written file behind
+        if isinstance(e, OSError):
+            raise CheckpointWriteError(e.strerror or str(e)) from e
+        if isinstance(e, RuntimeError):  # torch's zip writer reports a failed write this way
+            raise CheckpointWriteError(f"{str(e).splitlines()[0]}; is the disk full?") from e
         raise
     _fsync_dir(path.parent)  # make the rename itself durable
     return path

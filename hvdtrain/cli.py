@@ -125,6 +125,13 @@ def train(cfg: Config) -> int:
     except TrainingError as e:
         print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
         return 1
+    except Exception as e:
+        if type(e).__name__ != "HorovodInternalError":
+            raise
+        print(f"hvdtrain: error: Horovod shut down: another rank failed, or a collective waited "
+              f"longer than --stall-timeout-s for ranks that never joined it ({e})",
+              file=sys.stderr, flush=True)
+        return 1
     report(trainer, history)
     return 0
 
@@ -184,6 +191,7 @@ def train_async(cfg: Config, dataset, model) -> int:
     from .ps.client import ParameterServerClient
     from .pipeline import build_replica
     from .ps.server import ParameterServer
+    from .ps.waiting import StuckError
     from .trainer import Trainer, TrainingError
 
     world = MPI.COMM_WORLD
@@ -200,7 +208,7 @@ def train_async(cfg: Config, dataset, model) -> int:
         history = trainer.fit()
     except (ConfigError, DataError, CheckpointError) as e:
         abort(world, f"hvdtrain: error: {e}", EXIT_BAD_INPUT, collective=True)
-    except TrainingError as e:
+    except (TrainingError, StuckError) as e:
         abort(world, f"hvdtrain: error (rank {runtime.rank}): {e}", 1)
     except BaseException as e:  # anything else: never leave the other ranks hanging
         import traceback

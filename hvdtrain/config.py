@@ -88,6 +88,9 @@ class SyncConfig:
                                          "allreduce and update")
     fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
                                       "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
+    stall_timeout_s: float = _opt(300.0, "Horovod's stall check: a collective that some ranks "
+                                  "have not joined after this many seconds ends the job with an "
+                                  "error instead of hanging (0: never)")
     cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME), "
                                 "Horovod's default; a small model's step waits about one cycle "
                                 "per allreduce, while for large models 5 can leave more CPU to "
@@ -111,6 +114,9 @@ class PSConfig:
                             "g + lambda*g*g*(w_now - w_pulled); 0 disables, ~0.04 is typical")
     chunk_mb: float = _opt(1.0, "gradient and parameter messages travel in chunks of this many "
                            "MiB, so the server updates one chunk while the next is in flight")
+    timeout_s: float = _opt(300.0, "seconds a server waits for any request, or a worker for its "
+                            "reply, before it declares the job stuck and ends it with an error "
+                            "(0: wait forever)")
     shared_memory: bool = _opt(True, "between a server and the workers on its host, keep "
                                "gradients and parameters in an MPI shared-memory window instead "
                                "of copying them through messages")
@@ -254,6 +260,9 @@ class Config:
         _require(not (p.bsp and p.dc_lambda), "--dc-lambda", p.dc_lambda,
                  "delay compensation has nothing to correct under --bsp; drop one of them")
         _require(p.chunk_mb > 0, "--chunk-mb", p.chunk_mb, "use a positive size in MiB, e.g. 1")
+        _require(p.timeout_s >= 0, "--timeout-s", p.timeout_s, "use 0 (wait forever) or seconds")
+        _require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
+                 "use 0 (no stall check) or seconds, e.g. 300")
         if r.mode == "async":
             _require(r.device in ("auto", "cpu"), "--device", r.device,
                      "async mode keeps parameters in host memory: use --device cpu")

@@ -41,10 +41,18 @@ def detect_launcher() -> str:
 
 def horovod_environment(sync: SyncConfig) -> dict[str, str]:
     """Horovod's tuning knobs as environment variables; Horovod reads them in hvd.init()."""
-    return {
+    env = {
         "HOROVOD_FUSION_THRESHOLD": str(int(sync.fusion_threshold_mb * 1024 * 1024)),
         "HOROVOD_CYCLE_TIME": f"{sync.cycle_time_ms:g}",
     }
+    if sync.stall_timeout_s:
+        # Warn about a collective that some ranks have not joined, then shut down with an error
+        # (HorovodInternalError on every rank) rather than hang until the job's wall-time limit.
+        env["HOROVOD_STALL_CHECK_TIME_SECONDS"] = f"{max(1, int(sync.stall_timeout_s // 4))}"
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = f"{max(1, int(sync.stall_timeout_s))}"
+    else:
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    return env
 
 
 def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:

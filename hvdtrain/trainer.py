@@ -139,10 +139,17 @@ class Trainer:
         state = self.scheme.state_dict()  # may be collective (the async scheme asks the servers)
         if not self.is_main:
             return None
-        return checkpoint.save_atomic(
-            {**state, "identity": self.identity(), "epoch": epoch, "global_step": self.global_step,
-             "num_workers": self.num_workers, "config": self.cfg.to_dict()},
-            self.run_dir / checkpoint.CHECKPOINT_NAME)
+        path = self.run_dir / checkpoint.CHECKPOINT_NAME
+        try:
+            return checkpoint.save_atomic(
+                {**state, "identity": self.identity(), "epoch": epoch,
+                 "global_step": self.global_step, "num_workers": self.num_workers,
+                 "config": self.cfg.to_dict()}, path)
+        except checkpoint.CheckpointWriteError as e:  # full disk, quota, lost mount
+            kept = (f"the previous checkpoint {path} is intact; free space and continue with "
+                    f"--resume {self.run_dir}" if path.exists() else "no earlier checkpoint exists")
+            raise TrainingError(f"could not write the epoch {epoch} checkpoint to {path} "
+                                f"({e}); {kept}") from None
 
     # --- the loop --------------------------------------------------------------------------
     def fit(self) -> list[EpochResult]:

@@ -31,6 +31,11 @@ def test_defaults_are_valid_and_flags_override():
     (["--dataset", "mnist"], "--data-path", "train-images-idx3-ubyte"),
     (["--hidden", "64,0"], "--hidden", "positive layer widths"),
     (["--batch-size", "many"], "--batch-size", "cannot read 'many'"),
+    (["--staleness", "-1"], "--staleness", "0 (lock-step)"),
+    (["--num-servers", "0"], "--num-servers", "at least 1 server"),
+    (["--stages", "0"], "--stages", "1 (no split)"),
+    (["--straggler", "slow"], "--straggler", "such as 3x"),
+    (["--timeout-s", "-5"], "--timeout-s", "wait forever"),
 ])
 def test_invalid_values_name_the_flag_and_the_fix(argv, flag, hint):
     with pytest.raises(ConfigError) as err:

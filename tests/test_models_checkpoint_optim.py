@@ -57,7 +57,7 @@ def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(checkpoint.CheckpointWriteError, match="No space left"):
         checkpoint.save_atomic({"epoch": 2}, path)
     monkeypatch.undo()
     assert checkpoint.load(path)["epoch"] == 1

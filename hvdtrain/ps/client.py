@@ -20,6 +20,7 @@ from ..runtime import Runtime
 from .protocol import (HAS_STATE, WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
                        make_header, shard_bounds)
 from .shared_memory import HostWindow
+from .waiting import wait_any
 
 
 class ParameterServerClient:
@@ -188,7 +189,10 @@ class ParameterServerClient:
                     requests.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
                     copies.append(None)
         while True:
-            index = self.MPI.Request.Waitany(requests)
+            index = wait_any(self.MPI, requests, self.cfg.ps.timeout_s, lambda: (
+                f"worker {self.worker_rank}: no reply from the parameter server to its "
+                f"{kind.name} (clock {self.clock}); under --staleness or --bsp the server holds "
+                "a reply until the slowest worker catches up"))
             if index == self.MPI.UNDEFINED:
                 break
             if copies[index] is not None:
@@ -209,7 +213,8 @@ class ParameterServerClient:
 
     def end_of_training(self) -> None:
         # The final evaluation and checkpoint must include every worker's last update.
-        self.worker_comm.Barrier()
+        wait_any(self.MPI, [self.worker_comm.Ibarrier()], self.cfg.ps.timeout_s, lambda: (
+            f"worker {self.worker_rank}: not every worker reached the end of training"))
 
     def state_dict(self) -> dict[str, Any]:
         """Worker 0 asks every server for its shard and optimizer state; others return {}."""

@@ -30,6 +30,7 @@ from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER
                        may_proceed, shard_bounds, word_to_lr)
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
+from .waiting import wait_any
 
 
 def peak_rss_bytes() -> int:
@@ -117,7 +118,7 @@ class ParameterServer:
         self._recv_init()
         active = self.num_workers
         while active:
-            self.comm.Recv(self.header, source=self.MPI.ANY_SOURCE, tag=Tag.REQUEST, status=status)
+            self._next_request(status)
             worker = status.Get_source()
             kind = int(self.header[H_KIND])
             t0 = time.perf_counter()
@@ -143,6 +144,22 @@ class ParameterServer:
         self.comm.send(stats, dest=0, tag=Tag.INFO)
         self.host.close()  # collective with the workers' close()
         return stats
+
+    def _next_request(self, status) -> None:
+        """Receive the next request header from any worker, or raise StuckError."""
+        request = self.comm.Irecv(self.header, source=self.MPI.ANY_SOURCE, tag=Tag.REQUEST)
+        try:
+            wait_any(self.MPI, [request], self.cfg.ps.timeout_s, self._describe_wait, status)
+        except BaseException:
+            request.Cancel()
+            raise
+
+    def _describe_wait(self) -> str:
+        clocks = ", ".join(f"worker {w}: {'done' if math.isinf(c) else int(c)}"
+                           for w, c in enumerate(self.clocks))
+        held = f"; replies held back for workers {sorted(self.pending)}" if self.pending else ""
+        return (f"parameter server {self.index}: no request from any worker (pushes so far: "
+                f"{clocks}{held})")
 
     def _push(self, worker: int, clock: int, lr: float, want_params: bool) -> None:
         self.pushes_received += 1

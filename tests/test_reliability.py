@@ -1,0 +1,119 @@
+"""Failures a long job meets: a stalled collective, a stuck or killed async worker, a full disk.
+Each must end in a clear error within a bounded time and lose no finished work."""
+
+import os
+import resource
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, hvdtrain, launcher_env, mpirun, run
+from hvdtrain import checkpoint
+from hvdtrain.metrics import read_jsonl
+
+pytestmark = pytest.mark.multiproc
+QUIET = ["--no-progress", "--seed", "1"]
+
+
+def test_a_diverged_collective_ends_in_an_error_not_a_hang():
+    # Rank 1 reduces a tensor rank 0 never submits; Horovod's stall check (--stall-timeout-s,
+    # set by hvdtrain's runtime) shuts the job down.
+    t0 = time.monotonic()
+    proc = run(mpirun(2, str(BIN / "python"), str(REPO / "tests" / "helpers" / "diverge.py"), "6"),
+               check=False, timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 90
+    assert "Horovod has been shut down" in proc.stdout + proc.stderr
+    assert "the diverged allreduce returned" not in proc.stdout
+
+
+def test_a_stuck_async_worker_ends_the_job_with_an_error(tmp_path):
+    # Lock-step (--staleness 0) and a worker that stalls for a minute after its first step: the
+    # other worker's reply is held back, and nothing reaches the server for --timeout-s.
+    t0 = time.monotonic()
+    proc = run(mpirun(3, *hvdtrain("train", *QUIET, "--mode", "async", "--staleness", "0",
+                                   "--straggler", "60000ms", "--timeout-s", "5", "--epochs", "1",
+                                   "--run-dir", str(tmp_path))), check=False, timeout=120)
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 50
+    assert "a process has stopped or hangs" in proc.stderr
+    assert "Traceback" not in proc.stderr  # an expected failure: a message, not a stack
+
+
+def _rank_pid(run_dir: Path, rank: int) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmdline and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def test_a_killed_async_worker_ends_the_job_and_resume_finishes(tmp_path):
+    run_dir = tmp_path / "run"
+    flags = [*QUIET, "--mode", "async", "--epochs", "6", "--run-dir", str(run_dir)]
+    slow = ["--straggler", "20ms"]  # slow enough that the kill lands mid-training
+    job = subprocess.Popen(mpirun(3, *hvdtrain("train", *flags, *slow)), env=launcher_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / checkpoint.CHECKPOINT_NAME).exists():
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "no checkpoint was written"
+            time.sleep(0.2)
+        pid = _rank_pid(run_dir, 1)  # worker 1 (rank 0 is worker 0, rank 2 the server)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode != 0
+    assert time.monotonic() - killed < 30  # mpirun ends the whole job promptly
+    assert "exited on signal 9" in out + err  # and says which rank died, and how
+    state = checkpoint.load(run_dir)  # the last checkpoint is intact
+    assert 1 <= state["epoch"] < 6
+    run(mpirun(3, *hvdtrain("train", *flags, "--resume", str(run_dir))))
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r for r in records if r["type"] == "header"][-1]["resumed_from_epoch"] == state["epoch"]
+    assert [r["epoch"] for r in records if r["type"] == "epoch"][-1] == 6
+
+
+def _limit_file_size():
+    # A file-size limit makes the checkpoint write fail (EFBIG) the way a full disk does
+    # (ENOSPC): an OSError in the middle of writing the temporary file.
+    # 16 MB: room for the files MPI's start-up writes, not for the 35 MB checkpoint below.
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16_000_000, 16_000_000))
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
+    big = [*QUIET, "--hidden", "2048,2048", "--max-steps-per-epoch", "3"]  # 4.3M parameters
+    run(hvdtrain("train", *big, "--epochs", "1", "--run-dir", str(tmp_path)))
+    before = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
+    assert len(before) > 30_000_000
+    proc = subprocess.run(hvdtrain("train", *big, "--epochs", "2", "--resume", str(tmp_path)),
+                          env=launcher_env(), capture_output=True, text=True, timeout=240,
+                          preexec_fn=_limit_file_size, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1, proc.stderr
+    assert "could not write the epoch 2 checkpoint" in proc.stderr
+    assert "previous checkpoint" in proc.stderr and "is intact" in proc.stderr
+    assert (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes() == before
+    assert checkpoint.load(tmp_path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file
+
+
+def test_more_stages_than_layers_exits_2_with_the_arithmetic():
+    proc = run(hvdtrain("train", "--stages", "9", "--devices", "cpu"), check=False)
+    assert proc.returncode == 2
+    assert "--stages 9: the model has 6 layers" in proc.stderr
