@@ -28,6 +28,7 @@ def test_one_server_two_workers_train_digits_to_95_percent(tmp_path):
     summary = records(tmp_path, "scheme")[0]
     steps = records(tmp_path, "header")[0]["steps_per_epoch"] * 15
     assert summary["pushes_applied"] == 2 * steps  # no update lost: every push was applied
+    assert summary["pushes_made_by_workers"] == 2 * steps  # as the workers counted them
     histogram = {int(k): v for k, v in summary["staleness_histogram"].items()}
     assert sum(histogram.values()) == 2 * steps
     state = torch.load(tmp_path / "checkpoint.pt", weights_only=True)

@@ -248,5 +248,7 @@ class ParameterServerClient:
             return None
         # Every server sees every push (each holds a shard), so server 0's counts are the job's.
         return {"servers": stats, "staleness_histogram": stats[0]["staleness_histogram"],
-                "pushes_applied": stats[0]["pushes_applied"], "samples": stats[0]["samples"],
+                "pushes_applied": stats[0]["pushes_applied"],
+                "pushes_made_by_workers": stats[0]["pushes_made_by_workers"],
+                "samples": stats[0]["samples"],
                 "samples_per_sec": stats[0]["samples_per_sec"]}

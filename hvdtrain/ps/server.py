@@ -37,6 +37,15 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
+def current_rss_bytes() -> int | None:
+    """Resident memory now (Linux), to show it stays flat over a long run."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * resource.getpagesize()
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class ParameterServer:
     def __init__(self, comm, cfg: Config, topology: Topology):
         from mpi4py import MPI
@@ -68,6 +77,8 @@ class ParameterServer:
         self.staleness = Counter()                         # staleness of every applied gradient
         self.pending: dict[int, bool] = {}                 # worker -> wants params, reply held back
         self.pushes_received = 0
+        self.pushes_reported = [0] * self.num_workers      # each worker's own count, at DONE
+        self.rss_at_first_push: int | None = None
         self.samples_received = 0
         self.first_push: float | None = None
         self.last_push = 0.0
@@ -124,7 +135,9 @@ class ParameterServer:
             t0 = time.perf_counter()
             if kind == Kind.PUSH:
                 self.samples_received += int(self.header[H_SIZE])
-                self.first_push = self.first_push or t0
+                if self.first_push is None:
+                    self.first_push = t0
+                    self.rss_at_first_push = current_rss_bytes()
                 self._push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
                            bool(self.header[H_FLAGS] & WANT_PARAMS))
                 self.last_push = time.perf_counter()
@@ -134,6 +147,7 @@ class ParameterServer:
                 self._send_params(worker)
                 self._send_state(worker)
             elif kind == Kind.DONE:
+                self.pushes_reported[worker] = int(self.header[H_CLOCK])
                 self.clocks[worker] = math.inf
                 active -= 1
                 self._release_pending()
@@ -303,7 +317,10 @@ class ParameterServer:
         return {"server": self.index, "pushes_applied": self.pushes_received,
                 "samples": self.samples_received, "push_span_seconds": round(span, 4),
                 "samples_per_sec": round(self.samples_received / span, 2) if span else None,
+                "pushes_made_by_workers": sum(self.pushes_reported),
                 "peak_rss_bytes": peak_rss_bytes(), "rss_at_start_bytes": self.rss_at_start,
+                "rss_at_first_push_bytes": self.rss_at_first_push,
+                "rss_at_end_bytes": current_rss_bytes(),
                 "updates": self.version,
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(self.staleness.items())},
                 "busy_seconds": round(self.busy_seconds, 3),
