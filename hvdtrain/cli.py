@@ -160,16 +160,15 @@ def load_inputs(cfg: Config):
 def prepare_sync(cfg: Config, dataset=None, model=None):
     from .pipeline import build_replica
     from .runtime import start_horovod
-    from .sync import HorovodSync
+    from .sync import ElasticHorovodSync, HorovodSync
     from .trainer import Trainer
 
     if dataset is None:
         dataset, model = load_inputs(cfg)
     runtime = start_horovod(cfg.run, cfg.sync)
-    scheme = HorovodSync(cfg, runtime)
+    scheme = (ElasticHorovodSync if cfg.sync.elastic else HorovodSync)(cfg, runtime)
     replica = build_replica(model, cfg, runtime)
-    return Trainer(cfg, runtime, scheme, dataset, replica,
-                   num_workers=runtime.size, worker_rank=runtime.rank)
+    return Trainer(cfg, runtime, scheme, dataset, replica)
 
 
 def train_async(cfg: Config, dataset, model) -> int:
@@ -204,7 +203,7 @@ def train_async(cfg: Config, dataset, model) -> int:
             return 0
         scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
         replica = build_replica(model, cfg, runtime)
-        trainer = Trainer(cfg, runtime, scheme, dataset, replica, num_workers=topology.num_workers, worker_rank=worker_comm.Get_rank())
+        trainer = Trainer(cfg, runtime, scheme, dataset, replica)
         history = trainer.fit()
     except (ConfigError, DataError, CheckpointError) as e:
         abort(world, f"hvdtrain: error: {e}", EXIT_BAD_INPUT, collective=True)

@@ -88,6 +88,12 @@ class SyncConfig:
                                          "allreduce and update")
     fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
                                       "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
+    elastic: bool = _opt(False, "Horovod elastic training: survive lost workers and take in new "
+                         "ones (launch with horovodrun --gloo --min-np/--max-np "
+                         "--host-discovery-script)")
+    elastic_commit_steps: int = _opt(50, "--elastic: commit the model, optimizer and progress "
+                                     "every N steps (and at each epoch's end); a reset redoes at "
+                                     "most this many steps")
     stall_timeout_s: float = _opt(300.0, "Horovod's stall check: a collective that some ranks "
                                   "have not joined after this many seconds ends the job with an "
                                   "error instead of hanging (0: never)")
@@ -261,6 +267,11 @@ class Config:
                  "delay compensation has nothing to correct under --bsp; drop one of them")
         _require(p.chunk_mb > 0, "--chunk-mb", p.chunk_mb, "use a positive size in MiB, e.g. 1")
         _require(p.timeout_s >= 0, "--timeout-s", p.timeout_s, "use 0 (wait forever) or seconds")
+        _require(s.elastic_commit_steps >= 1, "--elastic-commit-steps", s.elastic_commit_steps,
+                 "commit every N >= 1 steps, e.g. 50")
+        if s.elastic:
+            _require(r.mode == "sync", "--elastic", s.elastic,
+                     "elastic training is for --mode sync (an MPI job cannot change its ranks)")
         _require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
                  "use 0 (no stall check) or seconds, e.g. 300")
         if r.mode == "async":

@@ -8,7 +8,8 @@ and optimizer state broadcast from rank 0 after a resume.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 import torch
 
@@ -16,10 +17,13 @@ from .config import Config
 from .optim import build_optimizer, set_learning_rate
 from .replica import BatchStats, Replica
 from .runtime import Runtime
+from .trainer import Progress
 
 
 class HorovodSync:
     """The sync update scheme. Trainer-facing methods are the same as the async scheme's."""
+
+    reads_checkpoint_everywhere = False  # rank 0 reads --resume and broadcasts it
 
     def __init__(self, cfg: Config, runtime: Runtime):
         import horovod.torch as hvd
@@ -39,7 +43,7 @@ class HorovodSync:
             # across hosts; on GPUs with NCCL it still averages within a host (Horovod docs).
             return float(self.hvd.local_size()) if self.hvd.nccl_built() and \
                 self.runtime.device.type == "cuda" else 1.0
-        return float(self.runtime.size)
+        return float(self.hvd.size())
 
     def attach(self, replica: Replica) -> None:
         hvd = self.hvd
@@ -79,7 +83,19 @@ class HorovodSync:
 
     @property
     def eval_partition(self) -> tuple[int, int]:
-        return self.runtime.rank, self.runtime.size  # every rank scores a share of the test split
+        return self.hvd.rank(), self.hvd.size()  # every rank scores a share of the test split
+
+    def workers(self) -> tuple[int, int]:
+        return self.hvd.rank(), self.hvd.size()
+
+    def run(self, loop: Callable[[], None], progress: Progress) -> None:
+        loop()
+
+    def step_done(self, progress: Progress) -> None:
+        pass
+
+    def epoch_done(self, progress: Progress) -> None:
+        pass
 
     def eval_replica(self) -> Replica:
         return self.replica
@@ -107,3 +123,71 @@ class HorovodSync:
 
     def close(self) -> None:
         return None  # Horovod shuts down at interpreter exit; an explicit hvd.shutdown() can race it
+
+
+class ElasticHorovodSync(HorovodSync):
+    """``--elastic``: Horovod elastic training under ``horovodrun --gloo --min-np/--max-np
+    --host-discovery-script``. The model, optimizer and training progress live in a
+    ``hvd.elastic.TorchState`` that is committed every ``--elastic-commit-steps`` steps and at
+    each epoch's end. When a worker dies, the survivors restore the last commit and go on; when
+    the discovery script reports new hosts, their workers join at the next commit, receive the
+    state from rank 0, and the learning rate follows the new number of workers."""
+
+    # Workers that join later run the start-up code too, while the others are mid-training, so
+    # nothing before hvd.elastic.run may be collective: each process reads --resume itself (a
+    # shared filesystem, as for the run folder), and state.sync() broadcasts rank 0's state.
+    reads_checkpoint_everywhere = True
+
+    def __init__(self, cfg: Config, runtime: Runtime):
+        super().__init__(cfg, runtime)
+        self.commit_every = cfg.sync.elastic_commit_steps
+        self.state = None
+        self.resets = 0
+
+    def start(self, state: dict[str, Any] | None) -> None:
+        if state is not None:  # every process holds the checkpoint; no broadcast here
+            self.replica.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj  # see reads_checkpoint_everywhere: start-up must not be collective
+
+    def run(self, loop: Callable[[], None], progress: Progress) -> None:
+        hvd = self.hvd
+        self.state = hvd.elastic.TorchState(model=self.replica.model, optimizer=self.optimizer,
+                                            epoch=progress.epoch, step=progress.step,
+                                            global_step=progress.global_step)
+        self.state.register_reset_callbacks([self._on_reset])
+
+        @hvd.elastic.run
+        def elastic_loop(state):
+            # Entered at the start, and again after each reset with the state rank 0 broadcast.
+            progress.epoch, progress.step = state.epoch, state.step
+            progress.global_step = state.global_step
+            loop()
+
+        elastic_loop(self.state)
+
+    def _on_reset(self) -> None:
+        self.resets += 1
+        hvd = self.hvd
+        self.runtime = dataclasses.replace(self.runtime, rank=hvd.rank(), size=hvd.size(),
+                                           local_rank=hvd.local_rank(),
+                                           local_size=hvd.local_size())
+        if self.runtime.rank == 0:
+            print(f"hvdtrain: elastic reset {self.resets}: now {self.hvd.size()} worker(s); "
+                  f"continuing from epoch {self.state.epoch + 1}, step {self.state.step}",
+                  flush=True)
+
+    def _commit(self, progress: Progress) -> None:
+        state = self.state
+        state.epoch, state.step, state.global_step = (progress.epoch, progress.step,
+                                                      progress.global_step)
+        state.commit()  # also where Horovod raises HostsUpdatedInterrupt for new hosts
+
+    def step_done(self, progress: Progress) -> None:
+        if progress.global_step % self.commit_every == 0:
+            self._commit(progress)
+
+    def epoch_done(self, progress: Progress) -> None:
+        self._commit(progress)

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -26,12 +26,27 @@ from .replica import BatchStats, Replica
 from .runtime import Runtime
 
 
+@dataclass
+class Progress:
+    """Where training stands: the epoch under way, steps done in it, steps done in all. Elastic
+    training commits it with the model and restores it after a worker is lost or added."""
+
+    epoch: int
+    step: int
+    global_step: int
+
+
 class UpdateScheme(Protocol):
     lr_scale: float                           # multiplier of one worker's learning rate
+    reads_checkpoint_everywhere: bool         # every process loads --resume (no broadcast)
     eval_partition: tuple[int, int] | None    # (index, parts) of the test split to score, or None
 
     def attach(self, replica: Replica) -> None: ...
     def start(self, state: dict[str, Any] | None) -> None: ...   # collective; state on main only
+    def workers(self) -> tuple[int, int]: ...  # (this worker's index, workers): may change
+    def run(self, loop: Callable[[], None], progress: Progress) -> None: ...  # loop(), or retried
+    def step_done(self, progress: Progress) -> None: ...    # elastic: commit every N steps
+    def epoch_done(self, progress: Progress) -> None: ...
     def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats: ...
     def sum_across_workers(self, values: list[float]) -> list[float]: ...
     def broadcast_object(self, obj: Any) -> Any: ...
@@ -58,39 +73,48 @@ class EpochResult:
 
 class Trainer:
     def __init__(self, cfg: Config, runtime: Runtime, scheme: UpdateScheme, dataset: Dataset,
-                 replica: Replica, num_workers: int, worker_rank: int):
+                 replica: Replica):
         self.cfg = cfg
         self.runtime = runtime
         self.scheme = scheme
         self.dataset = dataset
         self.replica = replica
-        self.num_workers = num_workers
-        self.worker_rank = worker_rank
         self.is_main = runtime.is_main_process
-        device = replica.device
         # In-memory datasets live on the training device; a batch is then one index lookup.
-        self.x_train, self.y_train = dataset.x_train.to(device), dataset.y_train.to(device)
-        part = scheme.eval_partition
-        shard = eval_shard(len(dataset.x_test), *part) if part else slice(0, 0)
-        self.evaluates = part is not None
-        self.x_test, self.y_test = dataset.x_test[shard].to(device), dataset.y_test[shard].to(device)
+        self.x_train = dataset.x_train.to(replica.device)
+        self.y_train = dataset.y_train.to(replica.device)
+        self._bind_world()
         run = cfg.run
-        full_steps = len(epoch_batches(len(self.x_train), run.batch_size, 0, num_workers, 0, run.seed))
-        if full_steps == 0:
-            raise ConfigError(
-                f"--batch-size: the training split has {len(self.x_train)} samples, fewer than "
-                f"one global batch of {run.batch_size} x {num_workers} workers; lower --batch-size")
-        self.steps_per_epoch = min(full_steps, run.max_steps_per_epoch or full_steps)
-        self.total_steps = self.steps_per_epoch * run.epochs
         self.run_dir = self._choose_run_dir() if self.is_main else None
         self.log: JsonlLog | None = None
         self.bar = ProgressBar(enabled=self.is_main and run.progress)
         self.global_step = 0
         self.start_epoch = 0
         self.history: list[EpochResult] = []
+        self.progress = Progress(0, 0, 0)
+
+    def _bind_world(self) -> None:
+        """Everything that depends on which worker this is and how many there are. Called again
+        when elastic training resumes with a different set of workers."""
+        self.worker_rank, self.num_workers = self.scheme.workers()
+        run = self.cfg.run
+        full_steps = len(epoch_batches(len(self.x_train), run.batch_size, 0, self.num_workers, 0,
+                                       run.seed))
+        if full_steps == 0:
+            raise ConfigError(
+                f"--batch-size: the training split has {len(self.x_train)} samples, fewer than one "
+                f"global batch of {run.batch_size} x {self.num_workers} workers; lower --batch-size")
+        self.steps_per_epoch = min(full_steps, run.max_steps_per_epoch or full_steps)
+        self.total_steps = self.steps_per_epoch * run.epochs
+        part = self.scheme.eval_partition
+        shard = eval_shard(len(self.dataset.x_test), *part) if part else slice(0, 0)
+        self.evaluates = part is not None
+        device = self.replica.device
+        self.x_test = self.dataset.x_test[shard].to(device)
+        self.y_test = self.dataset.y_test[shard].to(device)
         # --straggler: the last worker sleeps after each step (for comparing the schemes).
         factor, delay = parse_straggler(run.straggler)
-        is_straggler = run.straggler and worker_rank == num_workers - 1
+        is_straggler = run.straggler and self.worker_rank == self.num_workers - 1
         self.straggle = (factor, delay) if is_straggler else None
 
     # --- set-up ----------------------------------------------------------------------------
@@ -114,10 +138,11 @@ class Trainer:
     def _resume(self) -> dict[str, Any] | None:
         """Rank 0 reads the checkpoint; every rank learns whether that worked before any tensor
         moves, so a bad file stops all ranks with the same message instead of hanging them.
-        Returns the state on rank 0 (None elsewhere), for the scheme's start()."""
+        Returns the state on rank 0 (None elsewhere), for the scheme's start(). A scheme without
+        start-up collectives (elastic) has every process read the file itself instead."""
         path = self.cfg.run.resume
         state, error = None, None
-        if self.is_main:
+        if self.is_main or self.scheme.reads_checkpoint_everywhere:
             try:
                 state = checkpoint.load(path)
                 checkpoint.check_compatible(state, self.identity(), path)
@@ -127,7 +152,7 @@ class Trainer:
         if error:
             raise checkpoint.CheckpointError(error)
         progress = self.scheme.broadcast_object(
-            {k: state[k] for k in ("epoch", "global_step", "num_workers")} if self.is_main else None)
+            {k: state[k] for k in ("epoch", "global_step", "num_workers")} if state else None)
         if progress["num_workers"] != self.num_workers and self.is_main:
             print(f"warning: checkpoint was written with {progress['num_workers']} workers, this "
                   f"run has {self.num_workers}; the data order differs from an uninterrupted run",
@@ -169,13 +194,9 @@ class Trainer:
                   f"; {self.num_workers} worker(s), launcher: {self.runtime.launcher}, "
                   f"device: {self.replica.describe()}; logging to {self.run_dir}", flush=True)
         started = time.perf_counter()
+        self.progress = Progress(self.start_epoch, 0, self.global_step)
         try:
-            for epoch in range(self.start_epoch, run.epochs):
-                result = self._train_epoch(epoch, started)
-                self.history.append(result)
-                last = epoch + 1 == run.epochs
-                if last or (run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0):
-                    self._save(epoch + 1)
+            self.scheme.run(lambda: self._epochs(started), self.progress)
             summary = self.scheme.close()
             if self.log and summary:
                 self.log.write("scheme", **summary)
@@ -184,10 +205,27 @@ class Trainer:
                 self.log.close()
         return self.history
 
-    def _train_epoch(self, epoch: int, started: float) -> EpochResult:
+    def _epochs(self, started: float) -> None:
+        """The epochs from self.progress on. An elastic scheme may run this again after a reset,
+        with the progress of its last commit and a new set of workers."""
+        run = self.cfg.run
+        self._bind_world()
+        self.global_step = self.progress.global_step
+        while self.progress.epoch < run.epochs:
+            epoch = self.progress.epoch
+            result = self._train_epoch(epoch, started, first_step=self.progress.step)
+            self.history.append(result)
+            self.progress.epoch, self.progress.step = epoch + 1, 0
+            last = epoch + 1 == run.epochs
+            if last or (run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0):
+                self._save(epoch + 1)
+            self.scheme.epoch_done(self.progress)
+
+    def _train_epoch(self, epoch: int, started: float, first_step: int = 0) -> EpochResult:
         run = self.cfg.run
         batches = epoch_batches(len(self.x_train), run.batch_size, self.worker_rank,
                                 self.num_workers, epoch, run.seed)[: self.steps_per_epoch]
+        batches = batches[first_step:]  # elastic: the part of the epoch after the last commit
         # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on resume.
         torch.manual_seed(run.seed * 100_003 + epoch * 1009 + self.worker_rank)
         self.replica.model.train()
@@ -212,6 +250,8 @@ class Trainer:
             correct += stats.correct.item()
             count += stats.count
             self.global_step += 1
+            self.progress.step, self.progress.global_step = first_step + i + 1, self.global_step
+            self.scheme.step_done(self.progress)
             if run.log_steps:
                 g_loss, g_count = self.scheme.sum_across_workers([step_loss, stats.count])
                 if self.log:
@@ -236,6 +276,7 @@ class Trainer:
             print(summary, flush=True)
         if self.log:
             self.log.write("epoch", epoch=epoch + 1, step=self.global_step, lr=lr,
+                           workers=self.num_workers,
                            train_loss=result.train_loss, train_acc=result.train_acc,
                            test_loss=result.test_loss, test_acc=result.test_acc,
                            epoch_seconds=round(seconds, 4),

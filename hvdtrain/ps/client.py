@@ -26,6 +26,8 @@ from .waiting import wait_any
 class ParameterServerClient:
     """The async update scheme. Trainer-facing methods are the same as sync.HorovodSync's."""
 
+    reads_checkpoint_everywhere = False  # worker 0 reads --resume and seeds the servers
+
     def __init__(self, cfg: Config, runtime: Runtime, comm, worker_comm, topology: Topology):
         from mpi4py import MPI
 
@@ -54,6 +56,18 @@ class ParameterServerClient:
         # BSP applies the mean of all workers' gradients, like sync training, so it takes the
         # same linearly scaled rate. Asynchronous updates apply each worker's gradient alone.
         return float(self.topology.num_workers) if self.cfg.ps.bsp else 1.0
+
+    def workers(self) -> tuple[int, int]:
+        return self.worker_rank, self.topology.num_workers
+
+    def run(self, loop, progress) -> None:
+        loop()  # an MPI job has a fixed set of processes: nothing to retry
+
+    def step_done(self, progress) -> None:
+        pass
+
+    def epoch_done(self, progress) -> None:
+        pass
 
     @property
     def eval_partition(self) -> tuple[int, int] | None:
