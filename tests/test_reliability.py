@@ -117,3 +117,15 @@ def test_more_stages_than_layers_exits_2_with_the_arithmetic():
     proc = run(hvdtrain("train", "--stages", "9", "--devices", "cpu"), check=False)
     assert proc.returncode == 2
     assert "--stages 9: the model has 6 layers" in proc.stderr
+
+
+def test_a_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    run(hvdtrain("train", *QUIET, "--epochs", "1", "--run-dir", str(tmp_path)))
+    before = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
+    # The learning rate is not part of a checkpoint's identity: resume with one that diverges.
+    proc = run(mpirun(2, *hvdtrain("train", *QUIET, "--epochs", "3", "--lr", "1e12",
+                                   "--resume", str(tmp_path))), check=False)
+    assert proc.returncode != 0
+    assert "loss became" in proc.stderr and "at epoch 2, step" in proc.stderr
+    assert "The last checkpoint is kept unchanged" in proc.stderr
+    assert (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes() == before
