@@ -262,8 +262,9 @@ class Trainer:
         if epoch + 1 == run.epochs:
             self.scheme.end_of_training()  # the last evaluation and checkpoint see every update
         g_loss, g_correct, g_count = self.scheme.sum_across_workers([loss_sum, correct, count])
-        result = EpochResult(epoch + 1, g_loss / g_count, g_correct / g_count, None, None, seconds,
-                             g_count / seconds)
+        # g_count is 0 only when an elastic reset resumed at the very end of an epoch.
+        result = EpochResult(epoch + 1, g_loss / max(g_count, 1), g_correct / max(g_count, 1),
+                             None, None, seconds, g_count / seconds)
         if (epoch + 1) % run.eval_every == 0 or epoch + 1 == run.epochs:
             result.test_loss, result.test_acc = self.evaluate()
         summary = (f"epoch {epoch + 1}/{run.epochs} - loss: {result.train_loss:.4f} - acc: "
