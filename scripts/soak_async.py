@@ -44,9 +44,11 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=10.0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        seconds, _ = launch(20, str(Path(tmp) / "calibrate"))  # includes start-up
-        epochs = max(20, int(20 * args.minutes * 60 / seconds))
-        print(f"calibration: 20 epochs in {seconds:.0f} s; soaking with {epochs} epochs", flush=True)
+        _, records = launch(20, str(Path(tmp) / "calibrate"))
+        # Training time only (start-up excluded), so the soak itself lasts --minutes of training.
+        per_epoch = [r for r in records if r["type"] == "epoch"][-1]["wall_seconds"] / 20
+        epochs = max(20, int(args.minutes * 60 / per_epoch))
+        print(f"calibration: {per_epoch:.3f} s per epoch; soaking with {epochs} epochs", flush=True)
         seconds, records = launch(epochs, str(Path(tmp) / "soak"))
     server = next(r for r in records if r["type"] == "scheme")["servers"][0]
     mib = 2 ** 20
