@@ -53,6 +53,23 @@ def run(cmd: list[str], cwd: Path | None = None, timeout: float = LAUNCH_TIMEOUT
     return proc
 
 
+def pid_of_rank(run_dir: Path, rank_variable: str, rank: int) -> int | None:
+    """The PID of the training process of a launched job (found by its --run-dir) whose launcher
+    gave it ``rank_variable=rank`` (OMPI_COMM_WORLD_RANK for mpirun, HOROVOD_RANK for
+    horovodrun), so a test can kill exactly that rank."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(run_dir).encode() in cmdline and f"{rank_variable}={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _launchers_present():
     if shutil.which("mpirun") is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, hvdtrain, launcher_env
+from conftest import BIN, hvdtrain, launcher_env, pid_of_rank
 from hvdtrain.metrics import read_jsonl
 
 pytestmark = pytest.mark.multiproc
@@ -72,25 +72,11 @@ class ElasticJob:
         return [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["type"] == "epoch"]
 
 
-def _pid_of_rank(run_dir: Path, rank: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(run_dir).encode() in cmdline and f"HOROVOD_RANK={rank}".encode() in environ:
-            return int(entry.name)
-    return None
-
-
 def test_a_killed_worker_is_survived_and_training_reaches_the_target(tmp_path):
     job = ElasticJob(tmp_path, ["localhost", "127.0.0.1"], 2, "--epochs", "15",
                      "--batch-size", "16")
     job.wait_for("epoch 2/15")
-    pid = _pid_of_rank(job.run_dir, 1)
+    pid = pid_of_rank(job.run_dir, "HOROVOD_RANK", 1)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     job.wait_for("elastic reset 1: now 1 worker(s)")

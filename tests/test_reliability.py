@@ -6,11 +6,10 @@ import resource
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, hvdtrain, launcher_env, mpirun, run
+from conftest import BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
 
@@ -43,20 +42,6 @@ def test_a_stuck_async_worker_ends_the_job_with_an_error(tmp_path):
     assert "Traceback" not in proc.stderr  # an expected failure: a message, not a stack
 
 
-def _rank_pid(run_dir: Path, rank: int) -> int | None:
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if str(run_dir).encode() in cmdline and f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ:
-            return int(entry.name)
-    return None
-
-
 def test_a_killed_async_worker_ends_the_job_and_resume_finishes(tmp_path):
     run_dir = tmp_path / "run"
     flags = [*QUIET, "--mode", "async", "--epochs", "6", "--run-dir", str(run_dir)]
@@ -70,7 +55,8 @@ def test_a_killed_async_worker_ends_the_job_and_resume_finishes(tmp_path):
             assert job.poll() is None, job.communicate()
             assert time.monotonic() < deadline, "no checkpoint was written"
             time.sleep(0.2)
-        pid = _rank_pid(run_dir, 1)  # worker 1 (rank 0 is worker 0, rank 2 the server)
+        # worker 1 (rank 0 is worker 0, rank 2 the server)
+        pid = pid_of_rank(run_dir, "OMPI_COMM_WORLD_RANK", 1)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
