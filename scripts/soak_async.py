@@ -45,14 +45,19 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         _, records = launch(20, str(Path(tmp) / "calibrate"))
-        # Training time only (start-up excluded), so the soak itself lasts --minutes of training.
-        per_epoch = [r for r in records if r["type"] == "epoch"][-1]["wall_seconds"] / 20
-        epochs = max(20, int(args.minutes * 60 / per_epoch))
+        # Steady-state rate: training time of epochs 11-20 only, because start-up and the first
+        # epochs (allocator warm-up, first checkpoint) are slower and made earlier soaks too short.
+        # The 10% margin keeps a run on a machine that speeds up from falling below --minutes.
+        walls = [r["wall_seconds"] for r in records if r["type"] == "epoch"]
+        per_epoch = (walls[19] - walls[9]) / 10
+        epochs = max(20, int(1.1 * args.minutes * 60 / per_epoch))
         print(f"calibration: {per_epoch:.3f} s per epoch; soaking with {epochs} epochs", flush=True)
         seconds, records = launch(epochs, str(Path(tmp) / "soak"))
     server = next(r for r in records if r["type"] == "scheme")["servers"][0]
     mib = 2 ** 20
-    print(f"ran {seconds / 60:.1f} min, {epochs} epochs, 2 workers + 1 server")
+    training = [r for r in records if r["type"] == "epoch"][-1]["wall_seconds"]
+    print(f"ran {seconds / 60:.1f} min ({training / 60:.1f} min of training), {epochs} epochs, "
+          "2 workers + 1 server")
     print(f"server RSS after the first push: {server['rss_at_first_push_bytes'] / mib:.1f} MiB; "
           f"at the end: {server['rss_at_end_bytes'] / mib:.1f} MiB; peak: "
           f"{server['peak_rss_bytes'] / mib:.1f} MiB "

@@ -34,7 +34,10 @@ from .waiting import wait_any
 
 
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    # The kernel raises ru_maxrss lazily (on unmap and exit), so it can lag the resident size
+    # read now; the larger of the two is the peak so far.
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return max(peak, current_rss_bytes() or 0)
 
 
 def current_rss_bytes() -> int | None:
