@@ -164,6 +164,10 @@ class RunConfig:
                                "(default: runs/<time>-<mode>-<dataset>-<model>)")
     checkpoint_every: int = _opt(1, "write a checkpoint every N epochs (0: only at the end)")
     resume: str | None = _opt(None, "resume from this checkpoint file or run folder")
+    auto_resume: bool = _opt(False, "continue the checkpoint in --run-dir when there is one, "
+                             "else start fresh: for jobs that a scheduler restarts (Kubernetes, "
+                             "Slurm requeue). Without it or --resume, hvdtrain refuses a --run-dir "
+                             "that holds a checkpoint instead of overwriting it")
     log_steps: bool = _opt(False, "also log one line per step (loss averaged across workers; "
                            "costs one small allreduce per step)")
     progress: bool = _opt(True, "show the progress bar on the main process")
@@ -218,6 +222,9 @@ class Config:
         _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
                  "use 0 (only at the end) or a positive number of epochs")
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        if r.auto_resume and (not r.run_dir or r.resume):
+            raise ConfigError("--auto-resume continues the checkpoint in --run-dir: pass "
+                              "--run-dir, and not --resume as well")
         try:
             parse_straggler(r.straggler)
         except ValueError as e:

@@ -135,6 +135,32 @@ class Trainer:
                 "num_parameters": count_parameters(self.replica.model),
                 "optimizer": self.cfg.optim.optimizer}
 
+    def _resume_source(self) -> str | None:
+        """--resume, or the run folder's checkpoint under --auto-resume; None for a fresh run.
+        A fresh run never overwrites a checkpoint: a --run-dir that holds one is an error unless
+        the run continues it. Rank 0 decides and tells the others, like _resume."""
+        run = self.cfg.run
+        if run.resume:
+            return run.resume
+        decision: dict[str, str] | None = None
+        if (self.is_main or self.scheme.reads_checkpoint_everywhere) and run.run_dir:
+            existing = Path(run.run_dir) / checkpoint.CHECKPOINT_NAME
+            # Elastic training starts processes during the run (an added host); they find the
+            # checkpoint this run wrote and must continue the run, so elastic implies auto-resume.
+            if existing.exists() and (run.auto_resume or self.scheme.reads_checkpoint_everywhere):
+                decision = {"resume": run.run_dir}
+            elif existing.exists():
+                decision = {"error": (
+                    f"{run.run_dir} already holds a checkpoint ({existing}) and this run would "
+                    f"overwrite it; continue that run with --resume {run.run_dir} (or "
+                    f"--auto-resume), or pass another --run-dir for a new run")}
+        decision = self.scheme.broadcast_object(decision)
+        if decision and "error" in decision:
+            raise checkpoint.CheckpointError(decision["error"])
+        if decision and self.is_main:
+            print(f"hvdtrain: continuing the checkpoint in {run.run_dir}", flush=True)
+        return decision["resume"] if decision else None
+
     def _resume(self) -> dict[str, Any] | None:
         """Rank 0 reads the checkpoint; every rank learns whether that worked before any tensor
         moves, so a bad file stops all ranks with the same message instead of hanging them.
@@ -180,6 +206,7 @@ class Trainer:
     def fit(self) -> list[EpochResult]:
         run = self.cfg.run
         self.scheme.attach(self.replica)
+        run.resume = self._resume_source()  # the same on every rank: the schemes read it too
         self.scheme.start(self._resume() if run.resume else None)
         if self.is_main:
             self.log = JsonlLog(self.run_dir / "metrics.jsonl", append=bool(run.resume))

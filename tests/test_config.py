@@ -36,6 +36,8 @@ def test_defaults_are_valid_and_flags_override():
     (["--stages", "0"], "--stages", "1 (no split)"),
     (["--straggler", "slow"], "--straggler", "such as 3x"),
     (["--timeout-s", "-5"], "--timeout-s", "wait forever"),
+    (["--auto-resume"], "--auto-resume", "pass --run-dir"),
+    (["--auto-resume", "--run-dir", "r", "--resume", "r"], "--auto-resume", "not --resume"),
 ])
 def test_invalid_values_name_the_flag_and_the_fix(argv, flag, hint):
     with pytest.raises(ConfigError) as err:

@@ -105,6 +105,12 @@ def test_a_host_that_appears_is_taken_in(tmp_path):
     job = ElasticJob(tmp_path, ["localhost", "127.0.0.1"], 2, "--epochs", "6",
                      "--batch-size", "16")
     job.wait_for("epoch 1/6")
+    # The new worker then finds this run's checkpoint and must join the run, not refuse the
+    # folder (elastic implies --auto-resume).
+    deadline = time.monotonic() + 60
+    while not (job.run_dir / "checkpoint.pt").exists():
+        assert time.monotonic() < deadline, "no checkpoint after the first epoch"
+        time.sleep(0.1)
     job.add_host(extra)
     job.wait_for("now 3 worker(s)")
     assert job.finish() == 0, "\n".join(job.lines[-40:])

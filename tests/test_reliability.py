@@ -69,7 +69,13 @@ def test_a_killed_async_worker_ends_the_job_and_resume_finishes(tmp_path):
     assert "exited on signal 9" in out + err  # and says which rank died, and how
     state = checkpoint.load(run_dir)  # the last checkpoint is intact
     assert 1 <= state["epoch"] < 6
-    run(mpirun(3, *hvdtrain("train", *flags, "--resume", str(run_dir))))
+    # The same command again (a scheduler's plain restart) must not start over on top of it...
+    proc = run(mpirun(3, *hvdtrain("train", *flags)), check=False)
+    assert proc.returncode == 2 and "already holds a checkpoint" in proc.stderr
+    assert checkpoint.load(run_dir)["epoch"] == state["epoch"]
+    # ...and with --auto-resume, the restart command of the Kubernetes and Slurm files, it
+    # finishes the run.
+    run(mpirun(3, *hvdtrain("train", *flags, "--auto-resume")))
     records = read_jsonl(run_dir / "metrics.jsonl")
     assert [r for r in records if r["type"] == "header"][-1]["resumed_from_epoch"] == state["epoch"]
     assert [r["epoch"] for r in records if r["type"] == "epoch"][-1] == 6

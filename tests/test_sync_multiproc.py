@@ -108,6 +108,24 @@ def test_bad_checkpoint_stops_every_rank_with_a_message(tmp_path):
     assert proc.returncode == 2 and "model: checkpoint has 'cnn', this run has 'mlp'" in proc.stderr
 
 
+def test_a_rerun_into_a_run_folder_keeps_its_checkpoint(tmp_path):
+    flags = [*QUICK, "--epochs", "1", "--run-dir", str(tmp_path)]
+    run(hvdtrain("train", *flags))
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    proc = run(mpirun(2, *hvdtrain("train", *flags)), check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.count("already holds a checkpoint") == 1  # once, by rank 0
+    assert f"--resume {tmp_path}" in proc.stderr
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    # --auto-resume (what a restarted job passes) continues it instead.
+    proc = run(mpirun(2, *hvdtrain("train", *QUICK, "--epochs", "2", "--run-dir", str(tmp_path),
+                                   "--auto-resume")))
+    assert "continuing the checkpoint" in proc.stdout
+    log = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["resumed_from_epoch"] for r in log if r["type"] == "header"] == [0, 1]
+    assert [r["epoch"] for r in log if r["type"] == "epoch"] == [1, 2]
+
+
 def test_single_process_without_a_launcher(tmp_path):
     proc = run(hvdtrain("train", "--epochs", "1", "--run-dir", str(tmp_path)))
     header = read_jsonl(tmp_path / "metrics.jsonl")[0]
