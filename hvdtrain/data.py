@@ -7,6 +7,7 @@ DataLoader worker processes compete with the training ranks for the machine's co
 from __future__ import annotations
 
 import gzip
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +91,12 @@ def _npz(cfg: DataConfig) -> Dataset:
     if not path.is_file():
         raise DataError(f"--data-path {path}: no such file; pass a .npz file holding arrays "
                         "x (samples first) and y (integer labels), optionally x_test and y_test")
+    # Checked first: numpy reads any non-zip file as a pickle and then suggests allow_pickle,
+    # the wrong fix for a truncated download or a file that is not an .npz at all.
+    if not zipfile.is_zipfile(path):
+        raise DataError(f"{path}: not an .npz archive (an .npz is a zip file; this one is "
+                        "truncated or in another format); re-create it with "
+                        "numpy.savez(path, x=..., y=...)")
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}

@@ -129,7 +129,13 @@ def test_npz_wrong_shapes(tmp_path, arrays, message):
 def test_npz_corrupt_and_missing(tmp_path):
     path = tmp_path / "data.npz"
     np.savez(path, x=np.zeros((10, 3)), y=np.zeros(10, dtype=int))
-    path.write_bytes(path.read_bytes()[:50])
+    good = path.read_bytes()
+    path.write_bytes(good[:50])  # truncated
+    with pytest.raises(DataError, match="not an .npz archive .* truncated"):
+        load_dataset(DataConfig(dataset="npz", data_path=str(path)))
+    corrupt = bytearray(good)
+    corrupt[200:210] = b"\xff" * 10  # inside x's data: the zip's CRC check catches it
+    path.write_bytes(bytes(corrupt))
     with pytest.raises(DataError, match="not a readable .npz"):
         load_dataset(DataConfig(dataset="npz", data_path=str(path)))
     with pytest.raises(DataError, match="no such file"):
