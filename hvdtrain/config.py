@@ -163,6 +163,8 @@ class RunConfig:
     run_dir: str | None = _opt(None, "folder for the metrics log and checkpoints "
                                "(default: runs/<time>-<mode>-<dataset>-<model>)")
     checkpoint_every: int = _opt(1, "write a checkpoint every N epochs (0: only at the end)")
+    checkpoint_steps: int = _opt(0, "also write one every N steps inside an epoch, so a crash "
+                                 "in a long epoch loses at most N steps (0: at epoch ends only)")
     resume: str | None = _opt(None, "resume from this checkpoint file or run folder")
     auto_resume: bool = _opt(False, "continue the checkpoint in --run-dir when there is one, "
                              "else start fresh: for jobs that a scheduler restarts (Kubernetes, "
@@ -221,6 +223,8 @@ class Config:
         _require(r.eval_every >= 1, "--eval-every", r.eval_every, "evaluate every N >= 1 epochs")
         _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
                  "use 0 (only at the end) or a positive number of epochs")
+        _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
+                 "use 0 (at epoch ends only) or a positive number of steps")
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
         if r.auto_resume and (not r.run_dir or r.resume):
             raise ConfigError("--auto-resume continues the checkpoint in --run-dir: pass "

@@ -90,6 +90,7 @@ class Trainer:
         self.bar = ProgressBar(enabled=self.is_main and run.progress)
         self.global_step = 0
         self.start_epoch = 0
+        self.start_step = 0  # steps already done in start_epoch (a mid-epoch checkpoint)
         self.history: list[EpochResult] = []
         self.progress = Progress(0, 0, 0)
 
@@ -178,28 +179,33 @@ class Trainer:
         if error:
             raise checkpoint.CheckpointError(error)
         progress = self.scheme.broadcast_object(
-            {k: state[k] for k in ("epoch", "global_step", "num_workers")} if state else None)
+            {"epoch": state["epoch"], "step": state.get("step", 0),
+             "global_step": state["global_step"], "num_workers": state["num_workers"]}
+            if state else None)
         if progress["num_workers"] != self.num_workers and self.is_main:
             print(f"warning: checkpoint was written with {progress['num_workers']} workers, this "
                   f"run has {self.num_workers}; the data order differs from an uninterrupted run",
                   flush=True)
         self.start_epoch, self.global_step = progress["epoch"], progress["global_step"]
+        self.start_step = progress["step"]
         return state
 
-    def _save(self, epoch: int) -> Path | None:
+    def _save(self, epoch: int, step: int = 0) -> Path | None:
+        """A checkpoint after `epoch` whole epochs and `step` steps of the next one."""
         state = self.scheme.state_dict()  # may be collective (the async scheme asks the servers)
         if not self.is_main:
             return None
         path = self.run_dir / checkpoint.CHECKPOINT_NAME
         try:
             return checkpoint.save_atomic(
-                {**state, "identity": self.identity(), "epoch": epoch,
+                {**state, "identity": self.identity(), "epoch": epoch, "step": step,
                  "global_step": self.global_step, "num_workers": self.num_workers,
                  "config": self.cfg.to_dict()}, path)
         except checkpoint.CheckpointWriteError as e:  # full disk, quota, lost mount
             kept = (f"the previous checkpoint {path} is intact; free space and continue with "
                     f"--resume {self.run_dir}" if path.exists() else "no earlier checkpoint exists")
-            raise TrainingError(f"could not write the epoch {epoch} checkpoint to {path} "
+            where = f"epoch {epoch}" if not step else f"epoch {epoch + 1}, step {step}"
+            raise TrainingError(f"could not write the {where} checkpoint to {path} "
                                 f"({e}); {kept}") from None
 
     # --- the loop --------------------------------------------------------------------------
@@ -215,13 +221,14 @@ class Trainer:
                            device=self.replica.describe(), versions=package_versions(),
                            dataset=self.dataset.describe(),
                            num_parameters=count_parameters(self.replica.model),
-                           steps_per_epoch=self.steps_per_epoch, resumed_from_epoch=self.start_epoch)
+                           steps_per_epoch=self.steps_per_epoch, resumed_from_epoch=self.start_epoch,
+                           resumed_from_step=self.start_step)
             print(f"hvdtrain: {run.mode} training of {self.cfg.model.model} "
                   f"({count_parameters(self.replica.model):,} parameters) on {self.dataset.describe()}"
                   f"; {self.num_workers} worker(s), launcher: {self.runtime.launcher}, "
                   f"device: {self.replica.describe()}; logging to {self.run_dir}", flush=True)
         started = time.perf_counter()
-        self.progress = Progress(self.start_epoch, 0, self.global_step)
+        self.progress = Progress(self.start_epoch, self.start_step, self.global_step)
         try:
             self.scheme.run(lambda: self._epochs(started), self.progress)
             summary = self.scheme.close()
@@ -252,7 +259,8 @@ class Trainer:
         run = self.cfg.run
         batches = epoch_batches(len(self.x_train), run.batch_size, self.worker_rank,
                                 self.num_workers, epoch, run.seed)[: self.steps_per_epoch]
-        batches = batches[first_step:]  # elastic: the part of the epoch after the last commit
+        # The part of the epoch after a mid-epoch checkpoint or an elastic commit.
+        batches = batches[first_step:]
         # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on resume.
         torch.manual_seed(run.seed * 100_003 + epoch * 1009 + self.worker_rank)
         self.replica.model.train()
@@ -279,6 +287,9 @@ class Trainer:
             self.global_step += 1
             self.progress.step, self.progress.global_step = first_step + i + 1, self.global_step
             self.scheme.step_done(self.progress)
+            if run.checkpoint_steps and self.global_step % run.checkpoint_steps == 0 \
+                    and i + 1 < len(batches):  # the epoch's end writes its own checkpoint
+                self._save(epoch, step=first_step + i + 1)
             if run.log_steps:
                 g_loss, g_count = self.scheme.sum_across_workers([step_loss, stats.count])
                 if self.log:

@@ -36,6 +36,7 @@ def test_defaults_are_valid_and_flags_override():
     (["--stages", "0"], "--stages", "1 (no split)"),
     (["--straggler", "slow"], "--straggler", "such as 3x"),
     (["--timeout-s", "-5"], "--timeout-s", "wait forever"),
+    (["--checkpoint-steps", "-1"], "--checkpoint-steps", "positive number of steps"),
     (["--auto-resume"], "--auto-resume", "pass --run-dir"),
     (["--auto-resume", "--run-dir", "r", "--resume", "r"], "--auto-resume", "not --resume"),
 ])

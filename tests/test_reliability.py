@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 from conftest import BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run
 from hvdtrain import checkpoint
@@ -44,7 +45,8 @@ def test_a_stuck_async_worker_ends_the_job_with_an_error(tmp_path):
 
 def test_a_killed_async_worker_ends_the_job_and_resume_finishes(tmp_path):
     run_dir = tmp_path / "run"
-    flags = [*QUIET, "--mode", "async", "--epochs", "6", "--run-dir", str(run_dir)]
+    flags = [*QUIET, "--mode", "async", "--epochs", "6", "--checkpoint-steps", "5",
+             "--run-dir", str(run_dir)]
     slow = ["--straggler", "20ms"]  # slow enough that the kill lands mid-training
     job = subprocess.Popen(mpirun(3, *hvdtrain("train", *flags, *slow)), env=launcher_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -68,17 +70,62 @@ def test_a_killed_async_worker_ends_the_job_and_resume_finishes(tmp_path):
     assert time.monotonic() - killed < 30  # mpirun ends the whole job promptly
     assert "exited on signal 9" in out + err  # and says which rank died, and how
     state = checkpoint.load(run_dir)  # the last checkpoint is intact
-    assert 1 <= state["epoch"] < 6
+    assert state["global_step"] > 0 and state["epoch"] < 6
     # The same command again (a scheduler's plain restart) must not start over on top of it...
     proc = run(mpirun(3, *hvdtrain("train", *flags)), check=False)
     assert proc.returncode == 2 and "already holds a checkpoint" in proc.stderr
-    assert checkpoint.load(run_dir)["epoch"] == state["epoch"]
+    assert checkpoint.load(run_dir)["global_step"] == state["global_step"]
     # ...and with --auto-resume, the restart command of the Kubernetes and Slurm files, it
     # finishes the run.
     run(mpirun(3, *hvdtrain("train", *flags, "--auto-resume")))
     records = read_jsonl(run_dir / "metrics.jsonl")
-    assert [r for r in records if r["type"] == "header"][-1]["resumed_from_epoch"] == state["epoch"]
+    header = [r for r in records if r["type"] == "header"][-1]
+    assert (header["resumed_from_epoch"], header["resumed_from_step"]) == (state["epoch"],
+                                                                           state["step"])
     assert [r["epoch"] for r in records if r["type"] == "epoch"][-1] == 6
+
+
+def test_a_crash_mid_epoch_resumes_from_the_last_step_checkpoint(tmp_path):
+    # --checkpoint-steps: the whole job is killed inside an epoch; --auto-resume continues from
+    # the last step checkpoint and ends with exactly the weights of an uninterrupted run.
+    flags = [*QUIET, "--epochs", "4", "--checkpoint-steps", "4", "--straggler", "40ms"]
+    straight, crashed = tmp_path / "straight", tmp_path / "crashed"
+    run(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(straight))))
+    job = subprocess.Popen(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(crashed))),
+                           env=launcher_env(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # wait for a checkpoint inside the second epoch or later
+            assert job.poll() is None, "the job ended before a mid-epoch checkpoint appeared"
+            assert time.monotonic() < deadline, "no mid-epoch checkpoint was written"
+            if (crashed / checkpoint.CHECKPOINT_NAME).exists():
+                seen = checkpoint.load(crashed)
+                if seen["epoch"] >= 1 and seen["step"] > 0:
+                    break
+            time.sleep(0.02)
+        # Both ranks at once, as a lost node would (mpirun puts them in process groups of
+        # their own), then mpirun.
+        for rank in (0, 1):
+            pid = pid_of_rank(crashed, "OMPI_COMM_WORLD_RANK", rank)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    kept = checkpoint.load(crashed)
+    assert kept["step"] > 0 and kept["epoch"] < 4
+    run(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(crashed), "--auto-resume")))
+    header = [r for r in read_jsonl(crashed / "metrics.jsonl") if r["type"] == "header"][-1]
+    assert (header["resumed_from_epoch"], header["resumed_from_step"]) == (kept["epoch"],
+                                                                           kept["step"])
+    a = checkpoint.load(straight)["model"]
+    b = checkpoint.load(crashed)["model"]
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after a mid-epoch resume"
 
 
 def _limit_file_size():
