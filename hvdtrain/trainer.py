@@ -261,7 +261,8 @@ class Trainer:
                                 self.num_workers, epoch, run.seed)[: self.steps_per_epoch]
         # The part of the epoch after a mid-epoch checkpoint or an elastic commit.
         batches = batches[first_step:]
-        # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on resume.
+        # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on a resume
+        # from an epoch's end (from inside one, the replay starts at the epoch's first step).
         torch.manual_seed(run.seed * 100_003 + epoch * 1009 + self.worker_rank)
         self.replica.model.train()
         self.bar.start_epoch(epoch + 1, run.epochs, len(batches))
