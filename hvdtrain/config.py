@@ -283,6 +283,10 @@ class Config:
         if s.elastic:
             _require(r.mode == "sync", "--elastic", s.elastic,
                      "elastic training is for --mode sync (an MPI job cannot change its ranks)")
+            if not r.run_dir:
+                raise ConfigError("--elastic needs --run-dir, a folder every host shares: if rank "
+                                  "0 dies, the process that becomes rank 0 continues its log and "
+                                  "checkpoints there")
         _require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
                  "use 0 (no stall check) or seconds, e.g. 300")
         if r.mode == "async":

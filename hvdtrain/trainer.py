@@ -79,7 +79,6 @@ class Trainer:
         self.scheme = scheme
         self.dataset = dataset
         self.replica = replica
-        self.is_main = runtime.is_main_process
         # In-memory datasets live on the training device; a batch is then one index lookup.
         self.x_train = dataset.x_train.to(replica.device)
         self.y_train = dataset.y_train.to(replica.device)
@@ -98,6 +97,7 @@ class Trainer:
         """Everything that depends on which worker this is and how many there are. Called again
         when elastic training resumes with a different set of workers."""
         self.worker_rank, self.num_workers = self.scheme.workers()
+        self.is_main = self.worker_rank == 0  # elastic: another process, after rank 0 died
         run = self.cfg.run
         full_steps = len(epoch_batches(len(self.x_train), run.batch_size, 0, self.num_workers, 0,
                                        run.seed))
@@ -244,6 +244,7 @@ class Trainer:
         with the progress of its last commit and a new set of workers."""
         run = self.cfg.run
         self._bind_world()
+        self._follow_main()
         self.global_step = self.progress.global_step
         while self.progress.epoch < run.epochs:
             epoch = self.progress.epoch
@@ -254,6 +255,19 @@ class Trainer:
             if last or (run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0):
                 self._save(epoch + 1)
             self.scheme.epoch_done(self.progress)
+
+    def _follow_main(self) -> None:
+        """After an elastic reset that lost rank 0, the process that is rank 0 now takes over the
+        metrics log and the checkpoints (elastic requires a shared --run-dir), and a process that
+        is no longer rank 0 stops writing them."""
+        if self.is_main and self.log is None:
+            self.run_dir = Path(self.cfg.run.run_dir)
+            self.log = JsonlLog(self.run_dir / "metrics.jsonl", append=True)
+            print(f"hvdtrain: this process is rank 0 now; it continues the log and the "
+                  f"checkpoints in {self.run_dir}", flush=True)
+        elif not self.is_main and self.log is not None:
+            self.log.close()
+            self.log = None
 
     def _train_epoch(self, epoch: int, started: float, first_step: int = 0) -> EpochResult:
         run = self.cfg.run

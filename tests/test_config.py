@@ -38,6 +38,7 @@ def test_defaults_are_valid_and_flags_override():
     (["--timeout-s", "-5"], "--timeout-s", "wait forever"),
     (["--checkpoint-steps", "-1"], "--checkpoint-steps", "positive number of steps"),
     (["--auto-resume"], "--auto-resume", "pass --run-dir"),
+    (["--elastic"], "--elastic", "needs --run-dir"),
     (["--auto-resume", "--run-dir", "r", "--resume", "r"], "--auto-resume", "not --resume"),
 ])
 def test_invalid_values_name_the_flag_and_the_fix(argv, flag, hint):

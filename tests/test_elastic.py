@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, hvdtrain, launcher_env, pid_of_rank
+from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
 
 pytestmark = pytest.mark.multiproc
@@ -72,19 +73,24 @@ class ElasticJob:
         return [r for r in read_jsonl(self.run_dir / "metrics.jsonl") if r["type"] == "epoch"]
 
 
-def test_a_killed_worker_is_survived_and_training_reaches_the_target(tmp_path):
+@pytest.mark.parametrize("killed_rank", [1, 0])
+def test_a_killed_worker_is_survived_and_training_reaches_the_target(tmp_path, killed_rank):
     job = ElasticJob(tmp_path, ["localhost", "127.0.0.1"], 2, "--epochs", "15",
                      "--batch-size", "16")
     job.wait_for("epoch 2/15")
-    pid = pid_of_rank(job.run_dir, "HOROVOD_RANK", 1)
+    pid = pid_of_rank(job.run_dir, "HOROVOD_RANK", killed_rank)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     job.wait_for("elastic reset 1: now 1 worker(s)")
+    if killed_rank == 0:  # the survivor takes over the log and the checkpoints
+        job.wait_for("this process is rank 0 now")
     assert job.finish() == 0, "\n".join(job.lines[-40:])
     epochs = job.epochs()
     assert epochs[-1]["epoch"] == 15 and epochs[-1]["workers"] == 1
     assert any(e["workers"] == 2 for e in epochs)
     assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+    assert checkpoint.load(job.run_dir)["epoch"] == 15
+    assert any("done: test accuracy" in line for line in job.lines)
 
 
 def _own_address() -> str | None:
