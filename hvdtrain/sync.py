@@ -156,14 +156,15 @@ class ElasticHorovodSync(HorovodSync):
         hvd = self.hvd
         self.state = hvd.elastic.TorchState(model=self.replica.model, optimizer=self.optimizer,
                                             epoch=progress.epoch, step=progress.step,
-                                            global_step=progress.global_step)
+                                            global_step=progress.global_step,
+                                            workers=progress.workers)
         self.state.register_reset_callbacks([self._on_reset])
 
         @hvd.elastic.run
         def elastic_loop(state):
             # Entered at the start, and again after each reset with the state rank 0 broadcast.
             progress.epoch, progress.step = state.epoch, state.step
-            progress.global_step = state.global_step
+            progress.global_step, progress.workers = state.global_step, state.workers
             loop()
 
         elastic_loop(self.state)
@@ -183,6 +184,7 @@ class ElasticHorovodSync(HorovodSync):
         state = self.state
         state.epoch, state.step, state.global_step = (progress.epoch, progress.step,
                                                       progress.global_step)
+        state.workers = progress.workers
         state.commit()  # also where Horovod raises HostsUpdatedInterrupt for new hosts
 
     def step_done(self, progress: Progress) -> None:

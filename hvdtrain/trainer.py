@@ -34,6 +34,7 @@ class Progress:
     epoch: int
     step: int
     global_step: int
+    workers: int = 0  # how many workers counted `step` (0: this run's count)
 
 
 class UpdateScheme(Protocol):
@@ -90,6 +91,7 @@ class Trainer:
         self.global_step = 0
         self.start_epoch = 0
         self.start_step = 0  # steps already done in start_epoch (a mid-epoch checkpoint)
+        self.start_workers = 0  # the number of workers that counted start_step
         self.history: list[EpochResult] = []
         self.progress = Progress(0, 0, 0)
 
@@ -188,6 +190,7 @@ class Trainer:
                   flush=True)
         self.start_epoch, self.global_step = progress["epoch"], progress["global_step"]
         self.start_step = progress["step"]
+        self.start_workers = progress["num_workers"]
         return state
 
     def _save(self, epoch: int, step: int = 0) -> Path | None:
@@ -228,7 +231,8 @@ class Trainer:
                   f"; {self.num_workers} worker(s), launcher: {self.runtime.launcher}, "
                   f"device: {self.replica.describe()}; logging to {self.run_dir}", flush=True)
         started = time.perf_counter()
-        self.progress = Progress(self.start_epoch, self.start_step, self.global_step)
+        self.progress = Progress(self.start_epoch, self.start_step, self.global_step,
+                                 self.start_workers)
         try:
             self.scheme.run(lambda: self._epochs(started), self.progress)
             summary = self.scheme.close()
@@ -245,6 +249,7 @@ class Trainer:
         run = self.cfg.run
         self._bind_world()
         self._follow_main()
+        self._rescale_progress()
         self.global_step = self.progress.global_step
         while self.progress.epoch < run.epochs:
             epoch = self.progress.epoch
@@ -255,6 +260,15 @@ class Trainer:
             if last or (run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0):
                 self._save(epoch + 1)
             self.scheme.epoch_done(self.progress)
+
+    def _rescale_progress(self) -> None:
+        """A position inside an epoch counted by a different number of workers (an elastic reset,
+        or --resume from a step checkpoint with another world size) becomes the step of this
+        world's global batch that has seen about the same share of the epoch's samples."""
+        p = self.progress
+        if p.step and p.workers and p.workers != self.num_workers:
+            p.step = min(self.steps_per_epoch, p.step * p.workers // self.num_workers)
+        p.workers = self.num_workers
 
     def _follow_main(self) -> None:
         """After an elastic reset that lost rank 0, the process that is rank 0 now takes over the
@@ -282,9 +296,9 @@ class Trainer:
         self.bar.start_epoch(epoch + 1, run.epochs, len(batches))
         loss_sum, correct, count = 0.0, 0.0, 0
         t0 = time.perf_counter()
+        lr = self._learning_rate()  # for the epoch line, also when no step is left (a resume)
         for i, idx in enumerate(batches):
-            lr = learning_rate(self.global_step, self.total_steps, self.steps_per_epoch,
-                               self.cfg.optim, self.scheme.lr_scale)
+            lr = self._learning_rate()
             index = torch.from_numpy(idx).to(self.x_train.device)
             step_started = time.perf_counter()
             stats = self.scheme.step(self.x_train[index], self.y_train[index], lr)
@@ -338,6 +352,10 @@ class Trainer:
                            wall_seconds=round(time.perf_counter() - started, 3),
                            **self.replica.take_epoch_metrics())
         return result
+
+    def _learning_rate(self) -> float:
+        return learning_rate(self.global_step, self.total_steps, self.steps_per_epoch,
+                             self.cfg.optim, self.scheme.lr_scale)
 
     def evaluate(self) -> tuple[float | None, float | None]:
         """Test loss and accuracy over the whole test split: each evaluating worker scores its

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import BIN, REPO, horovodrun, hvdtrain, mpirun, run
+from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
 
 pytestmark = pytest.mark.multiproc
@@ -124,6 +125,27 @@ def test_a_rerun_into_a_run_folder_keeps_its_checkpoint(tmp_path):
     log = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["resumed_from_epoch"] for r in log if r["type"] == "header"] == [0, 1]
     assert [r["epoch"] for r in log if r["type"] == "epoch"] == [1, 2]
+
+
+@pytest.mark.parametrize("np, step, left", [
+    (2, 20, 12),  # 20 one-worker steps = 10 two-worker steps: 12 of 22 are left
+    (3, 43, 0),   # 43 one-worker steps = 14.3 three-worker steps: none of 14 is left
+])
+def test_a_step_checkpoint_resumes_with_another_number_of_workers(tmp_path, np, step, left):
+    # A checkpoint inside epoch 2 written by 1 worker (44 steps per epoch on digits at batch 32)
+    # continues at the step of the new global batch that has seen the same share of the epoch.
+    run(hvdtrain("train", *QUICK, "--epochs", "1", "--run-dir", str(tmp_path)))
+    state = checkpoint.load(tmp_path)
+    assert state["num_workers"] == 1 and state["global_step"] == 44
+    checkpoint.save_atomic({**state, "epoch": 1, "step": step, "global_step": 44 + step},
+                           tmp_path / checkpoint.CHECKPOINT_NAME)
+    proc = run(mpirun(np, *hvdtrain("train", *QUICK, "--epochs", "3", "--resume", str(tmp_path))))
+    assert f"checkpoint was written with 1 workers, this run has {np}" in proc.stdout
+    epochs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert epochs[1]["step"] - (44 + step) == left
+    assert epochs[2]["step"] - epochs[1]["step"] == 1437 // (32 * np)  # epoch 3 is whole
+    assert checkpoint.load(tmp_path)["epoch"] == 3
 
 
 def test_single_process_without_a_launcher(tmp_path):
