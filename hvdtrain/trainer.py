@@ -34,7 +34,7 @@ class Progress:
     epoch: int
     step: int
     global_step: int
-    workers: int = 0  # how many workers counted `step` (0: this run's count)
+    workers: int  # how many workers counted `step` (the global batch it is counted in)
 
 
 class UpdateScheme(Protocol):
@@ -91,9 +91,9 @@ class Trainer:
         self.global_step = 0
         self.start_epoch = 0
         self.start_step = 0  # steps already done in start_epoch (a mid-epoch checkpoint)
-        self.start_workers = 0  # the number of workers that counted start_step
+        self.start_workers = self.num_workers  # the number of workers that counted start_step
         self.history: list[EpochResult] = []
-        self.progress = Progress(0, 0, 0)
+        self.progress = Progress(0, 0, 0, self.num_workers)
 
     def _bind_world(self) -> None:
         """Everything that depends on which worker this is and how many there are. Called again
@@ -146,13 +146,14 @@ class Trainer:
         if run.resume:
             return run.resume
         decision: dict[str, str] | None = None
-        if (self.is_main or self.scheme.reads_checkpoint_everywhere) and run.run_dir:
-            existing = Path(run.run_dir) / checkpoint.CHECKPOINT_NAME
+        existing = Path(run.run_dir) / checkpoint.CHECKPOINT_NAME if run.run_dir else None
+        if (self.is_main or self.scheme.reads_checkpoint_everywhere) and existing \
+                and existing.exists():
             # Elastic training starts processes during the run (an added host); they find the
             # checkpoint this run wrote and must continue the run, so elastic implies auto-resume.
-            if existing.exists() and (run.auto_resume or self.scheme.reads_checkpoint_everywhere):
+            if run.auto_resume or self.scheme.reads_checkpoint_everywhere:
                 decision = {"resume": run.run_dir}
-            elif existing.exists():
+            else:
                 decision = {"error": (
                     f"{run.run_dir} already holds a checkpoint ({existing}) and this run would "
                     f"overwrite it; continue that run with --resume {run.run_dir} (or "
@@ -266,7 +267,7 @@ class Trainer:
         or --resume from a step checkpoint with another world size) becomes the step of this
         world's global batch that has seen about the same share of the epoch's samples."""
         p = self.progress
-        if p.step and p.workers and p.workers != self.num_workers:
+        if p.step and p.workers != self.num_workers:
             p.step = min(self.steps_per_epoch, p.step * p.workers // self.num_workers)
         p.workers = self.num_workers
 
@@ -329,7 +330,8 @@ class Trainer:
         if epoch + 1 == run.epochs:
             self.scheme.end_of_training()  # the last evaluation and checkpoint see every update
         g_loss, g_correct, g_count = self.scheme.sum_across_workers([loss_sum, correct, count])
-        # g_count is 0 only when an elastic reset resumed at the very end of an epoch.
+        # g_count is 0 only when a resume (elastic, or a step checkpoint under another number
+        # of workers) left no step of this epoch to run.
         result = EpochResult(epoch + 1, g_loss / max(g_count, 1), g_correct / max(g_count, 1),
                              None, None, seconds, g_count / seconds)
         if (epoch + 1) % run.eval_every == 0 or epoch + 1 == run.epochs:

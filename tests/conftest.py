@@ -6,7 +6,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -51,6 +53,28 @@ def run(cmd: list[str], cwd: Path | None = None, timeout: float = LAUNCH_TIMEOUT
         pytest.fail(f"exit code {proc.returncode}: {' '.join(cmd)}\n"
                     f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-4000:]}")
     return proc
+
+
+def wait_for_checkpoint(run_dir: Path, job: subprocess.Popen | None = None, timeout: float = 120,
+                        poll: float = 0.2, accept: Callable[[dict], bool] | None = None
+                        ) -> dict | None:
+    """Poll until a running job has written run_dir's checkpoint (one that ``accept`` takes,
+    when given; that checkpoint is returned). Fails if ``job`` ends first or after timeout."""
+    from hvdtrain import checkpoint
+
+    path = Path(run_dir) / checkpoint.CHECKPOINT_NAME
+    deadline = time.monotonic() + timeout
+    while True:
+        if job is not None:
+            assert job.poll() is None, f"the job ended before the checkpoint: {job.communicate()}"
+        assert time.monotonic() < deadline, f"no such checkpoint in {run_dir} after {timeout} s"
+        if path.exists():
+            if accept is None:
+                return None
+            state = checkpoint.load(path)
+            if accept(state):
+                return state
+        time.sleep(poll)
 
 
 def pid_of_rank(run_dir: Path, rank_variable: str, rank: int) -> int | None:

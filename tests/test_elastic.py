@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, hvdtrain, launcher_env, pid_of_rank
+from conftest import BIN, hvdtrain, launcher_env, pid_of_rank, wait_for_checkpoint
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
 
@@ -113,10 +113,7 @@ def test_a_host_that_appears_is_taken_in(tmp_path):
     job.wait_for("epoch 1/6")
     # The new worker then finds this run's checkpoint and must join the run, not refuse the
     # folder (elastic implies --auto-resume).
-    deadline = time.monotonic() + 60
-    while not (job.run_dir / "checkpoint.pt").exists():
-        assert time.monotonic() < deadline, "no checkpoint after the first epoch"
-        time.sleep(0.1)
+    wait_for_checkpoint(job.run_dir, timeout=60, poll=0.1)
     job.add_host(extra)
     job.wait_for("now 3 worker(s)")
     assert job.finish() == 0, "\n".join(job.lines[-40:])

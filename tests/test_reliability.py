@@ -10,7 +10,8 @@ import time
 import pytest
 import torch
 
-from conftest import BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run
+from conftest import (BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run,
+                      wait_for_checkpoint)
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
 
@@ -52,11 +53,7 @@ def test_a_killed_async_worker_ends_the_job_and_resume_finishes(tmp_path):
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            stdin=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / checkpoint.CHECKPOINT_NAME).exists():
-            assert job.poll() is None, job.communicate()
-            assert time.monotonic() < deadline, "no checkpoint was written"
-            time.sleep(0.2)
+        wait_for_checkpoint(run_dir, job)
         # worker 1 (rank 0 is worker 0, rank 2 the server)
         pid = pid_of_rank(run_dir, "OMPI_COMM_WORLD_RANK", 1)
         assert pid is not None
@@ -96,15 +93,9 @@ def test_a_crash_mid_epoch_resumes_from_the_last_step_checkpoint(tmp_path):
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            start_new_session=True)
     try:
-        deadline = time.monotonic() + 120
-        while True:  # wait for a checkpoint inside the second epoch or later
-            assert job.poll() is None, "the job ended before a mid-epoch checkpoint appeared"
-            assert time.monotonic() < deadline, "no mid-epoch checkpoint was written"
-            if (crashed / checkpoint.CHECKPOINT_NAME).exists():
-                seen = checkpoint.load(crashed)
-                if seen["epoch"] >= 1 and seen["step"] > 0:
-                    break
-            time.sleep(0.02)
+        # a checkpoint inside the second epoch or later
+        wait_for_checkpoint(crashed, job, poll=0.02,
+                            accept=lambda state: state["epoch"] >= 1 and state["step"] > 0)
         # Both ranks at once, as a lost node would (mpirun puts them in process groups of
         # their own), then mpirun.
         for rank in (0, 1):
