@@ -93,3 +93,22 @@ def check_compatible(state: dict[str, Any], expected: dict[str, Any], path: Any)
         raise CheckpointError(f"--resume: {path} was written for a different setup ("
                               + "; ".join(diffs) + "). Resume with the flags it was trained "
                               "with, or start without --resume")
+
+
+def check_model_state(saved: dict[str, Any], expected: dict[str, Any], path: Any) -> None:
+    """The checkpoint's model holds the same tensors as this run's: names, then shapes. The
+    message names the first mismatch."""
+    missing = [k for k in expected if k not in saved]
+    extra = [k for k in saved if k not in expected]
+    if missing or extra:
+        what = (f"this run's model has {missing[0]!r}, which the checkpoint lacks" if missing
+                else f"the checkpoint has {extra[0]!r}, which this run's model lacks")
+        raise CheckpointError(f"--resume: {path} holds another model ({what}; {len(missing)} "
+                              f"missing, {len(extra)} unexpected). Resume with the model it was "
+                              "trained with, or start without --resume")
+    for name, tensor in expected.items():
+        if tuple(saved[name].shape) != tuple(tensor.shape):
+            raise CheckpointError(
+                f"--resume: {path} holds another model ({name}: checkpoint has shape "
+                f"{tuple(saved[name].shape)}, this run's model {tuple(tensor.shape)}). Resume "
+                "with the model options it was trained with, or start without --resume")

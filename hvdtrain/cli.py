@@ -14,7 +14,6 @@ import sys
 from typing import Any, Sequence
 
 from . import __version__
-from .checkpoint import CheckpointError
 from .config import SECTIONS, Config, ConfigError, load_config_file
 from .data import DataError
 
@@ -79,11 +78,14 @@ def rank_from_environment() -> int:
     return 0
 
 
-def fail(message: str, code: int) -> int:
-    """Report an error that every rank hits alike (bad input): rank 0 prints it. The other ranks
-    wait a moment before exiting, because a launcher stops the whole job at the first non-zero
-    exit, which could kill rank 0 before it has printed."""
+def fail(message: str, code: int, user_traceback: str | None = None) -> int:
+    """Report an error that every rank hits alike (bad input): rank 0 prints it, after the
+    traceback of the user's own code when that is what raised. The other ranks wait a moment
+    before exiting, because a launcher stops the whole job at the first non-zero exit, which
+    could kill rank 0 before it has printed."""
     if rank_from_environment() == 0:
+        if user_traceback:
+            print(user_traceback, file=sys.stderr, end="", flush=True)
         print(f"hvdtrain: error: {message}", file=sys.stderr, flush=True)
     else:
         import time
@@ -99,131 +101,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             return compare(args)
         except ConfigError as e:
             return fail(str(e), EXIT_BAD_INPUT)
+    from .workload import workload_from_config
+
     try:
         cfg = config_from_args(args)
-    except ConfigError as e:
-        return fail(str(e), EXIT_BAD_INPUT)
-    if args.command == "train":
-        return train(cfg)
-    raise AssertionError(args.command)
-
-
-def train(cfg: Config) -> int:
-    from .trainer import TrainingError
-
-    try:
-        dataset, model = load_inputs(cfg)  # bad input fails here, on every rank alike
+        workload = workload_from_config(cfg)  # bad input fails here, on every rank alike
     except (ConfigError, DataError) as e:
-        return fail(str(e), EXIT_BAD_INPUT)
-    if cfg.run.mode == "async":
-        return train_async(cfg, dataset, model)
+        return fail(str(e), EXIT_BAD_INPUT, getattr(e, "user_traceback", None))
+    return train(cfg, workload)
+
+
+def train(cfg: Config, workload) -> int:
+    """Run this process's part of the job; the launch layer's failures become exit codes."""
+    from . import launch
+
     try:
-        trainer = prepare_sync(cfg, dataset, model)
-        history = trainer.fit()
-    except (ConfigError, DataError, CheckpointError) as e:
-        return fail(str(e), EXIT_BAD_INPUT)
-    except TrainingError as e:
-        print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
-        return 1
-    except Exception as e:
-        if type(e).__name__ != "HorovodInternalError":
-            raise
-        print(f"hvdtrain: error: Horovod shut down: another rank failed, or a collective waited "
-              f"longer than --stall-timeout-s for ranks that never joined it ({e})",
-              file=sys.stderr, flush=True)
-        return 1
-    report(trainer, history)
+        trainer = launch.run(cfg, workload)
+    except BaseException as e:
+        code = launch.failure_code(e)
+        if code is None:
+            raise  # a bug: its traceback says where
+        if code == EXIT_BAD_INPUT:
+            return fail(launch.describe_failure(e), code, getattr(e, "user_traceback", None))
+        print(f"hvdtrain: error: {launch.describe_failure(e)}", file=sys.stderr, flush=True)
+        return code
+    report(trainer)
     return 0
 
 
-def report(trainer, history) -> None:
-    if trainer.is_main and history:
-        final = history[-1]
-        print(f"done: test accuracy {final.test_acc:.4f} after {final.epoch} epochs; "
-              f"log {trainer.run_dir / 'metrics.jsonl'}, checkpoint "
-              f"{trainer.run_dir / 'checkpoint.pt'}", flush=True)
-
-
-def load_inputs(cfg: Config):
-    """Dataset and model, before any process starts communicating."""
-    import torch
-
-    from .data import load_dataset
-    from .models import build_model
-
-    dataset = load_dataset(cfg.data)
-    torch.manual_seed(cfg.run.seed)
-    model = build_model(cfg.model.model, dataset.input_shape, dataset.num_classes, cfg.model)
-    return dataset, model
-
-
-def prepare_sync(cfg: Config, dataset=None, model=None):
-    from .pipeline import build_replica
-    from .runtime import start_horovod
-    from .sync import ElasticHorovodSync, HorovodSync
-    from .trainer import Trainer
-
-    if dataset is None:
-        dataset, model = load_inputs(cfg)
-    runtime = start_horovod(cfg.run, cfg.sync)
-    scheme = (ElasticHorovodSync if cfg.sync.elastic else HorovodSync)(cfg, runtime)
-    replica = build_replica(model, cfg, runtime)
-    return Trainer(cfg, runtime, scheme, dataset, replica)
-
-
-def train_async(cfg: Config, dataset, model) -> int:
-    """Async mode: the last --num-servers ranks serve parameters, the others train.
-
-    An MPI job whose rank stops with an error would leave the others blocked in a receive, so
-    every error after MPI starts ends the whole job with MPI_Abort, after printing its message.
-    """
-    from .ps.protocol import Topology
-    from .runtime import start_mpi
-
-    try:
-        runtime = start_mpi(cfg.run)
-        topology = Topology(runtime.size, cfg.ps.num_servers)
-    except ConfigError as e:
-        return fail(str(e), EXIT_BAD_INPUT)  # the same on every rank: all exit cleanly
-    from mpi4py import MPI
-
-    from .ps.client import ParameterServerClient
-    from .pipeline import build_replica
-    from .ps.server import ParameterServer
-    from .ps.waiting import StuckError
-    from .trainer import Trainer, TrainingError
-
-    world = MPI.COMM_WORLD
-    is_server = topology.is_server(runtime.rank)
-    comm = world.Dup()  # the parameter server's private channel
-    worker_comm = world.Split(1 if is_server else 0, runtime.rank)
-    try:
-        if is_server:
-            ParameterServer(comm, cfg, topology).serve()
-            return 0
-        scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
-        replica = build_replica(model, cfg, runtime)
-        trainer = Trainer(cfg, runtime, scheme, dataset, replica)
-        history = trainer.fit()
-    except (ConfigError, DataError, CheckpointError) as e:
-        abort(world, f"hvdtrain: error: {e}", EXIT_BAD_INPUT, collective=True)
-    except (TrainingError, StuckError) as e:
-        abort(world, f"hvdtrain: error (rank {runtime.rank}): {e}", 1)
-    except BaseException as e:  # anything else: never leave the other ranks hanging
-        import traceback
-        traceback.print_exc()
-        abort(world, f"hvdtrain: error (rank {runtime.rank}): {type(e).__name__}: {e}", 1)
-    report(trainer, history)
-    return 0
-
-
-def abort(world, message: str, code: int, collective: bool = False) -> None:
-    """Print, then end every rank of the job. For an error that all ranks raise together (a bad
-    checkpoint), rank 0 alone prints and aborts; the others give it a moment to do so."""
-    import time
-
-    if collective and world.Get_rank() != 0:
-        time.sleep(10)
-    else:
-        print(message, file=sys.stderr, flush=True)
-    world.Abort(code)
+def report(trainer) -> None:
+    if trainer is None or not trainer.is_main or not trainer.history:
+        return
+    final = trainer.history[-1]
+    score = (f"test accuracy {final.test_acc:.4f}" if final.test_acc is not None else
+             f"test loss {final.test_loss:.4f}" if final.test_loss is not None else
+             f"train loss {final.train_loss:.4f}")
+    print(f"done: {score} after {final.epoch} epochs; log {trainer.run_dir / 'metrics.jsonl'}, "
+          f"checkpoint {trainer.checkpointer.path}", flush=True)

@@ -32,10 +32,17 @@ class DataConfig:
     """Where the samples come from and how they are split."""
 
     dataset: str = _opt("digits", "digits (scikit-learn's bundled 8x8 digits), synthetic, "
-                        "mnist (a folder of IDX files) or npz (a file with x and y arrays)",
-                        choices=("digits", "synthetic", "mnist", "npz"))
-    data_path: str | None = _opt(None, "folder of MNIST IDX files, or the .npz file; "
-                                 "required for --dataset mnist|npz")
+                        "mnist (a folder of IDX files), npz (a file with x and y arrays), folder "
+                        "(one subfolder of PNG/JPEG images per class, read lazily), or your own "
+                        "MODULE:CALLABLE returning (train, test): Datasets, IterableDatasets or "
+                        "(x, y) tensor pairs; MODULE is a dotted import path or a .py file")
+    dataset_args: str = _opt("", "keyword arguments for your --dataset callable, as a JSON "
+                             "object, e.g. '{\"root\": \"data/\"}'")
+    data_path: str | None = _opt(None, "folder of MNIST IDX files, the .npz file, or the image "
+                                 "folder; required for --dataset mnist|npz|folder")
+    data_workers: int = _opt(0, "DataLoader processes per worker for Dataset inputs (started "
+                             "with forkserver, persistent across epochs); 0 loads in the "
+                             "training process. In-memory data never uses a DataLoader")
     test_fraction: float = _opt(0.2, "share of samples held out for testing (stratified), "
                                 "when the dataset has no test split of its own")
     data_seed: int = _opt(0, "seed of the train/test split and of synthetic data")
@@ -49,8 +56,15 @@ class DataConfig:
 class ModelConfig:
     """Which network to train. Input and output sizes come from the dataset."""
 
-    model: str = _opt("mlp", "model from the registry (see hvdtrain/models.py)",
-                      choices=("mlp", "cnn"))
+    model: str = _opt("mlp", "a built-in model (mlp, cnn; the registry in hvdtrain/models.py) "
+                      "or your own MODULE:CALLABLE returning an nn.Module; MODULE is a dotted "
+                      "import path or a .py file, and the callable also receives input_shape "
+                      "and num_classes when its signature names them")
+    model_args: str = _opt("", "keyword arguments for your --model callable, as a JSON object, "
+                           "e.g. '{\"width\": 64}'")
+    loss: str = _opt("cross_entropy", "cross_entropy, nll, mse, l1, bce_with_logits, or your own "
+                     "MODULE:CALLABLE computing loss(output, target) -> scalar mean; accuracy is "
+                     "reported for cross_entropy and nll on (N, C) outputs")
     hidden: tuple[int, ...] = _opt((256, 128), "hidden layer widths of the MLP, e.g. 1024,1024")
     channels: tuple[int, ...] = _opt((32, 64), "convolution channels of the CNN, one per block")
 
@@ -94,6 +108,8 @@ class SyncConfig:
     elastic_commit_steps: int = _opt(50, "--elastic: commit the model, optimizer and progress "
                                      "every N steps (and at each epoch's end); a reset redoes at "
                                      "most this many steps")
+    sync_batchnorm: bool = _opt(False, "turn the model's BatchNorm layers into Horovod's "
+                                "SyncBatchNorm, so batch statistics cover the global batch")
     stall_timeout_s: float = _opt(300.0, "Horovod's stall check: a collective that some ranks "
                                   "have not joined after this many seconds ends the job with an "
                                   "error instead of hanging (0: never)")
@@ -249,11 +265,14 @@ class Config:
                  "--synthetic-shape", d.synthetic_shape, "give positive sizes such as 1024 or 1x28x28")
         _require(d.synthetic_classes >= 2, "--synthetic-classes", d.synthetic_classes,
                  "use at least 2 classes")
-        if d.dataset in ("mnist", "npz"):
+        if d.dataset in ("mnist", "npz", "folder"):
             _require(bool(d.data_path), "--data-path", d.data_path,
                      f"--dataset {d.dataset} reads local files: pass --data-path "
-                     + ("FOLDER holding train-images-idx3-ubyte etc." if d.dataset == "mnist"
-                        else "FILE.npz holding arrays x and y"))
+                     + {"mnist": "FOLDER holding train-images-idx3-ubyte etc.",
+                        "npz": "FILE.npz holding arrays x and y",
+                        "folder": "FOLDER with one subfolder of images per class"}[d.dataset])
+        _require(d.data_workers >= 0, "--data-workers", d.data_workers,
+                 "use 0 (load in the training process) or a number of loader processes")
         _require(len(m.hidden) >= 1 and all(n >= 1 for n in m.hidden), "--hidden", m.hidden,
                  "give positive layer widths, e.g. --hidden 256,128")
         _require(len(m.channels) >= 1 and all(n >= 1 for n in m.channels), "--channels",
@@ -292,6 +311,9 @@ class Config:
         if r.mode == "async":
             _require(r.device in ("auto", "cpu"), "--device", r.device,
                      "async mode keeps parameters in host memory: use --device cpu")
+            _require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
+                     "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
+                     "every worker keeps its own BatchNorm statistics")
         self._validate_pipeline()
         return self
 

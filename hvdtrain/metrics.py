@@ -82,10 +82,12 @@ class ProgressBar:
                              dynamic_ncols=False, leave=True,
                              bar_format="{n_fmt}/{total_fmt} [{bar:30}] - {elapsed_s:.1f}s {desc}")
 
-    def update(self, step_seconds: float, loss: float, acc: float) -> None:
+    def update(self, step_seconds: float, figures: dict[str, float]) -> None:
+        """figures: the epoch's running loss and metrics, e.g. {"loss": 0.21, "acc": 0.94}."""
         if not self.enabled:
             return
-        self._text = f"{step_seconds * 1000:.0f}ms/step - loss: {loss:.4f} - acc: {acc:.4f}"
+        self._text = " - ".join([f"{step_seconds * 1000:.0f}ms/step",
+                                 *(f"{k}: {v:.4f}" for k, v in figures.items())])
         if self._bar is not None:
             self._bar.set_description_str(self._text, refresh=False)
             self._bar.update(1)

@@ -29,10 +29,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from .config import Config, ConfigError, PipelineConfig
-from .replica import BatchStats, Replica
+from .data.batches import to_device
+from .replica import BatchStats, Objective, Replica, batch_length, split_batch
 from .runtime import Runtime
 
 
@@ -163,8 +163,10 @@ class _Aborted(Exception):
 
 
 class PipelineReplica(Replica):
-    def __init__(self, model: nn.Module, devices: list[str], cfg: PipelineConfig):
+    def __init__(self, model: nn.Module, devices: list[str], cfg: PipelineConfig,
+                 objective: Objective):
         layers = sequential_layers(model)
+        self.objective = objective
         stages = len(devices)
         bounds = (explicit_bounds(cfg.split_points, len(layers)) if cfg.split_points else
                   balanced_bounds([sum(p.numel() for p in layer.parameters()) for layer in layers],
@@ -187,7 +189,7 @@ class PipelineReplica(Replica):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for stage, dev in zip(self.stages, self.devices):
-            x = stage(x.to(dev))
+            x = stage(to_device(x, dev))
         return x
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
@@ -236,14 +238,15 @@ class _Run:
                  grad_scale: float):
         self.r = replica
         k = len(replica.stages)
-        m = min(replica.micro_batches, len(y))
-        self.xs, self.ys = x.tensor_split(m), y.tensor_split(m)
+        total = batch_length(y)
+        m = min(replica.micro_batches, total)
+        self.xs, self.ys = split_batch(x, m), split_batch(y, m)
         self.m = m
-        self.weights = [len(ys) / len(y) * grad_scale for ys in self.ys]
+        self.weights = [batch_length(ys) / total * grad_scale for ys in self.ys]
         self.inputs: list[dict[int, torch.Tensor]] = [{} for _ in range(k)]
         self.outputs: list[dict[int, torch.Tensor]] = [{} for _ in range(k)]
         self.losses: dict[int, torch.Tensor] = {}
-        self.correct: dict[int, torch.Tensor] = {}
+        self.sums: dict[int, BatchStats] = {}
         # activations[k]: inputs waiting for stage k; grads[k]: gradients of stage k's outputs
         self.activations = [queue.Queue() for _ in range(k)]
         self.grads = [queue.Queue() for _ in range(k)]
@@ -253,14 +256,11 @@ class _Run:
     # --- one unit of work each ---
     def forward(self, k: int, i: int) -> None:
         dev = self.r.devices[k]
-        inp = self.xs[i].to(dev) if k == 0 else self._take(self.activations[k])
+        inp = to_device(self.xs[i], dev) if k == 0 else self._take(self.activations[k])
         t0 = time.perf_counter()
         out = self.r.stages[k](inp)
         if k == len(self.r.stages) - 1:
-            y = self.ys[i].to(dev)
-            self.losses[i] = F.cross_entropy(out, y)
-            with torch.no_grad():
-                self.correct[i] = (out.argmax(dim=1) == y).sum()
+            self.losses[i], self.sums[i] = self.r.objective.score(out, to_device(self.ys[i], dev))
         else:
             # Cut the graph here: the next stage starts from a leaf that collects the gradient.
             self.activations[k + 1].put(
@@ -304,9 +304,10 @@ class _Run:
                 self.backward(s, i)
 
     def stats(self) -> BatchStats:
-        loss = sum(self.losses[i].detach() * len(self.ys[i]) for i in range(self.m))
-        correct = sum(self.correct[i] for i in range(self.m))
-        return BatchStats(loss, correct, sum(len(y) for y in self.ys))
+        total = self.sums[0]
+        for i in range(1, self.m):
+            total += self.sums[i]
+        return total
 
     # --- helpers ---
     def _take(self, channel: queue.Queue) -> torch.Tensor:
@@ -324,11 +325,12 @@ class _Run:
         self.busy[k] += time.perf_counter() - t0
 
 
-def build_replica(model: nn.Module, cfg: Config, runtime: Runtime) -> Replica:
+def build_replica(model: nn.Module, cfg: Config, runtime: Runtime,
+                  objective: Objective) -> Replica:
     """The plain replica, or the pipelined one when --stages > 1."""
     pl = cfg.pipeline
     if pl.stages == 1:
-        return Replica(model, runtime.device)
+        return Replica(model, runtime.device, objective)
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     devices = assign_devices(pl.devices, pl.stages, runtime.local_rank, runtime.local_size,
                              gpu_count)
@@ -337,4 +339,4 @@ def build_replica(model: nn.Module, cfg: Config, runtime: Runtime) -> Replica:
     if not cfg.run.threads and pl.schedule != "sequential" and "cpu" in devices:
         # The stages' threads compute at the same time: share this process's cores among them.
         torch.set_num_threads(max(1, torch.get_num_threads() // devices.count("cpu")))
-    return PipelineReplica(model, devices, pl)
+    return PipelineReplica(model, devices, pl, objective)

@@ -2,15 +2,20 @@
 
 Update schemes decide what happens to the gradients (allreduce, push to a server); the replica
 only computes them. A pipelined replica (pipeline.py) replaces this one behind the same methods.
+What a batch is scored by (the loss and the metrics) comes from the workload, as an Objective.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+
+from .data.batches import to_device
+
+Metric = Callable[[Any, Any], "tuple[Any, Any] | None"]  # (output, target) -> (sum, count)
 
 
 @dataclass
@@ -18,30 +23,74 @@ class BatchStats:
     """Sums over one batch (not means), so that they add across micro-batches and workers."""
 
     loss_sum: torch.Tensor  # detached scalar tensor: reading it is the caller's choice
-    correct: torch.Tensor
     count: int
+    metrics: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (sum, count)
 
     def __iadd__(self, other: "BatchStats") -> "BatchStats":
         self.loss_sum = self.loss_sum + other.loss_sum
-        self.correct = self.correct + other.correct
         self.count += other.count
+        for name, (s, c) in other.metrics.items():
+            mine = self.metrics.get(name)
+            self.metrics[name] = (s, c) if mine is None else (mine[0] + s, mine[1] + c)
         return self
+
+
+def batch_length(obj: Any) -> int:
+    """Samples in a batch: the length of its first tensor (targets may be nested)."""
+    if isinstance(obj, torch.Tensor):
+        return len(obj) if obj.dim() else 1
+    if isinstance(obj, dict):
+        return batch_length(next(iter(obj.values())))
+    if isinstance(obj, (list, tuple)) and obj:
+        return batch_length(obj[0])
+    raise TypeError(f"cannot count the samples of a batch of type {type(obj).__name__}")
+
+
+def call_model(model: Callable, x: Any) -> Any:
+    """A tensor input is model(x); a tuple or list is model(*x); a dict is model(**x)."""
+    if isinstance(x, dict):
+        return model(**x)
+    if isinstance(x, (list, tuple)):
+        return model(*x)
+    return model(x)
+
+
+class Objective:
+    """The loss that is minimised and the metrics that are reported beside it."""
+
+    def __init__(self, loss: Callable[[Any, Any], torch.Tensor],
+                 metrics: dict[str, Metric] | None = None):
+        self.loss = loss
+        self.metrics = dict(metrics or {})
+
+    def score(self, output: Any, target: Any) -> tuple[torch.Tensor, BatchStats]:
+        """The batch's mean loss (with its graph) and its sums."""
+        loss = self.loss(output, target)
+        n = batch_length(target)
+        sums: dict[str, tuple[Any, Any]] = {}
+        with torch.no_grad():
+            for name, metric in self.metrics.items():
+                result = metric(output, target)
+                if result is not None:  # a metric that does not apply to this output says None
+                    sums[name] = result
+        return loss, BatchStats(loss.detach() * n, n, sums)
 
 
 class Replica:
     backward_passes = 1  # backward passes per forward_backward call (a pipeline makes one per
                          # micro-batch); Horovod must wait for all of them before it allreduces
 
-    def __init__(self, model: nn.Module, device: torch.device):
+    def __init__(self, model: nn.Module, device: torch.device, objective: Objective):
         self.model = model.to(device)
         self.device = device  # where the inputs go
         self.devices = [device]
+        self.objective = objective
 
     def parameters(self):
         return self.model.parameters()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)
+    def forward(self, x: Any) -> Any:
+        return call_model(self.model, x)
 
     def describe(self) -> str:
         return str(self.device)
@@ -50,26 +99,51 @@ class Replica:
         """Extra figures for this epoch's log line (the pipeline's stage times); then reset."""
         return {}
 
-    def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
+    def forward_backward(self, x: Any, y: Any, grad_scale: float) -> BatchStats:
         """Add d(grad_scale * mean loss)/d(params) to the gradients; return the batch's sums."""
-        logits = self.model(x)
-        loss = F.cross_entropy(logits, y)
+        loss, stats = self.objective.score(self.forward(x), y)
         (loss * grad_scale if grad_scale != 1.0 else loss).backward()
-        with torch.no_grad():
-            correct = (logits.argmax(dim=1) == y).sum()
-        return BatchStats(loss.detach() * len(y), correct, len(y))
+        return stats
 
     @torch.no_grad()
-    def evaluate(self, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024) -> BatchStats:
+    def evaluate(self, batches) -> BatchStats | None:
+        """Sums over (x, y) batches in eval mode; None when there were none."""
         was_training = self.model.training
         self.model.eval()
-        out = self.devices[-1]  # where the logits come out
-        total = BatchStats(torch.zeros((), device=out), torch.zeros((), device=out), 0)
-        for start in range(0, len(x), batch_size):
-            xb, yb = x[start:start + batch_size], y[start:start + batch_size]
-            logits = self.forward(xb)
-            yb = yb.to(logits.device)
-            total += BatchStats(F.cross_entropy(logits, yb, reduction="sum"),
-                                (logits.argmax(dim=1) == yb).sum(), len(yb))
-        self.model.train(was_training)
+        total: BatchStats | None = None
+        try:
+            for x, y in batches:
+                output = self.forward(x)
+                device = output_device(output)
+                _, stats = self.objective.score(output, y if device is None else to_device(y, device))
+                if total is None:
+                    total = stats
+                else:
+                    total += stats
+        finally:
+            self.model.train(was_training)
         return total
+
+
+def output_device(output: Any) -> torch.device | None:
+    if isinstance(output, torch.Tensor):
+        return output.device
+    if isinstance(output, dict):
+        return output_device(next(iter(output.values()), None))
+    if isinstance(output, (list, tuple)) and output:
+        return output_device(output[0])
+    return None
+
+
+def split_batch(obj: Any, parts: int) -> list[Any]:
+    """A batch (a tensor, or a tuple/list/dict of them) cut into ``parts`` consecutive pieces
+    along the sample dimension, as torch.tensor_split cuts a tensor."""
+    if isinstance(obj, torch.Tensor):
+        return list(obj.tensor_split(parts))
+    if isinstance(obj, dict):
+        pieces = {k: split_batch(v, parts) for k, v in obj.items()}
+        return [{k: v[i] for k, v in pieces.items()} for i in range(parts)]
+    if isinstance(obj, (list, tuple)):
+        columns = [split_batch(v, parts) for v in obj]
+        return [type(obj)(col[i] for col in columns) for i in range(parts)]
+    raise TypeError(f"cannot split a batch of type {type(obj).__name__}")

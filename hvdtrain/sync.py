@@ -9,21 +9,38 @@ and optimizer state broadcast from rank 0 after a resume.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
 from .config import Config
 from .optim import build_optimizer, set_learning_rate
-from .replica import BatchStats, Replica
+from .replica import BatchStats, Replica, split_batch
 from .runtime import Runtime
-from .trainer import Progress
+from .scheme import Progress, UpdateScheme
+
+T = TypeVar("T")
 
 
-class HorovodSync:
-    """The sync update scheme. Trainer-facing methods are the same as the async scheme's."""
+def to_sync_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
+    """--sync-batchnorm: every BatchNorm layer becomes Horovod's SyncBatchNorm (statistics over
+    the global batch), keeping its parameters and running statistics."""
+    import horovod.torch as hvd
 
-    reads_checkpoint_everywhere = False  # rank 0 reads --resume and broadcasts it
+    if isinstance(model, torch.nn.modules.batchnorm._BatchNorm) and \
+            not isinstance(model, hvd.SyncBatchNorm):
+        synced = hvd.SyncBatchNorm(model.num_features, model.eps, model.momentum, model.affine,
+                                   model.track_running_stats)
+        synced.load_state_dict(model.state_dict())
+        synced.train(model.training)
+        return synced
+    for name, child in model.named_children():
+        setattr(model, name, to_sync_batchnorm(child))
+    return model
+
+
+class HorovodSync(UpdateScheme):
+    """The sync update scheme: every step is one allreduce of every worker's gradients."""
 
     def __init__(self, cfg: Config, runtime: Runtime):
         import horovod.torch as hvd
@@ -58,7 +75,7 @@ class HorovodSync:
             compression=compression, op=op,
             backward_passes_per_step=self.accumulation * replica.backward_passes)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats:
+    def step(self, x: Any, y: Any, lr: float) -> BatchStats:
         assert self.replica is not None and self.optimizer is not None, "call attach() first"
         set_learning_rate(self.optimizer, lr)
         self.optimizer.zero_grad()
@@ -66,7 +83,8 @@ class HorovodSync:
         # 1/k, add up to the gradient of the whole batch's mean loss; Horovod allreduces after the
         # k-th pass (backward_passes_per_step), so the update matches k = 1.
         parts = [self.replica.forward_backward(xs, ys, grad_scale=1.0 / self.accumulation)
-                 for xs, ys in zip(x.chunk(self.accumulation), y.chunk(self.accumulation))]
+                 for xs, ys in zip(split_batch(x, self.accumulation),
+                                   split_batch(y, self.accumulation))]
         self.optimizer.step()
         stats = parts[0]
         for part in parts[1:]:
@@ -81,37 +99,19 @@ class HorovodSync:
     def broadcast_object(self, obj: Any) -> Any:
         return self.hvd.broadcast_object(obj, root_rank=0, name="hvdtrain.object")
 
-    @property
-    def eval_partition(self) -> tuple[int, int]:
-        return self.hvd.rank(), self.hvd.size()  # every rank scores a share of the test split
-
     def workers(self) -> tuple[int, int]:
-        return self.hvd.rank(), self.hvd.size()
-
-    def run(self, loop: Callable[[], None], progress: Progress) -> None:
-        loop()
-
-    def step_done(self, progress: Progress) -> None:
-        pass
-
-    def epoch_done(self, progress: Progress) -> None:
-        pass
-
-    def eval_replica(self) -> Replica:
-        return self.replica
-
-    def end_of_training(self) -> None:
-        pass  # every step was already collective
+        return self.hvd.rank(), self.hvd.size()  # every rank also scores a share of the test split
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
-    def start(self, state: dict[str, Any] | None) -> None:
-        """Collective: every replica starts from rank 0's weights. On resume rank 0 passes the
-        checkpoint's state (the others pass None) and its optimizer state is broadcast too."""
+    def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
+        """Collective: every replica starts from rank 0's weights and buffers (BatchNorm
+        statistics). On resume rank 0 passes the checkpoint's state (the others pass None) and
+        its optimizer state is broadcast too."""
         hvd = self.hvd
-        if self.cfg.run.resume:
+        if resuming:
             if state is not None:
                 self.replica.model.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(state["optimizer"])
@@ -121,8 +121,8 @@ class HorovodSync:
         # on the other ranks with a zero-gradient step, which weight decay turns into a change.
         hvd.broadcast_parameters(self.replica.model.state_dict(), root_rank=0)
 
-    def close(self) -> None:
-        return None  # Horovod shuts down at interpreter exit; an explicit hvd.shutdown() can race it
+    # Horovod shuts down at interpreter exit (close() stays the default no-op): an explicit
+    # hvd.shutdown() can race it.
 
 
 class ElasticHorovodSync(HorovodSync):
@@ -133,24 +133,22 @@ class ElasticHorovodSync(HorovodSync):
     the discovery script reports new hosts, their workers join at the next commit, receive the
     state from rank 0, and the learning rate follows the new number of workers."""
 
-    # Workers that join later run the start-up code too, while the others are mid-training, so
-    # nothing before hvd.elastic.run may be collective: each process reads --resume itself (a
-    # shared filesystem, as for the run folder), and state.sync() broadcasts rank 0's state.
-    reads_checkpoint_everywhere = True
-
     def __init__(self, cfg: Config, runtime: Runtime):
         super().__init__(cfg, runtime)
         self.commit_every = cfg.sync.elastic_commit_steps
         self.state = None
         self.resets = 0
 
-    def start(self, state: dict[str, Any] | None) -> None:
+    def main_decides(self, decide: Callable[[], T]) -> T:
+        # Workers that join later run the start-up code too, while the others are mid-training,
+        # so nothing before hvd.elastic.run may be collective: each process decides (and reads
+        # --resume) itself, from the shared run folder, and state.sync() broadcasts rank 0's state.
+        return decide()
+
+    def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         if state is not None:  # every process holds the checkpoint; no broadcast here
             self.replica.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-
-    def broadcast_object(self, obj: Any) -> Any:
-        return obj  # see reads_checkpoint_everywhere: start-up must not be collective
 
     def run(self, loop: Callable[[], None], progress: Progress) -> None:
         hvd = self.hvd

@@ -17,16 +17,21 @@ import torch
 from ..config import Config
 from ..replica import BatchStats, Replica
 from ..runtime import Runtime
+from ..scheme import PendingSum, UpdateScheme
 from .protocol import (HAS_STATE, WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
                        make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 
 
-class ParameterServerClient:
-    """The async update scheme. Trainer-facing methods are the same as sync.HorovodSync's."""
+class ParameterServerClient(UpdateScheme):
+    """The async update scheme: push gradients to the servers, pull parameters back.
 
-    reads_checkpoint_everywhere = False  # worker 0 reads --resume and seeds the servers
+    What is trained: the parameters that require a gradient, of any floating dtype (float32 ones
+    live in the flat buffer; others are copied out of it after each pull). A parameter that got
+    no gradient in a step pushes zeros. Buffers (BatchNorm running statistics) are each worker's
+    own: every worker starts from worker 0's, and the model that is evaluated and checkpointed
+    carries worker 0's, which track its shard of the same data."""
 
     def __init__(self, cfg: Config, runtime: Runtime, comm, worker_comm, topology: Topology):
         from mpi4py import MPI
@@ -60,15 +65,6 @@ class ParameterServerClient:
     def workers(self) -> tuple[int, int]:
         return self.worker_rank, self.topology.num_workers
 
-    def run(self, loop, progress) -> None:
-        loop()  # an MPI job has a fixed set of processes: nothing to retry
-
-    def step_done(self, progress) -> None:
-        pass
-
-    def epoch_done(self, progress) -> None:
-        pass
-
     @property
     def eval_partition(self) -> tuple[int, int] | None:
         # Worker 0 scores the whole test split with the servers' current parameters; the other
@@ -80,14 +76,24 @@ class ParameterServerClient:
         if any(d.type != "cpu" for d in replica.devices):
             raise NotImplementedError("async mode keeps parameters on the CPU; use --device cpu")
         self.replica = replica
-        params = [p for p in replica.model.parameters()]
-        total = sum(p.numel() for p in params)
+        # Frozen parameters stay out: the server's optimizer (momentum, weight decay) would move them.
+        self.trained = [p for p in replica.model.parameters() if p.requires_grad]
+        for p in self.trained:
+            if not p.is_floating_point():
+                raise ValueError(f"async mode trains floating-point parameters; this model has "
+                                 f"a {p.dtype} parameter that requires a gradient")
+        total = sum(p.numel() for p in self.trained)
         self.params_flat = torch.empty(total, dtype=torch.float32)
+        self._copied: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # non-float32 params
         offset = 0
-        for p in params:
+        for p in self.trained:
             n = p.numel()
-            self.params_flat[offset:offset + n].copy_(p.data.view(-1))
-            p.data = self.params_flat[offset:offset + n].view_as(p)  # weights live in the buffer
+            view = self.params_flat[offset:offset + n]
+            view.copy_(p.data.reshape(-1))
+            if p.dtype == torch.float32:
+                p.data = view.view_as(p)  # the weights live in the buffer
+            else:
+                self._copied.append((p, view))
             offset += n
         self._bind_gradients(torch.zeros(total, dtype=torch.float32))
         chunk = chunk_elements(self.cfg.ps.chunk_mb)
@@ -100,19 +106,28 @@ class ParameterServerClient:
         """Make ``buffer`` the flat gradient, with one view of it per parameter."""
         self.grads_flat = buffer
         offset, self._grad_views = 0, []
-        for p in self.replica.model.parameters():
+        for p in self.trained:
             self._grad_views.append(buffer[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
 
-    def start(self, state: dict[str, Any] | None) -> None:
+    def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         """Collective over workers: worker 0 seeds the servers (its initial weights, or the
-        checkpoint's weights and optimizer state); then every worker pulls."""
+        checkpoint's weights and optimizer state) and the other workers' buffers; then every
+        worker pulls."""
         total = self.params_flat.numel()
         server_state = state.get("server_state") if state else None
         headers = []
+        if self.is_main and state is not None:
+            self.replica.model.load_state_dict(state["model"])
+            self._flatten_copied()
+        buffers = self.worker_comm.bcast(
+            {k: v.cpu() for k, v in self.replica.model.named_buffers()} if self.is_main else None,
+            root=0)
+        if not self.is_main:
+            own = dict(self.replica.model.named_buffers())
+            for name, value in buffers.items():
+                own[name].copy_(value)
         if self.is_main:
-            if state is not None:
-                self.replica.model.load_state_dict(state["model"])
             flags = HAS_STATE if server_state else 0
             headers = [self.comm.Isend(make_header(Kind.INIT, size=total, flags=flags),
                                        dest=server, tag=Tag.REQUEST) for server, _ in self.routes]
@@ -148,13 +163,15 @@ class ParameterServerClient:
                         self.comm.Send(np.ascontiguousarray(vector[a:b]), dest=server, tag=Tag.STATE)
 
     # --- the hot path --------------------------------------------------------------------------
-    def step(self, x: torch.Tensor, y: torch.Tensor, lr: float) -> BatchStats:
-        model = self.replica.model
-        for p in model.parameters():
+    def step(self, x: Any, y: Any, lr: float) -> BatchStats:
+        for p in self.trained:
             p.grad = None
         stats = self.replica.forward_backward(x, y, grad_scale=1.0)
-        for p, view in zip(model.parameters(), self._grad_views):
-            view.copy_(p.grad)
+        for p, view in zip(self.trained, self._grad_views):
+            if p.grad is None:  # unused in this step's graph
+                view.zero_()
+            else:
+                view.copy_(p.grad)
         self.push(lr, samples=stats.count,
                   want_params=self.clock % self.pull_every == self.pull_every - 1)
         return stats
@@ -213,10 +230,27 @@ class ParameterServerClient:
                 a, b, shard, first = copies[index]
                 self.host.sync()
                 params[a:b] = shard[a - first:b - first]
+        if want_params:
+            for p, view in self._copied:
+                p.data.copy_(view.view_as(p))
+
+    def _flatten_copied(self) -> None:
+        """After the model's non-float32 parameters changed (a checkpoint), refresh the buffer."""
+        for p, view in self._copied:
+            view.copy_(p.data.reshape(-1))
 
     # --- what the trainer needs besides steps ----------------------------------------------------
     def sum_across_workers(self, values: list[float]) -> list[float]:
-        return list(values)  # no collective on the async path: each worker reports its own
+        return self.sum_later(values).wait()
+
+    def sum_later(self, values: list[float]) -> PendingSum:
+        """A non-blocking sum over the workers: a fast worker posts its epoch's figures and
+        trains on; the sum completes once the slowest worker has posted the same epoch's."""
+        send = np.asarray(values, dtype=np.float64)
+        result = np.empty_like(send)
+        request = self.worker_comm.Iallreduce(send, result, op=self.MPI.SUM)
+        return _PendingAllreduce(request, send, result, self.MPI, self.cfg.ps.timeout_s,
+                                 self.worker_rank)
 
     def broadcast_object(self, obj: Any) -> Any:
         return self.worker_comm.bcast(obj, root=0)
@@ -266,3 +300,23 @@ class ParameterServerClient:
                 "pushes_made_by_workers": stats[0]["pushes_made_by_workers"],
                 "samples": stats[0]["samples"],
                 "samples_per_sec": stats[0]["samples_per_sec"]}
+
+
+class _PendingAllreduce(PendingSum):
+    def __init__(self, request, send: np.ndarray, result: np.ndarray, MPI, timeout_s: float,
+                 worker: int):
+        super().__init__()
+        self.request, self.send, self.result = request, send, result  # buffers live until done
+        self.MPI, self.timeout_s, self.worker = MPI, timeout_s, worker
+        self.done = False
+
+    def ready(self) -> bool:
+        self.done = self.done or self.request.Test()
+        return self.done
+
+    def wait(self) -> list[float]:
+        if not self.done:
+            wait_any(self.MPI, [self.request], self.timeout_s, lambda: (
+                f"worker {self.worker}: the other workers never reported the epoch's metrics"))
+            self.done = True
+        return self.result.tolist()

@@ -1,5 +1,6 @@
 """Two "hosts" on one machine: network namespaces joined by a veth pair, for multi-host runs of
-mpirun and horovodrun over a real TCP path (tests/test_multihost.py, scripts/bench_multihost.py).
+mpirun and horovodrun over a real TCP path (tests/multiproc/test_multihost.py,
+scripts/bench_multihost.py).
 
 Each namespace gets an interface named ``hvd0`` (the same name on both sides, because horovodrun
 looks for interfaces common to all hosts) with an address on 10.213.0.0/24, and loopback. A

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
-from hvdtrain.cli import build_parser, config_from_args, prepare_sync
+from hvdtrain import launch
+from hvdtrain.cli import build_parser, config_from_args
+from hvdtrain.workload import workload_from_config
 
 out = Path(sys.argv[1])
 cfg = config_from_args(build_parser().parse_args(["train", *sys.argv[2:]]))
-trainer = prepare_sync(cfg)
-trainer.fit()
+trainer = launch.run(cfg, workload_from_config(cfg))
 torch.save(trainer.replica.model.state_dict(), out / f"rank{trainer.runtime.rank}.pt")

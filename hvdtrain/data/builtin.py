@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler
 
-from .config import DataConfig
+from ..config import DataConfig
 
 
 class DataError(ValueError):
@@ -41,8 +41,7 @@ class Dataset:
 
 
 def load_dataset(cfg: DataConfig) -> Dataset:
-    loaders = {"digits": _digits, "synthetic": _synthetic, "mnist": _mnist, "npz": _npz}
-    return loaders[cfg.dataset](cfg)
+    return DATASETS[cfg.dataset](cfg)
 
 
 # --- the datasets ----------------------------------------------------------------------------
@@ -168,6 +167,9 @@ def _make(name, x_tr, y_tr, x_te, y_te) -> Dataset:
     return Dataset(name, torch.from_numpy(np.ascontiguousarray(x_tr)), torch.from_numpy(y_tr),
                    torch.from_numpy(np.ascontiguousarray(x_te)), torch.from_numpy(y_te),
                    num_classes)
+
+
+DATASETS = {"digits": _digits, "synthetic": _synthetic, "mnist": _mnist, "npz": _npz}
 
 
 # --- MNIST IDX files -------------------------------------------------------------------------

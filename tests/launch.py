@@ -1,9 +1,11 @@
-"""Shared helpers: launch real mpirun / horovodrun jobs with a timeout, read their logs."""
+"""Shared helpers: launch real mpirun / horovodrun jobs with a timeout, read their logs.
+
+Tests import them with ``from launch import ...`` (pyproject.toml puts tests/ on the path). Whether
+mpirun is installed is checked by tests/multiproc/conftest.py, for the multi-process tests only."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -92,9 +94,3 @@ def pid_of_rank(run_dir: Path, rank_variable: str, rank: int) -> int | None:
         if str(run_dir).encode() in cmdline and f"{rank_variable}={rank}".encode() in environ:
             return int(entry.name)
     return None
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _launchers_present():
-    if shutil.which("mpirun") is None:
-        pytest.exit("mpirun not found: run `make setup` (it installs Open MPI)", returncode=1)

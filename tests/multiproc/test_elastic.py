@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, hvdtrain, launcher_env, pid_of_rank, wait_for_checkpoint
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
+from launch import BIN, hvdtrain, launcher_env, pid_of_rank, wait_for_checkpoint
 
 pytestmark = pytest.mark.multiproc
 

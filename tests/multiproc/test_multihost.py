@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import BIN, REPO, horovodrun, hvdtrain, mpirun, run
+from launch import BIN, REPO, horovodrun, hvdtrain, mpirun, run
 
 sys.path.insert(0, str(REPO / "scripts" / "netns"))
 from two_hosts import TwoHosts, unavailable_reason  # noqa: E402

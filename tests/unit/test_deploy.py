@@ -5,15 +5,14 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import BIN
 from k8s_schema import validate_object
+from launch import BIN, REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:

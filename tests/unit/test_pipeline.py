@@ -1,5 +1,6 @@
-"""Tier 1 and 3 for the layer-split pipeline: the split arithmetic, the device assignment, the
-schedules, and parity of a split model with the unsplit one."""
+"""Tier 1 for the layer-split pipeline: the split arithmetic, the device assignment, the
+schedules, and parity of a split model with the unsplit one (the hybrid mpirun jobs are in
+tests/multiproc/test_pipeline_multiproc.py)."""
 
 import copy
 import time
@@ -168,57 +169,6 @@ def test_a_model_without_ordered_layers_cannot_be_split():
 
     with pytest.raises(ConfigError, match="cannot be split by layers"):
         PipelineReplica(Opaque(), ["cpu", "cpu"], PipelineConfig(stages=2))
-
-
-# --- hybrid parallelism: real mpirun jobs, each with a timeout --------------------------------
-HYBRID = ["--no-progress", "--seed", "1", "--stages", "2", "--devices", "cpu,cpu",
-          "--micro-batches", "4"]
-
-
-def _records(run_dir, kind):
-    from hvdtrain.metrics import read_jsonl
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
-
-
-@pytest.mark.multiproc
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_hybrid_run_trains_digits_to_95_percent(tmp_path, mode):
-    from conftest import hvdtrain, mpirun, run
-
-    # mpirun -np 2: two data-parallel replicas (sync), or one server and one worker (async);
-    # every replica is split into two CPU stages.
-    run(mpirun(2, *hvdtrain("train", *HYBRID, "--mode", mode, "--epochs", "15",
-                            "--run-dir", str(tmp_path))))
-    epochs = _records(tmp_path, "epoch")
-    assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
-    pipe = epochs[-1]["pipeline"]
-    assert pipe["stages"] == 2 and pipe["layers"] == [[0, 3], [3, 6]]
-    assert 0 < pipe["bubble_fraction"] < 1 and pipe["gpipe_bubble_formula"] == 0.2
-
-
-@pytest.mark.multiproc
-def test_hybrid_sync_matches_unsplit_sync(tmp_path):
-    """Horovod must allreduce once per step, after all M micro-batches' backward passes."""
-    from conftest import hvdtrain, mpirun, run
-
-    flags = ["--no-progress", "--seed", "1", "--epochs", "1", "--momentum", "0.9"]
-    run(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "plain"))))
-    run(mpirun(2, *hvdtrain("train", *HYBRID[3:], *flags, "--schedule", "1f1b",
-                            "--run-dir", str(tmp_path / "split"))))
-    plain = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
-    split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["model"]
-    for name in plain:
-        assert (plain[name] - split[name]).abs().max().item() < 1e-5, name
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is about a host without GPUs")
-def test_impossible_stage_devices_exit_2_with_the_arithmetic():
-    from conftest import hvdtrain, run
-
-    proc = run(hvdtrain("train", "--stages", "2", "--devices", "cuda", "--epochs", "1"),
-               check=False)
-    assert proc.returncode == 2
-    assert "2 stages need cuda:0, but this host has 0 GPU(s)" in proc.stderr
 
 
 # --- GPUs ---------------------------------------------------------------------------------------

@@ -10,10 +10,10 @@ import time
 import pytest
 import torch
 
-from conftest import (BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run,
-                      wait_for_checkpoint)
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
+from launch import (BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run,
+                    wait_for_checkpoint)
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import BIN, horovodrun, hvdtrain, mpirun, run
 from hvdtrain.metrics import read_jsonl
+from launch import BIN, horovodrun, hvdtrain, mpirun, run
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]

@@ -5,9 +5,9 @@ import sys
 import pytest
 import torch
 
-from conftest import BIN, REPO, horovodrun, hvdtrain, mpirun, run
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
+from launch import BIN, REPO, horovodrun, hvdtrain, mpirun, run
 
 pytestmark = pytest.mark.multiproc
 HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")

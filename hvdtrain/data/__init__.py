@@ -1,0 +1,6 @@
+"""Where the samples come from: the built-in datasets (builtin.py), the in-memory batches that
+serve them (in_memory.py), and torch DataLoaders for the user's own datasets (loader.py)."""
+
+from .builtin import DataError, Dataset, epoch_batches, eval_shard, load_dataset, read_idx
+
+__all__ = ["DataError", "Dataset", "epoch_batches", "eval_shard", "load_dataset", "read_idx"]

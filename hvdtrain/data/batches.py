@@ -1,0 +1,82 @@
+"""The one batch interface the trainer consumes, whatever holds the samples.
+
+A :class:`BatchSource` hands each worker its batches of an epoch, already on the training device.
+Two kinds implement it: in_memory.InMemoryBatches (tensors on the device; a batch is one index
+lookup) and loader.LoaderBatches (a torch DataLoader over the user's Dataset). Both keep the
+global-batch guarantee: at each step the workers' batches together are the batch that a single
+process would draw, and every worker runs the same number of steps (uneven steps hang Horovod).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+
+def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
+    """Move a tensor, or tensors nested in tuples, lists and dicts, to `device`. Anything else
+    (numbers, strings) comes back as it is."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device, non_blocking=non_blocking)
+    if isinstance(obj, Mapping):
+        moved = {k: to_device(v, device, non_blocking) for k, v in obj.items()}
+        try:
+            return moved if type(obj) is dict else type(obj)(moved)  # OrderedDict and the like
+        except TypeError:  # a mapping type that cannot be built from a dict (defaultdict)
+            return moved
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple
+        return type(obj)(*(to_device(v, device, non_blocking) for v in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(to_device(v, device, non_blocking) for v in obj)
+    return obj
+
+
+class BatchSource(ABC):
+    """Where one split's batches come from. Worker indices and counts are arguments, not state,
+    so an elastic run that changes its workers keeps using the same source."""
+
+    num_samples: int | None  # None for a stream (an IterableDataset) without __len__
+    device: torch.device
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One line for the log, e.g. "1437 samples (in memory)"."""
+
+    @abstractmethod
+    def steps_per_epoch(self, batch_size: int, num_workers: int) -> int:
+        """Steps in one epoch, the same on every worker; 0 means not even one global batch."""
+
+    @abstractmethod
+    def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
+                      seed: int, first_step: int, steps: int) -> Iterator[tuple[Any, Any]]:
+        """This worker's batches (x, y) for steps first_step..steps-1 of the epoch, on
+        self.device: exactly steps - first_step of them."""
+
+    @abstractmethod
+    def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[tuple[Any, Any]]:
+        """Batches of this part's share of the split; the parts together cover every sample
+        exactly once. The last batch may be smaller."""
+
+    @abstractmethod
+    def sample(self) -> tuple[Any, Any]:
+        """A batch of (at most) two samples, for checking a model and loss before training."""
+
+    def close(self) -> None:
+        """Stop any loader processes. Safe to call twice."""
+
+    def __enter__(self) -> BatchSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_steps(self, first_step: int, steps: int, batch_size: int,
+                     num_workers: int) -> None:
+        available = self.steps_per_epoch(batch_size, num_workers)
+        if not 0 <= first_step <= steps <= available:
+            raise ValueError(f"steps {first_step}..{steps} out of range: an epoch of "
+                             f"{self.describe()} has {available} steps of {batch_size} x "
+                             f"{num_workers} workers")

@@ -1,0 +1,49 @@
+"""Batches of tensors that fit in memory: the fast path.
+
+The tensors move to the training device once; a batch is then one index lookup with a row of
+builtin.epoch_batches, so no loader process competes with the training ranks for the cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from .batches import BatchSource
+from .builtin import epoch_batches, eval_shard
+
+
+class InMemoryBatches(BatchSource):
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device | str = "cpu"):
+        if len(x) != len(y):
+            raise ValueError(f"x has {len(x)} samples but y has {len(y)}; they must match")
+        self.device = torch.device(device)
+        self.x = x.to(self.device)
+        self.y = y.to(self.device)
+        self.num_samples = len(x)
+
+    def describe(self) -> str:
+        return f"{self.num_samples} samples (in memory)"
+
+    def steps_per_epoch(self, batch_size: int, num_workers: int) -> int:
+        return self.num_samples // num_workers // batch_size  # what epoch_batches drops to
+
+    def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
+                      seed: int, first_step: int, steps: int) -> Iterator[tuple[torch.Tensor,
+                                                                                torch.Tensor]]:
+        self._check_steps(first_step, steps, batch_size, num_workers)
+        rows = epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+        index = torch.from_numpy(rows[first_step:steps]).to(self.device)  # one copy per epoch
+        for idx in index:
+            yield self.x[idx], self.y[idx]
+
+    def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[tuple[torch.Tensor,
+                                                                                   torch.Tensor]]:
+        shard = eval_shard(self.num_samples, part, parts)
+        for start in range(shard.start, shard.stop, batch_size):
+            end = min(start + batch_size, shard.stop)
+            yield self.x[start:end], self.y[start:end]
+
+    def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[:2], self.y[:2]

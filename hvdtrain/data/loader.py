@@ -1,0 +1,287 @@
+"""torch DataLoaders over the user's own Dataset, with the same batches as the in-memory path.
+
+Map-style datasets (``__getitem__`` and ``__len__``)
+    The DataLoader's batch sampler yields exactly the rows of builtin.epoch_batches for this
+    worker, so a map-style dataset gives the same batches as InMemoryBatches over the same
+    tensors, and the global-batch guarantee carries over. Evaluation reads builtin.eval_shard.
+
+Streams (``IterableDataset``): the split rule
+    Sample i of the stream goes to worker i % num_workers (round-robin). Each worker cuts its
+    samples into batches of batch_size and drops a last partial batch, so at step j the workers'
+    batches together are samples j*B*W .. (j+1)*B*W - 1 of the stream (B the batch size, W the
+    workers): the consecutive global batch a single process would draw. Inside one worker with P
+    loader processes, process p collates the batches j (counted from the first one this
+    iteration yields) with j % P == p; the DataLoader takes batches from its processes
+    round-robin, so the order is the same as with P = 1. Every process therefore reads the whole
+    stream and skips the samples of other workers and processes: the dataset must yield the same
+    stream in every process (do not split it yourself with get_worker_info; this module does).
+    A dataset with ``set_epoch(epoch)`` has it called at the start of each training epoch, in
+    every process, so it can shuffle per epoch. Resuming at first_step reads and skips the first
+    first_step batches. An epoch has len(dataset) // (B*W) steps, or ``stream_steps`` (the
+    trainer's --max-steps-per-epoch) when the dataset has no ``__len__``; a worker whose stream
+    ends early raises DataError rather than run fewer steps than the others (which hangs
+    Horovod). Evaluation: part p of `parts` takes samples i % parts == p, all of them.
+
+With data_workers > 0 the loader processes start with forkserver (a fork after MPI has started
+can crash or hang; Horovod's examples use forkserver too) and persist across epochs: what changes
+per iteration (the batch sampler's batches, the stream's plan) is read at each iteration's start.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import default_collate
+
+from ..config import ConfigError
+from .batches import BatchSource, to_device
+from .builtin import DataError, epoch_batches, eval_shard
+
+
+class LoaderBatches(BatchSource):
+    def __init__(self, dataset: Any, device: torch.device | str = "cpu", data_workers: int = 0,
+                 seed: int = 0, pin_memory: bool | None = None, stream_steps: int | None = None):
+        """dataset: a map-style Dataset or an IterableDataset yielding (x, y) samples.
+        data_workers: loader processes per worker (--data-workers); 0 loads in this process.
+        seed: seeds the loader processes' torch, random and numpy generators (augmentations).
+        pin_memory: page-locked batches for fast copies; None means: when device is CUDA.
+        stream_steps: steps per epoch of a stream without __len__ (--max-steps-per-epoch)."""
+        self.is_stream = isinstance(dataset, IterableDataset)
+        if not self.is_stream and not (hasattr(dataset, "__getitem__")
+                                       and hasattr(dataset, "__len__")):
+            raise TypeError(f"{type(dataset).__name__} is not a dataset: pass a map-style "
+                            "torch Dataset (with __getitem__ and __len__) or an IterableDataset")
+        if data_workers < 0:
+            raise ConfigError(f"--data-workers {data_workers}: must be 0 (load in the training "
+                              "process) or more")
+        self.dataset = dataset
+        self.device = torch.device(device)
+        self.data_workers = data_workers
+        self.seed = seed
+        self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
+        self.name = type(dataset).__name__
+        try:
+            self.num_samples: int | None = len(dataset)
+        except TypeError:  # an IterableDataset without __len__
+            self.num_samples = None
+        if self.num_samples is None and not stream_steps:
+            raise ConfigError(f"{self.name} is a stream without __len__, so the number of steps "
+                              "per epoch is unknown; pass --max-steps-per-epoch (every worker "
+                              "must run the same number of steps) or give the dataset __len__")
+        if stream_steps is not None and stream_steps < 1:
+            raise ConfigError(f"--max-steps-per-epoch {stream_steps}: must be at least 1")
+        self.stream_steps = stream_steps
+        self._batches = _BatchList()
+        self._stream = _StreamShard(dataset) if self.is_stream else None
+        self._loader: DataLoader | None = None  # built on first use, kept (persistent workers)
+        self._iteration = 0  # the newest iteration; an older one must not go on
+
+    def describe(self) -> str:
+        kind = "stream from" if self.is_stream else "DataLoader over"
+        size = (f"{self.num_samples} samples" if self.num_samples is not None
+                else f"length unknown, {self.stream_steps} steps per epoch")
+        procs = (f"{self.data_workers} loader process{'es' if self.data_workers > 1 else ''}"
+                 if self.data_workers else "loading in the training process")
+        return f"{kind} {self.name}, {size}, {procs}"
+
+    def steps_per_epoch(self, batch_size: int, num_workers: int) -> int:
+        if self.num_samples is None:
+            return self.stream_steps
+        steps = self.num_samples // num_workers // batch_size  # what epoch_batches drops to
+        if self.is_stream and self.stream_steps:
+            steps = min(steps, self.stream_steps)
+        return steps
+
+    # --- batches ---------------------------------------------------------------------------
+    def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
+                      seed: int, first_step: int, steps: int) -> Iterator[tuple[Any, Any]]:
+        self._check_steps(first_step, steps, batch_size, num_workers)
+        if first_step == steps:
+            return
+        if not self.is_stream:
+            rows = epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+            self._batches.batches = rows[first_step:steps].tolist()
+            yield from self._iterate()
+            return
+        self._stream.plan_train(epoch, worker, num_workers, batch_size, first_step, steps)
+        step = first_step
+        for got, batch in self._iterate():
+            _check_order(got, step, self.name)
+            yield batch
+            step += 1
+            if step == steps:
+                return
+        raise DataError(
+            f"worker {worker}: the stream from {self.name} ended at step {step + 1} of {steps} "
+            f"in epoch {epoch + 1} (it gave {step - first_step} batches of {batch_size} x "
+            f"{num_workers} workers); every worker must get the same number of steps in an "
+            "epoch, or Horovod hangs: lower --max-steps-per-epoch, or fix the dataset's __len__ "
+            "to the number of samples it really yields")
+
+    def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[tuple[Any, Any]]:
+        if not self.is_stream:
+            shard = eval_shard(self.num_samples, part, parts)
+            self._batches.batches = [list(range(start, min(start + batch_size, shard.stop)))
+                                     for start in range(shard.start, shard.stop, batch_size)]
+            yield from self._iterate()
+            return
+        self._stream.plan_eval(part, parts, batch_size)
+        for expected, (got, batch) in enumerate(self._iterate()):
+            _check_order(got, expected, self.name)
+            yield batch
+
+    def sample(self) -> tuple[Any, Any]:
+        if self.is_stream:
+            samples = list(itertools.islice(iter(self.dataset), 2))
+        else:
+            samples = [self.dataset[i] for i in range(min(2, self.num_samples))]
+        if not samples:
+            raise DataError(f"{self.name} holds no samples; check the data it reads")
+        return to_device(_pair(default_collate(samples), self.name), self.device)
+
+    def close(self) -> None:
+        loader, self._loader = self._loader, None
+        iterator = getattr(loader, "_iterator", None)  # the persistent workers' iterator
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+    # --- the loader ------------------------------------------------------------------------
+    def _iterate(self) -> Iterator[Any]:
+        """The batches of what the sampler or the stream plan says now, on the device. Starting
+        one ends the previous: the persistent loader serves one iteration at a time."""
+        self._iteration += 1
+        iteration = self._iteration
+        for batch in self._start():
+            if self._iteration != iteration:
+                raise RuntimeError(f"batches of {self.name} were requested again before this "
+                                   "iteration finished; a source serves one iteration at a time")
+            if self.is_stream:
+                step, batch = batch
+                yield step, _pair(to_device(batch, self.device, self.pin_memory), self.name)
+            else:
+                yield _pair(to_device(batch, self.device, self.pin_memory), self.name)
+
+    def _start(self) -> Iterator[Any]:
+        if self._loader is None:
+            self._loader = self._build()
+        try:
+            with warnings.catch_warnings():  # torch's advice (start method fork) is wrong here
+                warnings.filterwarnings("ignore", message="Got pickle error")
+                return iter(self._loader)  # starts the loader processes the first time
+        except Exception as e:
+            problem = _pickling_problem(self.dataset) if self.data_workers else None
+            if problem is None:
+                raise
+            self._loader = None
+            raise ConfigError(
+                f"--data-workers {self.data_workers}: {self.name} cannot be sent to the loader "
+                f"processes ({problem}). They start with forkserver, which pickles the dataset: "
+                "define its class, and any function it holds, at the top level of an importable "
+                "module (not inside a function or a notebook cell), or use --data-workers 0"
+            ) from e
+
+    def _build(self) -> DataLoader:
+        workers = self.data_workers
+        options: dict[str, Any] = dict(
+            num_workers=workers, pin_memory=self.pin_memory,
+            generator=torch.Generator().manual_seed(self.seed))  # the loader processes' seeds
+        if workers:
+            # Horovod: fork after MPI has started can crash or hang; forkserver starts clean.
+            _forkserver_preloads_torch()
+            options.update(multiprocessing_context="forkserver", persistent_workers=True)
+        if self.is_stream:
+            return DataLoader(self._stream, batch_size=None, **options)  # batches come whole
+        return DataLoader(self.dataset, batch_sampler=self._batches, **options)
+
+
+class _BatchList(Sampler):
+    """The batch sampler of a persistent loader: the batches of whichever iteration starts next.
+    The DataLoader reads it (iter) when an iteration starts, in this process, so changing it
+    between iterations needs no restart of the loader processes."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+# The fields of _StreamShard.plan.
+_EPOCH, _WORKER, _WORKERS, _BATCH_SIZE, _FIRST, _STOP, _TRAIN = range(7)
+
+
+class _StreamShard(IterableDataset):
+    """One worker's batches of a stream, cut by the split rule, each tagged with its step. What
+    to cut sits in a shared-memory tensor that this process writes before each iteration: the
+    persistent loader processes hold their own copies of this object, but share that tensor."""
+
+    def __init__(self, dataset: IterableDataset):
+        self.dataset = dataset
+        self.plan = torch.zeros(7, dtype=torch.int64).share_memory_()
+
+    def plan_train(self, epoch: int, worker: int, workers: int, batch_size: int,
+                   first: int, stop: int) -> None:
+        self.plan.copy_(torch.tensor([epoch, worker, workers, batch_size, first, stop, 1]))
+
+    def plan_eval(self, part: int, parts: int, batch_size: int) -> None:
+        self.plan.copy_(torch.tensor([0, part, parts, batch_size, 0, -1, 0]))
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        epoch, worker, workers, batch_size, first, stop, train = self.plan.tolist()
+        info = get_worker_info()
+        procs, proc = (info.num_workers, info.id) if info is not None else (1, 0)
+        if train and hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)  # in every process: each has its own copy
+        mine = itertools.islice(iter(self.dataset), worker, None, workers)  # round-robin
+        mine = itertools.islice(mine, first * batch_size, None)  # resume: skip whole batches
+        step = first
+        while stop < 0 or step < stop:
+            batch = list(itertools.islice(mine, batch_size))
+            if not batch or (train and len(batch) < batch_size):
+                return  # the end of the stream; the partial batch only counts in evaluation
+            if (step - first) % procs == proc:
+                yield step, default_collate(batch)
+            step += 1
+
+
+def _check_order(got: int, expected: int, name: str) -> None:
+    if got != expected:
+        raise DataError(f"{name}: the loader processes gave batch {got} where {expected} was "
+                        "due; the dataset must yield the same stream in every loader process "
+                        "(do not split it with get_worker_info: the split is done for you)")
+
+
+def _pair(batch: Any, name: str) -> tuple[Any, Any]:
+    if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+        kind = f"{len(batch)} items" if isinstance(batch, (tuple, list)) else type(batch).__name__
+        raise DataError(f"{name}: a sample must be a pair (input, target), but it gives {kind}; "
+                        "return (x, y) from __getitem__ or __iter__")
+    return batch[0], batch[1]
+
+
+def _forkserver_preloads_torch() -> None:
+    """Loader processes fork from the forkserver; with torch imported there once, they start in
+    a fraction of a second instead of importing torch each (seconds on a busy machine). Takes
+    effect only before the forkserver starts, and keeps the modules it already preloads."""
+    from multiprocessing import forkserver
+
+    preload = getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"]
+    if "torch" not in preload:
+        forkserver.set_forkserver_preload([*preload, "torch"])
+
+
+def _pickling_problem(obj: Any) -> str | None:
+    try:
+        pickle.dumps(obj)
+    except Exception as e:  # PicklingError, AttributeError, TypeError: each says what failed
+        return f"{type(e).__name__}: {e}"
+    return None

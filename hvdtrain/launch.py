@@ -1,0 +1,137 @@
+"""One launch layer: every process of a job is built here, whatever its role (a sync trainer,
+an async worker, a parameter server), and here its failures become the job's fate.
+
+The command line (cli.py), the Python API (api.py) and the tests all call :func:`run`.
+
+Errors. Bad input (ConfigError, DataError, CheckpointError) is found on every rank alike; a
+training failure (a NaN loss, a stuck peer, a collective Horovod gave up on) may hit one rank.
+In sync mode both propagate: the caller turns them into an exit code, or the API's caller sees
+the exception; Horovod's own timeouts end the other ranks. An async job's ranks block in MPI
+receives, and MPI has no such timeout, so there the scheme's rule is to end every rank with
+MPI_Abort after printing the message.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+import torch
+
+from .checkpoint import CheckpointError
+from .config import Config, ConfigError
+from .data import DataError
+from .workload import Workload
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+BAD_INPUT = (ConfigError, DataError, CheckpointError)
+
+
+def failure_code(error: BaseException) -> int | None:
+    """The exit code for an error the job expects (bad input, a training failure), or None for
+    a bug, whose traceback must be shown."""
+    from .loop import TrainingError
+    from .ps.waiting import StuckError
+
+    if isinstance(error, BAD_INPUT):
+        return EXIT_BAD_INPUT
+    if isinstance(error, (TrainingError, StuckError)):
+        return EXIT_FAILED
+    if "horovod.common.exceptions" in sys.modules:
+        from horovod.common.exceptions import HorovodInternalError
+        if isinstance(error, HorovodInternalError):
+            return EXIT_FAILED
+    return None
+
+
+def describe_failure(error: BaseException) -> str:
+    if type(error).__name__ == "HorovodInternalError":
+        return (f"Horovod shut down: another rank failed, or a collective waited longer than "
+                f"--stall-timeout-s for ranks that never joined it ({error})")
+    return str(error)
+
+
+def run(cfg: Config, workload: Workload):
+    """Build this process's role and run it; returns the trainer (None on a server)."""
+    torch.manual_seed(cfg.run.seed)  # every replica's factory draws the same initial weights
+    model = workload.build_model()
+    if cfg.run.mode == "async":
+        return _run_async(cfg, workload, model)
+    return _run_sync(cfg, workload, model)
+
+
+def _run_sync(cfg: Config, workload: Workload, model):
+    from .runtime import start_horovod
+    from .sync import ElasticHorovodSync, HorovodSync, to_sync_batchnorm
+
+    runtime = start_horovod(cfg.run, cfg.sync)
+    if cfg.sync.sync_batchnorm:
+        model = to_sync_batchnorm(model)
+    scheme = (ElasticHorovodSync if cfg.sync.elastic else HorovodSync)(cfg, runtime)
+    trainer = _build_trainer(cfg, runtime, scheme, workload, model)
+    try:
+        trainer.fit()
+    finally:
+        workload.close()
+    return trainer
+
+
+def _run_async(cfg: Config, workload: Workload, model):
+    from .ps.protocol import Topology
+    from .runtime import start_mpi
+
+    runtime = start_mpi(cfg.run)
+    topology = Topology(runtime.size, cfg.ps.num_servers)  # the same on every rank: no abort
+    from mpi4py import MPI
+
+    from .ps.client import ParameterServerClient
+    from .ps.server import ParameterServer
+
+    world = MPI.COMM_WORLD
+    is_server = topology.is_server(runtime.rank)
+    comm = world.Dup()  # the parameter server's private channel
+    worker_comm = world.Split(1 if is_server else 0, runtime.rank)
+    try:
+        if is_server:
+            ParameterServer(comm, cfg, topology).serve()
+            return None
+        scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
+        trainer = _build_trainer(cfg, runtime, scheme, workload, model)
+        trainer.fit()
+        workload.close()
+        return trainer
+    except BaseException as e:  # never leave the other ranks waiting for this one
+        code = failure_code(e)
+        if code is None:
+            traceback.print_exc()
+        user_traceback = getattr(e, "user_traceback", None)
+        if user_traceback and runtime.rank == 0:
+            print(user_traceback, file=sys.stderr, end="", flush=True)
+        where = "" if code == EXIT_BAD_INPUT else f" (rank {runtime.rank})"
+        message = describe_failure(e) if code else f"{type(e).__name__}: {e}"
+        abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
+              collective=code == EXIT_BAD_INPUT)
+
+
+def _build_trainer(cfg: Config, runtime, scheme, workload: Workload, model):
+    from .loop import Trainer
+    from .pipeline import build_replica
+
+    replica = build_replica(model, cfg, runtime, workload.objective())
+    workload.bind(replica.device, cfg)  # a pipeline takes its inputs on its first stage's device
+    replica.model.eval()  # the check must not move BatchNorm statistics
+    workload.check(replica.forward, replica.device)
+    replica.model.train()
+    replica.objective = workload.objective()  # without the metrics the check dropped
+    return Trainer(cfg, runtime, scheme, workload, replica)
+
+
+def abort(world, message: str, code: int, collective: bool = False) -> None:
+    """Print, then end every rank of the job. For an error that all ranks raise together (a bad
+    checkpoint), rank 0 alone prints and aborts; the others give it a moment to do so."""
+    if collective and world.Get_rank() != 0:
+        time.sleep(10)
+    else:
+        print(message, file=sys.stderr, flush=True)
+    world.Abort(code)

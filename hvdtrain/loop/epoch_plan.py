@@ -1,0 +1,54 @@
+"""Which batches this worker trains on in each epoch: the number of steps every worker runs,
+the first step after a resume, the seeding that makes a resume replay exactly, and the
+rescaling of a position inside an epoch to another number of workers."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+
+from ..config import ConfigError, RunConfig
+from ..data.batches import BatchSource
+from ..scheme import Progress
+
+
+class EpochPlan:
+    def __init__(self, run: RunConfig, source: BatchSource):
+        self.run = run
+        self.source = source
+        self.worker, self.num_workers = 0, 1
+        self.steps_per_epoch = 0
+
+    def bind_world(self, worker: int, num_workers: int) -> None:
+        run = self.run
+        self.worker, self.num_workers = worker, num_workers
+        full = self.source.steps_per_epoch(run.batch_size, num_workers)
+        if full == 0:
+            raise ConfigError(
+                f"--batch-size: the training split has {self.source.num_samples} samples, fewer "
+                f"than one global batch of {run.batch_size} x {num_workers} workers; lower "
+                "--batch-size")
+        self.steps_per_epoch = min(full, run.max_steps_per_epoch or full)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.run.epochs
+
+    def rescale(self, progress: Progress) -> None:
+        """A position inside an epoch counted by a different number of workers (an elastic reset,
+        or --resume from a step checkpoint with another world size) becomes the step of this
+        world's global batch that has seen about the same share of the epoch's samples."""
+        if progress.step and progress.workers != self.num_workers:
+            progress.step = min(self.steps_per_epoch,
+                                progress.step * progress.workers // self.num_workers)
+        progress.workers = self.num_workers
+
+    def batches(self, progress: Progress) -> Iterator[tuple[Any, Any]]:
+        """This worker's batches for the rest of the epoch under way."""
+        # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on a resume
+        # from an epoch's end (from inside one, the replay starts at the epoch's first step).
+        torch.manual_seed(self.run.seed * 100_003 + progress.epoch * 1009 + self.worker)
+        return self.source.train_batches(progress.epoch, self.worker, self.num_workers,
+                                         self.run.batch_size, self.run.seed,
+                                         first_step=progress.step, steps=self.steps_per_epoch)

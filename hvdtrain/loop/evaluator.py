@@ -1,0 +1,44 @@
+"""Scoring the test split: each evaluating worker scores its part with the scheme's current
+weights, and the parts are summed (sync: every rank a share; async: worker 0 all of it)."""
+
+from __future__ import annotations
+
+from ..config import RunConfig
+from ..data.batches import BatchSource
+from ..scheme import UpdateScheme
+
+EVAL_BATCH = 1024
+
+
+class Evaluator:
+    def __init__(self, run: RunConfig, test: BatchSource | None, scheme: UpdateScheme,
+                 metric_names: list[str]):
+        self.run = run
+        self.test = test
+        self.scheme = scheme
+        self.names = metric_names
+
+    def due(self, epoch: int) -> bool:
+        """Every --eval-every epochs, and always after the last."""
+        return (epoch + 1) % self.run.eval_every == 0 or epoch + 1 == self.run.epochs
+
+    def evaluate(self) -> tuple[float, dict[str, float | None]] | None:
+        """(test loss, each metric) over the whole test split, or None where nothing is scored."""
+        partition = self.scheme.eval_partition
+        if self.test is None or partition is None:
+            return None
+        part, parts = partition
+        replica = self.scheme.eval_replica()
+        stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
+        values = [0.0, 0.0]
+        if stats is not None:
+            values = [stats.loss_sum.item(), float(stats.count)]
+        for name in self.names:
+            s, c = stats.metrics.get(name, (0.0, 0.0)) if stats is not None else (0.0, 0.0)
+            values += [float(s), float(c)]
+        if parts > 1:
+            values = self.scheme.sum_across_workers(values)
+        count = values[1]
+        metrics = {name: (values[2 + 2 * i] / values[3 + 2 * i] if values[3 + 2 * i] else None)
+                   for i, name in enumerate(self.names)}
+        return values[0] / max(count, 1), metrics

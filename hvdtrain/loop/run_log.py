@@ -1,0 +1,195 @@
+"""What a run shows and records, on the main process: the progress bar, the epoch summary line,
+the JSONL log, and (with --log-steps) a line per step.
+
+Figures are sums across workers. The async scheme sums them without blocking (a fast worker
+must not wait for a slow one's epoch), so a line is written once every worker has reported that
+epoch or step: lines stay in order, and their wall_seconds say when worker 0 got there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..metrics import JsonlLog, ProgressBar
+from ..replica import BatchStats
+from ..scheme import PendingSum, UpdateScheme
+
+
+@dataclass
+class EpochResult:
+    epoch: int
+    train_loss: float
+    test_loss: float | None
+    seconds: float            # worker 0's training time in this epoch
+    samples_per_sec: float    # every worker's samples per second, added up
+    wall_seconds: float       # since training started, when worker 0 finished the epoch
+    lr: float
+    train_metrics: dict[str, float | None] = field(default_factory=dict)
+    test_metrics: dict[str, float | None] = field(default_factory=dict)
+
+    @property
+    def train_acc(self) -> float | None:
+        return self.train_metrics.get("acc")
+
+    @property
+    def test_acc(self) -> float | None:
+        return self.test_metrics.get("acc")
+
+    def as_record(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "train_loss": self.train_loss, "test_loss": self.test_loss,
+                **{f"train_{k}": v for k, v in self.train_metrics.items()},
+                **{f"test_{k}": v for k, v in self.test_metrics.items()},
+                "epoch_seconds": round(self.seconds, 4),
+                "samples_per_sec": round(self.samples_per_sec, 2),
+                "wall_seconds": round(self.wall_seconds, 3), "lr": self.lr}
+
+
+class EpochTotals:
+    """This worker's running sums over the epoch under way."""
+
+    def __init__(self, metric_names: list[str]):
+        self.names = metric_names
+        self.loss = 0.0
+        self.count = 0
+        self.metrics = {name: [0.0, 0.0] for name in metric_names}
+        self.started = time.perf_counter()
+        self.steps = 0
+
+    def add(self, loss_sum: float, stats: BatchStats) -> None:
+        self.loss += loss_sum
+        self.count += stats.count
+        self.steps += 1
+        for name, (s, c) in stats.metrics.items():
+            self.metrics[name][0] += float(s)
+            self.metrics[name][1] += float(c)
+
+    def running(self) -> dict[str, float]:
+        out = {"loss": self.loss / max(self.count, 1)}
+        for name, (s, c) in self.metrics.items():
+            if c:
+                out[name] = s / c
+        return out
+
+    def as_vector(self, seconds: float) -> list[float]:
+        """[loss sum, samples, samples/s, then each metric's sum and count]: adds across workers."""
+        rate = self.count / seconds if seconds > 0 else 0.0
+        return [self.loss, float(self.count), rate,
+                *[v for name in self.names for v in self.metrics[name]]]
+
+
+def means(vector: list[float], names: list[str]) -> tuple[float, dict[str, float | None]]:
+    """(mean loss, each metric's mean or None) from a summed vector of as_vector's layout."""
+    count = vector[1]
+    metrics = {}
+    for i, name in enumerate(names):
+        s, c = vector[3 + 2 * i], vector[4 + 2 * i]
+        metrics[name] = s / c if c else None
+    return vector[0] / max(count, 1), metrics
+
+
+class RunLog:
+    def __init__(self, epochs: int, scheme: UpdateScheme, metric_names: list[str],
+                 is_main: bool, progress_bar: bool, log_steps: bool):
+        self.epochs = epochs
+        self.is_main = is_main
+        self.scheme = scheme
+        self.names = metric_names
+        self.log_steps = log_steps
+        self.jsonl: JsonlLog | None = None
+        self.bar = ProgressBar(enabled=is_main and progress_bar)
+        self.history: list[EpochResult] = []
+        self.totals = EpochTotals(metric_names)
+        self._pending: list[tuple[PendingSum, dict[str, Any]]] = []  # in the order written
+
+    # --- the file -------------------------------------------------------------------------------
+    def open(self, path: Path, append: bool, header: dict[str, Any]) -> None:
+        self.jsonl = JsonlLog(path, append=append)
+        self.jsonl.write("header", **header)
+
+    def follow_main(self, is_main: bool, path: Path) -> None:
+        """After an elastic reset that lost rank 0, the new rank 0 continues the log (elastic
+        requires a shared --run-dir), and a process that is no longer rank 0 stops writing."""
+        self.is_main = is_main
+        if is_main and self.jsonl is None:
+            self.jsonl = JsonlLog(path, append=True)
+            print(f"hvdtrain: this process is rank 0 now; it continues the log and the "
+                  f"checkpoints in {path.parent}", flush=True)
+        elif not is_main and self.jsonl is not None:
+            self.jsonl.close()
+            self.jsonl = None
+
+    def write(self, kind: str, **fields: Any) -> None:
+        if self.jsonl:
+            self.jsonl.write(kind, **fields)
+
+    def close(self) -> None:
+        if self.jsonl:
+            self.jsonl.close()
+            self.jsonl = None
+
+    # --- the epoch ------------------------------------------------------------------------------
+    def start_epoch(self, epoch: int, steps: int) -> None:
+        self.totals = EpochTotals(self.names)
+        self.bar.start_epoch(epoch + 1, self.epochs, steps)
+
+    def step(self, epoch: int, global_step: int, lr: float, loss: float,
+             stats: BatchStats) -> None:
+        t = self.totals
+        t.add(loss * stats.count, stats)
+        if self.log_steps:
+            self._pending.append((self.scheme.sum_later([loss * stats.count, stats.count]),
+                                  {"type": "step", "epoch": epoch + 1, "step": global_step,
+                                   "lr": lr}))
+        self.bar.update((time.perf_counter() - t.started) / t.steps, t.running())
+        self.flush()
+
+    def end_epoch(self, epoch: int, global_step: int, lr: float, workers: int,
+                  test: tuple[float, dict[str, float | None]] | None, wall_seconds: float,
+                  extra: dict[str, Any]) -> None:
+        seconds = time.perf_counter() - self.totals.started
+        self.bar.end_epoch()
+        record = {"type": "epoch", "epoch": epoch + 1, "step": global_step, "lr": lr,
+                  "workers": workers, "seconds": seconds, "wall_seconds": wall_seconds,
+                  "test": test, "extra": extra}
+        self._pending.append((self.scheme.sum_later(self.totals.as_vector(seconds)), record))
+        self.flush()
+
+    def flush(self, wait: bool = False) -> None:
+        """Write every line whose sums are in, in order; with wait, all of them."""
+        while self._pending and (wait or self._pending[0][0].ready()):
+            pending, record = self._pending.pop(0)
+            values = pending.wait()
+            if record["type"] == "step":
+                self.write("step", epoch=record["epoch"], step=record["step"], lr=record["lr"],
+                           loss=values[0] / max(values[1], 1))
+            else:
+                self._finish_epoch(values, record)
+
+    def _finish_epoch(self, values: list[float], record: dict[str, Any]) -> None:
+        train_loss, train_metrics = means(values, self.names)
+        test_loss, test_metrics = (record["test"] if record["test"]
+                                   else (None, {name: None for name in self.names}))
+        result = EpochResult(record["epoch"], train_loss, test_loss, record["seconds"],
+                             values[2], record["wall_seconds"], record["lr"], train_metrics,
+                             test_metrics)
+        self.history.append(result)
+        if self.is_main:
+            print(summary_line(result, self.epochs), flush=True)
+        rec = result.as_record()
+        self.write("epoch", epoch=result.epoch, step=record["step"], lr=result.lr,
+                   workers=record["workers"], train_loss=rec.pop("train_loss"),
+                   **{k: v for k, v in rec.items() if k not in ("epoch", "lr")},
+                   **record["extra"])
+
+
+def summary_line(result: EpochResult, epochs: int) -> str:
+    parts = [f"epoch {result.epoch}/{epochs}", f"loss: {result.train_loss:.4f}"]
+    parts += [f"{k}: {v:.4f}" for k, v in result.train_metrics.items() if v is not None]
+    if result.test_loss is not None:
+        parts.append(f"test_loss: {result.test_loss:.4f}")
+        parts += [f"test_{k}: {v:.4f}" for k, v in result.test_metrics.items() if v is not None]
+    parts += [f"{result.samples_per_sec:,.0f} samples/s", f"lr: {result.lr:.4g}"]
+    return " - ".join(parts)

@@ -1,0 +1,139 @@
+"""The shared training loop. It knows nothing of Horovod or MPI: the update scheme behind it
+(scheme.UpdateScheme) does the communicating, and the components below decide their own timing.
+
+    plan          which batches this worker trains on, from which step (epoch_plan.py)
+    checkpointer  resume decisions and the checkpoint cadence (checkpointer.py)
+    evaluator     scoring the test split (evaluator.py)
+    log           progress bar, summary lines, JSONL log (run_log.py)
+    hooks         after every step: straggler sleep, finite-loss guard (hooks.py)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..config import Config
+from ..metrics import package_versions
+from ..models import count_parameters
+from ..optim import learning_rate
+from ..replica import Replica
+from ..runtime import Runtime
+from ..scheme import Progress, UpdateScheme
+from ..workload import Workload
+from .checkpointer import Checkpointer, default_run_dir
+from .epoch_plan import EpochPlan
+from .evaluator import Evaluator
+from .hooks import StepResult, default_hooks
+from .run_log import EpochResult, RunLog
+
+
+class Trainer:
+    def __init__(self, cfg: Config, runtime: Runtime, scheme: UpdateScheme, workload: Workload,
+                 replica: Replica):
+        self.cfg, self.runtime, self.scheme = cfg, runtime, scheme
+        self.workload, self.replica = workload, replica
+        names = sorted(replica.objective.metrics)
+        run = cfg.run
+        self.plan = EpochPlan(run, workload.train)
+        self.evaluator = Evaluator(run, workload.test, scheme, names)
+        self.run_dir = default_run_dir(cfg, workload.name)
+        self.checkpointer = Checkpointer(cfg, scheme, self.run_dir, self.identity,
+                                         self.replica.model.state_dict)
+        self.hooks = default_hooks(run)
+        self._bind_world()
+        self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps)
+        self.progress = Progress(workers=self.num_workers)
+        self.started = 0.0
+
+    def _bind_world(self) -> None:
+        """Everything that depends on which worker this is and how many there are; again after
+        an elastic reset."""
+        self.worker_rank, self.num_workers = self.scheme.workers()
+        self.is_main = self.worker_rank == 0  # elastic: another process, after rank 0 died
+        self.plan.bind_world(self.worker_rank, self.num_workers)
+        for hook in self.hooks:
+            hook.bind_world(self.worker_rank, self.num_workers)
+
+    def identity(self) -> dict[str, Any]:
+        """What must match for a checkpoint to be loadable into this run."""
+        return {"mode": self.cfg.run.mode, "model": self.workload.name,
+                **self.workload.identity(),
+                "num_parameters": count_parameters(self.replica.model),
+                "optimizer": self.cfg.optim.optimizer}
+
+    @property
+    def history(self) -> list[EpochResult]:
+        return self.log.history
+
+    # --- the run --------------------------------------------------------------------------------
+    def fit(self) -> list[EpochResult]:
+        self.scheme.attach(self.replica)
+        state, self.progress = self.checkpointer.restore(self.num_workers)
+        self.scheme.start(state, resuming=self.checkpointer.resumed_from is not None)
+        if self.is_main:
+            self._open_log()
+        self.started = time.perf_counter()
+        try:
+            self.scheme.run(self._epochs, self.progress)
+            summary = self.scheme.close()
+            if summary:
+                self.log.write("scheme", **summary)
+        finally:
+            self.log.close()
+        return self.history
+
+    def _open_log(self) -> None:
+        run, p, n = self.cfg.run, self.progress, count_parameters(self.replica.model)
+        self.log.open(self.run_dir / "metrics.jsonl", append=self.checkpointer.resumed_from is not None,
+                      header=dict(config=self.cfg.to_dict(), world_size=self.runtime.size,
+                                  num_workers=self.num_workers, launcher=self.runtime.launcher,
+                                  device=self.replica.describe(), versions=package_versions(),
+                                  dataset=self.workload.describe(), model=self.workload.name,
+                                  num_parameters=n, steps_per_epoch=self.plan.steps_per_epoch,
+                                  resumed_from_epoch=p.epoch, resumed_from_step=p.step))
+        print(f"hvdtrain: {run.mode} training of {self.workload.name} ({n:,} parameters) on "
+              f"{self.workload.describe()}; {self.num_workers} worker(s), launcher: "
+              f"{self.runtime.launcher}, device: {self.replica.describe()}; logging to "
+              f"{self.run_dir}", flush=True)
+
+    def _epochs(self) -> None:
+        """The epochs from self.progress on. An elastic scheme may run this again after a reset,
+        with the progress of its last commit and a new set of workers."""
+        self._bind_world()
+        self.log.follow_main(self.is_main, self.run_dir / "metrics.jsonl")
+        self.plan.rescale(self.progress)
+        while self.progress.epoch < self.cfg.run.epochs:
+            self._train_epoch()
+            self.checkpointer.epoch_done(self.progress)
+            self.scheme.epoch_done(self.progress)
+        self.log.flush(wait=True)
+
+    def _train_epoch(self) -> None:
+        p, epoch = self.progress, self.progress.epoch
+        batches = self.plan.batches(p)  # seeds torch; the rest of the epoch after a resume
+        self.replica.model.train()
+        self.log.start_epoch(epoch, self.plan.steps_per_epoch - p.step)
+        lr = self._learning_rate()  # for the epoch line, also when no step is left (a resume)
+        for x, y in batches:
+            lr = self._learning_rate()
+            started = time.perf_counter()
+            stats = self.scheme.step(x, y, lr)
+            loss = stats.loss_sum.item() / stats.count
+            done = StepResult(p, loss, time.perf_counter() - started)
+            for hook in self.hooks:
+                hook.after_step(done)
+            p.step, p.global_step = p.step + 1, p.global_step + 1
+            self.scheme.step_done(p)
+            self.checkpointer.step_done(p, self.plan.steps_per_epoch)
+            self.log.step(epoch, p.global_step, lr, loss, stats)
+        if epoch + 1 == self.cfg.run.epochs:
+            self.scheme.end_of_training()  # the last evaluation and checkpoint see every update
+        test = self.evaluator.evaluate() if self.evaluator.due(epoch) else None
+        p.epoch, p.step = epoch + 1, 0
+        self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test,
+                           time.perf_counter() - self.started, self.replica.take_epoch_metrics())
+
+    def _learning_rate(self) -> float:
+        return learning_rate(self.progress.global_step, self.plan.total_steps,
+                             self.plan.steps_per_epoch, self.cfg.optim, self.scheme.lr_scale)

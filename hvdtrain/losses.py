@@ -1,0 +1,151 @@
+"""Losses and metrics: the built-ins by name, or the user's own through ``--loss MODULE:CALLABLE``.
+
+A loss is ``loss(output, target) -> scalar tensor``, the MEAN over the batch.
+
+A metric is ``metric(output, target) -> (sum, count)``, so that micro-batches and workers add
+their sums and counts and divide once at the end (a mean of means would weigh a short last batch
+like a full one).
+
+Accuracy is defined only for (N, C) outputs with (N,) integer targets. A run whose output has
+another shape (a sequence model's (N, T, C) output, say) reports its loss alone: the trainer
+asks :func:`metric_applies` on the first batch and drops a metric that does not apply, instead
+of crashing or, worse, comparing the wrong axis.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from .config import ConfigError
+from .user_code import UserCodeError, call_user, resolve_callable
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Metric = Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]]
+
+LOSSES: dict[str, Loss] = {  # torch's defaults are reduction="mean"
+    "cross_entropy": F.cross_entropy,
+    "mse": F.mse_loss,
+    "l1": F.l1_loss,
+    "bce_with_logits": F.binary_cross_entropy_with_logits,
+    "nll": F.nll_loss,
+}
+CLASSIFICATION_LOSSES = {"cross_entropy", "nll"}
+_ELEMENTWISE_LOSSES = {"mse", "l1", "bce_with_logits"}  # output and target of one shape
+
+_FIX = {
+    "cross_entropy": "a classifier's output must be (N, C) logits with integer class targets "
+                     "(N,); for real-valued targets pass --loss mse or l1",
+    "nll": "the output must be (N, C) log-probabilities (end the model with LogSoftmax) with "
+           "integer class targets (N,); for raw logits pass --loss cross_entropy",
+    "mse": "the output and the target must have the same shape; for class labels pass "
+           "--loss cross_entropy",
+    "l1": "the output and the target must have the same shape; for class labels pass "
+          "--loss cross_entropy",
+    "bce_with_logits": "the output and the target must have the same shape, with float targets "
+                       "in [0, 1]; for integer class labels pass --loss cross_entropy",
+}
+
+
+def resolve_loss(spec: str | Callable) -> tuple[Loss, str]:
+    """The loss function and its name, from a built-in name, ``MODULE:CALLABLE`` or a callable.
+
+    A class (an ``nn.Module`` loss such as ``torch.nn.MSELoss``) is instantiated with no
+    arguments. The name of a user's loss is its spec, so it never matches a built-in's.
+    """
+    if callable(spec) and not isinstance(spec, str):
+        name = getattr(spec, "__qualname__", None) or type(spec).__name__
+        return _instantiate_if_class(spec, name), name
+    spec = spec.strip()
+    if spec in LOSSES:
+        return LOSSES[spec], spec
+    found = resolve_callable(spec, "--loss", builtins=LOSSES)  # ConfigError unless MODULE:CALLABLE
+    return _instantiate_if_class(found, spec), spec
+
+
+def is_builtin_loss(loss_fn: Callable, loss_name: str) -> bool:
+    return LOSSES.get(loss_name) is loss_fn
+
+
+def accuracy(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(number of samples whose highest logit is the target class, number of samples)."""
+    if not accuracy_applies(output, target):
+        raise ValueError(f"accuracy needs (N, C) outputs and (N,) integer targets, got output "
+                         f"{describe(output)} and target {describe(target)}")
+    correct = (output.argmax(dim=1) == target).sum()
+    return correct, target.shape[0]
+
+
+def accuracy_applies(output: Any, target: Any) -> bool:
+    return (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
+            and output.dim() == 2 and target.dim() == 1
+            and target.shape[0] == output.shape[0]
+            and not target.dtype.is_floating_point and not target.dtype.is_complex
+            and target.dtype is not torch.bool)
+
+
+_APPLIES: dict[str, Callable[[Any, Any], bool]] = {"acc": accuracy_applies}
+
+
+def default_metrics(loss_name: str) -> dict[str, Metric]:
+    """The metrics a run reports besides its loss: accuracy for a built-in classification loss."""
+    return {"acc": accuracy} if loss_name in CLASSIFICATION_LOSSES else {}
+
+
+def metric_applies(name: str, output: Any, target: Any) -> bool:
+    """Whether the built-in metric ``name`` is defined for this output and target; a metric
+    without a shape rule applies always."""
+    rule = _APPLIES.get(name)
+    return rule is None or rule(output, target)
+
+
+def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
+                       target: torch.Tensor) -> None:
+    """Run the loss once on a sample batch, before training, so a mismatch between the model, the
+    data and the loss fails with a ConfigError that names --loss, both shapes and the fix.
+
+    A user's loss that raises is a UserCodeError (their bug). A loss must return a scalar tensor
+    that autograd can take back to ``output``.
+    """
+    builtin = is_builtin_loss(loss_fn, loss_name)
+    shapes = f"the model's output is {describe(output)} and the target {describe(target)}"
+    fix = _FIX.get(loss_name, "")
+    if (builtin and loss_name in _ELEMENTWISE_LOSSES and isinstance(output, torch.Tensor)
+            and isinstance(target, torch.Tensor) and output.shape != target.shape):
+        # mse and l1 only warn, then broadcast (N, 1) against (N,) into an (N, N) loss
+        raise ConfigError(f"--loss {loss_name}: {shapes}, shapes that differ; {fix}")
+    try:
+        value = loss_fn(output, target)
+    except Exception as e:
+        if not builtin:
+            raise UserCodeError("--loss", loss_name, e) from e
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"--loss {loss_name}: cannot score the output against the target: "
+                          f"{shapes} ({reason}); {fix}") from None
+    if not isinstance(value, torch.Tensor):
+        raise ConfigError(f"--loss {loss_name} returned a {type(value).__name__}, not a tensor; "
+                          "return a scalar torch.Tensor computed from the output (not .item()), "
+                          "so that gradients flow")
+    if value.numel() != 1:
+        raise ConfigError(f"--loss {loss_name} returned a tensor of shape {tuple(value.shape)}, "
+                          f"not a scalar ({shapes}); reduce it to the batch mean, e.g. "
+                          "return loss.mean()")
+    if getattr(output, "requires_grad", False) and not value.requires_grad:
+        raise ConfigError(f"--loss {loss_name} returned a tensor with no gradient: it does not "
+                          "depend on the output through autograd; compute it with torch "
+                          "operations on the output (no .item(), .detach() or numpy)")
+
+
+def describe(value: Any) -> str:
+    """Shape and dtype, for error messages: (8, 10) torch.float32."""
+    if isinstance(value, torch.Tensor):
+        return f"{tuple(value.shape)} {value.dtype}"
+    return f"a {type(value).__name__}"
+
+
+def _instantiate_if_class(found: Callable, spec: str) -> Loss:
+    if isinstance(found, type):  # an nn.Module loss class: the instance is the loss
+        return call_user(found, "--loss", spec)
+    return found

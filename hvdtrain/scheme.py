@@ -1,0 +1,125 @@
+"""The interface between the training loop and an update scheme (sync.HorovodSync,
+ps.client.ParameterServerClient, and the elastic variant of the first).
+
+A scheme implements the seven members marked *required*; everything else is a hook whose default,
+written once here, is right for a scheme with a fixed set of processes. The trainer talks to a
+scheme only through this class, so it never branches on the mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+import torch
+
+from .replica import BatchStats, Replica
+
+T = TypeVar("T")
+
+
+@dataclass
+class Progress:
+    """Where training stands: the epoch under way, steps done in it, steps done in all. Elastic
+    training commits it with the model and restores it after a worker is lost or added."""
+
+    epoch: int = 0
+    step: int = 0
+    global_step: int = 0
+    workers: int = 1  # how many workers counted `step` (the global batch it is counted in)
+
+
+class PendingSum:
+    """The result of a sum across workers that may still be in flight (see sum_later)."""
+
+    def __init__(self, values: list[float] | None = None):
+        self._values = values
+
+    def ready(self) -> bool:
+        return self._values is not None
+
+    def wait(self) -> list[float]:
+        assert self._values is not None
+        return self._values
+
+
+class UpdateScheme:
+    """What the trainer asks of an update scheme. Subclasses set ``replica`` in attach()."""
+
+    replica: Replica | None = None
+
+    # --- required ---------------------------------------------------------------------------
+    @property
+    def lr_scale(self) -> float:
+        """Multiplier of one worker's learning rate that the combined update can take."""
+        raise NotImplementedError
+
+    def attach(self, replica: Replica) -> None:
+        """Take the replica and build what updates it (optimizer, flat buffers)."""
+        raise NotImplementedError
+
+    def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
+        """Collective: bring every replica to the same starting point. ``state`` is the
+        checkpoint on the processes that read it (see main_decides), None elsewhere."""
+        raise NotImplementedError
+
+    def step(self, x: Any, y: Any, lr: float) -> BatchStats:
+        raise NotImplementedError
+
+    def workers(self) -> tuple[int, int]:
+        """(this worker's index, number of workers); may change between calls (elastic)."""
+        raise NotImplementedError
+
+    def sum_across_workers(self, values: list[float]) -> list[float]:
+        raise NotImplementedError
+
+    def broadcast_object(self, obj: Any) -> Any:
+        """Worker 0's ``obj`` on every worker."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds of the model and optimizer; may be collective."""
+        raise NotImplementedError
+
+    # --- hooks with defaults ------------------------------------------------------------------
+    def main_decides(self, decide: Callable[[], T]) -> T:
+        """``decide()`` as worker 0 computes it, known to every worker: rank 0 reads files and
+        the others learn its answer, so a bad file stops all ranks alike instead of hanging
+        them. Collective."""
+        return self.broadcast_object(decide() if self.workers()[0] == 0 else None)
+
+    def sum_later(self, values: list[float]) -> PendingSum:
+        """A sum across workers that the caller may collect later. Blocking by default; the
+        async scheme overrides it so that a fast worker never waits for a slow one's epoch."""
+        return PendingSum(self.sum_across_workers(values))
+
+    @property
+    def eval_partition(self) -> tuple[int, int] | None:
+        """(index, parts) of the test split this worker scores, or None to score nothing."""
+        return self.workers()
+
+    def eval_replica(self) -> Replica:
+        """The replica whose weights are evaluated (the async scheme pulls fresh ones first)."""
+        assert self.replica is not None, "call attach() first"
+        return self.replica
+
+    def run(self, loop: Callable[[], None], progress: Progress) -> None:
+        """Run the epochs; an elastic scheme runs them again after a reset."""
+        loop()
+
+    def step_done(self, progress: Progress) -> None:
+        """After every step (elastic: commit every N steps)."""
+
+    def epoch_done(self, progress: Progress) -> None:
+        """After every epoch's checkpoint."""
+
+    def end_of_training(self) -> None:
+        """Before the last evaluation and checkpoint, which must see every worker's update."""
+
+    def close(self) -> dict[str, Any] | None:
+        """Shut down; may return figures for the log's closing line."""
+        return None
+
+
+def zero_stats(device: torch.device) -> BatchStats:
+    return BatchStats(torch.zeros((), device=device), 0, {})

@@ -1,0 +1,263 @@
+"""hvdtrain.losses: the built-in losses against torch's own, the user's loss from a spec, accuracy,
+and the check that a loss fits the model's output before training starts."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn as nn
+
+from hvdtrain.config import ConfigError
+from hvdtrain.losses import (CLASSIFICATION_LOSSES, LOSSES, accuracy, check_loss_accepts,
+                             default_metrics, metric_applies, resolve_loss)
+from hvdtrain.user_code import USER_FILES_ENV, UserCodeError
+
+
+@pytest.fixture(autouse=True)
+def isolated_imports(monkeypatch, tmp_path):
+    """Undo what resolving does to the process: sys.path entries, the user's modules, the
+    registered files. (Only the user's modules: torch's lazily imported ones must stay.)"""
+    saved_path = list(sys.path)
+    saved_modules = set(sys.modules)
+    monkeypatch.delenv(USER_FILES_ENV, raising=False)
+    yield
+    sys.path[:] = saved_path
+    user_folder = os.path.realpath(tmp_path) + os.sep
+    for name in set(sys.modules) - saved_modules:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if os.path.realpath(file).startswith(user_folder) or name.startswith("hvdtrain.user_code."):
+            del sys.modules[name]
+
+
+def sample(loss_name: str, n: int = 16, classes: int = 5):
+    """A random (output, target) pair of the kind the loss expects."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(n, classes, generator=g)
+    if loss_name == "cross_entropy":
+        return logits, torch.randint(classes, (n,), generator=g)
+    if loss_name == "nll":
+        return logits.log_softmax(dim=1), torch.randint(classes, (n,), generator=g)
+    if loss_name == "bce_with_logits":
+        return logits, torch.rand(n, classes, generator=g)
+    return logits, torch.randn(n, classes, generator=g)
+
+
+# -- built-in losses -------------------------------------------------------------------------------
+
+TORCH_MODULES = {
+    "cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss, "l1": nn.L1Loss,
+    "bce_with_logits": nn.BCEWithLogitsLoss, "nll": nn.NLLLoss,
+}
+
+
+def by_hand(name: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if name == "cross_entropy":
+        return -output.log_softmax(1).gather(1, target[:, None]).mean()
+    if name == "nll":
+        return -output.gather(1, target[:, None]).mean()
+    if name == "mse":
+        return ((output - target) ** 2).mean()
+    if name == "l1":
+        return (output - target).abs().mean()
+    p = torch.sigmoid(output)
+    return -(target * p.log() + (1 - target) * (1 - p).log()).mean()
+
+
+def test_registry_names():
+    assert set(LOSSES) == {"cross_entropy", "mse", "l1", "bce_with_logits", "nll"}
+    assert CLASSIFICATION_LOSSES == {"cross_entropy", "nll"}
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_builtin_loss_is_torchs_mean_loss(name):
+    output, target = sample(name)
+    loss_fn, resolved_name = resolve_loss(name)
+    value = loss_fn(output, target)
+    assert resolved_name == name
+    assert value.shape == ()
+    torch.testing.assert_close(value, TORCH_MODULES[name]()(output, target))
+    torch.testing.assert_close(value, by_hand(name, output, target), rtol=1e-5, atol=1e-6)
+
+
+# -- resolving --loss ------------------------------------------------------------------------------
+
+def test_unknown_name_lists_the_builtins():
+    with pytest.raises(ConfigError) as e:
+        resolve_loss("hinge")
+    message = str(e.value)
+    assert message.startswith("--loss: 'hinge' is not a built-in loss name nor MODULE:CALLABLE")
+    assert "bce_with_logits, cross_entropy, l1, mse, nll" in message
+
+
+def test_user_function_from_a_file(tmp_path, monkeypatch):
+    (tmp_path / "my_losses.py").write_text(textwrap.dedent("""
+        def doubled_mse(output, target):
+            return 2 * ((output - target) ** 2).mean()
+    """))
+    monkeypatch.chdir(tmp_path)
+    loss_fn, name = resolve_loss("my_losses.py:doubled_mse")
+    assert name == "my_losses.py:doubled_mse"
+    assert float(loss_fn(torch.ones(3), torch.zeros(3))) == 2.0
+    assert default_metrics(name) == {}
+
+
+def test_user_module_class_is_instantiated(tmp_path, monkeypatch):
+    (tmp_path / "uc_loss_mod.py").write_text(textwrap.dedent("""
+        import torch.nn as nn
+
+        class HalfL1(nn.Module):
+            def forward(self, output, target):
+                return 0.5 * (output - target).abs().mean()
+    """))
+    monkeypatch.chdir(tmp_path)
+    loss_fn, name = resolve_loss("uc_loss_mod:HalfL1")
+    assert isinstance(loss_fn, nn.Module)
+    assert float(loss_fn(torch.full((4,), 3.0), torch.ones(4))) == 1.0
+
+
+def test_user_class_whose_init_raises_is_their_bug(tmp_path, monkeypatch):
+    (tmp_path / "bad_loss.py").write_text("class Loss:\n    def __init__(self):\n"
+                                          "        raise KeyError('margin')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserCodeError, match=r"^--loss bad_loss.py:Loss raised KeyError"):
+        resolve_loss("bad_loss.py:Loss")
+
+
+def test_callables_pass_through_and_classes_are_instantiated():
+    def focal(output, target):
+        return output.sum()
+
+    assert resolve_loss(focal) == (focal, "test_callables_pass_through_and_classes_are_"
+                                          "instantiated.<locals>.focal")
+    loss_fn, name = resolve_loss(nn.MSELoss)
+    assert isinstance(loss_fn, nn.MSELoss) and name == "MSELoss"
+    instance = nn.L1Loss()
+    assert resolve_loss(instance) == (instance, "L1Loss")
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+def test_accuracy_on_a_known_example():
+    output = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.3, 0.7]])
+    target = torch.tensor([0, 0, 0, 1])
+    correct, count = accuracy(output, target)
+    assert (int(correct), count) == (3, 4)
+
+
+def test_accuracy_adds_across_micro_batches():
+    output, target = sample("cross_entropy", n=10)
+    whole = accuracy(output, target)
+    parts = [accuracy(output[:3], target[:3]), accuracy(output[3:], target[3:])]
+    assert int(sum(p[0] for p in parts)) == int(whole[0])
+    assert sum(p[1] for p in parts) == whole[1] == 10
+
+
+def test_default_metrics():
+    assert default_metrics("cross_entropy") == {"acc": accuracy}
+    assert default_metrics("nll") == {"acc": accuracy}
+    assert default_metrics("mse") == {}
+    assert default_metrics("my.py:cross_entropy") == {}
+
+
+@pytest.mark.parametrize("output_shape, target, applies", [
+    ((8, 5), torch.zeros(8, dtype=torch.long), True),
+    ((8, 5), torch.zeros(8, dtype=torch.int32), True),
+    ((8, 12, 5), torch.zeros(8, 12, dtype=torch.long), False),  # a sequence model's (N, T, C)
+    ((8, 5), torch.zeros(8), False),                            # float targets: regression
+    ((8, 5), torch.zeros(8, 5, dtype=torch.long), False),
+    ((8, 5), torch.zeros(7, dtype=torch.long), False),
+    ((8,), torch.zeros(8, dtype=torch.long), False),
+])
+def test_accuracy_applies_only_to_n_by_c_with_integer_targets(output_shape, target, applies):
+    assert metric_applies("acc", torch.zeros(output_shape), target) is applies
+
+
+def test_metric_without_a_shape_rule_applies():
+    assert metric_applies("perplexity", torch.zeros(8, 12, 5), torch.zeros(8, 12))
+
+
+def test_accuracy_refuses_what_it_does_not_apply_to():
+    with pytest.raises(ValueError, match=r"\(N, C\) outputs"):
+        accuracy(torch.zeros(8, 12, 5), torch.zeros(8, 12, dtype=torch.long))
+
+
+# -- check_loss_accepts ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_matching_output_and_target_pass(name):
+    output, target = sample(name)
+    check_loss_accepts(LOSSES[name], name, output.requires_grad_(), target)
+
+
+def test_float_targets_for_cross_entropy():
+    with pytest.raises(ConfigError) as e:
+        check_loss_accepts(LOSSES["cross_entropy"], "cross_entropy", torch.randn(8, 5),
+                           torch.randn(8))
+    message = str(e.value)
+    assert not isinstance(e.value, UserCodeError)
+    assert message.startswith("--loss cross_entropy: cannot score the output against the target")
+    assert "(8, 5) torch.float32" in message and "(8,) torch.float32" in message
+    assert "(N, C) logits with integer class targets (N,)" in message
+    assert "--loss mse" in message
+
+
+def test_sequence_output_with_cross_entropy():
+    with pytest.raises(ConfigError, match=r"\(4, 7, 5\) torch.float32.*\(4, 7\) torch.int64"):
+        check_loss_accepts(LOSSES["cross_entropy"], "cross_entropy", torch.randn(4, 7, 5),
+                           torch.randint(5, (4, 7)))
+
+
+def test_mse_refuses_shapes_it_would_broadcast():
+    """mse_loss only warns on (N, 1) against (N,), then averages an (N, N) matrix."""
+    with pytest.raises(ConfigError) as e:
+        check_loss_accepts(LOSSES["mse"], "mse", torch.randn(8, 1), torch.randn(8))
+    message = str(e.value)
+    assert message.startswith("--loss mse: the model's output is (8, 1) torch.float32 and the "
+                              "target (8,) torch.float32, shapes that differ")
+    assert "same shape" in message
+
+
+def test_class_labels_for_mse():
+    with pytest.raises(ConfigError,
+                       match=r"--loss mse: .*\(8,\) torch.int64.*--loss cross_entropy"):
+        check_loss_accepts(LOSSES["mse"], "mse", torch.randn(8, 5), torch.randint(5, (8,)))
+
+
+def test_bce_with_logits_shape_mismatch():
+    with pytest.raises(ConfigError, match=r"--loss bce_with_logits: .*float targets in \[0, 1\]"):
+        check_loss_accepts(LOSSES["bce_with_logits"], "bce_with_logits", torch.randn(8, 1),
+                           torch.rand(8))
+
+
+def test_user_loss_that_raises_is_their_bug():
+    def my_loss(output, target):
+        raise RuntimeError("bad reduction")
+
+    with pytest.raises(UserCodeError, match=r"^--loss my.py:my_loss raised RuntimeError: "
+                                            r"bad reduction"):
+        check_loss_accepts(my_loss, "my.py:my_loss", torch.randn(8, 5), torch.zeros(8).long())
+
+
+def test_loss_must_be_a_scalar():
+    with pytest.raises(ConfigError) as e:
+        check_loss_accepts(lambda o, t: (o - t) ** 2, "my.py:sq", torch.randn(8), torch.randn(8))
+    message = str(e.value)
+    assert message.startswith("--loss my.py:sq returned a tensor of shape (8,), not a scalar")
+    assert "loss.mean()" in message
+
+
+def test_loss_must_be_a_tensor():
+    with pytest.raises(ConfigError, match=r"returned a float, not a tensor.*not \.item\(\)"):
+        check_loss_accepts(lambda o, t: float(((o - t) ** 2).mean()), "my.py:f",
+                           torch.randn(8), torch.randn(8))
+
+
+def test_loss_must_keep_the_gradient():
+    output = torch.randn(8, requires_grad=True)
+    with pytest.raises(ConfigError, match="no gradient"):
+        check_loss_accepts(lambda o, t: ((o.detach() - t) ** 2).mean(), "my.py:f", output,
+                           torch.randn(8))
