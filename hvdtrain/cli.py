@@ -20,6 +20,24 @@ from .data import DataError
 EXIT_BAD_INPUT = 2
 
 
+def _builtin_models():
+    from .models import MODELS
+    return MODELS
+
+
+def _builtin_datasets():
+    from .workload import BUILTIN_DATASETS
+    return BUILTIN_DATASETS
+
+
+def _builtin_losses():
+    from .losses import LOSSES
+    return LOSSES
+
+
+BUILTIN_NAMES = {"model": _builtin_models, "dataset": _builtin_datasets, "loss": _builtin_losses}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hvdtrain",
@@ -46,8 +64,11 @@ def add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
     flag = "--" + f.name.replace("_", "-")
     # SUPPRESS keeps unset flags out of the namespace, so a config file's values are not
     # overwritten by defaults; the dataclass holds the defaults.
+    help = f.metadata["help"]
+    if f.name in BUILTIN_NAMES:  # from the registries, so a @register'ed model shows up here
+        help += f"; built in: {', '.join(sorted(BUILTIN_NAMES[f.name]()))}"
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{f.metadata['help']} (default: {_show_default(default)})"}
+                              "help": f"{help} (default: {_show_default(default)})"}
     if isinstance(default, bool):
         kwargs["action"] = argparse.BooleanOptionalAction
     else:
@@ -116,7 +137,7 @@ def train(cfg: Config, workload) -> int:
     from . import launch
 
     try:
-        trainer = launch.run(cfg, workload)
+        finished = launch.run(cfg, workload)
     except BaseException as e:
         code = launch.failure_code(e)
         if code is None:
@@ -125,7 +146,7 @@ def train(cfg: Config, workload) -> int:
             return fail(launch.describe_failure(e), code, getattr(e, "user_traceback", None))
         print(f"hvdtrain: error: {launch.describe_failure(e)}", file=sys.stderr, flush=True)
         return code
-    report(trainer)
+    report(finished.trainer)
     return 0
 
 

@@ -56,7 +56,7 @@ class DataConfig:
 class ModelConfig:
     """Which network to train. Input and output sizes come from the dataset."""
 
-    model: str = _opt("mlp", "a built-in model (mlp, cnn; the registry in hvdtrain/models.py) "
+    model: str = _opt("mlp", "a built-in model (the registry in hvdtrain/models.py) "
                       "or your own MODULE:CALLABLE returning an nn.Module; MODULE is a dotted "
                       "import path or a .py file, and the callable also receives input_shape "
                       "and num_classes when its signature names them")

@@ -16,11 +16,16 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from .checkpoint import CheckpointError
 from .config import Config, ConfigError
 from .data import DataError
+from .layout import Layout
 from .workload import Workload
 
 EXIT_BAD_INPUT = 2
@@ -52,8 +57,18 @@ def describe_failure(error: BaseException) -> str:
     return str(error)
 
 
-def run(cfg: Config, workload: Workload):
-    """Build this process's role and run it; returns the trainer (None on a server)."""
+@dataclass
+class Finished:
+    """What a process knows when the job is done. The history and the run folder are worker 0's,
+    given to every rank, servers included, so one script works under every mode and launcher."""
+
+    history: list = field(default_factory=list)  # loop.EpochResult per epoch
+    run_dir: Path | None = None
+    trainer: Any = None  # this process's loop.Trainer; None on a parameter server
+
+
+def run(cfg: Config, workload: Workload) -> Finished:
+    """Build this process's role and run it."""
     torch.manual_seed(cfg.run.seed)  # every replica's factory draws the same initial weights
     model = workload.build_model()
     if cfg.run.mode == "async":
@@ -61,28 +76,36 @@ def run(cfg: Config, workload: Workload):
     return _run_sync(cfg, workload, model)
 
 
-def _run_sync(cfg: Config, workload: Workload, model):
+def prepare_sync(cfg: Config, workload: Workload, model):
+    """A sync trainer, Horovod started, nothing trained yet (benchmarks drive it by hand)."""
     from .runtime import start_horovod
     from .sync import ElasticHorovodSync, HorovodSync, to_sync_batchnorm
 
     runtime = start_horovod(cfg.run, cfg.sync)
+    layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
     if cfg.sync.sync_batchnorm:
         model = to_sync_batchnorm(model)
     scheme = (ElasticHorovodSync if cfg.sync.elastic else HorovodSync)(cfg, runtime)
-    trainer = _build_trainer(cfg, runtime, scheme, workload, model)
+    return _build_trainer(cfg, runtime, layout, scheme, workload, model)
+
+
+def _run_sync(cfg: Config, workload: Workload, model):
+    trainer = prepare_sync(cfg, workload, model)
+    scheme = trainer.scheme
     try:
         trainer.fit()
     finally:
         workload.close()
-    return trainer
+    history, run_dir = scheme.broadcast_object((trainer.history, trainer.run_dir))
+    return Finished(history, run_dir, trainer)
 
 
 def _run_async(cfg: Config, workload: Workload, model):
-    from .ps.protocol import Topology
     from .runtime import start_mpi
 
     runtime = start_mpi(cfg.run)
-    topology = Topology(runtime.size, cfg.ps.num_servers)  # the same on every rank: no abort
+    layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
+    topology = layout.topology  # the same on every rank: errors need no abort
     from mpi4py import MPI
 
     from .ps.client import ParameterServerClient
@@ -92,15 +115,18 @@ def _run_async(cfg: Config, workload: Workload, model):
     is_server = topology.is_server(runtime.rank)
     comm = world.Dup()  # the parameter server's private channel
     worker_comm = world.Split(1 if is_server else 0, runtime.rank)
+    trainer = None
     try:
         if is_server:
             ParameterServer(comm, cfg, topology).serve()
-            return None
-        scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
-        trainer = _build_trainer(cfg, runtime, scheme, workload, model)
-        trainer.fit()
-        workload.close()
-        return trainer
+        else:
+            scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
+            trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
+            trainer.fit()
+            workload.close()
+        history, run_dir = world.bcast(
+            (trainer.history, trainer.run_dir) if runtime.rank == 0 else None, root=0)
+        return Finished(history, run_dir, trainer)
     except BaseException as e:  # never leave the other ranks waiting for this one
         code = failure_code(e)
         if code is None:
@@ -114,11 +140,11 @@ def _run_async(cfg: Config, workload: Workload, model):
               collective=code == EXIT_BAD_INPUT)
 
 
-def _build_trainer(cfg: Config, runtime, scheme, workload: Workload, model):
+def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workload, model):
     from .loop import Trainer
     from .pipeline import build_replica
 
-    replica = build_replica(model, cfg, runtime, workload.objective())
+    replica = build_replica(model, cfg, runtime, layout, workload.objective())
     workload.bind(replica.device, cfg)  # a pipeline takes its inputs on its first stage's device
     replica.model.eval()  # the check must not move BatchNorm statistics
     workload.check(replica.forward, replica.device)

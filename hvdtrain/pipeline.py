@@ -31,6 +31,7 @@ import torch
 import torch.nn as nn
 
 from .config import Config, ConfigError, PipelineConfig
+from .layout import Layout
 from .data.batches import to_device
 from .replica import BatchStats, Objective, Replica, batch_length, split_batch
 from .runtime import Runtime
@@ -83,52 +84,6 @@ def explicit_bounds(points: tuple[int, ...], num_layers: int) -> list[tuple[int,
     return list(zip(edges, edges[1:]))
 
 
-def assign_devices(spec: str, stages: int, local_rank: int, local_size: int,
-                   gpu_count: int) -> list[str]:
-    """The devices of this rank's stages. The same checks run on every rank, for every rank of
-    the host, so a topology that cannot work fails everywhere alike before training starts."""
-    entries = [e.strip() for e in spec.split(",") if e.strip()] or ["auto"]
-    if entries == ["auto"]:
-        entries = ["cuda" if gpu_count else "cpu"]
-    if len(entries) == 1:
-        entries = entries * stages
-    if len(entries) == stages * local_size and local_size > 1:
-        mine = entries[local_rank * stages:(local_rank + 1) * stages]
-        host = [entries[r * stages:(r + 1) * stages] for r in range(local_size)]
-    elif len(entries) == stages:
-        mine, host = entries, [entries] * local_size
-    else:
-        raise ConfigError(
-            f"--devices {spec}: give one device per stage ({stages}), or one per stage of every "
-            f"rank on this host ({local_size} ranks x {stages} stages = {stages * local_size})")
-    resolved = [[_resolve(e, r, k, stages, spec) for k, e in enumerate(devs)]
-                for r, devs in enumerate(host)]
-    gpus = [d for devs in resolved for d in devs if d.startswith("cuda")]
-    for d in gpus:
-        if int(d.split(":")[1]) >= gpu_count:
-            raise ConfigError(
-                f"--devices {spec}: {local_size} rank(s) on this host x {stages} stages need "
-                f"{d}, but this host has {gpu_count} GPU(s); use fewer stages or ranks per "
-                f"host, or --devices cpu")
-    if len(set(gpus)) < len(gpus):
-        clash = sorted({d for d in gpus if gpus.count(d) > 1})
-        raise ConfigError(
-            f"--devices {spec}: {', '.join(clash)} would hold more than one stage on this host "
-            f"({local_size} rank(s) x {stages} stages); give --devices cuda (rank r takes "
-            f"cuda:r*{stages}+k) or list {stages * local_size} distinct devices")
-    return resolved[local_rank % local_size] if local_size else resolved[0]
-
-
-def _resolve(entry: str, local_rank: int, stage: int, stages: int, spec: str) -> str:
-    if entry == "cpu":
-        return "cpu"
-    if entry == "cuda":
-        return f"cuda:{local_rank * stages + stage}"
-    if entry.startswith("cuda:") and entry[5:].isdigit():
-        return entry
-    raise ConfigError(f"--devices {spec}: unknown device {entry!r}; use cpu, cuda or cuda:N")
-
-
 def sequential_layers(model: nn.Module) -> nn.Sequential:
     """The ordered layers to split: the model itself, or its ``.layers`` Sequential."""
     if isinstance(model, nn.Sequential):
@@ -164,9 +119,9 @@ class _Aborted(Exception):
 
 class PipelineReplica(Replica):
     def __init__(self, model: nn.Module, devices: list[str], cfg: PipelineConfig,
-                 objective: Objective):
+                 objective: Objective | None = None):
         layers = sequential_layers(model)
-        self.objective = objective
+        self.objective = objective or Objective.classification()
         stages = len(devices)
         bounds = (explicit_bounds(cfg.split_points, len(layers)) if cfg.split_points else
                   balanced_bounds([sum(p.numel() for p in layer.parameters()) for layer in layers],
@@ -325,15 +280,13 @@ class _Run:
         self.busy[k] += time.perf_counter() - t0
 
 
-def build_replica(model: nn.Module, cfg: Config, runtime: Runtime,
+def build_replica(model: nn.Module, cfg: Config, runtime: Runtime, layout: Layout,
                   objective: Objective) -> Replica:
     """The plain replica, or the pipelined one when --stages > 1."""
     pl = cfg.pipeline
     if pl.stages == 1:
         return Replica(model, runtime.device, objective)
-    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    devices = assign_devices(pl.devices, pl.stages, runtime.local_rank, runtime.local_size,
-                             gpu_count)
+    devices = list(layout.stage_devices)
     if devices[0].startswith("cuda"):
         torch.cuda.set_device(torch.device(devices[0]))
     if not cfg.run.threads and pl.schedule != "sequential" and "cpu" in devices:

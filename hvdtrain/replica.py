@@ -63,6 +63,12 @@ class Objective:
         self.loss = loss
         self.metrics = dict(metrics or {})
 
+    @classmethod
+    def classification(cls) -> "Objective":
+        """The default: cross entropy, with accuracy beside it."""
+        from .losses import accuracy
+        return cls(torch.nn.functional.cross_entropy, {"acc": accuracy})
+
     def score(self, output: Any, target: Any) -> tuple[torch.Tensor, BatchStats]:
         """The batch's mean loss (with its graph) and its sums."""
         loss = self.loss(output, target)
@@ -80,11 +86,12 @@ class Replica:
     backward_passes = 1  # backward passes per forward_backward call (a pipeline makes one per
                          # micro-batch); Horovod must wait for all of them before it allreduces
 
-    def __init__(self, model: nn.Module, device: torch.device, objective: Objective):
+    def __init__(self, model: nn.Module, device: torch.device,
+                 objective: Objective | None = None):
         self.model = model.to(device)
         self.device = device  # where the inputs go
         self.devices = [device]
-        self.objective = objective
+        self.objective = objective or Objective.classification()
 
     def parameters(self):
         return self.model.parameters()

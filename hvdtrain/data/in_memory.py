@@ -13,6 +13,8 @@ import torch
 from .batches import BatchSource
 from .builtin import epoch_batches, eval_shard
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+
 
 class InMemoryBatches(BatchSource):
     def __init__(self, x: torch.Tensor, y: torch.Tensor, device: torch.device | str = "cpu"):
@@ -30,20 +32,18 @@ class InMemoryBatches(BatchSource):
         return self.num_samples // num_workers // batch_size  # what epoch_batches drops to
 
     def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
-                      seed: int, first_step: int, steps: int) -> Iterator[tuple[torch.Tensor,
-                                                                                torch.Tensor]]:
+                      seed: int, first_step: int, steps: int) -> Iterator[Batch]:
         self._check_steps(first_step, steps, batch_size, num_workers)
         rows = epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
         index = torch.from_numpy(rows[first_step:steps]).to(self.device)  # one copy per epoch
         for idx in index:
             yield self.x[idx], self.y[idx]
 
-    def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[tuple[torch.Tensor,
-                                                                                   torch.Tensor]]:
+    def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[Batch]:
         shard = eval_shard(self.num_samples, part, parts)
         for start in range(shard.start, shard.stop, batch_size):
             end = min(start + batch_size, shard.stop)
             yield self.x[start:end], self.y[start:end]
 
-    def sample(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(self) -> Batch:
         return self.x[:2], self.y[:2]

@@ -8,6 +8,7 @@ continues it (--resume, --auto-resume). Worker 0 decides and reads; the scheme t
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
@@ -18,14 +19,15 @@ from ..scheme import Progress, UpdateScheme
 from .hooks import TrainingError
 
 
-def default_run_dir(cfg: Config, model_name: str) -> Path:
+def default_run_dir(cfg: Config, data_name: str, model_name: str) -> Path:
     run = cfg.run
     if run.run_dir:
         return Path(run.run_dir)
     if run.resume:  # keep writing into the run being resumed
         return checkpoint.checkpoint_path(run.resume).parent
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{stamp}-{run.mode}-{cfg.data.dataset}-{model_name}"
+    label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{run.mode}-{data_name}-{model_name}")[:80]
+    return Path("runs") / f"{stamp}-{label}"
 
 
 class Checkpointer:

@@ -37,7 +37,7 @@ class Trainer:
         run = cfg.run
         self.plan = EpochPlan(run, workload.train)
         self.evaluator = Evaluator(run, workload.test, scheme, names)
-        self.run_dir = default_run_dir(cfg, workload.name)
+        self.run_dir = default_run_dir(cfg, workload.data_name, workload.name)
         self.checkpointer = Checkpointer(cfg, scheme, self.run_dir, self.identity,
                                          self.replica.model.state_dict)
         self.hooks = default_hooks(run)

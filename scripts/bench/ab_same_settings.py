@@ -16,8 +16,11 @@ import torch
 
 import horovod.torch as hvd
 from common import make_step
-from hvdtrain.cli import build_parser, config_from_args, prepare_sync
+from hvdtrain import launch
+from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.models import build_model
+from hvdtrain.scheme import Progress
+from hvdtrain.workload import workload_from_config
 
 ROUNDS, STEPS, BATCH = int(sys.argv[1]), 50, 64
 with tempfile.TemporaryDirectory() as run_dir:
@@ -26,9 +29,16 @@ with tempfile.TemporaryDirectory() as run_dir:
         "--synthetic-samples", "16384", "--hidden", "1024,1024", "--batch-size", str(BATCH),
         "--epochs", str(ROUNDS + 1), "--max-steps-per-epoch", str(STEPS), "--lr", "0.01",
         "--eval-every", "1000", "--no-progress", "--run-dir", run_dir]))
-    trainer = prepare_sync(cfg)  # hvd.init with hvdtrain's settings
+    workload = workload_from_config(cfg)
+    torch.manual_seed(cfg.run.seed)
+    trainer = launch.prepare_sync(cfg, workload, workload.build_model())  # hvd.init, settings
     trainer.scheme.attach(trainer.replica)
-    trainer.scheme.start(None)
+    trainer.scheme.start(None, resuming=False)
+
+    def hvdtrain_epoch(epoch: int) -> float:
+        trainer.progress = Progress(epoch=epoch, workers=hvd.size())
+        trainer._train_epoch()
+        return trainer.history[-1].samples_per_sec
 
     # The plain loop, as in Horovod's pytorch_mnist example, on a second copy of the model.
     model = build_model("mlp", (1024,), 10, cfg.model)
@@ -36,7 +46,7 @@ with tempfile.TemporaryDirectory() as run_dir:
     optimizer = hvd.DistributedOptimizer(                               # Horovod
         optimizer, named_parameters=[(f"plain.{n}", p) for n, p in model.named_parameters()])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)          # Horovod
-    x, y = trainer.x_train, trainer.y_train
+    x, y = workload.train.x, workload.train.y
     generator = torch.Generator().manual_seed(hvd.rank())
 
     plain_step = make_step(model, optimizer)
@@ -48,15 +58,15 @@ with tempfile.TemporaryDirectory() as run_dir:
             plain_step(x[idx], y[idx])
         return STEPS * BATCH * hvd.size() / (time.perf_counter() - t0)
 
-    trainer._train_epoch(0, time.perf_counter())  # warm up both
+    hvdtrain_epoch(0)  # warm up both
     plain_block()
     ratios = []
     for r in range(ROUNDS):
         if r % 2:  # alternate which goes first
             theirs = plain_block()
-            ours = trainer._train_epoch(r + 1, time.perf_counter()).samples_per_sec
+            ours = hvdtrain_epoch(r + 1)
         else:
-            ours = trainer._train_epoch(r + 1, time.perf_counter()).samples_per_sec
+            ours = hvdtrain_epoch(r + 1)
             theirs = plain_block()
         ratios.append(ours / theirs)
     if hvd.rank() == 0:

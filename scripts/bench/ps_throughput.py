@@ -52,7 +52,7 @@ else:
     runtime = Runtime(world.Get_rank(), world.Get_size(), 0, 1, torch.device("cpu"), "mpirun")
     client = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
     client.attach(Replica(model, torch.device("cpu")))
-    client.start(None)
+    client.start(None, resuming=False)
     client.grads_flat.normal_()
     for _ in range(args.warmup):
         client.push(lr=1e-6)

@@ -15,5 +15,5 @@ from hvdtrain.workload import workload_from_config
 
 out = Path(sys.argv[1])
 cfg = config_from_args(build_parser().parse_args(["train", *sys.argv[2:]]))
-trainer = launch.run(cfg, workload_from_config(cfg))
+trainer = launch.run(cfg, workload_from_config(cfg)).trainer
 torch.save(trainer.replica.model.state_dict(), out / f"rank{trainer.runtime.rank}.pt")

@@ -11,7 +11,8 @@ import torch.nn as nn
 
 from hvdtrain.config import Config, ConfigError, ModelConfig, PipelineConfig
 from hvdtrain.models import build_model
-from hvdtrain.pipeline import (PipelineReplica, assign_devices, balanced_bounds, explicit_bounds,
+from hvdtrain.layout import assign_devices
+from hvdtrain.pipeline import (PipelineReplica, balanced_bounds, explicit_bounds,
                                gpipe_bubble, stage_program)
 from hvdtrain.replica import Replica
 
@@ -119,12 +120,12 @@ def test_split_model_matches_unsplit_loss_and_gradients(model_name, schedule, mi
     a = plain.forward_backward(x, y, grad_scale=0.5)
     b = piped.forward_backward(x, y, grad_scale=0.5)
     assert abs(a.loss_sum.item() - b.loss_sum.item()) < 1e-6 * 32
-    assert a.correct.item() == b.correct.item() and a.count == b.count
+    assert a.metrics["acc"][0].item() == b.metrics["acc"][0].item() and a.count == b.count
     for (name, p), q in zip(whole.named_parameters(), split.parameters()):
         assert (p.grad - q.grad).abs().max().item() < 1e-6, name
     # the same weights (stages are slices of the model, not copies): checkpoints interchange
     assert list(whole.state_dict()) == list(split.state_dict())
-    evaluated_a, evaluated_b = plain.evaluate(x, y), piped.evaluate(x, y)
+    evaluated_a, evaluated_b = plain.evaluate([(x, y)]), piped.evaluate([(x, y)])
     assert abs(evaluated_a.loss_sum.item() - evaluated_b.loss_sum.item()) < 1e-4
     metrics = piped.take_epoch_metrics()["pipeline"]
     assert 0 <= metrics["bubble_fraction"] < 1

@@ -1,0 +1,62 @@
+"""Train the residual net on the digits through hvdtrain.fit, under any launcher, and write what
+this rank's fit returned to OUT_DIR/rank<R>.json, so a test can check that every rank (parameter
+servers included) got the same result.
+
+Usage: fit_script.py OUT_DIR [--data dataset|stream|tensors] [option=value ...]
+Each option is one of fit()'s keyword options; its value is read as JSON when it parses (so
+epochs=3 is an int), else kept as a string (mode=async).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import hvdtrain
+
+from residual_net import build  # this folder is on sys.path: it holds this script
+from user_data import digits, digits_stream, digits_arrays
+
+
+def parse_options(pairs):
+    options = {}
+    for pair in pairs:
+        name, _, text = pair.partition("=")
+        try:
+            options[name] = json.loads(text)
+        except json.JSONDecodeError:
+            options[name] = text
+    return options
+
+
+def main():
+    out = Path(sys.argv[1])
+    args = sys.argv[2:]
+    kind = "dataset"
+    if args[:1] == ["--data"]:
+        kind, args = args[1], args[2:]
+    if kind == "dataset":
+        train, test = digits()
+    elif kind == "stream":
+        train, test = digits_stream()
+    else:
+        x_train, y_train, x_test, y_test = digits_arrays()
+        train, test = (x_train, y_train), (x_test, y_test)
+
+    result = hvdtrain.fit(lambda: build((1, 8, 8), 10, width=16), train, test,
+                          loss="cross_entropy", **parse_options(args))
+
+    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
+    (out / f"rank{rank}.json").write_text(json.dumps({
+        "history": result.history,
+        "final": result.final,
+        "run_dir": str(result.run_dir),
+        "log_path": str(result.log_path),
+        "checkpoint_path": str(result.checkpoint_path),
+        "has_model": result.model is not None,
+        "model_training": None if result.model is None else result.model.training,
+    }))
+
+
+if __name__ == "__main__":  # loader processes may import this file; they must not train
+    main()

@@ -1,0 +1,177 @@
+"""The training loop in one process, driven by a scheme that needs no MPI: resume slicing,
+rescaling to another number of workers, checkpoint cadence, and step hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hvdtrain import checkpoint
+from hvdtrain.config import Config
+from hvdtrain.loop import StepHook, Trainer, TrainingError
+from hvdtrain.loop.epoch_plan import EpochPlan
+from hvdtrain.metrics import read_jsonl
+from hvdtrain.replica import Replica
+from hvdtrain.runtime import Runtime
+from hvdtrain.scheme import Progress, UpdateScheme
+from hvdtrain.data.in_memory import InMemoryBatches
+from hvdtrain.workload import workload_from_objects
+
+CPU = torch.device("cpu")
+
+
+class LocalScheme(UpdateScheme):
+    """Plain SGD in this process: the smallest scheme the trainer accepts."""
+
+    lr_scale = 1.0
+
+    def __init__(self):
+        self.started_with: tuple[dict | None, bool] | None = None
+
+    def attach(self, replica):
+        self.replica = replica
+        self.optimizer = torch.optim.SGD(replica.parameters(), lr=0.1, momentum=0.9)
+
+    def start(self, state, resuming):
+        self.started_with = (state, resuming)
+        if state is not None:
+            self.replica.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+
+    def step(self, x, y, lr):
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad()
+        stats = self.replica.forward_backward(x, y, 1.0)
+        self.optimizer.step()
+        return stats
+
+    def workers(self):
+        return 0, 1
+
+    def sum_across_workers(self, values):
+        return list(values)
+
+    def broadcast_object(self, obj):
+        return obj
+
+    def state_dict(self):
+        return {"model": self.replica.model.state_dict(),
+                "optimizer": self.optimizer.state_dict()}
+
+
+def data(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 12, generator=g)
+    return x, (x[:, :3].sum(1) > 0).long()
+
+
+def make_trainer(tmp_path, hooks=(), x=None, **options):
+    opts = {"epochs": 2, "batch_size": 16, "progress": False, "warmup_epochs": 0,
+            "run_dir": str(tmp_path), "seed": 4, **options}
+    cfg = Config.from_overrides(opts).validate()
+    x, y = data() if x is None else x
+    torch.manual_seed(cfg.run.seed)
+    # No dropout: inside an epoch, a resume replays the data exactly but not the random state.
+    workload = workload_from_objects(lambda: torch.nn.Sequential(
+        torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)),
+        (x[:200], y[:200]), (x[200:], y[200:]), "cross_entropy", None)
+    workload.bind(CPU, cfg)
+    model = workload.build_model()
+    runtime = Runtime(0, 1, 0, 1, CPU, "none")
+    trainer = Trainer(cfg, runtime, LocalScheme(), workload,
+                      Replica(model, CPU, workload.objective()))
+    trainer.hooks += list(hooks)
+    return trainer
+
+
+class CrashAt(StepHook):
+    """Stands in for a killed job: raises after the given global step."""
+
+    def __init__(self, global_step):
+        self.global_step = global_step
+        self.seen: list[tuple[int, int]] = []
+
+    def after_step(self, step):
+        self.seen.append((step.progress.epoch, step.progress.step))
+        if step.progress.global_step + 1 == self.global_step:
+            raise KeyboardInterrupt
+
+
+def test_a_step_checkpoint_resumes_at_its_step_with_the_same_weights(tmp_path):
+    straight = make_trainer(tmp_path / "straight")
+    straight.fit()
+    steps = straight.plan.steps_per_epoch
+    assert steps == 200 // 16
+    # 12 steps an epoch: a checkpoint every 5 steps leaves (epoch 1, step 3) at global step 15
+    crash = CrashAt(17)
+    first = make_trainer(tmp_path / "crashed", hooks=[crash], checkpoint_steps=5)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit()
+    saved = checkpoint.load(tmp_path / "crashed")
+    assert (saved["epoch"], saved["step"], saved["global_step"]) == (1, 3, 15)
+    hook = CrashAt(-1)
+    resumed = make_trainer(tmp_path / "crashed", hooks=[hook], checkpoint_steps=5,
+                           auto_resume=True)
+    resumed.fit()
+    assert resumed.scheme.started_with[1] is True
+    assert hook.seen[0] == (1, 3) and len(hook.seen) == steps - 3  # only the rest of epoch 2
+    a, b = straight.replica.model.state_dict(), resumed.replica.model.state_dict()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    header = [r for r in read_jsonl(tmp_path / "crashed" / "metrics.jsonl")
+              if r["type"] == "header"][-1]
+    assert (header["resumed_from_epoch"], header["resumed_from_step"]) == (1, 3)
+
+
+def test_checkpoints_follow_the_epoch_cadence(tmp_path, monkeypatch):
+    trainer = make_trainer(tmp_path, epochs=5, checkpoint_every=2)
+    written = []
+    save = trainer.checkpointer.save
+    monkeypatch.setattr(trainer.checkpointer, "save",
+                        lambda p: written.append((p.epoch, p.step)) or save(p))
+    trainer.fit()
+    assert written == [(2, 0), (4, 0), (5, 0)]  # every 2 epochs, and always the last
+
+
+@pytest.mark.parametrize("step, workers, now, expected", [
+    (20, 1, 2, 10), (43, 1, 3, 14), (5, 2, 1, 10), (7, 3, 3, 7), (30, 1, 2, 12)])
+def test_a_position_inside_an_epoch_rescales_to_another_number_of_workers(step, workers, now,
+                                                                         expected):
+    x, y = data(400)
+    plan = EpochPlan(Config.from_overrides({"batch_size": 16}).validate().run,
+                     InMemoryBatches(x, y))
+    plan.bind_world(0, now)
+    progress = Progress(epoch=1, step=step, global_step=99, workers=workers)
+    plan.rescale(progress)
+    assert progress.step == min(expected, plan.steps_per_epoch)
+    assert progress.workers == now
+
+
+def test_a_nan_loss_stops_training_and_keeps_the_last_checkpoint(tmp_path):
+    make_trainer(tmp_path, epochs=1).fit()
+    before = (tmp_path / "checkpoint.pt").read_bytes()
+    x, y = data()
+    x[150:] = float("nan")
+    trainer = make_trainer(tmp_path, x=(x, y), epochs=3, auto_resume=True)
+    with pytest.raises(TrainingError, match="loss became nan"):
+        trainer.fit()
+    assert (tmp_path / "checkpoint.pt").read_bytes() == before
+
+
+def test_a_fresh_run_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
+    make_trainer(tmp_path, epochs=1).fit()
+    with pytest.raises(checkpoint.CheckpointError, match="already holds a checkpoint"):
+        make_trainer(tmp_path, epochs=1).fit()
+
+
+def test_every_hook_sees_every_step_in_order(tmp_path):
+    hook = CrashAt(-1)
+    trainer = make_trainer(tmp_path, epochs=2, max_steps_per_epoch=4)
+    trainer.hooks.append(hook)
+    history = trainer.fit()
+    assert hook.seen == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [e.epoch for e in history] == [1, 2]
+    lines = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
+    assert [r["step"] for r in lines] == [4, 8]
+    assert all(0 <= r["train_acc"] <= 1 and r["test_acc"] is not None for r in lines)
