@@ -9,6 +9,7 @@ with a message that names the flag and the fix.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,25 @@ class DataConfig:
                                             "e.g. 1024 or 1x28x28")
     synthetic_classes: int = _opt(10, "number of classes in --dataset synthetic")
 
+    def validate(self) -> None:
+        d = self
+        _require(0 < d.test_fraction < 1, "--test-fraction", d.test_fraction,
+                 "hold out a share strictly between 0 and 1, e.g. 0.2")
+        _require(d.synthetic_samples >= 2, "--synthetic-samples", d.synthetic_samples,
+                 "use at least 2 samples")
+        _require(len(d.synthetic_shape) >= 1 and all(n >= 1 for n in d.synthetic_shape),
+                 "--synthetic-shape", d.synthetic_shape, "give positive sizes such as 1024 or 1x28x28")
+        _require(d.synthetic_classes >= 2, "--synthetic-classes", d.synthetic_classes,
+                 "use at least 2 classes")
+        if d.dataset in ("mnist", "npz", "folder"):
+            _require(bool(d.data_path), "--data-path", d.data_path,
+                     f"--dataset {d.dataset} reads local files: pass --data-path "
+                     + {"mnist": "FOLDER holding train-images-idx3-ubyte etc.",
+                        "npz": "FILE.npz holding arrays x and y",
+                        "folder": "FOLDER with one subfolder of images per class"}[d.dataset])
+        _require(d.data_workers >= 0, "--data-workers", d.data_workers,
+                 "use 0 (load in the training process) or a number of loader processes")
+
 
 @dataclass
 class ModelConfig:
@@ -67,6 +87,13 @@ class ModelConfig:
                      "reported for cross_entropy and nll on (N, C) outputs")
     hidden: tuple[int, ...] = _opt((256, 128), "hidden layer widths of the MLP, e.g. 1024,1024")
     channels: tuple[int, ...] = _opt((32, 64), "convolution channels of the CNN, one per block")
+
+    def validate(self) -> None:
+        m = self
+        _require(len(m.hidden) >= 1 and all(n >= 1 for n in m.hidden), "--hidden", m.hidden,
+                 "give positive layer widths, e.g. --hidden 256,128")
+        _require(len(m.channels) >= 1 and all(n >= 1 for n in m.channels), "--channels",
+                 m.channels, "give positive channel counts, e.g. --channels 32,64")
 
 
 @dataclass
@@ -86,6 +113,15 @@ class OptimConfig:
                                 "the scaled rate; 0 disables warmup")
     lr_schedule: str = _opt("constant", "after warmup: constant, or cosine decay to 0",
                             choices=("constant", "cosine"))
+
+    def validate(self) -> None:
+        o = self
+        _require(math.isfinite(o.lr) and o.lr > 0, "--lr", o.lr,
+                 "pass a positive learning rate, e.g. --lr 0.05")
+        _require(0 <= o.momentum < 1, "--momentum", o.momentum, "use a value in [0, 1), e.g. 0.9")
+        _require(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "use 0 or a positive value")
+        _require(o.warmup_epochs >= 0, "--warmup-epochs", o.warmup_epochs,
+                 "use 0 (no warmup) or a positive number of epochs")
 
 
 @dataclass
@@ -118,6 +154,19 @@ class SyncConfig:
                                 "per allreduce, while for large models 5 can leave more CPU to "
                                 "compute (see docs/benchmarks.md)")
 
+    def validate(self) -> None:
+        s = self
+        _require(s.backward_passes_per_step >= 1, "--backward-passes-per-step",
+                 s.backward_passes_per_step, "use 1 (no accumulation) or more")
+        _require(s.fusion_threshold_mb >= 0, "--fusion-threshold-mb", s.fusion_threshold_mb,
+                 "use 0 (no fusion) or a size in MiB, e.g. 64")
+        _require(s.cycle_time_ms > 0, "--cycle-time-ms", s.cycle_time_ms,
+                 "use a positive time in ms, e.g. 1")
+        _require(s.elastic_commit_steps >= 1, "--elastic-commit-steps", s.elastic_commit_steps,
+                 "commit every N >= 1 steps, e.g. 50")
+        _require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
+                 "use 0 (no stall check) or seconds, e.g. 300")
+
 
 @dataclass
 class PSConfig:
@@ -143,6 +192,17 @@ class PSConfig:
                                "gradients and parameters in an MPI shared-memory window instead "
                                "of copying them through messages")
 
+    def validate(self) -> None:
+        p = self
+        _require(p.num_servers >= 1, "--num-servers", p.num_servers, "use at least 1 server")
+        _require(p.staleness >= 0, "--staleness", p.staleness,
+                 "use 0 (lock-step), a positive bound such as 4, or inf (fully asynchronous)")
+        _require(p.pull_every >= 1, "--pull-every", p.pull_every, "pull every k >= 1 pushes")
+        _require(p.dc_lambda >= 0, "--dc-lambda", p.dc_lambda, "use 0 (off) or a small positive "
+                 "value such as 0.04")
+        _require(p.chunk_mb > 0, "--chunk-mb", p.chunk_mb, "use a positive size in MiB, e.g. 1")
+        _require(p.timeout_s >= 0, "--timeout-s", p.timeout_s, "use 0 (wait forever) or seconds")
+
 
 @dataclass
 class PipelineConfig:
@@ -161,6 +221,15 @@ class PipelineConfig:
                          "one backward: fewer activations in flight), or sequential (one stage "
                          "after another, no overlap: the naive split)",
                          choices=("gpipe", "1f1b", "sequential"))
+
+    def validate(self) -> None:
+        pl = self
+        _require(pl.stages >= 1, "--stages", pl.stages, "use 1 (no split) or more stages")
+        _require(pl.micro_batches >= 1, "--micro-batches", pl.micro_batches, "use 1 or more")
+        if pl.split_points:
+            _require(len(pl.split_points) == pl.stages - 1, "--split-points", pl.split_points,
+                     f"--stages {pl.stages} needs {pl.stages - 1} split point(s), got "
+                     f"{len(pl.split_points)}")
 
 
 @dataclass
@@ -194,6 +263,29 @@ class RunConfig:
     deterministic: bool = _opt(False, "use deterministic torch kernels (for exact resume on GPU)")
     straggler: str = _opt("", "slow down the last worker, to study stragglers: 3x (each step "
                           "takes 3 times as long) or 50ms (a fixed delay per step)")
+
+    def validate(self) -> None:
+        r = self
+        _require(r.epochs >= 1, "--epochs", r.epochs, "train for at least one epoch, e.g. --epochs 10")
+        _require(r.batch_size >= 1, "--batch-size", r.batch_size,
+                 "use a positive per-worker batch, e.g. --batch-size 32")
+        _require(r.max_steps_per_epoch >= 0, "--max-steps-per-epoch", r.max_steps_per_epoch,
+                 "use 0 for no limit or a positive step count")
+        _require(r.eval_every >= 1, "--eval-every", r.eval_every, "evaluate every N >= 1 epochs")
+        _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
+                 "use 0 (only at the end) or a positive number of epochs")
+        _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
+                 "use 0 (at epoch ends only) or a positive number of steps")
+        _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        if r.auto_resume and (not r.run_dir or r.resume):
+            raise ConfigError("--auto-resume continues the checkpoint in --run-dir: pass "
+                              "--run-dir, and not --resume as well")
+        try:
+            parse_straggler(r.straggler)
+        except ValueError as e:
+            raise ConfigError(f"--straggler: invalid value {r.straggler!r}; {e}") from None
+        _require(r.device in ("auto", "cpu", "cuda") or r.device.startswith("cuda:"), "--device",
+                 r.device, "use auto, cpu, cuda or cuda:N")
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
@@ -229,76 +321,18 @@ class Config:
 
     # --- checking -----------------------------------------------------------------------------
     def validate(self) -> "Config":
-        """Raise :class:`ConfigError` for the first value that cannot work."""
-        d, m, o, s, r = self.data, self.model, self.optim, self.sync, self.run
-        _require(r.epochs >= 1, "--epochs", r.epochs, "train for at least one epoch, e.g. --epochs 10")
-        _require(r.batch_size >= 1, "--batch-size", r.batch_size,
-                 "use a positive per-worker batch, e.g. --batch-size 32")
-        _require(r.max_steps_per_epoch >= 0, "--max-steps-per-epoch", r.max_steps_per_epoch,
-                 "use 0 for no limit or a positive step count")
-        _require(r.eval_every >= 1, "--eval-every", r.eval_every, "evaluate every N >= 1 epochs")
-        _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
-                 "use 0 (only at the end) or a positive number of epochs")
-        _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
-                 "use 0 (at epoch ends only) or a positive number of steps")
-        _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
-        if r.auto_resume and (not r.run_dir or r.resume):
-            raise ConfigError("--auto-resume continues the checkpoint in --run-dir: pass "
-                              "--run-dir, and not --resume as well")
-        try:
-            parse_straggler(r.straggler)
-        except ValueError as e:
-            raise ConfigError(f"--straggler: invalid value {r.straggler!r}; {e}") from None
-        _require(r.device in ("auto", "cpu", "cuda") or r.device.startswith("cuda:"), "--device",
-                 r.device, "use auto, cpu, cuda or cuda:N")
-        _require(math.isfinite(o.lr) and o.lr > 0, "--lr", o.lr,
-                 "pass a positive learning rate, e.g. --lr 0.05")
-        _require(0 <= o.momentum < 1, "--momentum", o.momentum, "use a value in [0, 1), e.g. 0.9")
-        _require(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "use 0 or a positive value")
-        _require(o.warmup_epochs >= 0, "--warmup-epochs", o.warmup_epochs,
-                 "use 0 (no warmup) or a positive number of epochs")
-        _require(0 < d.test_fraction < 1, "--test-fraction", d.test_fraction,
-                 "hold out a share strictly between 0 and 1, e.g. 0.2")
-        _require(d.synthetic_samples >= 2, "--synthetic-samples", d.synthetic_samples,
-                 "use at least 2 samples")
-        _require(len(d.synthetic_shape) >= 1 and all(n >= 1 for n in d.synthetic_shape),
-                 "--synthetic-shape", d.synthetic_shape, "give positive sizes such as 1024 or 1x28x28")
-        _require(d.synthetic_classes >= 2, "--synthetic-classes", d.synthetic_classes,
-                 "use at least 2 classes")
-        if d.dataset in ("mnist", "npz", "folder"):
-            _require(bool(d.data_path), "--data-path", d.data_path,
-                     f"--dataset {d.dataset} reads local files: pass --data-path "
-                     + {"mnist": "FOLDER holding train-images-idx3-ubyte etc.",
-                        "npz": "FILE.npz holding arrays x and y",
-                        "folder": "FOLDER with one subfolder of images per class"}[d.dataset])
-        _require(d.data_workers >= 0, "--data-workers", d.data_workers,
-                 "use 0 (load in the training process) or a number of loader processes")
-        _require(len(m.hidden) >= 1 and all(n >= 1 for n in m.hidden), "--hidden", m.hidden,
-                 "give positive layer widths, e.g. --hidden 256,128")
-        _require(len(m.channels) >= 1 and all(n >= 1 for n in m.channels), "--channels",
-                 m.channels, "give positive channel counts, e.g. --channels 32,64")
+        """Raise :class:`ConfigError` for the first value that cannot work: each section checks
+        its own fields, then the rules that span sections."""
+        for section in (self.run, self.optim, self.data, self.model, self.sync, self.ps,
+                        self.pipeline):
+            section.validate()
+        r, s, pl = self.run, self.sync, self.pipeline
         k = s.backward_passes_per_step
-        _require(k >= 1, "--backward-passes-per-step", k, "use 1 (no accumulation) or more")
         _require(r.batch_size % k == 0, "--backward-passes-per-step", k,
                  f"it must divide --batch-size {r.batch_size} evenly "
                  f"({r.batch_size} % {k} = {r.batch_size % k}); change one of them")
-        _require(s.fusion_threshold_mb >= 0, "--fusion-threshold-mb", s.fusion_threshold_mb,
-                 "use 0 (no fusion) or a size in MiB, e.g. 64")
-        _require(s.cycle_time_ms > 0, "--cycle-time-ms", s.cycle_time_ms,
-                 "use a positive time in ms, e.g. 1")
-        p = self.ps
-        _require(p.num_servers >= 1, "--num-servers", p.num_servers, "use at least 1 server")
-        _require(p.staleness >= 0, "--staleness", p.staleness,
-                 "use 0 (lock-step), a positive bound such as 4, or inf (fully asynchronous)")
-        _require(p.pull_every >= 1, "--pull-every", p.pull_every, "pull every k >= 1 pushes")
-        _require(p.dc_lambda >= 0, "--dc-lambda", p.dc_lambda, "use 0 (off) or a small positive "
-                 "value such as 0.04")
-        _require(not (p.bsp and p.dc_lambda), "--dc-lambda", p.dc_lambda,
+        _require(not (self.ps.bsp and self.ps.dc_lambda), "--dc-lambda", self.ps.dc_lambda,
                  "delay compensation has nothing to correct under --bsp; drop one of them")
-        _require(p.chunk_mb > 0, "--chunk-mb", p.chunk_mb, "use a positive size in MiB, e.g. 1")
-        _require(p.timeout_s >= 0, "--timeout-s", p.timeout_s, "use 0 (wait forever) or seconds")
-        _require(s.elastic_commit_steps >= 1, "--elastic-commit-steps", s.elastic_commit_steps,
-                 "commit every N >= 1 steps, e.g. 50")
         if s.elastic:
             _require(r.mode == "sync", "--elastic", s.elastic,
                      "elastic training is for --mode sync (an MPI job cannot change its ranks)")
@@ -306,34 +340,22 @@ class Config:
                 raise ConfigError("--elastic needs --run-dir, a folder every host shares: if rank "
                                   "0 dies, the process that becomes rank 0 continues its log and "
                                   "checkpoints there")
-        _require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
-                 "use 0 (no stall check) or seconds, e.g. 300")
         if r.mode == "async":
             _require(r.device in ("auto", "cpu"), "--device", r.device,
                      "async mode keeps parameters in host memory: use --device cpu")
             _require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
                      "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
                      "every worker keeps its own BatchNorm statistics")
-        self._validate_pipeline()
-        return self
-
-    def _validate_pipeline(self) -> None:
-        pl, r = self.pipeline, self.run
-        _require(pl.stages >= 1, "--stages", pl.stages, "use 1 (no split) or more stages")
-        _require(pl.micro_batches >= 1, "--micro-batches", pl.micro_batches, "use 1 or more")
-        per_pass = r.batch_size // self.sync.backward_passes_per_step
+        per_pass = r.batch_size // k
         _require(pl.micro_batches <= per_pass, "--micro-batches", pl.micro_batches,
                  f"each backward pass sees --batch-size {r.batch_size} / "
-                 f"--backward-passes-per-step {self.sync.backward_passes_per_step} = {per_pass} "
+                 f"--backward-passes-per-step {k} = {per_pass} "
                  f"samples, too few for {pl.micro_batches} micro-batches; use at most {per_pass}")
-        if pl.split_points:
-            _require(len(pl.split_points) == pl.stages - 1, "--split-points", pl.split_points,
-                     f"--stages {pl.stages} needs {pl.stages - 1} split point(s), got "
-                     f"{len(pl.split_points)}")
         if pl.stages > 1 and r.mode == "async":
             _require(all(d.strip() in ("auto", "cpu") for d in pl.devices.split(",")),
                      "--devices", pl.devices,
                      "async mode keeps parameters in host memory: use --devices cpu")
+        return self
 
 
 def parse_straggler(text: str) -> tuple[float, float]:
@@ -395,6 +417,8 @@ def coerce(section: Any, name: str, value: Any) -> Any:
             out = int(value)
         elif isinstance(default, float):
             out = float(value)
+        elif isinstance(value, dict):  # --model-args as a TOML/YAML table
+            out = json.dumps(value)
         else:
             out = str(value)
     except (TypeError, ValueError) as e:

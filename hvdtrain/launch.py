@@ -41,17 +41,20 @@ def failure_code(error: BaseException) -> int | None:
 
     if isinstance(error, BAD_INPUT):
         return EXIT_BAD_INPUT
-    if isinstance(error, (TrainingError, StuckError)):
+    if isinstance(error, (TrainingError, StuckError)) or _horovod_gave_up(error):
         return EXIT_FAILED
-    if "horovod.common.exceptions" in sys.modules:
-        from horovod.common.exceptions import HorovodInternalError
-        if isinstance(error, HorovodInternalError):
-            return EXIT_FAILED
     return None
 
 
+def _horovod_gave_up(error: BaseException) -> bool:
+    if "horovod.common.exceptions" not in sys.modules:  # Horovod never started in this process
+        return False
+    from horovod.common.exceptions import HorovodInternalError
+    return isinstance(error, HorovodInternalError)
+
+
 def describe_failure(error: BaseException) -> str:
-    if type(error).__name__ == "HorovodInternalError":
+    if _horovod_gave_up(error):
         return (f"Horovod shut down: another rank failed, or a collective waited longer than "
                 f"--stall-timeout-s for ranks that never joined it ({error})")
     return str(error)
@@ -71,6 +74,7 @@ def run(cfg: Config, workload: Workload) -> Finished:
     """Build this process's role and run it."""
     torch.manual_seed(cfg.run.seed)  # every replica's factory draws the same initial weights
     model = workload.build_model()
+    workload.name = workload.name or type(model).__name__
     if cfg.run.mode == "async":
         return _run_async(cfg, workload, model)
     return _run_sync(cfg, workload, model)

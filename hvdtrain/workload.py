@@ -34,6 +34,7 @@ BUILTIN_DATASETS = (*builtin.DATASETS, "folder")
 @dataclass
 class Workload:
     name: str                              # the model's name: logs and checkpoint identity
+                                           # ("": the built model's class name)
     build_model: Callable[[], nn.Module]   # called on every rank after seeding
     train_data: Any                        # (x, y) tensors, a Dataset or an IterableDataset
     test_data: Any | None
@@ -191,17 +192,19 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
 # --- from the Python API -----------------------------------------------------------------------
 def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any,
                           metrics: dict[str, Metric] | None) -> Workload:
-    data = describe_data(train_data, test_data, type(train_data).__name__, "train_data")
+    label = "tensors" if isinstance(train_data, (tuple, list)) else type(train_data).__name__
+    data = describe_data(train_data, test_data, label, "train_data")
     loss_fn, loss_name = resolve_loss(loss)
     if isinstance(model, nn.Module):
         name = type(model).__name__
         build = lambda: model  # noqa: E731  every rank passed its own instance
     elif callable(model):
-        name = getattr(model, "__qualname__", type(model).__name__)
+        name = ""  # named after the class of the model it builds (see launch.run)
 
         def build() -> nn.Module:
-            built = call_user(model, "model", name)
-            expect_type(built, nn.Module, "model", name, "the model instance (an nn.Module)")
+            what = getattr(model, "__qualname__", type(model).__name__)
+            built = call_user(model, "model", what)
+            expect_type(built, nn.Module, "model", what, "the model instance (an nn.Module)")
             return built
     else:
         raise ConfigError(f"model: got {type(model).__name__}; pass an nn.Module, or a "

@@ -180,7 +180,8 @@ class RunLog:
             print(summary_line(result, self.epochs), flush=True)
         rec = result.as_record()
         self.write("epoch", epoch=result.epoch, step=record["step"], lr=result.lr,
-                   workers=record["workers"], train_loss=rec.pop("train_loss"),
+                   workers=record["workers"], samples=int(values[1]),
+                   train_loss=rec.pop("train_loss"),
                    **{k: v for k, v in rec.items() if k not in ("epoch", "lr")},
                    **record["extra"])
 

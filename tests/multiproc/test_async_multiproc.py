@@ -109,3 +109,18 @@ def test_delay_compensated_async_under_horovodrun_mpi(tmp_path):
                    "--run-dir", str(tmp_path))])
     assert records(tmp_path, "epoch")[-1]["test_acc"] >= 0.9
     assert records(tmp_path, "header")[0]["config"]["ps"]["dc_lambda"] == 0.04
+
+
+def test_async_epoch_lines_count_every_worker(tmp_path):
+    # A 3x straggler: worker 0 finishes its epochs long before worker 1, yet each epoch line
+    # sums both workers' samples, and no worker waited for the other's epoch to end.
+    run(mpirun(3, *hvdtrain("train", "--mode", "async", *QUIET, "--epochs", "3",
+                            "--batch-size", "16", "--max-steps-per-epoch", "20",
+                            "--straggler", "3x", "--log-steps", "--run-dir", str(tmp_path))))
+    epochs = records(tmp_path, "epoch")
+    assert [e["samples"] for e in epochs] == [2 * 20 * 16] * 3
+    assert all(e["workers"] == 2 and e["train_acc"] is not None for e in epochs)
+    assert [e["epoch"] for e in epochs] == [1, 2, 3]
+    assert len(records(tmp_path, "step")) == 60  # one line per step, each over both workers
+    summary = records(tmp_path, "scheme")[0]
+    assert summary["pushes_applied"] == 2 * 60

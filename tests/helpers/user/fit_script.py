@@ -7,6 +7,7 @@ Each option is one of fit()'s keyword options; its value is read as JSON when it
 epochs=3 is an int), else kept as a string (mode=async).
 """
 
+import hashlib
 import json
 import os
 import sys
@@ -29,6 +30,12 @@ def parse_options(pairs):
     return options
 
 
+def digests(tensors):
+    """{name: sha256 of the tensor's bytes}: equal digests, equal tensors."""
+    return {name: hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+            for name, t in tensors}
+
+
 def main():
     out = Path(sys.argv[1])
     args = sys.argv[2:]
@@ -43,7 +50,7 @@ def main():
         x_train, y_train, x_test, y_test = digits_arrays()
         train, test = (x_train, y_train), (x_test, y_test)
 
-    result = hvdtrain.fit(lambda: build((1, 8, 8), 10, width=16), train, test,
+    result = hvdtrain.fit(lambda: build((1, 8, 8), 10), train, test,
                           loss="cross_entropy", **parse_options(args))
 
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
@@ -55,6 +62,8 @@ def main():
         "checkpoint_path": str(result.checkpoint_path),
         "has_model": result.model is not None,
         "model_training": None if result.model is None else result.model.training,
+        "parameters": None if result.model is None else digests(result.model.named_parameters()),
+        "buffers": None if result.model is None else digests(result.model.named_buffers()),
     }))
 
 

@@ -58,3 +58,18 @@ def regressor(input_shape, hidden=16):
 
 
 NOT_CALLABLE = 42
+
+
+class WrongFlatten(nn.Module):
+    """A user's bug in forward: the flattened size is wrong for 8x8 inputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(65, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.view(-1, 65))
+
+
+def broken_forward():
+    return WrongFlatten()

@@ -4,9 +4,12 @@ datasets pickled (forkserver)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import torch
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 
 def digits_arrays():
@@ -62,10 +65,35 @@ class SizedDigitsStream(DigitsStream):
         return len(self.x)
 
 
-def digits():
-    """(train, test) as map-style Datasets over the built-in digits split."""
+class RecordingDigits(TaggedDigits):
+    """Leaves a file <folder>/<tag>-<pid>-<loader|main> for each process that reads a sample, so
+    a test can count the DataLoader processes that did the reading, and check they ended."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, folder: str, tag: str):
+        super().__init__(x, y)
+        self.folder, self.tag = folder, tag
+        self.recorded_pid = None  # each process has its own copy of the dataset
+
+    def __getitem__(self, index: int):
+        if self.recorded_pid != os.getpid():
+            self.recorded_pid = os.getpid()
+            kind = "main" if get_worker_info() is None else "loader"
+            (Path(self.folder) / f"{self.tag}-{os.getpid()}-{kind}").touch()
+        return super().__getitem__(index)
+
+
+def digits(tagged=True):
+    """(train, test) as map-style Datasets over the built-in digits split; tagged: they carry a
+    num_classes attribute (which the built-in models need)."""
     x_train, y_train, x_test, y_test = digits_arrays()
-    return DigitsDataset(x_train, y_train), DigitsDataset(x_test, y_test)
+    kind = TaggedDigits if tagged else DigitsDataset
+    return kind(x_train, y_train), kind(x_test, y_test)
+
+
+def digits_recording(folder):
+    x_train, y_train, x_test, y_test = digits_arrays()
+    return (RecordingDigits(x_train, y_train, folder, "train"),
+            RecordingDigits(x_test, y_test, folder, "test"))
 
 
 def digits_stream(sized=False):
