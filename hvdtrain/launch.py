@@ -88,6 +88,11 @@ def prepare_sync(cfg: Config, workload: Workload, model):
     runtime = start_horovod(cfg.run, cfg.sync)
     layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
     if cfg.sync.sync_batchnorm:
+        if runtime.device.type != "cuda":
+            raise ConfigError(f"--sync-batchnorm: Horovod's SyncBatchNorm runs on CUDA devices "
+                              f"only, and this rank trains on {runtime.device}; drop the flag "
+                              "(on CPUs every rank's BatchNorm statistics are averaged before "
+                              "each evaluation and checkpoint) or train on GPUs")
         model = to_sync_batchnorm(model)
     scheme = (ElasticHorovodSync if cfg.sync.elastic else HorovodSync)(cfg, runtime)
     return _build_trainer(cfg, runtime, layout, scheme, workload, model)

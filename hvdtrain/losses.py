@@ -116,6 +116,12 @@ def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
             and isinstance(target, torch.Tensor) and output.shape != target.shape):
         # mse and l1 only warn, then broadcast (N, 1) against (N,) into an (N, N) loss
         raise ConfigError(f"--loss {loss_name}: {shapes}, shapes that differ; {fix}")
+    if (builtin and loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
+            and output.dim() >= 2 and output.shape[1] == 1):
+        # One class: every softmax is 1 and the loss 0 for any weights, so nothing would train.
+        raise ConfigError(f"--loss {loss_name}: {shapes}, one output column, i.e. one class; "
+                          "a classifier needs a column per class. For a single output use "
+                          "--loss bce_with_logits (binary) or --loss mse (regression)")
     try:
         value = loss_fn(output, target)
     except Exception as e:

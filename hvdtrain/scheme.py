@@ -11,8 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-import torch
-
 from .replica import BatchStats, Replica
 
 T = TypeVar("T")
@@ -120,6 +118,3 @@ class UpdateScheme:
         """Shut down; may return figures for the log's closing line."""
         return None
 
-
-def zero_stats(device: torch.device) -> BatchStats:
-    return BatchStats(torch.zeros((), device=device), 0, {})

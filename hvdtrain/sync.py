@@ -102,8 +102,22 @@ class HorovodSync(UpdateScheme):
     def workers(self) -> tuple[int, int]:
         return self.hvd.rank(), self.hvd.size()  # every rank also scores a share of the test split
 
+    def eval_replica(self) -> Replica:
+        self.average_buffers()
+        return self.replica
+
+    def average_buffers(self) -> None:
+        """Each rank updates its BatchNorm running statistics from its own batches, so the
+        replicas' buffers drift apart. Before every evaluation and checkpoint they are averaged,
+        so that the model that is scored, saved and returned is the same on every rank.
+        Collective; integer buffers (num_batches_tracked) are equal on every rank already."""
+        for name, buffer in self.replica.model.named_buffers():
+            if buffer.is_floating_point():
+                self.hvd.allreduce_(buffer, op=self.hvd.Average, name=f"hvdtrain.buffer.{name}")
+
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        self.average_buffers()
         return {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:

@@ -44,14 +44,19 @@ class Workload:
     data_name: str = "data"
     input_shape: tuple[int, ...] | None = None
     num_classes: int | None = None
+    origin: str = "train_data"             # where the data came from, for error messages
+    from_command_line: bool = False
     train: BatchSource | None = None       # set by bind(), once the device is known
     test: BatchSource | None = None
 
     def bind(self, device: torch.device, cfg: Config) -> None:
         """Make the batch sources that feed ``device``."""
-        self.train = batch_source(self.train_data, device, cfg, "train_data")
-        self.test = (batch_source(self.test_data, device, cfg, "test_data")
-                     if self.test_data is not None else None)
+        try:
+            self.train = batch_source(self.train_data, device, cfg)
+            self.test = (batch_source(self.test_data, device, cfg)
+                         if self.test_data is not None else None)
+        except ConfigError as e:  # name the data's origin: the user's --dataset, say
+            raise ConfigError(f"{self.origin}: {e}") from None
 
     def close(self) -> None:
         for source in (self.train, self.test):
@@ -77,7 +82,8 @@ class Workload:
         together fail at once with a message, on every rank alike. Metrics that do not apply
         to this output (accuracy of a sequence model) are dropped."""
         x, y = self.train.sample()
-        output = forward(to_device(x, device))
+        flag, spec = ("--model", self.name) if self.from_command_line else ("model", self.name)
+        output = call_user(forward, flag, spec, to_device(x, device))
         y = to_device(y, output.device if isinstance(output, torch.Tensor) else device)
         check_loss_accepts(self.loss, self.loss_name, output, y)
         self.metrics = {name: m for name, m in self.metrics.items()
@@ -87,11 +93,12 @@ class Workload:
 # --- from the command line ---------------------------------------------------------------------
 def workload_from_config(cfg: Config) -> Workload:
     """The workload the options name; ConfigError or DataError for what cannot work."""
-    data = load_training_data(cfg)
+    data = {"origin": f"--dataset {cfg.data.dataset}", **load_training_data(cfg)}
     loss, loss_name = resolve_loss(cfg.model.loss)
     model_spec = cfg.model.model
     return Workload(name=model_spec, build_model=model_factory(cfg, data), loss=loss,
-                    loss_name=loss_name, metrics=default_metrics(loss_name), **data)
+                    loss_name=loss_name, metrics=default_metrics(loss_name),
+                    from_command_line=True, **data)
 
 
 def load_training_data(cfg: Config) -> dict[str, Any]:
@@ -115,15 +122,16 @@ def load_training_data(cfg: Config) -> dict[str, Any]:
                           "return (train, test) where each is a Dataset, an IterableDataset or "
                           "an (x, y) pair of tensors, and test may be None")
     train, test = result
-    return describe_data(train, test, d.dataset, "--dataset")
+    return dict(describe_data(train, test, d.dataset, f"--dataset {d.dataset}"),
+                origin=f"--dataset {d.dataset}")
 
 
-def describe_data(train: Any, test: Any, name: str, flag: str) -> dict[str, Any]:
+def describe_data(train: Any, test: Any, name: str, where: str) -> dict[str, Any]:
     """Check the user's training and test data, and learn what a model factory may be offered:
     the input shape and the number of classes, where they can be known."""
-    check_data(train, flag, "the training data")
+    check_data(train, where, "the training data")
     if test is not None:
-        check_data(test, flag, "the test data")
+        check_data(test, where, "the test data")
     input_shape = num_classes = None
     if isinstance(train, (tuple, list)):
         x, y = train
@@ -137,7 +145,7 @@ def describe_data(train: Any, test: Any, name: str, flag: str) -> dict[str, Any]
             num_classes = len(train.classes)
         shape = getattr(train, "input_shape", None)
         if shape is None and not isinstance(train, IterableDataset):
-            first = call_user(train.__getitem__, flag, name, 0)
+            first = call_user(train.__getitem__, where, "__getitem__", 0)
             if isinstance(first, (tuple, list)) and isinstance(first[0], torch.Tensor):
                 shape = first[0].shape
         input_shape = tuple(shape) if shape is not None else None
@@ -145,24 +153,25 @@ def describe_data(train: Any, test: Any, name: str, flag: str) -> dict[str, Any]
                 num_classes=num_classes)
 
 
-def check_data(data: Any, flag: str, what: str) -> None:
+def check_data(data: Any, where: str, what: str) -> None:
     if isinstance(data, (tuple, list)):
         if len(data) != 2 or not all(isinstance(t, torch.Tensor) for t in data):
-            raise ConfigError(f"{flag}: {what} is a {type(data).__name__} of "
+            raise ConfigError(f"{where}: {what} is a {type(data).__name__} of "
                               f"{len(data)} item(s); pass a pair (x, y) of tensors, a Dataset "
                               "or an IterableDataset")
         x, y = data
         if len(x) != len(y):
-            raise ConfigError(f"{flag}: {what} has {len(x)} inputs but {len(y)} targets; "
+            raise ConfigError(f"{where}: {what} has {len(x)} inputs but {len(y)} targets; "
                               "x and y must hold one row per sample")
         return
     if isinstance(data, torch.utils.data.DataLoader):
-        raise ConfigError(f"{flag}: {what} is a DataLoader; pass its dataset instead "
+        raise ConfigError(f"{where}: {what} is a DataLoader; pass its dataset instead "
                           "(hvdtrain builds the loader, so that every worker gets its own "
                           "shard): use --batch-size and --data-workers for its settings")
-    if not isinstance(data, (TorchDataset, IterableDataset)) and not (
+    if isinstance(data, (str, bytes, dict)) or not isinstance(
+            data, (TorchDataset, IterableDataset)) and not (
             hasattr(data, "__getitem__") and hasattr(data, "__len__")):
-        raise ConfigError(f"{flag}: {what} is {type(data).__name__}; pass a pair (x, y) of "
+        raise ConfigError(f"{where}: {what} is {type(data).__name__}; pass a pair (x, y) of "
                           "tensors, a torch Dataset or an IterableDataset")
 
 
@@ -218,7 +227,7 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
                     metrics=chosen, **data)
 
 
-def batch_source(data: Any, device: torch.device, cfg: Config, what: str) -> BatchSource:
+def batch_source(data: Any, device: torch.device, cfg: Config) -> BatchSource:
     if isinstance(data, (tuple, list)):
         return InMemoryBatches(data[0], data[1], device)
     return LoaderBatches(data, device, data_workers=cfg.data.data_workers, seed=cfg.run.seed,

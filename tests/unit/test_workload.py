@@ -59,8 +59,9 @@ MODELS = """
 
     def build(input_shape, num_classes, width=4):
         CALLS.append(("build", input_shape, num_classes, width))
-        return nn.Sequential(nn.Flatten(), nn.Linear(input_shape[0] * input_shape[1] * input_shape[2],
-                                                     width), nn.ReLU(), nn.Linear(width, num_classes))
+        features = input_shape[0] * input_shape[1] * input_shape[2]
+        return nn.Sequential(nn.Flatten(), nn.Linear(features, width), nn.ReLU(),
+                             nn.Linear(width, num_classes))
 
     def build_plain():
         CALLS.append(("build_plain",))
@@ -300,15 +301,18 @@ def test_check_names_the_loss_and_both_shapes_when_they_do_not_fit():
         workload.check(workload.build_model(), CPU)
 
 
-@pytest.mark.xfail(strict=True, reason="hvdtrain bug: cross_entropy on one output column and "
-                   "float (N, 1) targets reads them as class probabilities, so the loss is 0 for "
-                   "every weight and the run trains nothing, silently; check() lets it through")
 def test_check_refuses_cross_entropy_on_a_single_output_with_float_targets():
+    """One output column is one class: the softmax is 1 and the loss 0 for any weights, so a
+    regression run that forgot --loss mse would train nothing, silently."""
     x = torch.randn(16, 4)
     workload = bound(workload_from_objects(torch.nn.Linear(4, 1), (x, x.sum(1, keepdim=True)),
                                            None, "cross_entropy", None))
-    with pytest.raises(ConfigError, match="--loss cross_entropy"):
+    with pytest.raises(ConfigError) as e:
         workload.check(workload.build_model(), CPU)
+    message = str(e.value)
+    assert message.startswith("--loss cross_entropy: the model's output is (2, 1) torch.float32 "
+                              "and the target (2, 1) torch.float32")
+    assert "--loss mse" in message
 
 
 # -- the Python API's objects ------------------------------------------------------------------
@@ -324,7 +328,8 @@ def test_fit_objects_a_module_a_factory_and_a_dataset():
     def factory():
         return torch.nn.Linear(6, 5)
     workload = workload_from_objects(factory, (x, y), (x, y), "mse", {})
-    assert workload.name.endswith("factory") and workload.num_classes == 5
+    assert workload.num_classes == 5 and workload.input_shape == (3, 2)
+    assert workload.metrics == {} and workload.loss is F.mse_loss
     assert isinstance(workload.build_model(), torch.nn.Linear)
 
 

@@ -2,9 +2,10 @@
 this rank's fit returned to OUT_DIR/rank<R>.json, so a test can check that every rank (parameter
 servers included) got the same result.
 
-Usage: fit_script.py OUT_DIR [--data dataset|stream|tensors] [option=value ...]
+Usage: fit_script.py OUT_DIR [option=value ...]
 Each option is one of fit()'s keyword options; its value is read as JSON when it parses (so
-epochs=3 is an int), else kept as a string (mode=async).
+epochs=3 is an int), else kept as a string (mode=async). The data are the digits as map-style
+Datasets (user_data.digits), so they go through hvdtrain's DataLoader path.
 """
 
 import hashlib
@@ -16,7 +17,7 @@ from pathlib import Path
 import hvdtrain
 
 from residual_net import build  # this folder is on sys.path: it holds this script
-from user_data import digits, digits_stream, digits_arrays
+from user_data import digits
 
 
 def parse_options(pairs):
@@ -38,21 +39,12 @@ def digests(tensors):
 
 def main():
     out = Path(sys.argv[1])
-    args = sys.argv[2:]
-    kind = "dataset"
-    if args[:1] == ["--data"]:
-        kind, args = args[1], args[2:]
-    if kind == "dataset":
-        train, test = digits()
-    elif kind == "stream":
-        train, test = digits_stream()
-    else:
-        x_train, y_train, x_test, y_test = digits_arrays()
-        train, test = (x_train, y_train), (x_test, y_test)
+    train, test = digits()
 
     result = hvdtrain.fit(lambda: build((1, 8, 8), 10), train, test,
-                          loss="cross_entropy", **parse_options(args))
+                          loss="cross_entropy", **parse_options(sys.argv[2:]))
 
+    # Distributed: the launcher's rank, only to name this process's file.
     rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
     (out / f"rank{rank}.json").write_text(json.dumps({
         "history": result.history,

@@ -42,11 +42,6 @@ def build(input_shape, num_classes, width=32):
     return ResidualNet(input_shape[0], num_classes, width=width)
 
 
-def build_no_args():
-    """A factory that names neither offered keyword: fit(build_no_args, ...) and --model."""
-    return ResidualNet(1, 10, width=8)
-
-
 def not_a_model(input_shape, num_classes):
     """A broken factory: returns a dict instead of an nn.Module."""
     return {"input_shape": input_shape, "num_classes": num_classes}

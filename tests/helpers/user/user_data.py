@@ -66,8 +66,9 @@ class SizedDigitsStream(DigitsStream):
 
 
 class RecordingDigits(TaggedDigits):
-    """Leaves a file <folder>/<tag>-<pid>-<loader|main> for each process that reads a sample, so
-    a test can count the DataLoader processes that did the reading, and check they ended."""
+    """Leaves a file <folder>/<tag>-<pid>-<loader|main>-<parent pid> for each process that reads
+    a sample, so a test can count the DataLoader processes that did the reading, see who started
+    them, and check they ended."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, folder: str, tag: str):
         super().__init__(x, y)
@@ -78,16 +79,15 @@ class RecordingDigits(TaggedDigits):
         if self.recorded_pid != os.getpid():
             self.recorded_pid = os.getpid()
             kind = "main" if get_worker_info() is None else "loader"
-            (Path(self.folder) / f"{self.tag}-{os.getpid()}-{kind}").touch()
+            (Path(self.folder) / f"{self.tag}-{os.getpid()}-{kind}-{os.getppid()}").touch()
         return super().__getitem__(index)
 
 
-def digits(tagged=True):
-    """(train, test) as map-style Datasets over the built-in digits split; tagged: they carry a
-    num_classes attribute (which the built-in models need)."""
+def digits():
+    """(train, test) as map-style Datasets over the built-in digits split, with a num_classes
+    attribute (which the built-in models need)."""
     x_train, y_train, x_test, y_test = digits_arrays()
-    kind = TaggedDigits if tagged else DigitsDataset
-    return kind(x_train, y_train), kind(x_test, y_test)
+    return TaggedDigits(x_train, y_train), TaggedDigits(x_test, y_test)
 
 
 def digits_recording(folder):
@@ -103,24 +103,14 @@ def digits_stream(sized=False):
     return kind(x_train, y_train), SizedDigitsStream(x_test, y_test)
 
 
-def regression(samples=1024, features=8, noise=0.05, seed=0, flat=False):
-    """y = x @ w + noise, float targets of shape (N, 1) (or (N,) when flat), as tensor pairs."""
+def regression(samples=1024, features=8, noise=0.05, seed=0):
+    """y = x @ w + noise, float targets of shape (N, 1), as tensor pairs."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, features, generator=g)
     w = torch.randn(features, 1, generator=g)
     y = x @ w + noise * torch.randn(samples, 1, generator=g)
-    if flat:
-        y = y[:, 0]
     cut = samples * 3 // 4
     return (x[:cut], y[:cut]), (x[cut:], y[cut:])
-
-
-def subset(count=200, classes=10):
-    """A factory with keyword args for --dataset-args: the first `count` digits of `classes`
-    classes, as (x, y) tensor pairs; the test split is None."""
-    x_train, y_train, _, _ = digits_arrays()
-    keep = y_train < classes
-    return (x_train[keep][:count], y_train[keep][:count]), None
 
 
 def single_dataset():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 
@@ -11,9 +10,3 @@ def smoothed_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.
     """Cross-entropy with label smoothing: a batch mean, as hvdtrain's losses are."""
     return F.cross_entropy(output, target, label_smoothing=0.05)
 
-
-class HalfMSE(nn.Module):
-    """A loss class: hvdtrain instantiates it with no arguments."""
-
-    def forward(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return 0.5 * F.mse_loss(output, target)
