@@ -143,8 +143,10 @@ class RunLog:
             self._pending.append((self.scheme.sum_later([loss * stats.count, stats.count]),
                                   {"type": "step", "epoch": epoch + 1, "step": global_step,
                                    "lr": lr}))
-        self.bar.update((time.perf_counter() - t.started) / t.steps, t.running())
-        self.flush()
+        if self.bar.enabled:
+            self.bar.update((time.perf_counter() - t.started) / t.steps, t.running())
+        if self._pending:
+            self.flush()
 
     def end_epoch(self, epoch: int, global_step: int, lr: float, workers: int,
                   test: tuple[float, dict[str, float | None]] | None, wall_seconds: float,
