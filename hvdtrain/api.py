@@ -33,7 +33,10 @@ class FitResult:
     run_dir: Path | None = None
     log_path: Path | None = None         # the JSONL log: a header, then a line per epoch
     checkpoint_path: Path | None = None  # the last checkpoint (resume with resume=run_dir)
-    model: nn.Module | None = None       # this rank's trained replica; None on a server rank
+    model: nn.Module | None = None
+    """This rank's replica; None on a server rank. Sync: the same trained model on every rank.
+    Async: worker 0's holds the servers' final parameters (it pulls them for the last
+    evaluation and checkpoint); the other workers' hold what they last pulled."""
 
     @property
     def final(self) -> dict[str, Any] | None:

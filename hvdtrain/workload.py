@@ -82,8 +82,8 @@ class Workload:
         together fail at once with a message, on every rank alike. Metrics that do not apply
         to this output (accuracy of a sequence model) are dropped."""
         x, y = self.train.sample()
-        flag, spec = ("--model", self.name) if self.from_command_line else ("model", self.name)
-        output = call_user(forward, flag, spec, to_device(x, device))
+        flag = "--model" if self.from_command_line else "model"
+        output = call_user(forward, flag, self.name, to_device(x, device))
         y = to_device(y, output.device if isinstance(output, torch.Tensor) else device)
         check_loss_accepts(self.loss, self.loss_name, output, y)
         self.metrics = {name: m for name, m in self.metrics.items()

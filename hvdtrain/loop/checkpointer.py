@@ -64,8 +64,12 @@ class Checkpointer:
             nonlocal state
             try:
                 state = checkpoint.load(source)
-                checkpoint.check_compatible(state, self.identity(), source)
+                identity = self.identity()
+                # The parameter count last: the state check names the first tensor that differs.
+                checkpoint.check_compatible(
+                    state, {k: v for k, v in identity.items() if k != "num_parameters"}, source)
                 checkpoint.check_model_state(state["model"], self.model_state(), source)
+                checkpoint.check_compatible(state, identity, source)
             except checkpoint.CheckpointError as e:
                 return {"error": str(e)}
             return {"progress": Progress(state["epoch"], state.get("step", 0),

@@ -92,3 +92,19 @@ def test_learning_rate_warmup_scaling_and_cosine():
     assert lr(100, cosine) == pytest.approx(0.0, abs=1e-12)
     unscaled = OptimConfig(lr=0.1, warmup_epochs=1, lr_scaling="none")
     assert lr(0, unscaled) == pytest.approx(0.1) and lr(50, unscaled) == pytest.approx(0.1)
+
+
+def test_a_checkpoint_of_another_model_names_the_first_tensor_that_differs():
+    import torch.nn as nn
+
+    saved = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3)).state_dict()
+    checkpoint.check_model_state(saved, nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 3))
+                                 .state_dict(), "ckpt")  # the same model passes
+    with pytest.raises(checkpoint.CheckpointError, match=r"1.weight: checkpoint has shape "
+                       r"\(3, 8\), this run's model \(5, 8\)"):
+        checkpoint.check_model_state(saved, nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 5))
+                                     .state_dict(), "ckpt")
+    renamed = {"body." + k: v for k, v in saved.items()}
+    with pytest.raises(checkpoint.CheckpointError, match="this run's model has 'body.0.weight', "
+                       "which the checkpoint lacks"):
+        checkpoint.check_model_state(saved, renamed, "ckpt")
