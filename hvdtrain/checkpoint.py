@@ -52,6 +52,32 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
     return path
 
 
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Delete what a process killed during save_atomic left behind (``.checkpoint.pt.tmpPID``,
+    tens of MB each), unless that process still runs on this host. Returns what was removed."""
+    removed = []
+    for tmp in folder.glob(f".{CHECKPOINT_NAME}.tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and _process_alive(int(pid)):
+            continue
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except OSError:
+            pass  # gone already, or not ours to remove: leave it
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
 def _fsync_dir(folder: Path) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY)

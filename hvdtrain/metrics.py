@@ -29,12 +29,31 @@ def package_versions() -> dict[str, str]:
 
 
 class JsonlLog:
-    """Append-only JSON-lines log. Only the main process creates one."""
+    """Append-only JSON-lines log. Only the main process creates one.
+
+    A new log never destroys an old one: a run that does not continue the folder's run (say its
+    first attempt was killed before any checkpoint) moves the old log aside, to
+    metrics.<time it was last written>.jsonl, and says so."""
 
     def __init__(self, path: str | Path, append: bool = False):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: TextIO = open(self.path, "a" if append else "w")
+        if not append and self.path.exists():
+            kept = self._keep_aside(self.path)
+            print(f"hvdtrain: {self.path} held another run's log; it is kept as {kept}",
+                  flush=True)
+        self._file: TextIO = open(self.path, "a")
+
+    @staticmethod
+    def _keep_aside(path: Path) -> Path:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+        target = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+        n = 1
+        while target.exists():  # never overwrite an earlier kept log either
+            n += 1
+            target = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
+        path.rename(target)
+        return target
 
     def write(self, kind: str, **fields: Any) -> None:
         record = {"type": kind, "time": round(time.time(), 3), **fields}

@@ -54,6 +54,10 @@ class Checkpointer:
     # --- resume ---------------------------------------------------------------------------------
     def restore(self, num_workers: int) -> tuple[dict[str, Any] | None, Progress]:
         """(the checkpoint's state where it was read, else None; where training starts)."""
+        if self._is_main() and self.run_dir.is_dir():
+            for tmp in checkpoint.remove_stale_temporaries(self.run_dir):
+                print(f"hvdtrain: removed {tmp}, left by a process killed while it wrote a "
+                      "checkpoint", flush=True)
         source = self._resume_source()
         self.resumed_from = source
         if source is None:

@@ -175,3 +175,21 @@ def test_every_hook_sees_every_step_in_order(tmp_path):
     lines = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
     assert [r["step"] for r in lines] == [4, 8]
     assert all(0 <= r["train_acc"] <= 1 and r["test_acc"] is not None for r in lines)
+
+
+def test_a_new_run_keeps_an_old_log_and_removes_a_dead_writers_temporary(tmp_path):
+    # A first attempt killed before its first checkpoint leaves a log and a half-written file.
+    make_trainer(tmp_path, epochs=1).fit()
+    (tmp_path / "checkpoint.pt").unlink()
+    old_log = (tmp_path / "metrics.jsonl").read_text()
+    dead = tmp_path / ".checkpoint.pt.tmp999999999"  # no such process
+    dead.write_bytes(b"half a checkpoint")
+    import os
+    alive = tmp_path / f".checkpoint.pt.tmp{os.getppid()}"  # a live process: its file stays
+    alive.write_bytes(b"being written")
+    make_trainer(tmp_path, epochs=1).fit()
+    kept = [p for p in tmp_path.glob("metrics.*.jsonl")]
+    assert len(kept) == 1 and kept[0].read_text() == old_log
+    new = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["type"] for r in new] == ["header", "epoch"]
+    assert not dead.exists() and alive.exists()
