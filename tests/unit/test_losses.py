@@ -3,8 +3,6 @@ and the check that a loss fits the model's output before training starts."""
 
 from __future__ import annotations
 
-import os
-import sys
 import textwrap
 
 import pytest
@@ -14,24 +12,10 @@ import torch.nn as nn
 from hvdtrain.config import ConfigError
 from hvdtrain.losses import (CLASSIFICATION_LOSSES, LOSSES, accuracy, check_loss_accepts,
                              default_metrics, metric_applies, resolve_loss)
-from hvdtrain.user_code import USER_FILES_ENV, UserCodeError
+from hvdtrain.user_code import UserCodeError
 
 
-@pytest.fixture(autouse=True)
-def isolated_imports(monkeypatch, tmp_path):
-    """Undo what resolving does to the process: sys.path entries, the user's modules, the
-    registered files. (Only the user's modules: torch's lazily imported ones must stay.)"""
-    saved_path = list(sys.path)
-    saved_modules = set(sys.modules)
-    monkeypatch.delenv(USER_FILES_ENV, raising=False)
-    yield
-    sys.path[:] = saved_path
-    user_folder = os.path.realpath(tmp_path) + os.sep
-    for name in set(sys.modules) - saved_modules:
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if os.path.realpath(file).startswith(user_folder) or name.startswith("hvdtrain.user_code."):
-            del sys.modules[name]
-
+pytestmark = pytest.mark.usefixtures("isolated_imports")  # see conftest.py
 
 def sample(loss_name: str, n: int = 16, classes: int = 5):
     """A random (output, target) pair of the kind the loss expects."""

@@ -7,40 +7,20 @@ import os
 import pickle
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from user_files import write
 
 import hvdtrain
 from hvdtrain.config import ConfigError
-from hvdtrain.user_code import (USER_FILES_ENV, UserCodeError, call_user, call_with_known_kwargs,
+from hvdtrain.user_code import (UserCodeError, call_user, call_with_known_kwargs,
                                 expect_type, file_module_name, parse_json_args, resolve_callable)
 
 REPO = Path(hvdtrain.__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True)
-def isolated_imports(monkeypatch, tmp_path):
-    """Undo what resolving does to the process: sys.path entries, the user's modules, the
-    registered files. (Only the user's modules: torch's lazily imported ones must stay.)"""
-    saved_path = list(sys.path)
-    saved_modules = set(sys.modules)
-    monkeypatch.delenv(USER_FILES_ENV, raising=False)
-    yield
-    sys.path[:] = saved_path
-    user_folder = os.path.realpath(tmp_path) + os.sep
-    for name in set(sys.modules) - saved_modules:
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if os.path.realpath(file).startswith(user_folder) or name.startswith("hvdtrain.user_code."):
-            del sys.modules[name]
-
-
-def write(path: Path, source: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(source))
-    return path
-
+pytestmark = pytest.mark.usefixtures("isolated_imports")  # see conftest.py
 
 # -- finding the callable ------------------------------------------------------------------------
 

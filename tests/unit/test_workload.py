@@ -5,12 +5,11 @@ the test's own tmp_path."""
 
 from __future__ import annotations
 
-import os
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from user_files import write
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -19,34 +18,17 @@ import hvdtrain
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.config import Config, ConfigError
 from hvdtrain.losses import accuracy
-from hvdtrain.user_code import USER_FILES_ENV
 from hvdtrain.workload import Workload, workload_from_config, workload_from_objects
 
 CPU = torch.device("cpu")
 
 
+pytestmark = pytest.mark.usefixtures("isolated_imports")  # see conftest.py
+
+
 @pytest.fixture(autouse=True)
-def isolated_imports(monkeypatch, tmp_path):
-    """Undo what resolving a spec does to this process: sys.path entries, the user's modules,
-    the registered files."""
-    saved_path = list(sys.path)
-    saved_modules = set(sys.modules)
-    monkeypatch.delenv(USER_FILES_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
-    yield
-    sys.path[:] = saved_path
-    user_folder = os.path.realpath(tmp_path) + os.sep
-    for name in set(sys.modules) - saved_modules:
-        file = getattr(sys.modules[name], "__file__", None) or ""
-        if os.path.realpath(file).startswith(user_folder) or name.startswith("hvdtrain.user_code."):
-            del sys.modules[name]
-
-
-def write(path: Path, source: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(textwrap.dedent(source))
-    return path
-
+def in_tmp_path(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # user specs resolve from the current folder
 
 def config(**options) -> Config:
     return Config.from_overrides(options).validate()
