@@ -35,10 +35,6 @@ class Layout:
         return cls(world_size, servers, devices)
 
     @property
-    def num_workers(self) -> int:
-        return self.world_size - self.num_servers
-
-    @property
     def topology(self) -> Topology:
         """The parameter server's rank layout (async mode)."""
         if not self.num_servers:

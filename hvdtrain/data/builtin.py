@@ -35,10 +35,6 @@ class Dataset:
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
-    def describe(self) -> str:
-        return (f"{self.name}: {len(self.x_train)} train / {len(self.x_test)} test samples, "
-                f"input {'x'.join(map(str, self.input_shape))}, {self.num_classes} classes")
-
 
 def load_dataset(cfg: DataConfig) -> Dataset:
     return DATASETS[cfg.dataset](cfg)

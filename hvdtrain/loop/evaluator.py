@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..config import RunConfig
 from ..data.batches import BatchSource
 from ..scheme import UpdateScheme
+from .run_log import EpochTotals, means
 
 EVAL_BATCH = 1024
 
@@ -30,15 +31,10 @@ class Evaluator:
         part, parts = partition
         replica = self.scheme.eval_replica()
         stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
-        values = [0.0, 0.0]
+        totals = EpochTotals(self.names)  # the training figures' sums, and their layout
         if stats is not None:
-            values = [stats.loss_sum.item(), float(stats.count)]
-        for name in self.names:
-            s, c = stats.metrics.get(name, (0.0, 0.0)) if stats is not None else (0.0, 0.0)
-            values += [float(s), float(c)]
+            totals.add(stats.loss_sum.item(), stats)
+        values = totals.as_vector(seconds=0.0)
         if parts > 1:
             values = self.scheme.sum_across_workers(values)
-        count = values[1]
-        metrics = {name: (values[2 + 2 * i] / values[3 + 2 * i] if values[3 + 2 * i] else None)
-                   for i, name in enumerate(self.names)}
-        return values[0] / max(count, 1), metrics
+        return means(values, self.names)
