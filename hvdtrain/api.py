@@ -37,6 +37,9 @@ class FitResult:
     """This rank's replica; None on a server rank. Sync: the same trained model on every rank.
     Async: worker 0's holds the servers' final parameters (it pulls them for the last
     evaluation and checkpoint); the other workers' hold what they last pulled."""
+    preempted: str | None = None
+    """The signal (SIGTERM, SIGUSR1, SIGINT) that stopped training after a step checkpoint; call
+    fit again with ``auto_resume=True`` and the same ``run_dir`` to continue. None otherwise."""
 
     @property
     def final(self) -> dict[str, Any] | None:
@@ -86,7 +89,8 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
         log_path=run_dir / "metrics.jsonl" if run_dir else None,
         checkpoint_path=finished.trainer.checkpointer.path if finished.trainer else (
             run_dir / "checkpoint.pt" if run_dir else None),
-        model=finished.trainer.replica.model if finished.trainer else None)
+        model=finished.trainer.replica.model if finished.trainer else None,
+        preempted=finished.preempted)
 
 
 def _config(config: Config | None, options: dict[str, Any]) -> Config:

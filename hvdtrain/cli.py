@@ -18,6 +18,7 @@ from .config import SECTIONS, Config, ConfigError, load_config_file
 from .data import DataError
 
 EXIT_BAD_INPUT = 2
+EXIT_PREEMPTED = 75  # loop/preemption.py: stopped by SIGTERM/SIGUSR1/SIGINT with a checkpoint
 
 
 def _builtin_models():
@@ -39,24 +40,31 @@ BUILTIN_NAMES = {"model": _builtin_models, "dataset": _builtin_datasets, "loss":
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False on every parser: argparse would otherwise take --epoch for --epochs, and
+    # a later flag that shares the prefix would silently change what an old command line means.
     parser = argparse.ArgumentParser(
-        prog="hvdtrain",
+        prog="hvdtrain", allow_abbrev=False,
         description="Distributed PyTorch training: sync (Horovod) or async (parameter server).")
     parser.add_argument("--version", action="version", version=f"hvdtrain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     train = commands.add_parser(
         "train", help="train a model",
         description="Train a model. Launch with horovodrun -np N, mpirun -np N, or on its own.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    train.add_argument("--config", default=argparse.SUPPRESS,
-                       help="TOML or YAML file of options; flags given here override it")
-    for section, klass in SECTIONS.items():
-        group = train.add_argument_group(section, klass.__doc__)
-        for f in dataclasses.fields(klass):
-            add_flag(group, f)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    add_train_flags(train)
     from .compare.command import add_parser as add_compare
     add_compare(commands)
     return parser
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> None:
+    """--config and one flag per option; compare uses them to read its --train-args too."""
+    parser.add_argument("--config", default=argparse.SUPPRESS,
+                        help="TOML or YAML file of options; flags given here override it")
+    for section, klass in SECTIONS.items():
+        group = parser.add_argument_group(section, klass.__doc__)
+        for f in dataclasses.fields(klass):
+            add_flag(group, f)
 
 
 def add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
@@ -146,6 +154,8 @@ def train(cfg: Config, workload) -> int:
             return fail(launch.describe_failure(e), code, getattr(e, "user_traceback", None))
         print(f"hvdtrain: error: {launch.describe_failure(e)}", file=sys.stderr, flush=True)
         return code
+    if finished.preempted:
+        return EXIT_PREEMPTED  # the trainer printed where it stopped and how to continue
     report(finished.trainer)
     return 0
 

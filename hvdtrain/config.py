@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,11 @@ class DataConfig:
     synthetic_shape: tuple[int, ...] = _opt((1024,), "shape of one synthetic sample, "
                                             "e.g. 1024 or 1x28x28")
     synthetic_classes: int = _opt(10, "number of classes in --dataset synthetic")
+    sparse_labels: bool = _opt(False, "--dataset npz|mnist: accept labels whose range is far "
+                               "larger than the labels in use (max label + 1 classes are "
+                               "built); without it hvdtrain refuses more unused class indices "
+                               "than both the distinct labels and 1000, usually raw ids that "
+                               "were meant to be renumbered 0..K-1")
 
     def validate(self) -> None:
         d = self
@@ -177,7 +183,7 @@ class PSConfig:
                             "ahead of the slowest; 0 is lock-step, inf fully asynchronous. "
                             "Unbounded by default, as in MXNet dist_async: with --pull-every 1 "
                             "each gradient is about workers-1 updates stale anyway, and a bound "
-                            "only adds waiting when a worker straggles")
+                            "only adds waiting when a worker straggles", infinite_ok=True)
     pull_every: int = _opt(1, "pull fresh parameters after every k-th push")
     bsp: bool = _opt(False, "lock-step averaging through the server: each round's gradients "
                      "are averaged and applied once, like sync training")
@@ -250,6 +256,13 @@ class RunConfig:
     checkpoint_every: int = _opt(1, "write a checkpoint every N epochs (0: only at the end)")
     checkpoint_steps: int = _opt(0, "also write one every N steps inside an epoch, so a crash "
                                  "in a long epoch loses at most N steps (0: at epoch ends only)")
+    keep_best: str = _opt("", "also keep best.pt in the run folder, the checkpoint of the best "
+                          "evaluation so far by this metric: test_loss, test_acc or any test_ "
+                          "metric the run reports. Names ending in loss are minimised, others "
+                          "maximised; a min: or max: prefix says which, e.g. min:test_mae")
+    early_stop_patience: int = _opt(0, "stop when the --keep-best metric has not improved in N "
+                                    "evaluations (0: never); the run then writes its final "
+                                    "checkpoint and exits 0")
     resume: str | None = _opt(None, "resume from this checkpoint file or run folder")
     auto_resume: bool = _opt(False, "continue the checkpoint in --run-dir when there is one, "
                              "else start fresh: for jobs that a scheduler restarts (Kubernetes, "
@@ -257,6 +270,10 @@ class RunConfig:
                              "that holds a checkpoint instead of overwriting it")
     log_steps: bool = _opt(False, "also log one line per step (loss averaged across workers; "
                            "costs one small allreduce per step)")
+    tensorboard: bool = _opt(False, "also write TensorBoard event files to the run folder: losses, "
+                             "metrics, learning rate, samples per second, the async staleness "
+                             "histogram, and each step with --log-steps. View them with "
+                             "tensorboard --logdir runs/")
     progress: bool = _opt(True, "show the progress bar on the main process")
     device: str = _opt("auto", "auto (a GPU per local rank when CUDA is present), cpu or cuda")
     threads: int = _opt(0, "torch intra-op threads per process (0: cores / processes per host)")
@@ -277,6 +294,11 @@ class RunConfig:
         _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
                  "use 0 (at epoch ends only) or a positive number of steps")
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        if r.tensorboard:
+            import importlib.util
+            if importlib.util.find_spec("tensorboard") is None:
+                raise ConfigError("--tensorboard needs the tensorboard package, which is not "
+                                  "installed: pip install tensorboard (or leave out --tensorboard)")
         if r.auto_resume and (not r.run_dir or r.resume):
             raise ConfigError("--auto-resume continues the checkpoint in --run-dir: pass "
                               "--run-dir, and not --resume as well")
@@ -284,8 +306,20 @@ class RunConfig:
             parse_straggler(r.straggler)
         except ValueError as e:
             raise ConfigError(f"--straggler: invalid value {r.straggler!r}; {e}") from None
+        try:
+            parse_metric_goal(r.keep_best)
+        except ValueError as e:
+            raise ConfigError(f"--keep-best: invalid value {r.keep_best!r}; {e}") from None
+        _require(r.early_stop_patience >= 0, "--early-stop-patience", r.early_stop_patience,
+                 "use 0 (never stop early) or a number of evaluations, e.g. 3")
+        if r.early_stop_patience and not r.keep_best:
+            raise ConfigError("--early-stop-patience watches the metric of --keep-best: pass "
+                              "--keep-best METRIC too (e.g. --keep-best test_acc), or drop "
+                              "--early-stop-patience")
         _require(r.device in ("auto", "cpu", "cuda") or r.device.startswith("cuda:"), "--device",
                  r.device, "use auto, cpu, cuda or cuda:N")
+        if r.run_dir:
+            check_writable_folder(r.run_dir, "--run-dir")
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
@@ -326,6 +360,7 @@ class Config:
         for section in (self.run, self.optim, self.data, self.model, self.sync, self.ps,
                         self.pipeline):
             section.validate()
+            _require_finite(section)
         r, s, pl = self.run, self.sync, self.pipeline
         k = s.backward_passes_per_step
         _require(r.batch_size % k == 0, "--backward-passes-per-step", k,
@@ -358,6 +393,20 @@ class Config:
         return self
 
 
+def parse_metric_goal(text: str) -> tuple[str, str] | None:
+    """``"test_acc"`` -> ("test_acc", "max"); ``"test_loss"`` -> ("test_loss", "min"), as is any
+    name that ends in loss; ``"min:test_mae"`` -> ("test_mae", "min"); ``""`` -> None."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    goal, _, name = text.rpartition(":")
+    name = name.strip()
+    if goal.strip() not in ("", "max", "min") or not name:
+        raise ValueError("name a metric such as test_acc or test_loss, optionally after max: "
+                         "or min:, e.g. min:test_mae")
+    return name, goal.strip() or ("min" if name.endswith("loss") else "max")
+
+
 def parse_straggler(text: str) -> tuple[float, float]:
     """``"3x"`` -> (3.0, 0.0): each step takes 3 times as long; ``"50ms"`` -> (1.0, 0.05): 50 ms
     more per step; ``""`` or ``"none"`` -> (1.0, 0.0)."""
@@ -381,6 +430,34 @@ def parse_straggler(text: str) -> tuple[float, float]:
 def _require(ok: bool, flag: str, got: Any, fix: str) -> None:
     if not ok:
         raise ConfigError(f"{flag}: invalid value {_show(got)}; {fix}")
+
+
+def _require_finite(section: Any) -> None:
+    """inf passes most range checks (inf >= 0) and then breaks the run; only the options marked
+    infinite_ok (an unbounded --staleness) mean something by it."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value) and not (
+                f.metadata.get("infinite_ok") and math.isinf(value)):
+            _require(False, "--" + f.name.replace("_", "-"), value,
+                     f"use a finite number, e.g. the default {f.default:g}")
+
+
+def check_writable_folder(path: str, flag: str) -> None:
+    """Fail at start-up, not at the first write, when ``path`` cannot become a folder that this
+    process writes into: it (or what exists of it) is a regular file, or a folder without write
+    permission."""
+    existing = Path(path)
+    while not os.path.exists(existing) and existing != existing.parent:
+        existing = existing.parent  # the folder that would hold the new folders
+    it = "it" if existing == Path(path) else str(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{flag} {path}: {it} is a file, not a folder; pass the path of a "
+                          "folder (it is created if missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == Path(path) else ", where it would be created,"
+        raise ConfigError(f"{flag} {path}: {it}{where} is not writable for this user; pass a "
+                          "folder you can write to, or change its permissions")
 
 
 def _show(value: Any) -> str:
@@ -461,7 +538,15 @@ def load_config_file(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"--config: file {path} not found; pass the path of a .toml or .yaml file")
-    text = p.read_text()
+    try:
+        text = p.read_text(encoding="utf-8")  # TOML is UTF-8 by definition; YAML files in practice
+    except UnicodeDecodeError as e:
+        bad = e.object[e.start:e.start + 1]
+        raise ConfigError(f"--config: {path} is not UTF-8 text (byte {e.start} is {bad!r}); "
+                          "save it with UTF-8 encoding") from None
+    except OSError as e:
+        raise ConfigError(f"--config: cannot read {path} ({e.strerror}); check its "
+                          "permissions") from None
     try:
         if p.suffix == ".toml":
             try:
@@ -480,15 +565,22 @@ def load_config_file(path: str) -> dict[str, Any]:
         raise ConfigError(f"--config: cannot parse {path}: {e}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"--config: {path} must hold a table of options, not {type(raw).__name__}")
+    owners = field_owners()
     flat: dict[str, Any] = {}
+    misplaced = []
     for key, value in raw.items():
-        key = key.replace("-", "_")
+        key = str(key).replace("-", "_")
         if key in SECTIONS and isinstance(value, dict):
             for sub, v in value.items():
-                flat[sub.replace("-", "_")] = v
+                sub = str(sub).replace("-", "_")
+                if owners.get(sub, key) != key:  # would silently apply elsewhere than it reads
+                    misplaced.append(f"{sub} is under [{key}] but belongs in [{owners[sub]}]")
+                flat[sub] = v
         else:
             flat[key] = value
-    owners = field_owners()
+    if misplaced:
+        raise ConfigError(f"--config: {path}: {'; '.join(misplaced)}; move it to that section "
+                          "(or to the top level)")
     unknown = sorted(k for k in flat if k not in owners)
     if unknown:
         raise ConfigError(f"--config: {path} has unknown option(s) {', '.join(unknown)}; "

@@ -1,13 +1,15 @@
 """What a run shows and records: a Keras-style progress bar on the main process, and a JSONL log.
 
 The JSONL log has one header line (config, world size, package versions), then one line per epoch
-and, with ``--log-steps``, one per step. Each line is flushed as it is written, so a crashed run
-keeps everything up to the crash.
+and, with ``--log-steps``, one per step. Each line goes to the file as it is written, so a crashed
+run keeps everything up to the crash, and a line the disk had no room for is taken back whole, so
+every line in the file parses.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -28,6 +30,11 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+class LogWriteError(RuntimeError):
+    """The log could not be written (full disk, quota, lost mount); the message names the file,
+    the OS error, and what the file holds now."""
+
+
 class JsonlLog:
     """Append-only JSON-lines log. Only the main process creates one.
 
@@ -42,7 +49,9 @@ class JsonlLog:
             kept = self._keep_aside(self.path)
             print(f"hvdtrain: {self.path} held another run's log; it is kept as {kept}",
                   flush=True)
-        self._file: TextIO = open(self.path, "a")
+        # Unbuffered appends: a failed write is known at once, and where the last whole line ends.
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        self._end = os.fstat(self._fd).st_size
 
     @staticmethod
     def _keep_aside(path: Path) -> Path:
@@ -57,11 +66,28 @@ class JsonlLog:
 
     def write(self, kind: str, **fields: Any) -> None:
         record = {"type": kind, "time": round(time.time(), 3), **fields}
-        self._file.write(json.dumps(record, default=str) + "\n")
-        self._file.flush()
+        line = (json.dumps(record, default=str) + "\n").encode()
+        try:
+            rest = memoryview(line)
+            while rest:  # a full disk takes part of a line, then refuses the rest
+                rest = rest[os.write(self._fd, rest):]
+        except OSError as e:
+            raise LogWriteError(f"could not write to {self.path} ({e.strerror or e}); "
+                                f"{self._cut_back()}") from None
+        self._end += len(line)
+
+    def _cut_back(self) -> str:
+        """Take back the part of a line that did get written; says what the file holds now."""
+        try:
+            os.ftruncate(self._fd, self._end)
+        except OSError as e:
+            return f"its last line may be cut short (cutting it back failed: {e.strerror or e})"
+        return "the log is cut back to its last whole line, so every line in it parses"
 
     def close(self) -> None:
-        self._file.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

@@ -13,7 +13,10 @@ graph is cut at every stage boundary: stage k+1 receives a detached copy of stag
 and in the backward pass hands the gradient of that input back to stage k, which continues its
 own backward from there. Each micro-batch's loss is weighted by its share of the batch, so the
 gradients that accumulate over the M backward passes are the gradient of the whole batch's mean
-loss: the update equals the unsplit model's.
+loss: the update equals the unsplit model's. A gradient crosses a boundary only where one flows:
+a stage whose output does not require grad (nothing up to it trains: a Flatten or a frozen layer
+first, or integer token ids) hands on a plain tensor and has no backward to do, so stages without
+parameters work anywhere in the split.
 
 Schedules: ``gpipe`` (every stage does all its forwards, then all its backwards), ``1f1b`` (after
 a warm-up of K-1-k forwards, stage k alternates one forward and one backward, so at most K-k
@@ -217,25 +220,27 @@ class _Run:
         if k == len(self.r.stages) - 1:
             self.losses[i], self.sums[i] = self.r.objective.score(out, to_device(self.ys[i], dev))
         else:
-            # Cut the graph here: the next stage starts from a leaf that collects the gradient.
+            # Cut the graph here: the next stage starts from a leaf that collects the gradient,
+            # if there is one to collect (the stages up to here may hold nothing to train).
             self.activations[k + 1].put(
-                out.detach().to(self.r.devices[k + 1]).requires_grad_(True))
+                out.detach().to(self.r.devices[k + 1]).requires_grad_(out.requires_grad))
         self._timed(k, t0)
         self.inputs[k][i], self.outputs[k][i] = inp, out
 
     def backward(self, k: int, i: int) -> None:
+        inp, out = self.inputs[k].pop(i), self.outputs[k].pop(i)
         last = k == len(self.r.stages) - 1
-        grad = None if last else self._take(self.grads[k])
+        # An output that needs no gradient went on as a plain tensor: none comes back for it.
+        grad = self._take(self.grads[k]) if not last and out.requires_grad else None
         t0 = time.perf_counter()
         if last:
             (self.losses[i] * self.weights[i]).backward()
-        else:
-            self.outputs[k][i].backward(grad)
+        elif grad is not None:
+            out.backward(grad)
         self._timed(k, t0)
-        inp = self.inputs[k].pop(i)
-        self.outputs[k].pop(i)
-        if k > 0:
-            self.grads[k - 1].put(inp.grad.to(self.r.devices[k - 1]))
+        if k > 0 and inp.requires_grad:  # stage k-1 handed on a leaf and waits for its gradient
+            grad_in = inp.grad  # None when nothing in this stage depends on it differentiably
+            self.grads[k - 1].put(None if grad_in is None else grad_in.to(self.r.devices[k - 1]))
 
     # --- drivers ---
     def stage(self, k: int) -> None:

@@ -59,6 +59,12 @@ def horovod_environment(sync: SyncConfig) -> dict[str, str]:
 
 def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
     """hvd.init() with hvdtrain's tuned settings, then pick this rank's device and threads."""
+    if sync.elastic and detect_launcher() == "mpirun":
+        # Under mpirun every rank would train, but without elastic's rendezvous: a lost rank
+        # still ends the job, which is what --elastic was asked to prevent.
+        raise ConfigError("--elastic needs horovodrun's elastic mode, and this job was started "
+                          "by mpirun: launch with horovodrun -np N --gloo --min-np/--max-np "
+                          "--host-discovery-script, or drop --elastic")
     os.environ.update(horovod_environment(sync))
     import horovod.torch as hvd
 

@@ -108,6 +108,18 @@ class UpdateScheme:
     def step_done(self, progress: Progress) -> None:
         """After every step (elastic: commit every N steps)."""
 
+    def agree_to_stop(self, wants: bool) -> bool:
+        """After every step: whether the job stops now, because this worker ``wants`` to (a stop
+        signal arrived) or another one did. Every worker must get the same answer at the same
+        step, so a distributed scheme overrides this; one process just answers itself."""
+        return wants
+
+    @property
+    def stall_timeout_s(self) -> float:
+        """Seconds without progress after which this process ends the job (0: never); for a
+        scheme whose waits have no timeout of their own (see loop/watchdog.py)."""
+        return 0.0
+
     def epoch_done(self, progress: Progress) -> None:
         """After every epoch's checkpoint."""
 

@@ -51,6 +51,11 @@ class HorovodSync(UpdateScheme):
         self.accumulation = cfg.sync.backward_passes_per_step
         self.replica: Replica | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self._stop_vote = None  # the handle of the stop vote started at the previous step
+
+    @property
+    def stall_timeout_s(self) -> float:
+        return self.cfg.sync.stall_timeout_s
 
     @property
     def lr_scale(self) -> float:
@@ -90,6 +95,25 @@ class HorovodSync(UpdateScheme):
         for part in parts[1:]:
             stats += part
         return stats
+
+    def agree_to_stop(self, wants: bool) -> bool:
+        """Horovod: every rank's stop flag is summed in the background, started at one step and
+        read at the next, when it has long arrived; so the ranks agree on the same step without
+        a blocking collective per step. A signal therefore stops the job one step later."""
+        hvd = self.hvd
+        agreed = False
+        if self._stop_vote is not None:
+            agreed = hvd.synchronize(self._stop_vote).item() > 0
+            self._stop_vote = None
+        if not agreed:
+            self._stop_vote = hvd.allreduce_async(torch.tensor([int(wants)]), op=hvd.Sum,
+                                                  name="hvdtrain.stop")
+        return agreed
+
+    def end_of_training(self) -> None:
+        if self._stop_vote is not None:  # the last step's vote: no rank reads it any more
+            self.hvd.synchronize(self._stop_vote)
+            self._stop_vote = None
 
     # --- collectives the trainer needs, without knowing Horovod -----------------------------
     def sum_across_workers(self, values: list[float]) -> list[float]:
@@ -181,8 +205,13 @@ class ElasticHorovodSync(HorovodSync):
 
         elastic_loop(self.state)
 
+    @property
+    def stall_timeout_s(self) -> float:
+        return 0.0  # a stuck peer is elastic training's to handle: the survivors go on
+
     def _on_reset(self) -> None:
         self.resets += 1
+        self._stop_vote = None  # a vote started before the reset died with the old ring
         hvd = self.hvd
         self.runtime = dataclasses.replace(self.runtime, rank=hvd.rank(), size=hvd.size(),
                                            local_rank=hvd.local_rank(),

@@ -8,7 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import ConfigError, parse_straggler
+from ..config import ConfigError, check_writable_folder, parse_straggler
+
+# What the plan sets on every run's command line, and the compare flag to use instead: given in
+# --train-args too, the later flag would silently win and the runs would no longer be the plan.
+PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seeds",
+           "straggler": "--stragglers",
+           "run_dir": "--out (each run writes into OUT/runs/NAME)",
+           "num_servers": "--workers (each async run has one server besides the workers)",
+           "dataset": "compare's own --dataset", "model": "compare's own --model",
+           "epochs": "compare's own --epochs"}
 
 
 def add_parser(commands) -> None:
@@ -18,7 +27,7 @@ def add_parser(commands) -> None:
                     "runs with the same workers, model, data and budget, for several seeds and "
                     "straggler conditions; write every run's log, a summary CSV, PNG plots and a "
                     "Markdown report into one folder. Finished runs are skipped when run again.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     p.add_argument("--out", default="runs/compare", help="folder for the runs, report and plots")
     p.add_argument("--workers", type=int, default=2, help="training processes in every run")
     p.add_argument("--modes", default="sync,async,ssp", help="any of sync, async, ssp")
@@ -60,6 +69,34 @@ def validate(args) -> None:
             raise ConfigError(f"--stragglers: invalid condition {s!r}; {e}") from None
     if any(b < 0 for b in _ints(args.staleness_bounds, "--staleness-bounds")):
         raise ConfigError("--staleness-bounds: bounds must be 0 or more")
+    check_writable_folder(args.out, "--out")
+    check_train_args(args)
+
+
+def check_train_args(args) -> None:
+    """--train-args must be valid train flags that leave alone what the plan sets; checked here
+    so that a mistake is one message, not every run failing the same way."""
+    from ..cli import add_train_flags, config_from_args
+
+    parser = argparse.ArgumentParser(prog="hvdtrain train", add_help=False, allow_abbrev=False,
+                                     exit_on_error=False)
+    add_train_flags(parser)
+    try:
+        given, unknown = parser.parse_known_args(shlex.split(args.train_args))
+    except (argparse.ArgumentError, ValueError) as e:  # ValueError: an unclosed quote
+        raise ConfigError(f"--train-args: {e}") from None
+    if unknown:
+        raise ConfigError(f"--train-args: unknown flag(s) {' '.join(unknown)}; see "
+                          "hvdtrain train --help")
+    for name, instead in PLANNED.items():
+        if name in vars(given):
+            raise ConfigError(f"--train-args: --{name.replace('_', '-')} is set by the plan for "
+                              f"each run; use {instead}")
+    given.dataset, given.model, given.epochs = args.dataset, args.model, args.epochs
+    try:
+        config_from_args(given)
+    except ConfigError as e:
+        raise ConfigError(f"--train-args: {e}") from None
 
 
 def main(args) -> int:

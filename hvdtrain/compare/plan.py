@@ -32,9 +32,14 @@ def modes(names: list[str], bounds: list[int]) -> list[Mode]:
         elif name == "async":
             out.append(Mode("async", math.inf))
         elif name == "ssp":
+            if not bounds:
+                raise ValueError("--staleness-bounds: ssp needs at least one bound, e.g. 2")
             out += [Mode(f"ssp{b}", float(b)) for b in bounds]
         else:
             raise ValueError(f"--modes: unknown mode {name!r}; use sync, async and ssp")
+    if not out:
+        raise ValueError("--modes: no mode given, so the plan is empty; name one or more of "
+                         "sync, async and ssp")
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,7 @@ def _digits(cfg: DataConfig) -> Dataset:
 
     bunch = load_digits()  # ships inside scikit-learn: 1,797 real 8x8 images, no download
     x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]  # pixel values are 0..16
-    return _split("digits", x, bunch.target, cfg)
+    return _split("digits", x, bunch.target, cfg, where="--dataset digits")
 
 
 def _synthetic(cfg: DataConfig) -> Dataset:
@@ -56,7 +57,7 @@ def _synthetic(cfg: DataConfig) -> Dataset:
     x = rng.standard_normal((n, *shape), dtype=np.float32)
     teacher = rng.standard_normal((int(np.prod(shape)), k), dtype=np.float32)
     y = (x.reshape(n, -1) @ teacher).argmax(axis=1)
-    return _split("synthetic", x, y, cfg, stratify=False)
+    return _split("synthetic", x, y, cfg, where="--dataset synthetic", stratify=False)
 
 
 def _mnist(cfg: DataConfig) -> Dataset:
@@ -78,7 +79,8 @@ def _mnist(cfg: DataConfig) -> Dataset:
     def prep(images: np.ndarray) -> np.ndarray:
         return ((images.astype(np.float32) / 255.0 - mean) / std)[:, None, :, :]
     y_train, y_test = arrays["train-labels"].astype(np.int64), arrays["t10k-labels"].astype(np.int64)
-    return _make("mnist", prep(arrays["train-images"]), y_train, prep(arrays["t10k-images"]), y_test)
+    return _make("mnist", prep(arrays["train-images"]), y_train, prep(arrays["t10k-images"]),
+                 y_test, cfg, str(folder))
 
 
 def _npz(cfg: DataConfig) -> Dataset:
@@ -112,8 +114,8 @@ def _npz(cfg: DataConfig) -> Dataset:
             raise DataError(f"{path}: x_test samples have shape {x_test.shape[1:]} but x samples "
                             f"{x.shape[1:]}; they must match")
         y_test = _as_labels(arrays["y_test"], len(x_test), path, "y_test")
-        return _make(path.stem, x, y, x_test, y_test)
-    return _split(path.stem, x, y, cfg)
+        return _make(path.stem, x, y, x_test, y_test, cfg, str(path))
+    return _split(path.stem, x, y, cfg, where=str(path))
 
 
 def _as_samples(x: np.ndarray, path: Path, key: str) -> np.ndarray:
@@ -140,12 +142,11 @@ def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> np.ndarray:
             y = y.astype(np.int64)
         else:
             raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer class labels")
-    if y.min() < 0:
-        raise DataError(f"{path}: {key} has negative labels; use classes 0..K-1")
     return y.astype(np.int64)
 
 
-def _split(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, stratify: bool = True) -> Dataset:
+def _split(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, where: str,
+           stratify: bool = True) -> Dataset:
     from sklearn.model_selection import train_test_split
 
     try:
@@ -155,14 +156,44 @@ def _split(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, stratify: b
     except ValueError as e:  # e.g. a class with a single sample cannot be stratified
         raise DataError(f"{name}: cannot split {len(x)} samples into train and test ({e}); "
                         "add samples or change --test-fraction") from None
-    return _make(name, x_tr, y_tr, x_te, y_te)
+    return _make(name, x_tr, y_tr, x_te, y_te, cfg, where)
 
 
-def _make(name, x_tr, y_tr, x_te, y_te) -> Dataset:
-    num_classes = int(max(y_tr.max(), y_te.max())) + 1
+def _make(name, x_tr, y_tr, x_te, y_te, cfg: DataConfig, where: str) -> Dataset:
+    num_classes = count_classes(y_tr, y_te, where, cfg.sparse_labels)
     return Dataset(name, torch.from_numpy(np.ascontiguousarray(x_tr)), torch.from_numpy(y_tr),
                    torch.from_numpy(np.ascontiguousarray(x_te)), torch.from_numpy(y_te),
                    num_classes)
+
+
+# A label range this much larger than the labels in use is almost always a labelling mistake
+# (raw ids instead of class indices): the output layer would mostly train classes that never occur.
+MAX_UNUSED_CLASSES = 1000
+
+
+def count_classes(y_train: np.ndarray, y_test: np.ndarray, where: str, sparse_ok: bool) -> int:
+    """The classifier's width, max label + 1, for labels that make a sensible classifier: no
+    negative labels, at least 2 classes in the training labels, and (unless ``sparse_ok``, the
+    --sparse-labels flag) no more unused class indices than both the labels in use and
+    MAX_UNUSED_CLASSES."""
+    labels = np.unique(np.concatenate([y_train, y_test]))
+    if labels[0] < 0:
+        raise DataError(f"{where}: has negative labels (the smallest is {labels[0]}); class "
+                        "labels must be 0..K-1: renumber them")
+    trained = np.unique(y_train)
+    if len(trained) < 2:
+        raise DataError(f"{where}: every training label is {trained[0]}, one class; a "
+                        "classifier needs samples of at least 2 classes")
+    num_classes = int(labels[-1]) + 1
+    unused = num_classes - len(labels)
+    if unused > max(len(labels), MAX_UNUSED_CLASSES) and not sparse_ok:
+        raise DataError(
+            f"{where}: labels go up to {labels[-1]}, a {num_classes}-way classifier, but only "
+            f"{len(labels)} distinct labels occur; hvdtrain refuses more unused class indices "
+            f"than both the labels in use and {MAX_UNUSED_CLASSES}. Renumber the labels "
+            f"0..{len(labels) - 1} (numpy.unique(y, return_inverse=True)), or pass "
+            "--sparse-labels if the unused classes are meant")
+    return num_classes
 
 
 DATASETS = {"digits": _digits, "synthetic": _synthetic, "mnist": _mnist, "npz": _npz}
@@ -186,7 +217,7 @@ def read_idx(path: Path) -> np.ndarray:
     """Read one IDX file (the MNIST format): magic, dimension sizes, then raw big-endian data."""
     try:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # gzip.BadGzipFile is an OSError
         raise DataError(f"{path}: cannot read ({e}); the download may be incomplete") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise DataError(f"{path}: not an IDX file (bad magic number {raw[:4].hex() or 'none'}); "

@@ -43,6 +43,10 @@ class FolderDataset(Dataset):
             raise DataError(f"{self.root}: has no class subfolders; put the images of each class "
                             f"into a subfolder named after it (e.g. {self.root}/cat/001.png)")
         if classes is None:
+            if len(found) < 2:
+                raise DataError(f"{self.root}: has one class subfolder ({found[0]}); a "
+                                "classifier needs at least 2 classes: add a subfolder of "
+                                "images for each other class")
             classes = found
         elif unknown := sorted(set(found) - set(classes)):
             raise DataError(f"{self.root}: class folders {unknown} are not among the training "

@@ -1,9 +1,11 @@
-"""The run folder's checkpoint: whether this run continues one, reading it on the right
-processes, and when to write the next (every N epochs, every N steps, at the end).
+"""The run folder and its checkpoint: which folder this run owns (locked, see run_lock.py),
+whether the run continues a checkpoint, reading it on the right processes, and when to write the
+next (every N epochs, every N steps, at the end).
 
-A fresh run never overwrites a checkpoint: a --run-dir that holds one is an error unless the run
-continues it (--resume, --auto-resume). Worker 0 decides and reads; the scheme tells the others
-(see UpdateScheme.main_decides), so a bad file stops every rank with the same message.
+A run folder's checkpoint is only ever replaced by the run that owns it: a fresh run refuses a
+--run-dir that holds one unless it continues it (--resume, --auto-resume), and --resume A
+--run-dir B refuses a B that holds another run's. Worker 0 decides and reads; the scheme tells
+the others (see UpdateScheme.main_decides), so a bad file stops every rank with the same message.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import checkpoint
-from ..config import Config
+from ..config import Config, ConfigError
+from ..run_lock import FolderLock, describe_takeover
 from ..scheme import Progress, UpdateScheme
 from .hooks import TrainingError
 
@@ -30,6 +33,19 @@ def default_run_dir(cfg: Config, data_name: str, model_name: str) -> Path:
     return Path("runs") / f"{stamp}-{label}"
 
 
+def make_fresh_folder(folder: Path) -> Path:
+    """``folder``, or ``folder-2``, ``folder-3``... when a run that started in the same second
+    took it: mkdir is atomic, so two runs never get the same default folder."""
+    candidate, n = folder, 1
+    while True:
+        try:
+            candidate.mkdir(parents=True)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = folder.with_name(f"{folder.name}-{n}")
+
+
 class Checkpointer:
     def __init__(self, cfg: Config, scheme: UpdateScheme, run_dir: Path,
                  identity: Callable[[], dict[str, Any]], model_state: Callable[[], dict]):
@@ -40,9 +56,12 @@ class Checkpointer:
         self.identity = identity        # what must match for a checkpoint to load into this run
         self.model_state = model_state  # this run's model.state_dict(), to name a mismatch
         self.resumed_from: str | None = None
+        self.lock: FolderLock | None = None
         # Elastic training starts processes during the run (an added host); they find the
         # checkpoint this run wrote and must continue the run, so elastic implies auto-resume.
         self.auto_resume = cfg.run.auto_resume or cfg.sync.elastic
+        # Other components' own state (state_dict/load_state_dict), saved under their names.
+        self.components: dict[str, Any] = {}
 
     @property
     def path(self) -> Path:
@@ -50,6 +69,44 @@ class Checkpointer:
 
     def _is_main(self) -> bool:
         return self.scheme.workers()[0] == 0
+
+    # --- the folder -----------------------------------------------------------------------------
+    def claim(self) -> Path:
+        """Collective: worker 0 locks the run folder (a default folder gets a name no other run
+        has) and every worker learns which folder it is. Held until release()."""
+        chosen = bool(self.run.run_dir or self.run.resume)
+
+        def decide() -> dict[str, Any] | None:
+            if not self._is_main():  # elastic: every process decides; rank 0 alone locks
+                return None
+            try:
+                folder = self.run_dir if chosen else make_fresh_folder(self.run_dir)
+                if folder.exists() and not folder.is_dir():
+                    raise ConfigError(f"--run-dir {folder} is a file, not a folder; pass a "
+                                      "folder (it is created when missing)")
+                lock = FolderLock(folder)
+                previous = lock.acquire()
+            except ConfigError as e:
+                return {"error": str(e)}
+            except OSError as e:
+                return {"error": f"--run-dir {self.run_dir}: cannot create it ({e.strerror or e}); "
+                                 "pass a folder you can write to"}
+            self.lock = lock
+            if previous:
+                print(describe_takeover(folder, previous), flush=True)
+            return {"run_dir": str(folder)}
+
+        answer = self.scheme.main_decides(decide)
+        if answer and "error" in answer:
+            raise ConfigError(answer["error"])
+        if answer:
+            self.run_dir = Path(answer["run_dir"])
+        return self.run_dir
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # --- resume ---------------------------------------------------------------------------------
     def restore(self, num_workers: int) -> tuple[dict[str, Any] | None, Progress]:
@@ -83,15 +140,33 @@ class Checkpointer:
         if "error" in answer:
             raise checkpoint.CheckpointError(answer["error"])
         progress = answer["progress"]
+        if state is not None:
+            for name, component in self.components.items():
+                component.load_state_dict(state.get(name))
         if progress.workers != num_workers and self._is_main():
             print(f"warning: checkpoint was written with {progress.workers} workers, this run "
                   f"has {num_workers}; the data order differs from an uninterrupted run",
                   flush=True)
         return state, progress
 
+    def _check_epochs_left(self, progress: Progress, source: str) -> None:
+        epochs = self.run.epochs
+        if progress.epoch > epochs or (progress.epoch == epochs and progress.step):
+            raise ConfigError(
+                f"--epochs {epochs}: the checkpoint {source} has trained {progress.epoch} "
+                f"epoch(s) already, more than this run asks for; to train further pass "
+                f"--epochs {progress.epoch + 1} or more (the learning-rate schedule follows "
+                "--epochs)")
+        if progress.epoch == epochs and self._is_main():
+            print(f"hvdtrain: the checkpoint {source} has finished all {epochs} epoch(s); "
+                  f"nothing is left to train (pass --epochs {epochs + 1} or more to train "
+                  "further)", flush=True)
+
     def _resume_source(self) -> str | None:
         """--resume, or the run folder's checkpoint under --auto-resume; None for a fresh run."""
         run = self.run
+        if run.resume and run.run_dir:
+            return self._resume_into_other_folder()
         if run.resume:
             return run.resume
         if not run.run_dir:
@@ -114,6 +189,33 @@ class Checkpointer:
             print(f"hvdtrain: continuing the checkpoint in {run.run_dir}", flush=True)
         return decision["resume"] if decision else None
 
+    def _resume_into_other_folder(self) -> str:
+        """--resume A --run-dir B: B's own checkpoint, when it has one, belongs to the run in B.
+        Under --auto-resume that is this run, requeued after it wrote B's checkpoint (which is
+        newer than A); otherwise it is another run, and resuming A would overwrite it."""
+        run = self.run
+
+        def decide() -> dict[str, str]:
+            if not self.path.exists() or \
+                    checkpoint.checkpoint_path(run.resume).resolve() == self.path.resolve():
+                return {"resume": run.resume}
+            if self.auto_resume:
+                return {"resume": str(self.run_dir), "note": (
+                    f"hvdtrain: {self.run_dir} holds this run's own checkpoint, newer than "
+                    f"--resume {run.resume}; continuing it")}
+            return {"error": (
+                f"--resume {run.resume} --run-dir {run.run_dir}: {self.path} holds another "
+                f"run's checkpoint, which this run would overwrite; continue that run with "
+                f"--resume {run.run_dir}, add --auto-resume if it is this run requeued, or pass "
+                "another --run-dir")}
+
+        decision = self.scheme.main_decides(decide)
+        if "error" in decision:
+            raise checkpoint.CheckpointError(decision["error"])
+        if "note" in decision and self._is_main():
+            print(decision["note"], flush=True)
+        return decision["resume"]
+
     # --- cadence --------------------------------------------------------------------------------
     def step_done(self, progress: Progress, steps_per_epoch: int) -> None:
         every = self.run.checkpoint_steps
@@ -121,14 +223,16 @@ class Checkpointer:
         if every and progress.global_step % every == 0 and progress.step < steps_per_epoch:
             self.save(progress)
 
-    def epoch_done(self, progress: Progress) -> None:
+    def epoch_done(self, progress: Progress, last: bool = False) -> None:
         every = self.run.checkpoint_every
-        if progress.epoch == self.run.epochs or (every and progress.epoch % every == 0):
+        if last or progress.epoch == self.run.epochs or (every and progress.epoch % every == 0):
             self.save(progress)
 
-    def save(self, progress: Progress) -> Path | None:
+    def save(self, progress: Progress, path: Path | None = None) -> Path | None:
         """A checkpoint after ``progress.epoch`` whole epochs and ``progress.step`` steps of the
-        next one. Collective (the async scheme asks the servers); worker 0 writes it."""
+        next one, to ``path`` (default: checkpoint.pt). Collective (the async scheme asks the
+        servers); worker 0 writes it."""
+        path = path or self.path
         state = self.scheme.state_dict()
         if not self._is_main():
             return None
@@ -136,12 +240,13 @@ class Checkpointer:
             return checkpoint.save_atomic(
                 {**state, "identity": self.identity(), "epoch": progress.epoch,
                  "step": progress.step, "global_step": progress.global_step,
-                 "num_workers": progress.workers, "config": self.cfg.to_dict()}, self.path)
+                 "num_workers": progress.workers, "config": self.cfg.to_dict(),
+                 **{name: c.state_dict() for name, c in self.components.items()}}, path)
         except checkpoint.CheckpointWriteError as e:  # full disk, quota, lost mount
-            kept = (f"the previous checkpoint {self.path} is intact; free space and continue "
-                    f"with --resume {self.run_dir}" if self.path.exists()
+            kept = (f"the previous checkpoint {path} is intact; free space and continue "
+                    f"with --resume {self.run_dir}" if path.exists()
                     else "no earlier checkpoint exists")
             where = (f"epoch {progress.epoch}" if not progress.step
                      else f"epoch {progress.epoch + 1}, step {progress.step}")
-            raise TrainingError(f"could not write the {where} checkpoint to {self.path} "
+            raise TrainingError(f"could not write the {where} checkpoint to {path} "
                                 f"({e}); {kept}") from None

@@ -13,9 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..metrics import JsonlLog, ProgressBar
+from ..checkpoint import CHECKPOINT_NAME
+from ..metrics import JsonlLog, LogWriteError, ProgressBar
 from ..replica import BatchStats
 from ..scheme import PendingSum, UpdateScheme
+from .hooks import TrainingError
+from .tensorboard import TensorBoardSink
 
 
 @dataclass
@@ -92,43 +95,64 @@ def means(vector: list[float], names: list[str]) -> tuple[float, dict[str, float
 
 class RunLog:
     def __init__(self, epochs: int, scheme: UpdateScheme, metric_names: list[str],
-                 is_main: bool, progress_bar: bool, log_steps: bool):
+                 is_main: bool, progress_bar: bool, log_steps: bool, tensorboard: bool = False):
         self.epochs = epochs
         self.is_main = is_main
         self.scheme = scheme
         self.names = metric_names
         self.log_steps = log_steps
         self.jsonl: JsonlLog | None = None
+        self.wants_tensorboard = tensorboard
+        self.tensorboard: TensorBoardSink | None = None
         self.bar = ProgressBar(enabled=is_main and progress_bar)
         self.history: list[EpochResult] = []
         self.totals = EpochTotals(metric_names)
         self._pending: list[tuple[PendingSum, dict[str, Any]]] = []  # in the order written
 
     # --- the file -------------------------------------------------------------------------------
-    def open(self, path: Path, append: bool, header: dict[str, Any]) -> None:
+    def open(self, path: Path, append: bool, header: dict[str, Any], global_step: int = 0) -> None:
+        """global_step: where the run starts (a resumed run's checkpoint)."""
         self.jsonl = JsonlLog(path, append=append)
-        self.jsonl.write("header", **header)
+        self._write_line("header", header)
+        if self.wants_tensorboard:
+            self.tensorboard = TensorBoardSink(path.parent, first_step=global_step + 1)
 
-    def follow_main(self, is_main: bool, path: Path) -> None:
+    def follow_main(self, is_main: bool, path: Path, global_step: int | None = None) -> None:
         """After an elastic reset that lost rank 0, the new rank 0 continues the log (elastic
         requires a shared --run-dir), and a process that is no longer rank 0 stops writing."""
         self.is_main = is_main
         if is_main and self.jsonl is None:
             self.jsonl = JsonlLog(path, append=True)
+            if self.wants_tensorboard:
+                self.tensorboard = TensorBoardSink(
+                    path.parent, first_step=None if global_step is None else global_step + 1)
             print(f"hvdtrain: this process is rank 0 now; it continues the log and the "
                   f"checkpoints in {path.parent}", flush=True)
         elif not is_main and self.jsonl is not None:
-            self.jsonl.close()
-            self.jsonl = None
+            self.close()
 
     def write(self, kind: str, **fields: Any) -> None:
         if self.jsonl:
+            self._write_line(kind, fields)
+        if self.tensorboard:
+            self.tensorboard.record(kind, fields)
+
+    def _write_line(self, kind: str, fields: dict[str, Any]) -> None:
+        try:
             self.jsonl.write(kind, **fields)
+        except LogWriteError as e:  # full disk, quota, lost mount: stop the way a checkpoint does
+            ckpt = self.jsonl.path.parent / CHECKPOINT_NAME
+            kept = (f"the last checkpoint {ckpt} is intact; free space and continue with "
+                    f"--resume {ckpt.parent}" if ckpt.exists() else "no checkpoint was written yet")
+            raise TrainingError(f"{e}; {kept}") from None
 
     def close(self) -> None:
         if self.jsonl:
             self.jsonl.close()
             self.jsonl = None
+        if self.tensorboard:
+            self.tensorboard.close()
+            self.tensorboard = None
 
     # --- the epoch ------------------------------------------------------------------------------
     def start_epoch(self, epoch: int, steps: int) -> None:

@@ -6,6 +6,9 @@
     evaluator     scoring the test split (evaluator.py)
     log           progress bar, summary lines, JSONL log (run_log.py)
     hooks         after every step: straggler sleep, finite-loss guard (hooks.py)
+    best          after every evaluation: best.pt, early stopping (best.py)
+    signals       SIGTERM/SIGUSR1/SIGINT: stop at an agreed step with a checkpoint (preemption.py)
+    watchdog      --stall-timeout-s: end a job that stopped making progress (watchdog.py)
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from ..replica import Replica
 from ..runtime import Runtime
 from ..scheme import Progress, UpdateScheme
 from ..workload import Workload
+from .best import BestTracker
 from .checkpointer import Checkpointer, default_run_dir
 from .epoch_plan import EpochPlan
 from .evaluator import Evaluator
 from .hooks import StepResult, default_hooks
+from .preemption import StopSignals
 from .run_log import EpochResult, RunLog
+from .watchdog import StallWatchdog
 
 
 class Trainer:
@@ -40,11 +46,16 @@ class Trainer:
         self.run_dir = default_run_dir(cfg, workload.data_name, workload.name)
         self.checkpointer = Checkpointer(cfg, scheme, self.run_dir, self.identity,
                                          self.replica.model.state_dict)
+        self.best = BestTracker(run, scheme, self.checkpointer, names, workload.test is not None)
         self.hooks = default_hooks(run)
         self._bind_world()
-        self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps)
+        self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
+                          run.tensorboard)
         self.progress = Progress(workers=self.num_workers)
         self.started = 0.0
+        self.signals = StopSignals()
+        self.preempted: str | None = None  # the signal that stopped the run, once it did
+        self.watchdog: StallWatchdog | None = None
 
     def _bind_world(self) -> None:
         """Everything that depends on which worker this is and how many there are; again after
@@ -69,6 +80,20 @@ class Trainer:
     # --- the run --------------------------------------------------------------------------------
     def fit(self) -> list[EpochResult]:
         self.scheme.attach(self.replica)
+        self.run_dir = self.checkpointer.claim()  # locked until the run ends
+        self.watchdog = StallWatchdog(self.scheme.stall_timeout_s, self.runtime.rank,
+                                      self.runtime.size, self.run_dir, exit_code=1)
+        self.signals.install()
+        self.watchdog.start()
+        try:
+            self._fit()
+        finally:
+            self.watchdog.stop()
+            self.signals.restore()
+            self.checkpointer.release()
+        return self.history
+
+    def _fit(self) -> None:
         state, self.progress = self.checkpointer.restore(self.num_workers)
         self.scheme.start(state, resuming=self.checkpointer.resumed_from is not None)
         if self.is_main:
@@ -81,7 +106,6 @@ class Trainer:
                 self.log.write("scheme", **summary)
         finally:
             self.log.close()
-        return self.history
 
     def _open_log(self) -> None:
         run, p, n = self.cfg.run, self.progress, count_parameters(self.replica.model)
@@ -91,7 +115,8 @@ class Trainer:
                                   device=self.replica.describe(), versions=package_versions(),
                                   dataset=self.workload.describe(), model=self.workload.name,
                                   num_parameters=n, steps_per_epoch=self.plan.steps_per_epoch,
-                                  resumed_from_epoch=p.epoch, resumed_from_step=p.step))
+                                  resumed_from_epoch=p.epoch, resumed_from_step=p.step),
+                      global_step=p.global_step)
         print(f"hvdtrain: {run.mode} training of {self.workload.name} ({n:,} parameters) on "
               f"{self.workload.describe()}; {self.num_workers} worker(s), launcher: "
               f"{self.runtime.launcher}, device: {self.replica.describe()}; logging to "
@@ -101,13 +126,25 @@ class Trainer:
         """The epochs from self.progress on. An elastic scheme may run this again after a reset,
         with the progress of its last commit and a new set of workers."""
         self._bind_world()
-        self.log.follow_main(self.is_main, self.run_dir / "metrics.jsonl")
+        self.log.follow_main(self.is_main, self.run_dir / "metrics.jsonl", self.progress.global_step)
         self.plan.rescale(self.progress)
-        while self.progress.epoch < self.cfg.run.epochs:
+        self.best.start(self.progress)
+        while self.progress.epoch < self.cfg.run.epochs and not self.best.stop_reason:
             self._train_epoch()
-            self.checkpointer.epoch_done(self.progress)
+            if self.preempted:
+                break  # _preempt wrote the checkpoint
+            if self.best.stop_reason:
+                self.scheme.end_of_training()  # the final checkpoint sees every worker's update
+            self.checkpointer.epoch_done(self.progress, last=bool(self.best.stop_reason))
             self.scheme.epoch_done(self.progress)
         self.log.flush(wait=True)
+        if self.preempted:
+            self._report_preemption()
+        if self.best.stop_reason:
+            reason = f"stopped early after epoch {self.progress.epoch}: {self.best.stop_reason}"
+            self.log.write("stop", epoch=self.progress.epoch, reason=reason)
+            if self.is_main:
+                print(f"hvdtrain: {reason}; the best model is in {self.best.path}", flush=True)
 
     def _train_epoch(self) -> None:
         p, epoch = self.progress, self.progress.epoch
@@ -127,12 +164,40 @@ class Trainer:
             self.scheme.step_done(p)
             self.checkpointer.step_done(p, self.plan.steps_per_epoch)
             self.log.step(epoch, p.global_step, lr, loss, stats)
+            self.watchdog.beat(f"in step {p.global_step + 1}")
+            if self.scheme.agree_to_stop(self.signals.received is not None):
+                self._preempt()
+                return
+        self.watchdog.beat("at the end of an epoch (evaluation, checkpoint)")
         if epoch + 1 == self.cfg.run.epochs:
             self.scheme.end_of_training()  # the last evaluation and checkpoint see every update
-        test = self.evaluator.evaluate() if self.evaluator.due(epoch) else None
+        due = self.evaluator.due(epoch)
+        test = self.evaluator.evaluate() if due else None
         p.epoch, p.step = epoch + 1, 0
         self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test,
                            time.perf_counter() - self.started, self.replica.take_epoch_metrics())
+        if due:
+            self.best.evaluated(test, p)
+
+    # --- preemption -------------------------------------------------------------------------
+    def _preempt(self) -> None:
+        """Every worker stops after this same step (agree_to_stop): a step checkpoint holds it,
+        and --auto-resume continues from the next step as if nothing had happened."""
+        self.preempted = self.signals.received or "a stop signal on another worker"
+        self.scheme.end_of_training()  # the checkpoint sees every worker's last update
+        self.watchdog.beat("writing the preemption checkpoint")
+        self.checkpointer.save(self.progress)
+
+    def _report_preemption(self) -> None:
+        p = self.progress
+        where = f"epoch {p.epoch + 1}, step {p.step}" if p.step else f"the end of epoch {p.epoch}"
+        self.log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.step,
+                       global_step=p.global_step,
+                       reason=f"preempted: {self.preempted}")
+        if self.is_main:
+            print(f"hvdtrain: stopped by {self.preempted} after {where} (global step "
+                  f"{p.global_step}); checkpoint {self.checkpointer.path}; continue with "
+                  f"--auto-resume --run-dir {self.run_dir}", flush=True)
 
     def _learning_rate(self) -> float:
         return learning_rate(self.progress.global_step, self.plan.total_steps,

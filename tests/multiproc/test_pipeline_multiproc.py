@@ -53,3 +53,19 @@ def test_impossible_stage_devices_exit_2_with_the_arithmetic():
                check=False)
     assert proc.returncode == 2
     assert "2 stages need cuda:0, but this host has 0 GPU(s)" in proc.stderr
+
+
+@pytest.mark.multiproc
+def test_stages_without_parameters_train_under_sync_like_the_unsplit_model(tmp_path):
+    """--stages 4 cuts the MLP (Flatten, Linear, ReLU, Linear, ReLU, Linear) into stages of which
+    some hold no parameters; Horovod still averages every gradient once per step."""
+    flags = ["--no-progress", "--seed", "1", "--epochs", "1", "--momentum", "0.9"]
+    run(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "plain"))))
+    run(mpirun(2, *hvdtrain("train", *flags, "--stages", "4", "--devices", "cpu,cpu,cpu,cpu",
+                            "--micro-batches", "2", "--run-dir", str(tmp_path / "split"))))
+    pipe = _records(tmp_path / "split", "epoch")[-1]["pipeline"]
+    assert len(pipe["layers"]) == 4 and [0, 1] in pipe["layers"], pipe["layers"]  # Flatten alone
+    plain = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
+    split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["model"]
+    for name in plain:
+        assert (plain[name] - split[name]).abs().max().item() < 1e-5, name

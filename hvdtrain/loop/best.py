@@ -1,0 +1,116 @@
+"""--keep-best and --early-stop-patience: after each evaluation, keep best.pt (the checkpoint of
+the best evaluation so far) and tell the loop when the metric has stopped improving.
+
+Who judges an evaluation: the processes that scored the test split. In sync mode that is every
+rank, and the scores are sums that every rank received alike, so every rank reaches the same
+verdict; in async mode it is worker 0 alone. Those are also the processes that take part in
+writing a checkpoint, so best.pt needs nobody else. The stop decision must reach every worker at
+the same epoch's end, since async workers must make the same number of pushes (a staleness bound
+or --bsp would otherwise wait forever for a worker that stopped): with --early-stop-patience
+every worker takes worker 0's record after each evaluation, so in async mode the other workers
+wait there for worker 0's evaluation. Without it they never wait.
+
+The record (best value, its epoch, evaluations since) is saved in every checkpoint, so a resumed
+run neither replaces best.pt with a worse model nor restarts its patience.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..config import ConfigError, RunConfig, parse_metric_goal
+from ..scheme import Progress, UpdateScheme
+from .checkpointer import Checkpointer
+
+BEST_NAME = "best.pt"
+
+
+def evaluation_metrics(metric_names: list[str]) -> list[str]:
+    """The names an evaluation reports, as its lines in metrics.jsonl spell them."""
+    return ["test_loss", *(f"test_{name}" for name in metric_names)]
+
+
+class BestTracker:
+    def __init__(self, run: RunConfig, scheme: UpdateScheme, checkpointer: Checkpointer,
+                 metric_names: list[str], has_test_split: bool):
+        self.metric, self.goal = parse_metric_goal(run.keep_best) or (None, None)
+        self.patience = run.early_stop_patience
+        self.epochs = run.epochs
+        self.scheme, self.checkpointer = scheme, checkpointer
+        self.path = checkpointer.run_dir / BEST_NAME
+        self.best: float | None = None
+        self.best_epoch = 0
+        self.since_best = 0  # evaluations after the best one
+        self.stop_reason: str | None = None
+        if self.metric is None:
+            return
+        available = evaluation_metrics(metric_names)
+        if not has_test_split:
+            raise ConfigError("--keep-best: this run has no test split to evaluate; give it test "
+                              "data, or drop --keep-best")
+        if self.metric not in available:
+            raise ConfigError(f"--keep-best: this run's evaluation reports no {self.metric!r}; "
+                              f"choose one of {', '.join(available)} (optionally after max: or "
+                              "min:)")
+        checkpointer.components["best"] = self
+
+    # --- checkpoint state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "goal": self.goal, "value": self.best,
+                "epoch": self.best_epoch, "evaluations_since": self.since_best}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        if not state or (state["metric"], state["goal"]) != (self.metric, self.goal):
+            return  # a checkpoint written without --keep-best, or for another metric: start afresh
+        self.best, self.best_epoch = state["value"], state["epoch"]
+        self.since_best = state["evaluations_since"]
+
+    # --- the loop's calls -----------------------------------------------------------------------
+    def start(self, progress: Progress) -> None:
+        """Collective, where the epochs start: every worker takes worker 0's record (a resumed
+        run read it there), so all agree on the best so far and on whether patience ran out."""
+        if self.metric is None:
+            return
+        self.load_state_dict(self.scheme.broadcast_object(self.state_dict()))
+        self._check_patience(progress)
+
+    def evaluated(self, test: tuple[float, dict[str, float | None]] | None,
+                  progress: Progress) -> None:
+        """After an evaluation, at ``progress`` (an epoch's end). ``test`` is (loss, metrics)
+        where this process scored the test split, else None. Collective with early stopping."""
+        if self.metric is None:
+            return
+        if test is not None and self._judge(self._value(test), progress.epoch):
+            self.checkpointer.save(progress, self.path)
+        if self.patience:
+            self.load_state_dict(self.scheme.broadcast_object(self.state_dict()))
+            self._check_patience(progress)
+
+    # --- arithmetic -----------------------------------------------------------------------------
+    def _value(self, test: tuple[float, dict[str, float | None]]) -> float:
+        loss, metrics = test
+        value = loss if self.metric == "test_loss" else metrics.get(self.metric[len("test_"):])
+        if value is None:
+            reported = [name for name, v in zip(evaluation_metrics(list(metrics)),
+                                                [loss, *metrics.values()]) if v is not None]
+            raise ConfigError(f"--keep-best: the evaluation produced no value for "
+                              f"{self.metric!r} (it counted no samples); choose one of "
+                              f"{', '.join(reported)}")
+        return value
+
+    def _judge(self, value: float, epoch: int) -> bool:
+        """Record ``value`` of the evaluation after ``epoch`` epochs; True if it is the best."""
+        better = self.best is None or (value < self.best if self.goal == "min"
+                                       else value > self.best)
+        if better:
+            self.best, self.best_epoch, self.since_best = value, epoch, 0
+        else:
+            self.since_best += 1
+        return better
+
+    def _check_patience(self, progress: Progress) -> None:
+        # Patience that runs out at the last epoch stops nothing: the run ends there anyway.
+        if self.patience and self.since_best >= self.patience and progress.epoch < self.epochs:
+            self.stop_reason = (f"{self.metric} has not improved in {self.since_best} "
+                                f"evaluations (best {self.best:.6g}, after epoch "
+                                f"{self.best_epoch})")

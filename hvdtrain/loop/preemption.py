@@ -1,0 +1,60 @@
+"""Preemption: SIGTERM (Kubernetes before it kills a pod, Slurm at the time limit, mpirun when it
+is told to stop), SIGUSR1 (Slurm's ``--signal`` warning) and SIGINT (Ctrl-C) end training at a
+step boundary with a step checkpoint instead of losing up to an epoch.
+
+The handler only records the signal; the trainer asks the update scheme after every step whether
+any worker has one (UpdateScheme.agree_to_stop), so every rank stops after the same step and
+rank 0 writes the checkpoint. The job then exits with EXIT_PREEMPTED, and ``--auto-resume``
+continues from that step with the weights an uninterrupted run would have had.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+# EX_TEMPFAIL of sysexits.h, "try again later": the Slurm script and the Kubernetes Job's
+# podFailurePolicy in deploy/ requeue the job on it.
+EXIT_PREEMPTED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class StopSignals:
+    """Records the first stop signal; a second SIGINT interrupts at once (a user who means it)."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python delivers signals to the main thread only: an embedding app's job
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        first = self.received is None
+        self.received = self.received or signal.Signals(signum).name
+        if first:
+            # os.write: print() may be inside another print of this thread when the signal lands
+            os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: finishing "
+                        f"the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
+                        f"(resume with --auto-resume){_mpirun_hint(signum)}\n".encode())
+
+
+def _mpirun_hint(signum: int) -> str:
+    """Open MPI's mpirun forwards SIGTERM and SIGINT to the ranks and kills them
+    odls_base_sigkill_timeout seconds later, 1 by default: too short for a checkpoint."""
+    if signum == signal.SIGUSR1 or "OMPI_COMM_WORLD_RANK" not in os.environ or \
+            "OMPI_MCA_odls_base_sigkill_timeout" in os.environ:
+        return ""
+    return ("; note: mpirun kills its ranks 1 s after a SIGTERM unless started with "
+            "OMPI_MCA_odls_base_sigkill_timeout=60 (or more) in its environment")

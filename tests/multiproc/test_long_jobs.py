@@ -1,0 +1,92 @@
+"""Long jobs on shared clusters (issue 14): preemption by a signal, a stuck rank, two jobs that
+are pointed at one folder. Each case loses no run and ends within a bounded time."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from hvdtrain import checkpoint
+from hvdtrain.metrics import read_jsonl
+from launch import hvdtrain, launcher_env, mpirun, pid_of_rank, run
+
+pytestmark = pytest.mark.multiproc
+QUIET = ["--no-progress", "--seed", "1"]
+PREEMPTED = 75
+# Open MPI 4's mpirun passes a SIGTERM on to the ranks this many seconds after it got it, and
+# kills them as long again later (1 s by default: too short for a checkpoint). The deploy files
+# set it; so must a test that wants the checkpoint.
+GRACE = {"OMPI_MCA_odls_base_sigkill_timeout": "5"}
+
+
+def _steps_logged(run_dir) -> int:
+    try:
+        return sum(1 for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "step")
+    except (OSError, ValueError):
+        return 0
+
+
+def _signal_mid_epoch(command, run_dir, sig, after_steps, deliver_to="mpirun"):
+    """Start ``command``; once ``after_steps`` step lines are logged, send ``sig`` to mpirun (or
+    to every rank); return the finished process."""
+    job = subprocess.Popen(command, env={**launcher_env(), **GRACE}, stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _steps_logged(run_dir) < after_steps:
+            assert job.poll() is None, f"the job ended before the signal: {job.communicate()}"
+            assert time.monotonic() < deadline, "no step lines after 120 s"
+            time.sleep(0.05)
+        if deliver_to == "mpirun":
+            job.send_signal(sig)
+        else:
+            for rank in deliver_to:
+                os.kill(pid_of_rank(run_dir, "OMPI_COMM_WORLD_RANK", rank), sig)
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    return job.returncode, out, err
+
+
+@pytest.mark.parametrize("mode,np,extra", [
+    ("sync", 2, []),
+])
+def test_sigterm_to_mpirun_checkpoints_the_step_and_auto_resume_ends_with_the_same_weights(
+        tmp_path, mode, np, extra):
+    # About 2 s per epoch, so that the signal, which reaches the ranks 5 s after mpirun got it,
+    # lands mid-training.
+    flags = [*QUIET, "--mode", mode, *extra, "--epochs", "6", "--batch-size", "16",
+             "--log-steps", "--straggler", "40ms"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    run(mpirun(np, *hvdtrain("train", *flags, "--run-dir", str(straight))))
+    command = mpirun(np, *hvdtrain("train", *flags, "--run-dir", str(stopped), "--auto-resume"))
+    code, out, err = _signal_mid_epoch(command, stopped, signal.SIGTERM, after_steps=30)
+    # mpirun itself answers a SIGTERM with 1; the ranks' own code is 75 (SIGUSR1 test below)
+    assert code != 0, out
+    assert "SIGTERM received" in err, err
+    assert "stopped by SIGTERM after epoch" in out, out + err
+    kept = checkpoint.load(stopped)
+    assert 0 < kept["step"] and kept["epoch"] < 6, (kept["epoch"], kept["step"])
+    stop = [r for r in read_jsonl(stopped / "metrics.jsonl") if r["type"] == "stop"]
+    assert stop and stop[-1]["global_step"] == kept["global_step"]
+    run(command)  # the requeued job: same command
+    a, b = checkpoint.load(straight)["model"], checkpoint.load(stopped)["model"]
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after preemption and resume"
+
+
+def test_sigusr1_to_the_ranks_exits_75_for_a_requeue(tmp_path):
+    # Slurm's --signal=USR1@T reaches every rank; mpirun forwards SIGUSR1 too and then reports
+    # the ranks' exit code, which the sbatch script turns into a requeue.
+    run_dir = tmp_path / "run"
+    command = mpirun(2, *hvdtrain("train", *QUIET, "--epochs", "3", "--batch-size", "16",
+                                  "--log-steps", "--straggler", "30ms", "--run-dir",
+                                  str(run_dir)))
+    code, out, err = _signal_mid_epoch(command, run_dir, signal.SIGUSR1, after_steps=20)
+    assert code == PREEMPTED, out + err
+    assert checkpoint.load(run_dir)["step"] > 0

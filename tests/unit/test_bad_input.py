@@ -1,0 +1,238 @@
+"""Bad input that used to be accepted, or to crash with a traceback (issue 14, items 7, 9, 10
+and 11): each is refused with exit code 2 and a message that names the flag or file and the fix."""
+
+import gzip
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from hvdtrain import checkpoint
+from hvdtrain.cli import main
+from hvdtrain.config import Config, ConfigError, DataConfig, ModelConfig, RunConfig, SyncConfig
+from hvdtrain.data import DataError, load_dataset, read_idx
+from hvdtrain.data.folder import load_folder
+from hvdtrain.models import build_model
+
+
+def save_npz(path, y, **more):
+    x = np.random.default_rng(0).standard_normal((len(y), 8)).astype(np.float32)
+    np.savez(path, x=x, y=np.asarray(y), **more)
+    return str(path)
+
+
+def write_idx(path, array, dtype_code=0x08, gz=False):
+    header = bytes([0, 0, dtype_code, array.ndim]) + b"".join(
+        d.to_bytes(4, "big") for d in array.shape)
+    data = header + array.tobytes()
+    path.write_bytes(gzip.compress(data) if gz else data)
+
+
+def make_mnist(folder, train_labels, test_labels, dtype_code=0x08):
+    folder.mkdir(exist_ok=True)
+    for split, labels in (("train", train_labels), ("t10k", test_labels)):
+        labels = np.asarray(labels, dtype=np.int8 if dtype_code == 0x09 else np.uint8)
+        write_idx(folder / f"{split}-images-idx3-ubyte",
+                  np.zeros((len(labels), 4, 4), np.uint8))
+        write_idx(folder / f"{split}-labels-idx1-ubyte", labels, dtype_code)
+    return str(folder)
+
+
+def npz(path, **kw):
+    return load_dataset(DataConfig(dataset="npz", data_path=path, **kw))
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """main() may read the options and the data, but must stop before training."""
+    from hvdtrain import cli
+
+    def refuse(*args, **kwargs):
+        pytest.fail("bad input reached training")
+    monkeypatch.setattr(cli, "train", refuse)
+
+
+# --- item 7: the labels of the built-in classification datasets ---------------------------------
+def test_labels_of_one_class_are_refused(tmp_path):
+    path = save_npz(tmp_path / "one.npz", np.ones(100, dtype=np.int64))  # max + 1 = 2 "classes"
+    with pytest.raises(DataError, match=r"one\.npz: every training label is 1, one class; .*"
+                                        "at least 2 classes"):
+        npz(path)
+    folder = make_mnist(tmp_path / "mnist", [3] * 20, [3] * 10)
+    with pytest.raises(DataError, match="mnist: every training label is 3, one class"):
+        load_dataset(DataConfig(dataset="mnist", data_path=folder))
+    (tmp_path / "images" / "cat").mkdir(parents=True)
+    Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "images" / "cat" / "1.png")
+    with pytest.raises(DataError, match=r"has one class subfolder \(cat\); a classifier needs"):
+        load_folder(tmp_path / "images", 0.2, 0)
+
+
+def test_a_label_range_far_beyond_the_labels_in_use_needs_sparse_labels(tmp_path):
+    two = save_npz(tmp_path / "two.npz", np.arange(100) % 2 * 100000)
+    with pytest.raises(DataError, match=r"two\.npz: labels go up to 100000, a 100001-way "
+                                        r"classifier, but only 2 distinct .*--sparse-labels"):
+        npz(two)
+    assert npz(two, sparse_labels=True).num_classes == 100001
+    with pytest.raises(DataError, match="labels go up to 1099511627776"):  # was an allocator crash
+        npz(save_npz(tmp_path / "huge.npz", np.arange(100) % 2 * 2**40))
+    # Some unused classes are common (a subset of a labelled set) and stay accepted.
+    assert npz(save_npz(tmp_path / "gaps.npz", np.arange(100) % 4 * 300)).num_classes == 901
+    with_test = save_npz(tmp_path / "split.npz", np.arange(20) % 2,
+                         x_test=np.zeros((4, 8), np.float32), y_test=np.array([0, 1, 0, 5000]))
+    with pytest.raises(DataError, match="labels go up to 5000"):
+        npz(with_test)
+
+
+def test_negative_labels_are_refused(tmp_path):
+    with pytest.raises(DataError, match="negative labels"):
+        npz(save_npz(tmp_path / "neg.npz", np.arange(50) % 3 - 1))
+    folder = make_mnist(tmp_path / "mnist", np.arange(20) % 3 - 1, np.arange(10) % 3,
+                        dtype_code=0x09)  # IDX int8 labels can be negative
+    with pytest.raises(DataError, match=r"mnist: has negative labels \(the smallest is -1\)"):
+        load_dataset(DataConfig(dataset="mnist", data_path=folder))
+
+
+# --- item 9: a checkpoint of another model with the same parameter count ------------------------
+def test_same_parameter_count_other_shapes_names_the_tensor():
+    def mlp(hidden):
+        return build_model("mlp", (1, 8, 8), 10, ModelConfig(hidden=hidden))
+
+    saved, wanted = mlp((256, 128)).state_dict(), mlp((182, 202)).state_dict()
+    assert sum(t.numel() for t in saved.values()) == sum(t.numel() for t in wanted.values())
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r"1\.weight: checkpoint has shape \(256, 64\), this run's model "
+                             r"\(182, 64\)"):
+        checkpoint.check_model_state(saved, wanted, "run")
+
+
+# --- item 10: tracebacks ------------------------------------------------------------------------
+def test_corrupt_gzip_in_an_mnist_file_is_named(tmp_path):
+    path = tmp_path / "train-labels-idx1-ubyte.gz"
+    write_idx(path, np.arange(5000, dtype=np.uint8) % 10, gz=True)
+    good = path.read_bytes()
+    body = bytearray(good)
+    body[20:40] = b"\x00" * 20  # inside the deflate stream: zlib.error
+    for broken in (bytes(body), good[: len(good) // 2], b"not gzip at all"):
+        path.write_bytes(broken)
+        with pytest.raises(DataError, match=r"train-labels-idx1-ubyte\.gz: cannot read"):
+            read_idx(path)
+
+
+@pytest.mark.parametrize("flag", ["--warmup-epochs", "--fusion-threshold-mb",
+                                  "--stall-timeout-s", "--chunk-mb", "--weight-decay",
+                                  "--dc-lambda", "--timeout-s", "--cycle-time-ms"])
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_non_finite_numbers_are_refused(flag, value, capsys, no_training):
+    assert main(["train", flag, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hvdtrain: error: {flag}: invalid value {value}") and \
+        "Traceback" not in err
+
+
+def test_an_unbounded_staleness_stays_the_default():
+    assert Config.from_overrides({"staleness": "inf"}).validate().ps.staleness == float("inf")
+    with pytest.raises(ConfigError, match="--staleness: invalid value nan"):
+        Config.from_overrides({"staleness": "nan"}).validate()
+
+
+def test_a_run_dir_that_is_a_file_is_refused(tmp_path, capsys, no_training):
+    file = tmp_path / "taken"
+    file.write_text("")
+    for run_dir in (file, file / "run"):
+        assert main(["train", "--run-dir", str(run_dir)]) == 2
+        assert f"--run-dir {run_dir}: {'it' if run_dir == file else file} is a file, not a " \
+               "folder" in capsys.readouterr().err
+    RunConfig(run_dir=str(tmp_path / "new" / "run")).validate()  # created later: fine
+
+
+def test_a_read_only_run_dir_is_refused(tmp_path, monkeypatch):
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    if os.geteuid() == 0:  # root may write into any folder: pretend to be another user
+        monkeypatch.setattr(os, "access", lambda path, mode: False)
+    try:
+        for run_dir in (folder, folder / "run"):
+            with pytest.raises(ConfigError, match=f"--run-dir {run_dir}: .* not writable"):
+                RunConfig(run_dir=str(run_dir)).validate()
+    finally:
+        folder.chmod(0o700)
+
+
+def test_a_config_file_that_is_not_utf8(tmp_path, capsys, no_training):
+    for name in ("latin1.toml", "latin1.yaml"):
+        path = tmp_path / name
+        path.write_bytes("# caf\xe9\nepochs = 1\n".encode("latin-1"))
+        assert main(["train", "--config", str(path)]) == 2
+        assert f"--config: {path} is not UTF-8 text" in capsys.readouterr().err
+
+
+# --- compare: nothing may be launched for any of these --------------------------------------------
+@pytest.fixture
+def no_runs(monkeypatch):
+    from hvdtrain.compare import runner
+
+    def refuse(*args, **kwargs):
+        pytest.fail("bad input reached the runs")
+    monkeypatch.setattr(runner, "run_one", refuse)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--modes", ""], "--modes: no mode given, so the plan is empty"),
+    (["--modes", "ssp", "--staleness-bounds", ""], "--staleness-bounds: ssp needs at least one"),
+    (["--train-args", "--seed 3"], "--seed is set by the plan for each run; use --seeds"),
+    (["--train-args", "--batch-size 8 --mode=async"], "--train-args: --mode is set by the plan"),
+    (["--train-args", "--run-dir x"], "--train-args: --run-dir is set by the plan"),
+    (["--train-args", "--staleness 4"], "use --staleness-bounds"),
+    (["--train-args", "--batch-size 8 --epoch 3"], "--train-args: unknown flag(s) --epoch"),
+    (["--train-args", "--lr -1"], "--train-args: --lr: invalid value -1.0"),
+])
+def test_compare_refuses_an_empty_plan_and_train_args_that_override_it(
+        argv, message, tmp_path, capsys, no_runs):
+    assert main(["compare", "--out", str(tmp_path / "out"), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_compare_out_that_is_a_file(tmp_path, capsys, no_runs):
+    out = tmp_path / "out"
+    out.write_text("")
+    assert main(["compare", "--out", str(out)]) == 2
+    assert f"--out {out}: it is a file, not a folder" in capsys.readouterr().err
+
+
+# --- item 11: accepted silently -----------------------------------------------------------------
+@pytest.mark.parametrize("argv", [["train", "--epoch", "1"], ["train", "--hid", "8"],
+                                  ["compare", "--seed", "1"], ["compare", "--work", "1"]])
+def test_abbreviated_flags_are_refused(argv, tmp_path, capsys, no_training, no_runs):
+    if argv[0] == "compare":
+        argv = [*argv, "--out", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, text", [
+    ("wrong.toml", "[optim]\nepochs = 1\nlr = 0.1\n"),
+    ("wrong.yaml", "optim:\n  lr: 0.1\n  epochs: 1\n"),
+])
+def test_a_config_key_under_the_wrong_section(tmp_path, name, text, capsys, no_training):
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["train", "--config", str(path)]) == 2
+    assert "epochs is under [optim] but belongs in [run]" in capsys.readouterr().err
+
+
+def test_elastic_under_mpirun_is_refused_before_horovod_starts(monkeypatch):
+    from hvdtrain import runtime
+
+    def init():
+        pytest.fail("hvd.init() was reached")
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(init=init))
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "0")
+    monkeypatch.delenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", raising=False)
+    with pytest.raises(ConfigError, match="--elastic needs horovodrun.*horovodrun -np N --gloo"):
+        runtime.start_horovod(RunConfig(run_dir="r"), SyncConfig(elastic=True))
