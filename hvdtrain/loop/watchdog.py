@@ -76,12 +76,19 @@ class StallWatchdog:
             pass
 
     def _watch(self) -> None:
+        woke = time.monotonic()
         while not self._stop.wait(BEAT_S):
+            now = time.monotonic()
+            if now - woke > 5 * BEAT_S:
+                # This process was not running (SIGSTOP, a frozen container): the time it lost is
+                # not its peers' fault. (mpirun sends SIGCONT to a stopped rank before killing it.)
+                self._last += now - woke - BEAT_S
+            woke = now
             try:
                 os.utime(self.heartbeat_file)
             except OSError:
                 pass
-            idle = time.monotonic() - self._last
+            idle = now - self._last
             if idle > self.timeout_s:
                 print(self.describe(idle), file=sys.stderr, flush=True)
                 os._exit(self.exit_code)  # the main thread is stuck in C: nothing else ends it

@@ -11,7 +11,7 @@ import torch
 
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
-from launch import hvdtrain, launcher_env, mpirun, pid_of_rank, run
+from launch import horovodrun, hvdtrain, launcher_env, mpirun, pid_of_rank, run
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]
@@ -23,10 +23,7 @@ GRACE = {"OMPI_MCA_odls_base_sigkill_timeout": "5"}
 
 
 def _steps_logged(run_dir) -> int:
-    try:
-        return sum(1 for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "step")
-    except (OSError, ValueError):
-        return 0
+    return sum(1 for r in _records(run_dir) if r["type"] == "step")
 
 
 def _signal_mid_epoch(command, run_dir, sig, after_steps, deliver_to="mpirun"):
@@ -90,3 +87,49 @@ def test_sigusr1_to_the_ranks_exits_75_for_a_requeue(tmp_path):
     code, out, err = _signal_mid_epoch(command, run_dir, signal.SIGUSR1, after_steps=20)
     assert code == PREEMPTED, out + err
     assert checkpoint.load(run_dir)["step"] > 0
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_a_stopped_rank_ends_a_sync_job_within_the_stall_timeout(tmp_path, launcher):
+    # kill -STOP of rank 1: rank 0 waits in an allreduce that will never complete. Before the
+    # watchdog, it waited for ever under mpirun (Horovod's stall check blocks in MPI itself).
+    run_dir = tmp_path / "run"
+    train = hvdtrain("train", *QUIET, "--epochs", "200", "--batch-size", "8",
+                     "--stall-timeout-s", "10", "--run-dir", str(run_dir))
+    command = mpirun(2, *train) if launcher == "mpirun" else horovodrun(2, *train)
+    rank_variable = "OMPI_COMM_WORLD_RANK" if launcher == "mpirun" else "HOROVOD_RANK"
+    job = subprocess.Popen(command, env=launcher_env(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _steps_logged(run_dir) == 0 and not any(
+                r["type"] == "epoch" for r in _records(run_dir)):
+            assert job.poll() is None, job.communicate()
+            assert time.monotonic() < deadline, "training never started"
+            time.sleep(0.2)
+        pid = pid_of_rank(run_dir, rank_variable, 1)
+        assert pid is not None
+        stopped_at = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)
+        out, err = job.communicate(timeout=60)  # a hang fails here
+        took = time.monotonic() - stopped_at
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (OSError, UnboundLocalError, TypeError):
+            pass
+    assert job.returncode != 0
+    assert took < 30, f"the job ended {took:.0f} s after rank 1 stopped"
+    text = out + err
+    assert "(--stall-timeout-s 10)" in text, text
+    assert f"rank 1 (PID {pid} on host" in text, text
+
+
+def _records(run_dir):
+    try:
+        return read_jsonl(run_dir / "metrics.jsonl")
+    except (OSError, ValueError):
+        return []
