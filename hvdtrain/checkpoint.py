@@ -54,9 +54,10 @@ def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
     """Delete what a process killed during save_atomic left behind (``.checkpoint.pt.tmpPID``,
-    tens of MB each), unless that process still runs on this host. Returns what was removed."""
+    ``.best.pt.tmpPID``: tens of MB each), unless that process still runs on this host. Returns
+    what was removed."""
     removed = []
-    for tmp in folder.glob(f".{CHECKPOINT_NAME}.tmp*"):
+    for tmp in folder.glob(".*.pt.tmp*"):  # every file save_atomic writes in a run folder
         pid = tmp.name.rsplit(".tmp", 1)[1]
         if pid.isdigit() and _process_alive(int(pid)):
             continue

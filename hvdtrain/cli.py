@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -137,11 +138,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload = workload_from_config(cfg)  # bad input fails here, on every rank alike
     except (ConfigError, DataError) as e:
         return fail(str(e), EXIT_BAD_INPUT, getattr(e, "user_traceback", None))
-    return train(cfg, workload)
+    return train(cfg, workload, exiting=argv is None)
 
 
-def train(cfg: Config, workload) -> int:
-    """Run this process's part of the job; the launch layer's failures become exit codes."""
+def train(cfg: Config, workload, exiting: bool = False) -> int:
+    """Run this process's part of the job; the launch layer's failures become exit codes.
+    ``exiting``: the process ends when this returns (the command line, not a test)."""
     from . import launch
 
     try:
@@ -154,6 +156,9 @@ def train(cfg: Config, workload) -> int:
             return fail(launch.describe_failure(e), code, getattr(e, "user_traceback", None))
         print(f"hvdtrain: error: {launch.describe_failure(e)}", file=sys.stderr, flush=True)
         return code
+    if exiting:  # training is over: a late signal must not turn a finished run into a kill
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
     if finished.preempted:
         return EXIT_PREEMPTED  # the trainer printed where it stopped and how to continue
     report(finished.trainer)

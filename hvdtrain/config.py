@@ -299,9 +299,11 @@ class RunConfig:
             if importlib.util.find_spec("tensorboard") is None:
                 raise ConfigError("--tensorboard needs the tensorboard package, which is not "
                                   "installed: pip install tensorboard (or leave out --tensorboard)")
-        if r.auto_resume and (not r.run_dir or r.resume):
+        if r.auto_resume and not r.run_dir:
+            # With --resume A as well: a requeued job continues its own checkpoint in --run-dir
+            # once it has written one, and starts from A before that (loop/checkpointer.py).
             raise ConfigError("--auto-resume continues the checkpoint in --run-dir: pass "
-                              "--run-dir, and not --resume as well")
+                              "--run-dir")
         try:
             parse_straggler(r.straggler)
         except ValueError as e:

@@ -73,12 +73,18 @@ class Finished:
 
 def run(cfg: Config, workload: Workload) -> Finished:
     """Build this process's role and run it."""
+    from .loop.preemption import process_signals
+
     torch.manual_seed(cfg.run.seed)  # every replica's factory draws the same initial weights
     model = workload.build_model()
     workload.name = workload.name or type(model).__name__
-    if cfg.run.mode == "async":
-        return _run_async(cfg, workload, model)
-    return _run_sync(cfg, workload, model)
+    process_signals.install()  # SIGTERM/SIGUSR1/SIGINT: stop at a step, with a checkpoint
+    try:
+        if cfg.run.mode == "async":
+            return _run_async(cfg, workload, model)
+        return _run_sync(cfg, workload, model)
+    finally:
+        process_signals.restore()
 
 
 def prepare_sync(cfg: Config, workload: Workload, model):

@@ -123,8 +123,11 @@ class UpdateScheme:
     def epoch_done(self, progress: Progress) -> None:
         """After every epoch's checkpoint."""
 
-    def end_of_training(self) -> None:
-        """Before the last evaluation and checkpoint, which must see every worker's update."""
+    def end_of_training(self) -> bool:
+        """Before the last evaluation and checkpoint, which must see every worker's update.
+        True when another worker stopped early for a stop signal (async: workers that finish
+        their epochs do not take part in the others' stop)."""
+        return False
 
     def close(self) -> dict[str, Any] | None:
         """Shut down; may return figures for the log's closing line."""

@@ -110,10 +110,11 @@ class HorovodSync(UpdateScheme):
                                                   name="hvdtrain.stop")
         return agreed
 
-    def end_of_training(self) -> None:
+    def end_of_training(self) -> bool:
         if self._stop_vote is not None:  # the last step's vote: no rank reads it any more
             self.hvd.synchronize(self._stop_vote)
             self._stop_vote = None
+        return False  # every rank trained every step: a late signal has nothing left to stop
 
     # --- collectives the trainer needs, without knowing Horovod -----------------------------
     def sum_across_workers(self, values: list[float]) -> list[float]:

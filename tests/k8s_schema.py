@@ -1,7 +1,7 @@
 """A structural schema for the Kubernetes objects in deploy/k8s, written from the Kubeflow
-MPIJob v2beta1 API (kubeflow.org/v2beta1: MPIJobSpec, ReplicaSpec, RunPolicy) and the core v1
-API (PodTemplateSpec, Container, Volume, PersistentVolumeClaim) for the fields hvdtrain's
-manifests use. Unknown fields, wrong types and values outside an enum are errors, as they would
+MPIJob v2beta1 API (kubeflow.org/v2beta1: MPIJobSpec, ReplicaSpec, RunPolicy), the batch/v1 Job
+API (JobSpec, PodFailurePolicy) and the core v1 API (PodTemplateSpec, Container, Volume,
+PersistentVolumeClaim) for the fields hvdtrain's manifests use. Unknown fields, wrong types and values outside an enum are errors, as they would
 be for the API server's structural-schema validation.
 
 A schema node is a type (str, int, bool), a dict of field -> node (an object; "*" allows any
@@ -43,6 +43,7 @@ POD_SPEC = {
     "volumes": [{"name": str, "persistentVolumeClaim": {"claimName": str, "readOnly": bool},
                  "emptyDir": {"medium": str, "sizeLimit": Quantity}}],
     "nodeSelector": {"*": str}, "restartPolicy": Enum(("Always", "OnFailure", "Never")),
+    "terminationGracePeriodSeconds": int,
     "securityContext": {"runAsUser": int, "runAsGroup": int, "fsGroup": int,
                         "runAsNonRoot": bool},
 }
@@ -70,6 +71,23 @@ MPIJOB = {
     },
 }
 
+JOB = {
+    "apiVersion": Enum(("batch/v1",)),
+    "kind": Enum(("Job",)),
+    "metadata": OBJECT_META,
+    "spec": {
+        "backoffLimit": int, "activeDeadlineSeconds": int, "ttlSecondsAfterFinished": int,
+        "completions": int, "parallelism": int, "suspend": bool,
+        "podFailurePolicy": {"rules": [{
+            "action": Enum(("FailJob", "Ignore", "Count", "FailIndex")),
+            "onExitCodes": {"containerName": str, "operator": Enum(("In", "NotIn")),
+                            "values": [int]},
+            "onPodConditions": [{"type": str, "status": Enum(("True", "False", "Unknown"))}],
+        }]},
+        "template": {"metadata": OBJECT_META, "spec": POD_SPEC},
+    },
+}
+
 PVC = {
     "apiVersion": Enum(("v1",)),
     "kind": Enum(("PersistentVolumeClaim",)),
@@ -79,7 +97,8 @@ PVC = {
              "resources": RESOURCES, "storageClassName": str},
 }
 
-REQUIRED = {"MPIJob": [("spec", "mpiReplicaSpecs", "Launcher"), ("spec", "mpiReplicaSpecs", "Worker")]}
+REQUIRED = {"MPIJob": [("spec", "mpiReplicaSpecs", "Launcher"), ("spec", "mpiReplicaSpecs", "Worker")],
+            "Job": [("spec", "template", "spec", "containers")]}
 
 
 def validate(value, schema, path: str = "") -> list[str]:
@@ -120,7 +139,7 @@ def validate(value, schema, path: str = "") -> list[str]:
 
 def validate_object(doc: dict) -> list[str]:
     kind = doc.get("kind")
-    schema = {"MPIJob": MPIJOB, "PersistentVolumeClaim": PVC}.get(kind)
+    schema = {"MPIJob": MPIJOB, "Job": JOB, "PersistentVolumeClaim": PVC}.get(kind)
     if schema is None:
         return [f"unsupported kind {kind!r}"]
     errors = validate(doc, schema)
@@ -130,4 +149,24 @@ def validate_object(doc: dict) -> list[str]:
             node = node.get(key) if isinstance(node, dict) else None
         if node is None:
             errors.append(f".{'.'.join(required)}: required")
+    if kind == "Job":
+        errors += _job_rules(doc.get("spec") or {})
+    return errors
+
+
+def _job_rules(spec: dict) -> list[str]:
+    """The API server's cross-field checks of a Job that the manifests could break."""
+    errors = []
+    policy = (spec.get("podFailurePolicy") or {}).get("rules", [])
+    restart = ((spec.get("template") or {}).get("spec") or {}).get("restartPolicy")
+    if policy and restart != "Never":
+        errors.append(f".spec.template.spec.restartPolicy: {restart!r}, but podFailurePolicy "
+                      "requires 'Never'")
+    for i, rule in enumerate(policy):
+        if ("onExitCodes" in rule) == ("onPodConditions" in rule):
+            errors.append(f".spec.podFailurePolicy.rules[{i}]: exactly one of onExitCodes and "
+                          "onPodConditions")
+        codes = rule.get("onExitCodes") or {}
+        if codes.get("operator") == "In" and 0 in codes.get("values", []):
+            errors.append(f".spec.podFailurePolicy.rules[{i}].onExitCodes.values: 0 with In")
     return errors

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError, check_writable_folder, parse_straggler
+from ..run_lock import FolderLock, describe_takeover
 
 # What the plan sets on every run's command line, and the compare flag to use instead: given in
 # --train-args too, the later flag would silently win and the runs would no longer be the plan.
@@ -100,13 +101,7 @@ def check_train_args(args) -> None:
 
 
 def main(args) -> int:
-    from tqdm import tqdm
-
     from . import plan as planning
-    from .plots import write_plots
-    from .report import write_csv, write_report
-    from .results import read_result
-    from .runner import OUTPUT, last_lines, run_one
 
     validate(args)
     try:
@@ -119,7 +114,26 @@ def main(args) -> int:
     runs = planning.plan(modes, list(range(args.seeds)), args.stragglers.split(","),
                          args.workers, train_args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    # Two compares into one folder would run the same plan twice and overwrite each other's
+    # runs and report.
+    lock = FolderLock(out, flag="--out")
+    previous = lock.acquire()
+    if previous:
+        print(describe_takeover(out, previous), flush=True)
+    try:
+        return _run_plan(args, out, runs, modes)
+    finally:
+        lock.release()
+
+
+def _run_plan(args, out: Path, runs, modes) -> int:
+    from tqdm import tqdm
+
+    from .plots import write_plots
+    from .report import write_csv, write_report
+    from .results import read_result
+    from .runner import OUTPUT, last_lines, run_one
+
     print(f"hvdtrain compare: {len(runs)} runs ({', '.join(m.name for m in modes)}; "
           f"{args.seeds} seed(s); stragglers: {args.stragglers}) on {args.workers} workers, "
           f"{args.dataset}/{args.model}, {args.epochs} epochs each; into {out}", flush=True)

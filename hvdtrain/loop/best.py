@@ -31,13 +31,16 @@ def evaluation_metrics(metric_names: list[str]) -> list[str]:
 
 
 class BestTracker:
+    @property
+    def path(self):
+        return self.checkpointer.run_dir / BEST_NAME  # the folder the run claimed
+
     def __init__(self, run: RunConfig, scheme: UpdateScheme, checkpointer: Checkpointer,
                  metric_names: list[str], has_test_split: bool):
         self.metric, self.goal = parse_metric_goal(run.keep_best) or (None, None)
         self.patience = run.early_stop_patience
         self.epochs = run.epochs
         self.scheme, self.checkpointer = scheme, checkpointer
-        self.path = checkpointer.run_dir / BEST_NAME
         self.best: float | None = None
         self.best_epoch = 0
         self.since_best = 0  # evaluations after the best one

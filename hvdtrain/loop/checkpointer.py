@@ -140,6 +140,7 @@ class Checkpointer:
         if "error" in answer:
             raise checkpoint.CheckpointError(answer["error"])
         progress = answer["progress"]
+        self._check_epochs_left(progress, source)
         if state is not None:
             for name, component in self.components.items():
                 component.load_state_dict(state.get(name))

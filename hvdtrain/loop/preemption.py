@@ -28,6 +28,7 @@ class StopSignals:
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
+        self.received = None
         if threading.current_thread() is not threading.main_thread():
             return  # Python delivers signals to the main thread only: an embedding app's job
         for sig in STOP_SIGNALS:
@@ -58,3 +59,9 @@ def _mpirun_hint(signum: int) -> str:
         return ""
     return ("; note: mpirun kills its ranks 1 s after a SIGTERM unless started with "
             "OMPI_MCA_odls_base_sigkill_timeout=60 (or more) in its environment")
+
+
+# The process's one set of handlers: the launch layer installs them for the whole life of a
+# process's role (trainer or parameter server), so that a signal that lands while a role starts
+# or ends is recorded too, rather than killing the process with the default action.
+process_signals = StopSignals()

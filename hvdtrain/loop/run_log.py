@@ -194,6 +194,19 @@ class RunLog:
             else:
                 self._finish_epoch(values, record)
 
+    def drain(self, seconds: float) -> None:
+        """After a stop signal: write the lines whose sums complete within ``seconds``. An async
+        worker that stopped early never adds its share to the later lines of the others, so
+        those are left out rather than waited for."""
+        deadline = time.monotonic() + seconds
+        while self._pending and time.monotonic() < deadline:
+            self.flush()
+            time.sleep(0.01)
+        if self._pending and self.is_main:
+            print(f"hvdtrain: {len(self._pending)} step or epoch line(s) left out of the log: "
+                  "not every worker reached them before the stop", flush=True)
+        self._pending.clear()
+
     def _finish_epoch(self, values: list[float], record: dict[str, Any]) -> None:
         train_loss, train_metrics = means(values, self.names)
         test_loss, test_metrics = (record["test"] if record["test"]

@@ -29,7 +29,7 @@ from .checkpointer import Checkpointer, default_run_dir
 from .epoch_plan import EpochPlan
 from .evaluator import Evaluator
 from .hooks import StepResult, default_hooks
-from .preemption import StopSignals
+from .preemption import process_signals
 from .run_log import EpochResult, RunLog
 from .watchdog import StallWatchdog
 
@@ -53,8 +53,9 @@ class Trainer:
                           run.tensorboard)
         self.progress = Progress(workers=self.num_workers)
         self.started = 0.0
-        self.signals = StopSignals()
+        self.signals = process_signals  # installed by launch.run; unset elsewhere (tests)
         self.preempted: str | None = None  # the signal that stopped the run, once it did
+        self.stopped_elsewhere = False  # async: this worker finished, another was stopped
         self.watchdog: StallWatchdog | None = None
 
     def _bind_world(self) -> None:
@@ -83,13 +84,11 @@ class Trainer:
         self.run_dir = self.checkpointer.claim()  # locked until the run ends
         self.watchdog = StallWatchdog(self.scheme.stall_timeout_s, self.runtime.rank,
                                       self.runtime.size, self.run_dir, exit_code=1)
-        self.signals.install()
         self.watchdog.start()
         try:
             self._fit()
         finally:
             self.watchdog.stop()
-            self.signals.restore()
             self.checkpointer.release()
         return self.history
 
@@ -137,7 +136,12 @@ class Trainer:
                 self.scheme.end_of_training()  # the final checkpoint sees every worker's update
             self.checkpointer.epoch_done(self.progress, last=bool(self.best.stop_reason))
             self.scheme.epoch_done(self.progress)
-        self.log.flush(wait=True)
+        if self.preempted or self.stopped_elsewhere:
+            self.log.drain(seconds=5.0)
+        else:
+            self.log.flush(wait=True)
+        if self.stopped_elsewhere and not self.preempted:
+            self.preempted = "a stop signal on another worker"
         if self.preempted:
             self._report_preemption()
         if self.best.stop_reason:
@@ -169,8 +173,9 @@ class Trainer:
                 self._preempt()
                 return
         self.watchdog.beat("at the end of an epoch (evaluation, checkpoint)")
-        if epoch + 1 == self.cfg.run.epochs:
-            self.scheme.end_of_training()  # the last evaluation and checkpoint see every update
+        if epoch + 1 == self.cfg.run.epochs and self.scheme.end_of_training():
+            # the last evaluation and checkpoint see every update; another worker was stopped
+            self.stopped_elsewhere = True
         due = self.evaluator.due(epoch)
         test = self.evaluator.evaluate() if due else None
         p.epoch, p.step = epoch + 1, 0

@@ -18,8 +18,8 @@ from ..config import Config
 from ..replica import BatchStats, Replica
 from ..runtime import Runtime
 from ..scheme import PendingSum, UpdateScheme
-from .protocol import (HAS_STATE, WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
-                       make_header, shard_bounds)
+from .protocol import (HAS_STATE, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology, chunk_bounds,
+                       chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 
@@ -40,7 +40,10 @@ class ParameterServerClient(UpdateScheme):
         self.cfg = cfg
         self.runtime = runtime
         self.comm = comm                # private duplicate of COMM_WORLD: servers and workers
-        self.worker_comm = worker_comm  # workers only: start-up and end-of-training agreement
+        self.worker_comm = worker_comm  # workers only: start-up agreement, metrics sums
+        # The end-of-training agreement has a channel of its own: after a stop signal, workers
+        # that stopped at different steps have posted different numbers of sums on worker_comm.
+        self.stop_comm = worker_comm.Dup()
         self.topology = topology
         self.worker_rank = worker_comm.Get_rank()
         self.is_main = self.worker_rank == 0
@@ -55,6 +58,9 @@ class ParameterServerClient(UpdateScheme):
         # server rank -> (its parameter shard in the shared window, the shard's first element)
         self.shared_params: dict[int, tuple[np.ndarray, int]] = {}
         self._ready: np.ndarray | None = None  # READY words, one per chunk of the whole model
+        self._wants_stop = False  # a stop signal arrived here: the next push says so
+        self._told_to_stop = False  # a server's STOP arrived
+        self._stops_received = False
 
     @property
     def lr_scale(self) -> float:
@@ -174,7 +180,32 @@ class ParameterServerClient(UpdateScheme):
                 view.copy_(p.grad)
         self.push(lr, samples=stats.count,
                   want_params=self.clock % self.pull_every == self.pull_every - 1)
+        if not self._told_to_stop:
+            self._told_to_stop = self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=Tag.STOP)
         return stats
+
+    def agree_to_stop(self, wants: bool) -> bool:
+        """The servers coordinate a stop: this worker's next push carries its signal, and every
+        server then sends each worker one STOP message. Without lock-step rounds each worker
+        stops after its own current step; with --bsp the servers send it when the round that
+        carried the signal closes, so every worker stops after that same round."""
+        self._wants_stop = self._wants_stop or wants
+        if self._told_to_stop:
+            self._receive_stops()
+        return self._told_to_stop
+
+    def _receive_stops(self) -> None:
+        """The STOP every server sends each worker, once: none is left unreceived."""
+        if self._stops_received:
+            return
+        words = np.empty((len(self.routes), 1), dtype=np.int64)
+        stops = [self.comm.Irecv(words[i], source=server, tag=Tag.STOP)
+                 for i, (server, _) in enumerate(self.routes)]
+        while wait_any(self.MPI, stops, self.cfg.ps.timeout_s, lambda: (
+                f"worker {self.worker_rank}: not every parameter server confirmed the stop")) \
+                != self.MPI.UNDEFINED:
+            pass
+        self._stops_received = True
 
     def push(self, lr: float, samples: int = 0, want_params: bool = True) -> None:
         """Send the gradient buffer to the servers; with want_params, receive fresh parameters
@@ -209,8 +240,10 @@ class ParameterServerClient(UpdateScheme):
                     requests.append(self.comm.Irecv(self._ready[k:k + 1], source=server,
                                                     tag=Tag.READY))
                     copies.append((a, b, *shared))
-        header = make_header(kind, clock=self.clock, lr=lr, size=size,
-                             flags=WANT_PARAMS if want_params else 0, worker=self.worker_rank)
+        flags = (WANT_PARAMS if want_params else 0) | \
+            (WANTS_STOP if self._wants_stop and kind == Kind.PUSH else 0)
+        header = make_header(kind, clock=self.clock, lr=lr, size=size, flags=flags,
+                             worker=self.worker_rank)
         if send_grads:
             self.host.sync()  # publish the gradient stores before the header announces them
         for server, chunks in self.routes:
@@ -259,10 +292,18 @@ class ParameterServerClient(UpdateScheme):
         self.pull()  # score the servers' current parameters
         return self.replica
 
-    def end_of_training(self) -> None:
-        # The final evaluation and checkpoint must include every worker's last update.
-        wait_any(self.MPI, [self.worker_comm.Ibarrier()], self.cfg.ps.timeout_s, lambda: (
-            f"worker {self.worker_rank}: not every worker reached the end of training"))
+    def end_of_training(self) -> bool:
+        # The final evaluation and checkpoint must include every worker's last update; a worker
+        # that finished its epochs learns here whether another one was stopped by a signal.
+        stopped = np.array([int(self._told_to_stop)], dtype=np.int64)
+        anyone = np.zeros(1, dtype=np.int64)
+        wait_any(self.MPI, [self.stop_comm.Iallreduce(stopped, anyone, op=self.MPI.MAX)],
+                 self.cfg.ps.timeout_s, lambda: (
+                     f"worker {self.worker_rank}: not every worker reached the end of training"))
+        if anyone[0]:
+            self._told_to_stop = True  # the servers sent this worker a STOP too
+            self._receive_stops()
+        return bool(anyone[0])
 
     def state_dict(self) -> dict[str, Any]:
         """Worker 0 asks every server for its shard and optimizer state; others return {}."""

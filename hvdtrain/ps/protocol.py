@@ -32,6 +32,7 @@ class Tag(IntEnum):
     STATE = 15     # optimizer-state chunk, either direction (checkpoint save / restore)
     INFO = 16      # small pickled dict on the control path
     READY = 17     # one word, server -> worker on the same host: chunk i is updated in the window
+    STOP = 18      # one word, server -> every worker, once: stop after the current step (a signal)
 
 
 class Kind(IntEnum):
@@ -49,6 +50,7 @@ HEADER_LEN = 6
 H_KIND, H_CLOCK, H_LR, H_FLAGS, H_SIZE, H_WORKER = range(HEADER_LEN)
 WANT_PARAMS = 1
 HAS_STATE = 2
+WANTS_STOP = 4  # on a PUSH: this worker got a stop signal (loop/preemption.py)
 
 
 def make_header(kind: Kind, clock: int = 0, lr: float = 0.0, flags: int = 0, size: int = 0,

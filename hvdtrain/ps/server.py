@@ -26,8 +26,8 @@ import torch
 
 from ..config import Config
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN, WANT_PARAMS,
-                       Kind, Tag, Topology, chunk_bounds, chunk_elements, delay_compensate,
-                       may_proceed, shard_bounds, word_to_lr)
+                       WANTS_STOP, Kind, Tag, Topology, chunk_bounds, chunk_elements,
+                       delay_compensate, may_proceed, shard_bounds, word_to_lr)
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
 from .waiting import wait_any
@@ -91,6 +91,8 @@ class ParameterServer:
         self.round_sum: np.ndarray | None = None           # BSP: this round's gradient sum
         self.round_count = 0
         self.backups: dict[int, np.ndarray] = {}           # DC-ASGD: params each worker last pulled
+        self.stopping = False     # a worker got a stop signal: every worker stops after its step
+        self.round_stops = False  # BSP: a push of this round asked to stop
 
     # --- set-up --------------------------------------------------------------------------------
     def _allocate(self, total: int) -> None:
@@ -128,10 +130,19 @@ class ParameterServer:
 
     # --- the loop ------------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
+        # A scheduler signals every process, servers too: a server that gets one stops the
+        # workers the way a worker's signal does, and ends when they are done.
+        from ..loop.preemption import process_signals as signals
+
         status = self.MPI.Status()
         self._recv_init()
         active = self.num_workers
         while active:
+            if signals.received and not self.stopping:
+                if self.bsp:
+                    self.round_stops = True  # at the end of the round under way
+                else:
+                    self._begin_stop()
             self._next_request(status)
             worker = status.Get_source()
             kind = int(self.header[H_KIND])
@@ -142,7 +153,8 @@ class ParameterServer:
                     self.first_push = t0
                     self.rss_at_first_push = current_rss_bytes()
                 self._push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
-                           bool(self.header[H_FLAGS] & WANT_PARAMS))
+                           bool(self.header[H_FLAGS] & WANT_PARAMS),
+                           bool(self.header[H_FLAGS] & WANTS_STOP))
                 self.last_push = time.perf_counter()
             elif kind == Kind.PULL:
                 self._send_params(worker)
@@ -178,16 +190,21 @@ class ParameterServer:
         return (f"parameter server {self.index}: no request from any worker (pushes so far: "
                 f"{clocks}{held})")
 
-    def _push(self, worker: int, clock: int, lr: float, want_params: bool) -> None:
+    def _push(self, worker: int, clock: int, lr: float, want_params: bool,
+              wants_stop: bool = False) -> None:
         self.pushes_received += 1
         self.clocks[worker] = clock
         self.lr = lr
         if self.bsp:
+            self.round_stops |= wants_stop
             self._push_bsp(worker, want_params)
             return
+        if wants_stop:
+            self._begin_stop()
         staleness = self.version - self.pulled_version[worker]
         self.staleness[staleness] += 1
-        reply_now = may_proceed(clock, self.clocks, self.staleness_bound)
+        # Once stopping, nobody waits for a worker that may already have stopped.
+        reply_now = self.stopping or may_proceed(clock, self.clocks, self.staleness_bound)
         stream = reply_now and want_params  # send each chunk back as soon as it is updated
         sends = []
         self.host.sync()  # the worker's gradient stores happened before its header
@@ -229,6 +246,8 @@ class ParameterServer:
         self.version += 1
         self.round_sum[:] = 0
         self.round_count = 0
+        if self.round_stops:  # every worker stops after this same round
+            self._begin_stop()
         for w, want in sorted(self.pending.items()):
             self._reply(w, want)
         self.pending.clear()
@@ -264,6 +283,17 @@ class ParameterServer:
         if backup is not None:
             delay_compensate(grad, self.dc_lambda, self.params.numpy()[a:b], backup[a:b])
 
+    def _begin_stop(self) -> None:
+        """Tell every worker still training to stop after its current step. Sent before the
+        replies that follow, so a worker that has its reply has this message too (Open MPI
+        delivers one sender's messages in order)."""
+        if self.stopping:
+            return
+        self.stopping = True
+        for worker in range(self.num_workers):
+            if not math.isinf(self.clocks[worker]):
+                self.comm.Send(np.ones(1, dtype=np.int64), dest=worker, tag=Tag.STOP)
+
     # --- replies -------------------------------------------------------------------------------
     def _reply(self, worker: int, want_params: bool) -> None:
         if want_params:
@@ -288,7 +318,8 @@ class ParameterServer:
                 self._finish_round()
             return
         for worker, want in list(self.pending.items()):
-            if may_proceed(self.clocks[worker], self.clocks, self.staleness_bound):
+            if self.stopping or may_proceed(self.clocks[worker], self.clocks,
+                                            self.staleness_bound):
                 del self.pending[worker]
                 self._reply(worker, want)
 

@@ -26,18 +26,22 @@ def _steps_logged(run_dir) -> int:
     return sum(1 for r in _records(run_dir) if r["type"] == "step")
 
 
-def _signal_mid_epoch(command, run_dir, sig, after_steps, deliver_to="mpirun"):
-    """Start ``command``; once ``after_steps`` step lines are logged, send ``sig`` to mpirun (or
-    to every rank); return the finished process."""
+def _signal_mid_epoch(command, run_dir, sig, after_steps=0, after_seconds=0.0,
+                      deliver_to="mpirun"):
+    """Start ``command``; once ``after_steps`` step lines are logged (or, with 0, ``after_seconds``
+    after the log's header), send ``sig`` to mpirun (or to the given ranks); return the finished
+    process."""
     job = subprocess.Popen(command, env={**launcher_env(), **GRACE}, stdin=subprocess.DEVNULL,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while _steps_logged(run_dir) < after_steps:
+        while (_steps_logged(run_dir) < after_steps if after_steps else
+               not _records(run_dir)):
             assert job.poll() is None, f"the job ended before the signal: {job.communicate()}"
-            assert time.monotonic() < deadline, "no step lines after 120 s"
+            assert time.monotonic() < deadline, "no log lines after 120 s"
             time.sleep(0.05)
+        time.sleep(after_seconds)
         if deliver_to == "mpirun":
             job.send_signal(sig)
         else:
@@ -52,6 +56,9 @@ def _signal_mid_epoch(command, run_dir, sig, after_steps, deliver_to="mpirun"):
 
 @pytest.mark.parametrize("mode,np,extra", [
     ("sync", 2, []),
+    # Lock-step rounds: the data order and the updates are the same in every run, so the
+    # preempted and resumed run can end with exactly an uninterrupted run's weights.
+    ("async", 3, ["--bsp"]),
 ])
 def test_sigterm_to_mpirun_checkpoints_the_step_and_auto_resume_ends_with_the_same_weights(
         tmp_path, mode, np, extra):
@@ -77,16 +84,32 @@ def test_sigterm_to_mpirun_checkpoints_the_step_and_auto_resume_ends_with_the_sa
         assert torch.equal(a[name], b[name]), f"{name} differs after preemption and resume"
 
 
-def test_sigusr1_to_the_ranks_exits_75_for_a_requeue(tmp_path):
-    # Slurm's --signal=USR1@T reaches every rank; mpirun forwards SIGUSR1 too and then reports
-    # the ranks' exit code, which the sbatch script turns into a requeue.
+@pytest.mark.parametrize("mode,np,extra", [
+    ("sync", 2, []),
+    # Each worker stops after its own step; the fast worker 0 may have finished its epochs by
+    # then, and its checkpoint is its last one.
+    ("async", 3, []),
+    ("async", 3, ["--staleness", "0"]),  # a worker held back for a stopped one is let go
+])
+def test_sigusr1_exits_75_for_a_requeue_and_the_resumed_run_finishes(tmp_path, mode, np, extra):
+    # Slurm's --signal=USR1@T; mpirun forwards SIGUSR1 at once and then reports the ranks' exit
+    # code, which the sbatch script turns into a requeue. About 8 s of training: the slow
+    # worker takes 6 epochs x 45 steps x 30 ms.
     run_dir = tmp_path / "run"
-    command = mpirun(2, *hvdtrain("train", *QUIET, "--epochs", "3", "--batch-size", "16",
-                                  "--log-steps", "--straggler", "30ms", "--run-dir",
-                                  str(run_dir)))
-    code, out, err = _signal_mid_epoch(command, run_dir, signal.SIGUSR1, after_steps=20)
+    command = mpirun(np, *hvdtrain("train", *QUIET, "--mode", mode, *extra, "--epochs", "6",
+                                   "--batch-size", "16", "--straggler", "30ms",
+                                   "--run-dir", str(run_dir), "--auto-resume"))
+    code, out, err = _signal_mid_epoch(command, run_dir, signal.SIGUSR1, after_seconds=2.5)
     assert code == PREEMPTED, out + err
-    assert checkpoint.load(run_dir)["step"] > 0
+    assert "Traceback" not in err
+    assert "stopped by" in out, out
+    kept = checkpoint.load(run_dir)
+    if mode == "sync":
+        assert kept["step"] > 0 and kept["epoch"] < 6
+    stop = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "stop"]
+    assert stop and stop[-1]["global_step"] == kept["global_step"]
+    run(command)
+    assert checkpoint.load(run_dir)["epoch"] == 6
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])

@@ -1,10 +1,13 @@
-"""Deployment files: the Dockerfile (hadolint, one setup script), the Kubeflow MPIJobs (checked
-against a structural schema), the Slurm script (run with stand-in srun and mpirun)."""
+"""Deployment files: the Dockerfile (hadolint, one setup script), the Kubeflow MPIJobs and the
+one-node Job (checked against a structural schema), the Slurm script (run with stand-in srun,
+mpirun and scontrol)."""
 
 import os
 import re
 import shutil
+import signal
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -13,6 +16,9 @@ from k8s_schema import validate_object
 from launch import BIN, REPO
 
 ROOT = REPO
+PREEMPTED = 75  # hvdtrain's exit code after a stop signal and its checkpoint (loop/preemption.py)
+K8S = ROOT / "deploy" / "k8s"
+SBATCH = ROOT / "deploy" / "slurm" / "hvdtrain.sbatch"
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -80,7 +86,8 @@ def test_entrypoint_runs_the_given_command():
     assert proc.returncode == 1  # the command's own exit code, for mpirun to see
 
 
-@pytest.mark.parametrize("name", ["mpijob-sync.yaml", "mpijob-async.yaml", "pvc.yaml"])
+@pytest.mark.parametrize("name", ["mpijob-sync.yaml", "mpijob-async.yaml", "job-one-node.yaml",
+                                  "pvc.yaml"])
 def test_k8s_manifests_fit_the_schema(name):
     docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "k8s" / name).read_text()) if d]
     assert docs
@@ -125,6 +132,109 @@ def test_schema_rejects_what_the_api_server_would():
     assert any("Worker.replicas: expected int" in e for e in errors)
 
 
+def launcher_pods() -> dict[str, dict]:
+    """The pod spec that runs mpirun, per manifest."""
+    pods = {}
+    for name in ("mpijob-sync.yaml", "mpijob-async.yaml"):
+        job = yaml.safe_load((K8S / name).read_text())
+        pods[name] = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]
+    pods["job-one-node.yaml"] = yaml.safe_load((K8S / "job-one-node.yaml").read_text())[
+        "spec"]["template"]["spec"]
+    return pods
+
+
+@pytest.mark.parametrize("name", ["mpijob-sync.yaml", "mpijob-async.yaml", "job-one-node.yaml"])
+def test_mpirun_gets_time_for_the_checkpoint_before_kubernetes_kills_it(name):
+    # On a SIGTERM mpirun waits the sigkill timeout, passes it on to the ranks, and kills them as
+    # long again later; the pod must outlive both, or the checkpoint is lost.
+    pod = launcher_pods()[name]
+    container = pod["containers"][0]
+    assert container["command"][0] == "mpirun"
+    env = {e["name"]: e["value"] for e in container.get("env", [])}
+    timeout = int(env["OMPI_MCA_odls_base_sigkill_timeout"])
+    assert timeout >= 30  # one step plus a checkpoint write
+    assert pod["terminationGracePeriodSeconds"] > 2 * timeout
+
+
+def first_matching_action(rules: list[dict], exit_code: int | None = None,
+                          condition: str | None = None) -> str:
+    """What a batch/v1 Job does with a failed pod: the first rule that matches, else Count."""
+    for rule in rules:
+        codes = rule.get("onExitCodes")
+        if codes and exit_code is not None and \
+                (exit_code in codes["values"]) == (codes["operator"] == "In"):
+            return rule["action"]
+        if any(c["type"] == condition and c.get("status", "True") == "True"
+               for c in rule.get("onPodConditions", [])):
+            return rule["action"]
+    return "Count"
+
+
+def test_kubernetes_retries_a_preempted_run_without_counting_it_as_a_failure():
+    job = yaml.safe_load((K8S / "job-one-node.yaml").read_text())
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    container = job["spec"]["template"]["spec"]["containers"][0]["name"]
+    assert all(r["onExitCodes"]["containerName"] == container for r in rules if "onExitCodes" in r)
+    assert first_matching_action(rules, exit_code=PREEMPTED) == "Ignore"
+    assert first_matching_action(rules, exit_code=1, condition="DisruptionTarget") == "Ignore"
+    assert first_matching_action(rules, exit_code=2) == "FailJob"  # bad input: a retry fails too
+    assert first_matching_action(rules, exit_code=1) == "Count"  # a real failure: backoffLimit
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--auto-resume" in command
+
+    # MPIJob has no per-exit-code rule; its ExitCode policy would make 75 final (1-127: permanent).
+    for name in ("mpijob-sync.yaml", "mpijob-async.yaml"):
+        spec = yaml.safe_load((K8S / name).read_text())["spec"]
+        for role in ("Launcher", "Worker"):
+            assert spec["mpiReplicaSpecs"][role]["restartPolicy"] == "OnFailure", (name, role)
+        assert spec["runPolicy"]["backoffLimit"] >= 3, name
+
+
+def test_schema_rejects_a_pod_failure_policy_the_api_server_would():
+    job = yaml.safe_load((K8S / "job-one-node.yaml").read_text())
+    job["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
+    job["spec"]["podFailurePolicy"]["rules"][0]["action"] = "Retry"
+    job["spec"]["podFailurePolicy"]["rules"][1]["onPodConditions"] = [{"type": "DisruptionTarget"}]
+    errors = validate_object(job)
+    assert any("podFailurePolicy requires 'Never'" in e for e in errors)
+    assert any("rules[0].action: 'Retry'" in e for e in errors)
+    assert any("rules[1]: exactly one of" in e for e in errors)
+
+
+def start_slurm_script(tmp_path, env: dict) -> subprocess.Popen:
+    """Start the sbatch file with stand-in srun, mpirun and scontrol that record how they were
+    called; FAKE_EXIT sets the launcher's exit code, FAKE_WAIT_FOR_USR1 keeps it running until a
+    SIGUSR1 (then it exits 75, as hvdtrain does)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for tool in ("srun", "mpirun"):
+        (fake / tool).write_text(f"""#!/bin/sh
+echo {tool} "$@" >> "{tmp_path}/launched"
+echo "$OMPI_MCA_odls_base_sigkill_timeout" > "{tmp_path}/sigkill_timeout"
+trap 'echo USR1 >> "{tmp_path}/signals"; exit {PREEMPTED}' USR1
+if [ -n "$FAKE_WAIT_FOR_USR1" ]; then
+    touch "{tmp_path}/started"
+    for _ in $(seq 300); do sleep 0.1; done  # bounded: a failed test leaves no orphan
+fi
+exit "${{FAKE_EXIT:-0}}"
+""")
+    (fake / "scontrol").write_text(f'#!/bin/sh\necho scontrol "$@" >> "{tmp_path}/requeued"\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    environment = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
+                   "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "42", "SLURM_NTASKS": "8",
+                   "SLURM_CPUS_PER_TASK": "8", "TRAIN_ARGS": "--epochs 3", **env}
+    environment.pop("OMPI_MCA_odls_base_sigkill_timeout", None)
+    return subprocess.Popen(["bash", str(SBATCH)], env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def run_slurm_script(tmp_path, env: dict) -> subprocess.CompletedProcess:
+    proc = start_slurm_script(tmp_path, env)
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
 @pytest.mark.parametrize("env,expect", [
     ({}, ["srun", "--mpi=pmix", "hvdtrain", "train", "--mode", "sync"]),
     ({"LAUNCHER": "mpirun", "MODE": "async"}, ["mpirun", "-np", "8", "--bind-to", "none"]),
@@ -132,19 +242,52 @@ def test_schema_rejects_what_the_api_server_would():
                                                       "--container-image=hvdtrain:gpu"]),
 ])
 def test_slurm_script_launches_hvdtrain(tmp_path, env, expect):
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    for tool in ("srun", "mpirun"):  # stand-ins that record the command they were given
-        (fake / tool).write_text(f'#!/bin/sh\necho {tool} "$@" >> "{tmp_path}/launched"\n')
-        (fake / tool).chmod(0o755)
-    environment = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
-                   "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "42", "SLURM_NTASKS": "8",
-                   "SLURM_CPUS_PER_TASK": "8", "TRAIN_ARGS": "--epochs 3", **env}
-    proc = subprocess.run(["bash", str(ROOT / "deploy/slurm/hvdtrain.sbatch")], env=environment,
-                          capture_output=True, text=True, timeout=30)
+    proc = run_slurm_script(tmp_path, env)
     assert proc.returncode == 0, proc.stderr
     launched = (tmp_path / "launched").read_text().split()
     assert launched[:len(expect)] == expect
     assert launched[-2:] == ["--epochs", "3"]
     if env.get("MODE") == "async":
         assert "--device" in launched and "async" in launched
+    assert not (tmp_path / "requeued").exists()
+
+
+def test_slurm_script_asks_for_a_warning_signal_and_a_requeue():
+    directives = [line.split(None, 1)[1] for line in SBATCH.read_text().splitlines()
+                  if line.startswith("#SBATCH ")]
+    signal_line = next(d for d in directives if d.startswith("--signal="))
+    when = re.fullmatch(r"--signal=B:USR1@(\d+)", signal_line)
+    assert when and int(when.group(1)) >= 60, signal_line  # a step and a checkpoint must fit
+    assert "--requeue" in directives and "--open-mode=append" in directives
+
+
+@pytest.mark.parametrize("code,requeued", [(PREEMPTED, True), (1, False), (0, False)])
+def test_slurm_script_requeues_only_a_preempted_run(tmp_path, code, requeued):
+    proc = run_slurm_script(tmp_path, {"LAUNCHER": "mpirun", "FAKE_EXIT": str(code)})
+    assert proc.returncode == code, proc.stderr  # the launcher's own code, for sacct
+    assert (tmp_path / "requeued").exists() == requeued
+    if requeued:
+        assert (tmp_path / "requeued").read_text().split() == ["scontrol", "requeue", "42"]
+    assert int((tmp_path / "sigkill_timeout").read_text()) >= 30
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_slurm_warning_signal_reaches_the_launcher_and_requeues(tmp_path, launcher):
+    # --signal=B:USR1 goes to the batch shell alone: without the trap it would die of it, and
+    # the ranks would never hear of the time limit.
+    proc = start_slurm_script(tmp_path, {"LAUNCHER": launcher, "FAKE_WAIT_FOR_USR1": "1"})
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR1)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the stand-in too, should the shell have died
+        except ProcessLookupError:
+            pass
+    assert (tmp_path / "signals").read_text().split() == ["USR1"], err
+    assert proc.returncode == PREEMPTED, out + err
+    assert (tmp_path / "requeued").read_text().split() == ["scontrol", "requeue", "42"]
