@@ -152,9 +152,11 @@ class SyncConfig:
                                      "most this many steps")
     sync_batchnorm: bool = _opt(False, "turn the model's BatchNorm layers into Horovod's "
                                 "SyncBatchNorm, so batch statistics cover the global batch")
-    stall_timeout_s: float = _opt(300.0, "Horovod's stall check: a collective that some ranks "
-                                  "have not joined after this many seconds ends the job with an "
-                                  "error instead of hanging (0: never)")
+    stall_timeout_s: float = _opt(300.0, "a rank that makes no progress (no step, evaluation "
+                                  "or checkpoint) for this many seconds ends the job with an "
+                                  "error naming the rank that stopped, instead of hanging; make "
+                                  "it longer than your slowest step, evaluation or checkpoint "
+                                  "write (0: never). Also Horovod's own stall check")
     cycle_time_ms: float = _opt(1.0, "Horovod background cycle time in ms (HOROVOD_CYCLE_TIME), "
                                 "Horovod's default; a small model's step waits about one cycle "
                                 "per allreduce, while for large models 5 can leave more CPU to "

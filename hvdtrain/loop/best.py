@@ -31,10 +31,6 @@ def evaluation_metrics(metric_names: list[str]) -> list[str]:
 
 
 class BestTracker:
-    @property
-    def path(self):
-        return self.checkpointer.run_dir / BEST_NAME  # the folder the run claimed
-
     def __init__(self, run: RunConfig, scheme: UpdateScheme, checkpointer: Checkpointer,
                  metric_names: list[str], has_test_split: bool):
         self.metric, self.goal = parse_metric_goal(run.keep_best) or (None, None)
@@ -56,6 +52,10 @@ class BestTracker:
                               f"choose one of {', '.join(available)} (optionally after max: or "
                               "min:)")
         checkpointer.components["best"] = self
+
+    @property
+    def path(self):
+        return self.checkpointer.run_dir / BEST_NAME  # the folder the run claimed (claim())
 
     # --- checkpoint state -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
