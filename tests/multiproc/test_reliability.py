@@ -12,6 +12,7 @@ import torch
 
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_lock import LOCK_NAME
 from launch import (BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run,
                     wait_for_checkpoint)
 
@@ -140,7 +141,8 @@ def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
     assert "previous checkpoint" in proc.stderr and "is intact" in proc.stderr
     assert (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes() == before
     assert checkpoint.load(tmp_path)["epoch"] == 1
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp file
+    # no temporary file left; the folder's (released) lock stays
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [LOCK_NAME]
 
 
 def test_more_stages_than_layers_exits_2_with_the_arithmetic():
