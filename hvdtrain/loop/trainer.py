@@ -186,8 +186,9 @@ class Trainer:
 
     # --- preemption -------------------------------------------------------------------------
     def _preempt(self) -> None:
-        """Every worker stops after this same step (agree_to_stop): a step checkpoint holds it,
-        and --auto-resume continues from the next step as if nothing had happened."""
+        """The workers stop here (agree_to_stop: sync and --bsp after the same step, other async
+        workers each after its own): a step checkpoint holds it, and --auto-resume continues
+        from the next step as if nothing had happened."""
         self.preempted = self.signals.received or "a stop signal on another worker"
         self.scheme.end_of_training()  # the checkpoint sees every worker's last update
         self.watchdog.beat("writing the preemption checkpoint")
