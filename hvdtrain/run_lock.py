@@ -34,8 +34,9 @@ class FolderLock:
         self._fd: int | None = None
 
     def acquire(self) -> dict | None:
-        """Take the lock; return the previous holder's record when it died holding it (a stale
-        lock taken over), else None. Raises FolderInUse while a live process holds it."""
+        """Take the lock; when the previous holder died holding it, say so and return its
+        record (a stale lock taken over), else None. Raises FolderInUse while a live process
+        holds it."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -65,6 +66,10 @@ class FolderLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
         self._fd = fd
+        if previous:
+            print(f"hvdtrain: {self.folder} was locked by PID {previous.get('pid')} on host "
+                  f"{previous.get('host')} (since {previous.get('since')}), which ended without "
+                  "releasing it; taking it over", flush=True)
         return previous or None
 
     def release(self) -> None:
@@ -92,9 +97,3 @@ def _read_record(fd: int) -> dict:
         return json.loads(text) if text else {}
     except (OSError, ValueError):
         return {"host": "?", "pid": "?", "since": "?"}
-
-
-def describe_takeover(folder: Path, previous: dict) -> str:
-    return (f"hvdtrain: {folder} was locked by PID {previous.get('pid')} on host "
-            f"{previous.get('host')} (since {previous.get('since')}), which ended without "
-            "releasing it; taking it over")

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError, check_writable_folder, parse_straggler
-from ..run_lock import FolderLock, describe_takeover
+from ..run_lock import FolderLock
 
 # What the plan sets on every run's command line, and the compare flag to use instead: given in
 # --train-args too, the later flag would silently win and the runs would no longer be the plan.
@@ -117,9 +117,7 @@ def main(args) -> int:
     # Two compares into one folder would run the same plan twice and overwrite each other's
     # runs and report.
     lock = FolderLock(out, flag="--out")
-    previous = lock.acquire()
-    if previous:
-        print(describe_takeover(out, previous), flush=True)
+    lock.acquire()
     try:
         return _run_plan(args, out, runs, modes)
     finally:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from .. import checkpoint
 from ..config import Config, ConfigError
-from ..run_lock import FolderLock, describe_takeover
+from ..run_lock import FolderLock
 from ..scheme import Progress, UpdateScheme
 from .hooks import TrainingError
 
@@ -80,20 +80,16 @@ class Checkpointer:
             if not self._is_main():  # elastic: every process decides; rank 0 alone locks
                 return None
             try:
+                # (a --run-dir that is a file was refused by config.check_writable_folder)
                 folder = self.run_dir if chosen else make_fresh_folder(self.run_dir)
-                if folder.exists() and not folder.is_dir():
-                    raise ConfigError(f"--run-dir {folder} is a file, not a folder; pass a "
-                                      "folder (it is created when missing)")
                 lock = FolderLock(folder)
-                previous = lock.acquire()
+                lock.acquire()
             except ConfigError as e:
                 return {"error": str(e)}
             except OSError as e:
                 return {"error": f"--run-dir {self.run_dir}: cannot create it ({e.strerror or e}); "
                                  "pass a folder you can write to"}
             self.lock = lock
-            if previous:
-                print(describe_takeover(folder, previous), flush=True)
             return {"run_dir": str(folder)}
 
         answer = self.scheme.main_decides(decide)

@@ -56,7 +56,9 @@ class Trainer:
         self.signals = process_signals  # installed by launch.run; unset elsewhere (tests)
         self.preempted: str | None = None  # the signal that stopped the run, once it did
         self.stopped_elsewhere = False  # async: this worker finished, another was stopped
-        self.watchdog: StallWatchdog | None = None
+        # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.
+        self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size,
+                                      exit_code=1)
 
     def _bind_world(self) -> None:
         """Everything that depends on which worker this is and how many there are; again after
@@ -82,9 +84,7 @@ class Trainer:
     def fit(self) -> list[EpochResult]:
         self.scheme.attach(self.replica)
         self.run_dir = self.checkpointer.claim()  # locked until the run ends
-        self.watchdog = StallWatchdog(self.scheme.stall_timeout_s, self.runtime.rank,
-                                      self.runtime.size, self.run_dir, exit_code=1)
-        self.watchdog.start()
+        self.watchdog.start(self.run_dir)
         try:
             self._fit()
         finally:

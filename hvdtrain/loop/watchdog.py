@@ -31,10 +31,10 @@ STOPPED_AFTER_S = 5.0  # a heartbeat this old: the process is not running
 
 
 class StallWatchdog:
-    def __init__(self, timeout_s: float, rank: int, size: int, run_dir: Path, exit_code: int):
+    def __init__(self, timeout_s: float, rank: int, size: int, exit_code: int):
         self.timeout_s = timeout_s
         self.rank, self.size = rank, size
-        self.folder = run_dir / HEARTBEAT_DIR
+        self.folder = Path(HEARTBEAT_DIR)  # inside the run folder, once start() knows it
         self.exit_code = exit_code
         self.doing = "starting"
         self._last = time.monotonic()
@@ -45,9 +45,10 @@ class StallWatchdog:
     def heartbeat_file(self) -> Path:
         return self.folder / f"rank-{self.rank}"
 
-    def start(self) -> None:
+    def start(self, run_dir: Path) -> None:
         if not self.timeout_s:
             return
+        self.folder = run_dir / HEARTBEAT_DIR
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             self.heartbeat_file.write_text(f"{socket.gethostname()} {os.getpid()}\n")
