@@ -119,6 +119,10 @@ class OptimConfig:
                                 "the scaled rate; 0 disables warmup")
     lr_schedule: str = _opt("constant", "after warmup: constant, or cosine decay to 0",
                             choices=("constant", "cosine"))
+    clip_grad_norm: float = _opt(0.0, "clip the gradient to this total L2 norm before each "
+                                 "update (0: no clipping). Sync: the averaged gradient, so every "
+                                 "rank applies the same update; async: each worker's gradient "
+                                 "before it is pushed; a pipeline: one norm over all stages")
 
     def validate(self) -> None:
         o = self
@@ -128,6 +132,8 @@ class OptimConfig:
         _require(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "use 0 or a positive value")
         _require(o.warmup_epochs >= 0, "--warmup-epochs", o.warmup_epochs,
                  "use 0 (no warmup) or a positive number of epochs")
+        _require(o.clip_grad_norm >= 0, "--clip-grad-norm", o.clip_grad_norm,
+                 "use 0 (no clipping) or a positive norm, e.g. 1")
 
 
 @dataclass
@@ -277,7 +283,14 @@ class RunConfig:
                              "histogram, and each step with --log-steps. View them with "
                              "tensorboard --logdir runs/")
     progress: bool = _opt(True, "show the progress bar on the main process")
-    device: str = _opt("auto", "auto (a GPU per local rank when CUDA is present), cpu or cuda")
+    device: str = _opt("auto", "auto (a GPU per local rank when CUDA is present), cpu or cuda; "
+                       "in async mode each worker takes a GPU and the servers stay on the CPU")
+    precision: str = _opt("32", "32 (float32), bf16 (autocast to bfloat16, on CPUs and GPUs) or "
+                          "fp16 (autocast to float16 with a dynamic loss scale, for GPUs; steps "
+                          "whose gradient overflows are skipped). Parameters, gradients and "
+                          "optimizer state stay float32", choices=("32", "bf16", "fp16"))
+    compile: bool = _opt(False, "compile the model (each pipeline stage) with torch.compile; "
+                         "the first steps take longer while it compiles")
     threads: int = _opt(0, "torch intra-op threads per process (0: cores / processes per host)")
     deterministic: bool = _opt(False, "use deterministic torch kernels (for exact resume on GPU)")
     straggler: str = _opt("", "slow down the last worker, to study stragglers: 3x (each step "
@@ -380,8 +393,6 @@ class Config:
                                   "0 dies, the process that becomes rank 0 continues its log and "
                                   "checkpoints there")
         if r.mode == "async":
-            _require(r.device in ("auto", "cpu"), "--device", r.device,
-                     "async mode keeps parameters in host memory: use --device cpu")
             _require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
                      "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
                      "every worker keeps its own BatchNorm statistics")
@@ -390,10 +401,6 @@ class Config:
                  f"each backward pass sees --batch-size {r.batch_size} / "
                  f"--backward-passes-per-step {k} = {per_pass} "
                  f"samples, too few for {pl.micro_batches} micro-batches; use at most {per_pass}")
-        if pl.stages > 1 and r.mode == "async":
-            _require(all(d.strip() in ("auto", "cpu") for d in pl.devices.split(",")),
-                     "--devices", pl.devices,
-                     "async mode keeps parameters in host memory: use --devices cpu")
         return self
 
 

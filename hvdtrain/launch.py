@@ -162,7 +162,10 @@ def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workl
     from .loop import Trainer
     from .pipeline import build_replica
 
+    from .precision import check_devices
+
     replica = build_replica(model, cfg, runtime, layout, workload.objective())
+    check_devices(cfg.run.precision, replica.devices, runtime.rank == 0)
     workload.bind(replica.device, cfg)  # a pipeline takes its inputs on its first stage's device
     replica.model.eval()  # the check must not move BatchNorm statistics
     workload.check(replica.forward, replica.device)

@@ -36,6 +36,7 @@ import torch.nn as nn
 from .config import Config, ConfigError, PipelineConfig
 from .layout import Layout
 from .data.batches import to_device
+from .precision import Precision
 from .replica import BatchStats, Objective, Replica, batch_length, split_batch
 from .runtime import Runtime
 
@@ -122,7 +123,7 @@ class _Aborted(Exception):
 
 class PipelineReplica(Replica):
     def __init__(self, model: nn.Module, devices: list[str], cfg: PipelineConfig,
-                 objective: Objective | None = None):
+                 objective: Objective | None = None, precision: Precision | None = None):
         layers = sequential_layers(model)
         self.objective = objective or Objective.classification()
         stages = len(devices)
@@ -134,6 +135,9 @@ class PipelineReplica(Replica):
         self.device = self.devices[0]            # where the trainer puts the inputs
         self.bounds = bounds
         self.stages = [layers[a:b].to(dev) for (a, b), dev in zip(bounds, self.devices)]
+        self.run_stages: list = list(self.stages)  # what a forward calls (--compile wraps them)
+        # One loss scale and one clipping norm over every stage's parameters.
+        self.precision = precision or Precision("32", self.devices)
         self.micro_batches = cfg.micro_batches
         self.schedule = cfg.schedule
         self.backward_passes = cfg.micro_batches  # Horovod allreduces after the last of them
@@ -146,8 +150,9 @@ class PipelineReplica(Replica):
         return " | ".join(f"layers {a}-{b - 1} on {d}" for (a, b), d in zip(self.bounds, self.devices))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for stage, dev in zip(self.stages, self.devices):
-            x = stage(to_device(x, dev))
+        for stage, dev in zip(self.run_stages, self.devices):
+            with self.precision.autocast(dev):
+                x = stage(to_device(x, dev))
         return x
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
@@ -185,7 +190,7 @@ class PipelineReplica(Replica):
                             "bubble_fraction": None if measured is None else round(measured, 4),
                             "gpipe_bubble_formula": round(gpipe_bubble(k, self.micro_batches), 4)}}
         self._busy, self._wall = [0.0] * k, 0.0
-        return out
+        return {**super().take_epoch_metrics(), **out}
 
 
 class _Run:
@@ -216,10 +221,12 @@ class _Run:
         dev = self.r.devices[k]
         inp = to_device(self.xs[i], dev) if k == 0 else self._take(self.activations[k])
         t0 = time.perf_counter()
-        out = self.r.stages[k](inp)
-        if k == len(self.r.stages) - 1:
-            self.losses[i], self.sums[i] = self.r.objective.score(out, to_device(self.ys[i], dev))
-        else:
+        with self.r.precision.autocast(dev):  # per thread: every stage enters it
+            out = self.r.run_stages[k](inp)
+            if k == len(self.r.stages) - 1:
+                self.losses[i], self.sums[i] = self.r.objective.score(
+                    out, to_device(self.ys[i], dev))
+        if k < len(self.r.stages) - 1:
             # Cut the graph here: the next stage starts from a leaf that collects the gradient,
             # if there is one to collect (the stages up to here may hold nothing to train).
             self.activations[k + 1].put(
@@ -234,7 +241,7 @@ class _Run:
         grad = self._take(self.grads[k]) if not last and out.requires_grad else None
         t0 = time.perf_counter()
         if last:
-            (self.losses[i] * self.weights[i]).backward()
+            self.r.precision.backward(self.losses[i] * self.weights[i])
         elif grad is not None:
             out.backward(grad)
         self._timed(k, t0)
@@ -290,11 +297,28 @@ def build_replica(model: nn.Module, cfg: Config, runtime: Runtime, layout: Layou
     """The plain replica, or the pipelined one when --stages > 1."""
     pl = cfg.pipeline
     if pl.stages == 1:
-        return Replica(model, runtime.device, objective)
+        replica = Replica(model, runtime.device, objective,
+                          Precision(cfg.run.precision, [runtime.device], cfg.optim.clip_grad_norm))
+        return compile_replica(replica) if cfg.run.compile else replica
     devices = list(layout.stage_devices)
     if devices[0].startswith("cuda"):
         torch.cuda.set_device(torch.device(devices[0]))
     if not cfg.run.threads and pl.schedule != "sequential" and "cpu" in devices:
         # The stages' threads compute at the same time: share this process's cores among them.
         torch.set_num_threads(max(1, torch.get_num_threads() // devices.count("cpu")))
-    return PipelineReplica(model, devices, pl, objective)
+    replica = PipelineReplica(model, devices, pl, objective,
+                              Precision(cfg.run.precision, [torch.device(d) for d in devices],
+                                        cfg.optim.clip_grad_norm))
+    return compile_replica(replica) if cfg.run.compile else replica
+
+
+def compile_replica(replica: Replica) -> Replica:
+    """--compile: what the forward passes call becomes torch.compile's wrapper (compile.py)."""
+    from .compile import compile_module
+
+    if isinstance(replica, PipelineReplica):
+        replica.run_stages = [compile_module(stage, f"pipeline stage {k + 1}")
+                              for k, stage in enumerate(replica.stages)]
+    else:
+        replica.run_model = compile_module(replica.model, type(replica.model).__name__)
+    return replica

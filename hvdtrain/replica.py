@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from .data.batches import to_device
+from .precision import Precision
 
 Metric = Callable[[Any, Any], "tuple[Any, Any] | None"]  # (output, target) -> (sum, count)
 
@@ -79,7 +80,8 @@ class Objective:
                 result = metric(output, target)
                 if result is not None:  # a metric that does not apply to this output says None
                     sums[name] = result
-        return loss, BatchStats(loss.detach() * n, n, sums)
+        # float32 sums: a bfloat16 loss (autocast) would lose digits as the epoch adds them up
+        return loss, BatchStats(loss.detach().float() * n, n, sums)
 
 
 class Replica:
@@ -87,29 +89,43 @@ class Replica:
                          # micro-batch); Horovod must wait for all of them before it allreduces
 
     def __init__(self, model: nn.Module, device: torch.device,
-                 objective: Objective | None = None):
+                 objective: Objective | None = None, precision: Precision | None = None):
         self.model = model.to(device)
         self.device = device  # where the inputs go
         self.devices = [device]
         self.objective = objective or Objective.classification()
+        self.precision = precision or Precision("32", self.devices)
+        # What a forward pass calls: the model, or its torch.compile wrapper (--compile), which
+        # shares its parameters; self.model stays the plain module, so checkpoints and
+        # state_dict keys are the same with and without --compile.
+        self.run_model: Any = self.model
 
     def parameters(self):
         return self.model.parameters()
 
     def forward(self, x: Any) -> Any:
-        return call_model(self.model, x)
+        with self.precision.autocast(self.device):
+            return call_model(self.run_model, x)
 
     def describe(self) -> str:
         return str(self.device)
 
     def take_epoch_metrics(self) -> dict:
-        """Extra figures for this epoch's log line (the pipeline's stage times); then reset."""
-        return {}
+        """Extra figures for this epoch's log line (loss scale, clipping, a pipeline's stage
+        times); then reset."""
+        return self.precision.take_epoch_metrics()
+
+    def update(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Unscale, clip and step (precision.py); False when the step was skipped."""
+        return self.precision.update(optimizer, [p for p in self.parameters()
+                                                 if p.grad is not None])
 
     def forward_backward(self, x: Any, y: Any, grad_scale: float) -> BatchStats:
-        """Add d(grad_scale * mean loss)/d(params) to the gradients; return the batch's sums."""
-        loss, stats = self.objective.score(self.forward(x), y)
-        (loss * grad_scale if grad_scale != 1.0 else loss).backward()
+        """Add d(grad_scale * mean loss)/d(params) to the gradients (times the loss scale under
+        fp16); return the batch's sums."""
+        with self.precision.autocast(self.device):
+            loss, stats = self.objective.score(call_model(self.run_model, x), y)
+        self.precision.backward(loss * grad_scale if grad_scale != 1.0 else loss)
         return stats
 
     @torch.no_grad()
@@ -122,7 +138,9 @@ class Replica:
             for x, y in batches:
                 output = self.forward(x)
                 device = output_device(output)
-                _, stats = self.objective.score(output, y if device is None else to_device(y, device))
+                with self.precision.autocast(device or self.device):
+                    _, stats = self.objective.score(
+                        output, y if device is None else to_device(y, device))
                 if total is None:
                     total = stats
                 else:

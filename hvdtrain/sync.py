@@ -90,7 +90,15 @@ class HorovodSync(UpdateScheme):
         parts = [self.replica.forward_backward(xs, ys, grad_scale=1.0 / self.accumulation)
                  for xs, ys in zip(split_batch(x, self.accumulation),
                                    split_batch(y, self.accumulation))]
-        self.optimizer.step()
+        if self.replica.precision.needs_synchronized_gradients:
+            # Horovod with a loss scale or clipping: wait for the averaged gradient, then unscale,
+            # clip and step it without allreducing again (the order of Horovod's AMP example).
+            # Every rank holds the same average, so every rank skips an overflowed step alike.
+            self.optimizer.synchronize()
+            with self.optimizer.skip_synchronize():
+                self.replica.update(self.optimizer)
+        else:
+            self.optimizer.step()
         stats = parts[0]
         for part in parts[1:]:
             stats += part
@@ -143,7 +151,9 @@ class HorovodSync(UpdateScheme):
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         self.average_buffers()
-        return {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        state = {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        scale = self.replica.precision.state_dict()
+        return {**state, "grad_scaler": scale} if scale is not None else state
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         """Collective: every replica starts from rank 0's weights and buffers (BatchNorm
@@ -156,6 +166,10 @@ class HorovodSync(UpdateScheme):
                 self.optimizer.load_state_dict(state["optimizer"])
             # Horovod: the other ranks take rank 0's optimizer state (momentum, Adam moments).
             hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+            if self.replica.precision.scaler is not None:
+                # fp16: every rank must unscale by the same factor, or their updates differ.
+                self.replica.precision.load_state_dict(self.broadcast_object(
+                    state.get("grad_scaler") if state is not None else None))
         # Horovod: parameters go last, because broadcast_optimizer_state initialises empty state
         # on the other ranks with a zero-gradient step, which weight decay turns into a change.
         hvd.broadcast_parameters(self.replica.model.state_dict(), root_rank=0)
@@ -188,13 +202,15 @@ class ElasticHorovodSync(HorovodSync):
         if state is not None:  # every process holds the checkpoint; no broadcast here
             self.replica.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
+            self.replica.precision.load_state_dict(state.get("grad_scaler"))
 
     def run(self, loop: Callable[[], None], progress: Progress) -> None:
         hvd = self.hvd
         self.state = hvd.elastic.TorchState(model=self.replica.model, optimizer=self.optimizer,
                                             epoch=progress.epoch, step=progress.step,
                                             global_step=progress.global_step,
-                                            workers=progress.workers)
+                                            workers=progress.workers,
+                                            grad_scaler=self.replica.precision.state_dict())
         self.state.register_reset_callbacks([self._on_reset])
 
         @hvd.elastic.run
@@ -202,6 +218,7 @@ class ElasticHorovodSync(HorovodSync):
             # Entered at the start, and again after each reset with the state rank 0 broadcast.
             progress.epoch, progress.step = state.epoch, state.step
             progress.global_step, progress.workers = state.global_step, state.workers
+            self.replica.precision.load_state_dict(state.grad_scaler)  # fp16: rank 0's scale
             loop()
 
         elastic_loop(self.state)
@@ -227,6 +244,7 @@ class ElasticHorovodSync(HorovodSync):
         state.epoch, state.step, state.global_step = (progress.epoch, progress.step,
                                                       progress.global_step)
         state.workers = progress.workers
+        state.grad_scaler = self.replica.precision.state_dict()
         state.commit()  # also where Horovod raises HostsUpdatedInterrupt for new hosts
 
     def step_done(self, progress: Progress) -> None:
