@@ -120,9 +120,11 @@ def _run_sync(cfg: Config, workload: Workload, model):
 def _run_async(cfg: Config, workload: Workload, model):
     from .runtime import start_mpi
 
-    runtime = start_mpi(cfg.run)
+    runtime = start_mpi(cfg.run, cfg.ps.num_servers)
+    # The same on every rank: errors need no abort. A worker's local rank and size count this
+    # host's workers, whose pipeline stages take its GPUs; servers hold no stages.
     layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
-    topology = layout.topology  # the same on every rank: errors need no abort
+    topology = layout.topology
     from mpi4py import MPI
 
     from .ps.client import ParameterServerClient

@@ -73,26 +73,38 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
                       local_size=hvd.local_size(),
                       device=pick_device(run.device, hvd.local_rank()),
                       launcher=detect_launcher())
-    configure_torch(run, runtime)
+    configure_torch(run, runtime.local_size)
     return runtime
 
 
-def start_mpi(run: RunConfig) -> Runtime:
+def start_mpi(run: RunConfig, num_servers: int) -> Runtime:
     """MPI through mpi4py, for the parameter server (async mode). mpi4py asks for
-    MPI_THREAD_MULTIPLE, which Horovod also wants should both live in one process."""
+    MPI_THREAD_MULTIPLE, which Horovod also wants should both live in one process.
+
+    Servers stay on the CPU. A worker's local rank counts the workers on its host only, so that
+    the workers take GPUs 0, 1, ... however the servers are placed among them."""
     launcher = detect_launcher()
     if launcher == "horovodrun --gloo":
         raise ConfigError("--mode async talks MPI, but horovodrun --gloo starts no MPI job; "
                           "launch with mpirun -np N, or horovodrun --mpi -np N")
     from mpi4py import MPI
 
+    from .ps.protocol import Topology
+
     world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    is_server = Topology(size, num_servers).is_server(rank)  # an impossible split fails everywhere
+    if run.device.startswith("cuda") and not torch.cuda.is_available():
+        pick_device(run.device, 0)  # the same message on every rank, servers included
     node = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this host
-    local_rank, local_size = node.Get_rank(), node.Get_size()
+    peers = node.Split(int(is_server), rank)        # ... that have this rank's role
+    local_rank, local_size, host_size = peers.Get_rank(), peers.Get_size(), node.Get_size()
+    peers.Free()
     node.Free()
-    runtime = Runtime(rank=world.Get_rank(), size=world.Get_size(), local_rank=local_rank,
-                      local_size=local_size, device=torch.device("cpu"), launcher=launcher)
-    configure_torch(run, runtime)
+    device = torch.device("cpu") if is_server else pick_device(run.device, local_rank)
+    runtime = Runtime(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
+                      device=device, launcher=launcher)
+    configure_torch(run, host_size)  # every process on the host shares its cores
     return runtime
 
 
@@ -112,8 +124,8 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return device
 
 
-def configure_torch(run: RunConfig, runtime: Runtime) -> None:
-    torch.set_num_threads(run.threads or default_threads(runtime.local_size))
+def configure_torch(run: RunConfig, processes_on_host: int) -> None:
+    torch.set_num_threads(run.threads or default_threads(processes_on_host))
     if run.deterministic:
         torch.use_deterministic_algorithms(True)
 

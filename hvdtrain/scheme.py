@@ -123,6 +123,11 @@ class UpdateScheme:
     def epoch_done(self, progress: Progress) -> None:
         """After every epoch's checkpoint."""
 
+    def take_epoch_metrics(self) -> dict:
+        """Figures of the scheme's own for this epoch's log line (a GPU worker's copies); then
+        reset."""
+        return {}
+
     def end_of_training(self) -> bool:
         """Before the last evaluation and checkpoint, which must see every worker's update.
         True when another worker stopped early for a stop signal (async: workers that finish

@@ -180,7 +180,8 @@ class Trainer:
         test = self.evaluator.evaluate() if due else None
         p.epoch, p.step = epoch + 1, 0
         self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test,
-                           time.perf_counter() - self.started, self.replica.take_epoch_metrics())
+                           time.perf_counter() - self.started,
+                          {**self.replica.take_epoch_metrics(), **self.scheme.take_epoch_metrics()})
         if due:
             self.best.evaluated(test, p)
 

@@ -18,8 +18,10 @@ from ..config import Config
 from ..replica import BatchStats, Replica
 from ..runtime import Runtime
 from ..scheme import PendingSum, UpdateScheme
-from .protocol import (HAS_STATE, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology, chunk_bounds,
-                       chunk_elements, make_header, shard_bounds)
+from ..precision import PushGate
+from .device_copies import copies_for
+from .protocol import (HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology,
+                       chunk_bounds, chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 
@@ -28,10 +30,22 @@ class ParameterServerClient(UpdateScheme):
     """The async update scheme: push gradients to the servers, pull parameters back.
 
     What is trained: the parameters that require a gradient, of any floating dtype (float32 ones
-    live in the flat buffer; others are copied out of it after each pull). A parameter that got
-    no gradient in a step pushes zeros. Buffers (BatchNorm running statistics) are each worker's
-    own: every worker starts from worker 0's, and the model that is evaluated and checkpointed
-    carries worker 0's, which track its shard of the same data."""
+    on the replica's first device live in the flat buffer; others, and those of pipeline stages
+    on other devices, are copied out of it after each pull). A parameter that got no gradient in
+    a step pushes zeros. Buffers (BatchNorm running statistics) are each worker's own: every
+    worker starts from worker 0's, and the model that is evaluated and checkpointed carries
+    worker 0's, which track its shard of the same data.
+
+    Devices: the servers keep parameters and optimizer state in host memory. A worker computes
+    on its replica's device; device_copies.py moves the flat buffers between the two, and is the
+    only part that differs between a CPU and a GPU worker.
+
+    Mixed precision and clipping happen here, on the worker, before the push (precision.py):
+    the worker unscales its gradient (fp16), clips it, and pushes it in float32, or skips the
+    push when the loss scale overflowed. Clipping is the worker's job because each server holds
+    only a shard of the gradient, so the whole gradient's norm would take another exchange per
+    push, and because it bounds each worker's contribution the way clipping bounds a step in
+    single-process training."""
 
     def __init__(self, cfg: Config, runtime: Runtime, comm, worker_comm, topology: Topology):
         from mpi4py import MPI
@@ -79,8 +93,6 @@ class ParameterServerClient(UpdateScheme):
 
     # --- set-up --------------------------------------------------------------------------------
     def attach(self, replica: Replica) -> None:
-        if any(d.type != "cpu" for d in replica.devices):
-            raise NotImplementedError("async mode keeps parameters on the CPU; use --device cpu")
         self.replica = replica
         # Frozen parameters stay out: the server's optimizer (momentum, weight decay) would move them.
         self.trained = [p for p in replica.model.parameters() if p.requires_grad]
@@ -89,32 +101,40 @@ class ParameterServerClient(UpdateScheme):
                 raise ValueError(f"async mode trains floating-point parameters; this model has "
                                  f"a {p.dtype} parameter that requires a gradient")
         total = sum(p.numel() for p in self.trained)
-        self.params_flat = torch.empty(total, dtype=torch.float32)
-        self._copied: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # non-float32 params
+        home = replica.devices[0]
+        self.copies = copies_for(home, total)
+        self.params_flat = self.copies.host_params  # what the messages carry
+        weights = self.copies.device_params         # what the model computes with
+        self._copied: list[tuple[torch.nn.Parameter, torch.Tensor]] = []  # not views of it
         offset = 0
         for p in self.trained:
             n = p.numel()
-            view = self.params_flat[offset:offset + n]
+            view = weights[offset:offset + n]
             view.copy_(p.data.reshape(-1))
-            if p.dtype == torch.float32:
+            if p.dtype == torch.float32 and p.device == view.device:
                 p.data = view.view_as(p)  # the weights live in the buffer
             else:
                 self._copied.append((p, view))
             offset += n
-        self._bind_gradients(torch.zeros(total, dtype=torch.float32))
+        self.copies.parameters_to_host()
+        self.gate = PushGate(self.trained)  # whether the loss scale lets a step be pushed
         chunk = chunk_elements(self.cfg.ps.chunk_mb)
         for server, (a, b) in zip(self.topology.server_ranks(),
                                   shard_bounds(total, self.topology.num_servers)):
             self.routes.append((server, [(a + x, a + y) for x, y in chunk_bounds(b - a, chunk)]))
+        self._bind_gradients(self.copies.new_host_gradients(total))
         self._ready = np.zeros(sum(len(chunks) for _, chunks in self.routes), dtype=np.int64)
 
     def _bind_gradients(self, buffer: torch.Tensor) -> None:
-        """Make ``buffer`` the flat gradient, with one view of it per parameter."""
+        """Make ``buffer`` the flat gradient the messages carry, and gather the parameters'
+        gradients into one view per parameter of it (or of its copy on the device)."""
         self.grads_flat = buffer
+        target = self.copies.gradient_target(buffer)
         offset, self._grad_views = 0, []
         for p in self.trained:
-            self._grad_views.append(buffer[offset:offset + p.numel()].view_as(p))
+            self._grad_views.append(target[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+        self._chunks = [chunk for _, chunks in self.routes for chunk in chunks]
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         """Collective over workers: worker 0 seeds the servers (its initial weights, or the
@@ -125,7 +145,9 @@ class ParameterServerClient(UpdateScheme):
         headers = []
         if self.is_main and state is not None:
             self.replica.model.load_state_dict(state["model"])
+            self.replica.precision.load_state_dict(state.get("grad_scaler"))  # worker 0's scale
             self._flatten_copied()
+            self.copies.parameters_to_host()
         buffers = self.worker_comm.bcast(
             {k: v.cpu() for k, v in self.replica.model.named_buffers()} if self.is_main else None,
             root=0)
@@ -173,13 +195,20 @@ class ParameterServerClient(UpdateScheme):
         for p in self.trained:
             p.grad = None
         stats = self.replica.forward_backward(x, y, grad_scale=1.0)
-        for p, view in zip(self.trained, self._grad_views):
-            if p.grad is None:  # unused in this step's graph
-                view.zero_()
-            else:
-                view.copy_(p.grad)
+        finite = True
+        if self.replica.precision.needs_synchronized_gradients:
+            self.gate.passed = False
+            finite = self.replica.update(self.gate)  # unscale, clip; False: fp16 overflowed
+        if finite:
+            for p, view in zip(self.trained, self._grad_views):
+                if p.grad is None:  # unused in this step's graph
+                    view.zero_()
+                else:
+                    view.copy_(p.grad)
+            self.copies.gradients_to_host(self._chunks)
         self.push(lr, samples=stats.count,
-                  want_params=self.clock % self.pull_every == self.pull_every - 1)
+                  want_params=self.clock % self.pull_every == self.pull_every - 1,
+                  gradient=finite)
         if not self._told_to_stop:
             self._told_to_stop = self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=Tag.STOP)
         return stats
@@ -207,11 +236,15 @@ class ParameterServerClient(UpdateScheme):
             pass
         self._stops_received = True
 
-    def push(self, lr: float, samples: int = 0, want_params: bool = True) -> None:
+    def push(self, lr: float, samples: int = 0, want_params: bool = True,
+             gradient: bool = True) -> None:
         """Send the gradient buffer to the servers; with want_params, receive fresh parameters
-        into the model's weights. Returns once the servers allow this worker to go on."""
+        into the model's weights. Returns once the servers allow this worker to go on. Without
+        a ``gradient`` (an fp16 step that overflowed) the push counts for the clocks and rounds
+        but carries nothing to apply."""
         self.clock += 1
-        self._exchange(Kind.PUSH, lr=lr, want_params=want_params, send_grads=True, size=samples)
+        self._exchange(Kind.PUSH, lr=lr, want_params=want_params, send_grads=gradient,
+                       size=samples)
 
     def pull(self) -> None:
         self._exchange(Kind.PULL, lr=0.0, want_params=True, send_grads=False)
@@ -223,8 +256,10 @@ class ParameterServerClient(UpdateScheme):
         server on this host arrives as a READY word and is copied out of the shared window as
         soon as it is announced, while the server updates the next one."""
         params, grads = self.params_flat.numpy(), self.grads_flat.numpy()
-        requests, copies = [], []  # copies[i]: what to copy once requests[i] completes
+        requests, copies = [], []  # copies[i]: the parameters [a, b) that requests[i] brings
         ready = iter(range(len(self._ready)))
+        if want_params:
+            self.copies.before_parameters()
         for i, (server, chunks) in enumerate(self.routes):
             if not want_params:
                 requests.append(self.comm.Irecv(self._ack[i], source=server, tag=Tag.ACK))
@@ -234,22 +269,30 @@ class ParameterServerClient(UpdateScheme):
             for a, b in chunks:
                 if shared is None:
                     requests.append(self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS))
-                    copies.append(None)
+                    copies.append((a, b, None, 0))
                 else:
                     k = next(ready)
                     requests.append(self.comm.Irecv(self._ready[k:k + 1], source=server,
                                                     tag=Tag.READY))
                     copies.append((a, b, *shared))
         flags = (WANT_PARAMS if want_params else 0) | \
-            (WANTS_STOP if self._wants_stop and kind == Kind.PUSH else 0)
+            (WANTS_STOP if self._wants_stop and kind == Kind.PUSH else 0) | \
+            (NO_GRADIENT if kind == Kind.PUSH and not send_grads else 0)
         header = make_header(kind, clock=self.clock, lr=lr, size=size, flags=flags,
                              worker=self.worker_rank)
+        # Chunk numbers run over self._chunks: server by server, as gradients_to_host copies them.
+        first_chunk = np.cumsum([0] + [len(chunks) for _, chunks in self.routes])
         if send_grads:
+            for (server, chunks), first in zip(self.routes, first_chunk):
+                if server in self.shared_params:  # the server reads it once the header arrives
+                    for n in range(first, first + len(chunks)):
+                        self.copies.wait_gradient(n)
             self.host.sync()  # publish the gradient stores before the header announces them
-        for server, chunks in self.routes:
+        for (server, chunks), first in zip(self.routes, first_chunk):
             self.comm.Send(header, dest=server, tag=Tag.REQUEST)
             if send_grads and server not in self.shared_params:
-                for a, b in chunks:
+                for n, (a, b) in enumerate(chunks, start=first):
+                    self.copies.wait_gradient(n)  # the copies of later chunks go on meanwhile
                     requests.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
                     copies.append(None)
         while True:
@@ -261,9 +304,12 @@ class ParameterServerClient(UpdateScheme):
                 break
             if copies[index] is not None:
                 a, b, shard, first = copies[index]
-                self.host.sync()
-                params[a:b] = shard[a - first:b - first]
+                if shard is not None:  # announced by a READY word: copy it out of the window
+                    self.host.sync()
+                    params[a:b] = shard[a - first:b - first]
+                self.copies.parameters_to_device(a, b)
         if want_params:
+            self.copies.parameters_done()
             for p, view in self._copied:
                 p.data.copy_(view.view_as(p))
 
@@ -292,6 +338,9 @@ class ParameterServerClient(UpdateScheme):
         self.pull()  # score the servers' current parameters
         return self.replica
 
+    def take_epoch_metrics(self) -> dict:
+        return self.copies.take_epoch_metrics()  # a GPU worker's copies: seconds and bytes
+
     def end_of_training(self) -> bool:
         # The final evaluation and checkpoint must include every worker's last update; a worker
         # that finished its epochs learns here whether another one was stopped by a signal.
@@ -319,7 +368,8 @@ class ParameterServerClient(UpdateScheme):
                 for a, b in chunks:
                     self.comm.Recv(vector[a:b], source=server, tag=Tag.STATE)
         model_state = {k: v.clone() for k, v in self.replica.model.state_dict().items()}
-        return {"model": model_state,
+        scale = self.replica.precision.state_dict()
+        return {"model": model_state, **({"grad_scaler": scale} if scale is not None else {}),
                 "server_state": {"vectors": {k: torch.from_numpy(v) for k, v in vectors.items()},
                                  "scalars": meta.get("scalars", {}),
                                  "clocks": meta.get("clocks", []),

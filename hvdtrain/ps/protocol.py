@@ -51,6 +51,8 @@ H_KIND, H_CLOCK, H_LR, H_FLAGS, H_SIZE, H_WORKER = range(HEADER_LEN)
 WANT_PARAMS = 1
 HAS_STATE = 2
 WANTS_STOP = 4  # on a PUSH: this worker got a stop signal (loop/preemption.py)
+NO_GRADIENT = 8  # on a PUSH: no gradient follows (an fp16 step that overflowed was skipped);
+                 # it counts for the clocks and rounds, and changes no parameter
 
 
 def make_header(kind: Kind, clock: int = 0, lr: float = 0.0, flags: int = 0, size: int = 0,

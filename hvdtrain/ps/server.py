@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from ..config import Config
-from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN, WANT_PARAMS,
-                       WANTS_STOP, Kind, Tag, Topology, chunk_bounds, chunk_elements,
-                       delay_compensate, may_proceed, shard_bounds, word_to_lr)
+from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN,
+                       NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology, chunk_bounds,
+                       chunk_elements, delay_compensate, may_proceed, shard_bounds, word_to_lr)
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
 from .waiting import wait_any
@@ -89,7 +89,9 @@ class ParameterServer:
         self.started = time.perf_counter()
         self.rss_at_start = peak_rss_bytes()  # MPI and torch are loaded, no tensors yet
         self.round_sum: np.ndarray | None = None           # BSP: this round's gradient sum
-        self.round_count = 0
+        self.round_count = 0                               # BSP: pushes of this round
+        self.round_gradients = 0                           # ... that carried a gradient
+        self.pushes_without_gradient = 0                   # fp16 steps the workers skipped
         self.backups: dict[int, np.ndarray] = {}           # DC-ASGD: params each worker last pulled
         self.stopping = False     # a worker got a stop signal: every worker stops after its step
         self.round_stops = False  # BSP: a push of this round asked to stop
@@ -152,9 +154,10 @@ class ParameterServer:
                 if self.first_push is None:
                     self.first_push = t0
                     self.rss_at_first_push = current_rss_bytes()
+                flags = int(self.header[H_FLAGS])
                 self._push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
-                           bool(self.header[H_FLAGS] & WANT_PARAMS),
-                           bool(self.header[H_FLAGS] & WANTS_STOP))
+                           bool(flags & WANT_PARAMS), bool(flags & WANTS_STOP),
+                           has_gradient=not flags & NO_GRADIENT)
                 self.last_push = time.perf_counter()
             elif kind == Kind.PULL:
                 self._send_params(worker)
@@ -191,20 +194,28 @@ class ParameterServer:
                 f"{clocks}{held})")
 
     def _push(self, worker: int, clock: int, lr: float, want_params: bool,
-              wants_stop: bool = False) -> None:
+              wants_stop: bool = False, has_gradient: bool = True) -> None:
         self.pushes_received += 1
+        self.pushes_without_gradient += not has_gradient
         self.clocks[worker] = clock
         self.lr = lr
         if self.bsp:
             self.round_stops |= wants_stop
-            self._push_bsp(worker, want_params)
+            self._push_bsp(worker, want_params, has_gradient)
             return
         if wants_stop:
             self._begin_stop()
-        staleness = self.version - self.pulled_version[worker]
-        self.staleness[staleness] += 1
         # Once stopping, nobody waits for a worker that may already have stopped.
         reply_now = self.stopping or may_proceed(clock, self.clocks, self.staleness_bound)
+        if not has_gradient:  # the clock moved on; the parameters did not
+            if reply_now:
+                self._reply(worker, want_params)
+            else:
+                self.pending[worker] = want_params
+            self._release_pending()
+            return
+        staleness = self.version - self.pulled_version[worker]
+        self.staleness[staleness] += 1
         stream = reply_now and want_params  # send each chunk back as soon as it is updated
         sends = []
         self.host.sync()  # the worker's gradient stores happened before its header
@@ -228,24 +239,29 @@ class ParameterServer:
             self.pending[worker] = want_params
         self._release_pending()
 
-    def _push_bsp(self, worker: int, want_params: bool) -> None:
-        """Lock-step averaging: sum the round's gradients, apply their mean once, reply to all."""
-        self.host.sync()
-        for a, b in self.chunks:
-            self.round_sum[a:b] += self._gradient_chunk(worker, a, b)
+    def _push_bsp(self, worker: int, want_params: bool, has_gradient: bool = True) -> None:
+        """Lock-step averaging: sum the round's gradients, apply their mean once, reply to all.
+        A push without a gradient (a skipped fp16 step) takes part in the round, and the mean
+        is over the gradients that came."""
+        if has_gradient:
+            self.host.sync()
+            for a, b in self.chunks:
+                self.round_sum[a:b] += self._gradient_chunk(worker, a, b)
+            self.round_gradients += 1
         self.pending[worker] = want_params
         self.round_count += 1
         if self.round_count >= self.num_workers_running():
             self._finish_round()
 
     def _finish_round(self) -> None:
-        self.round_sum /= self.round_count
-        for i, (a, b) in enumerate(self.chunks):
-            self._apply(i, self.round_sum[a:b])
-        self.staleness[0] += self.round_count  # every gradient of a round is fresh
-        self.version += 1
-        self.round_sum[:] = 0
-        self.round_count = 0
+        if self.round_gradients:
+            self.round_sum /= self.round_gradients
+            for i, (a, b) in enumerate(self.chunks):
+                self._apply(i, self.round_sum[a:b])
+            self.staleness[0] += self.round_gradients  # every gradient of a round is fresh
+            self.version += 1
+            self.round_sum[:] = 0
+        self.round_count = self.round_gradients = 0
         if self.round_stops:  # every worker stops after this same round
             self._begin_stop()
         for w, want in sorted(self.pending.items()):
@@ -356,6 +372,7 @@ class ParameterServer:
                 "rss_at_first_push_bytes": self.rss_at_first_push,
                 "rss_at_end_bytes": current_rss_bytes(),
                 "updates": self.version,
+                "pushes_without_gradient": self.pushes_without_gradient,
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(self.staleness.items())},
                 "busy_seconds": round(self.busy_seconds, 3),
                 "wall_seconds": round(time.perf_counter() - self.started, 3)}

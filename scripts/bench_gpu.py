@@ -1,0 +1,283 @@
+#!/usr/bin/env python
+"""Benchmark training on CUDA GPUs against the same runs on CPUs, and what the async GPU worker's
+host<->device copies cost against what the bus allows.
+
+For a machine with CUDA GPUs; without one it prints "no CUDA GPU: nothing to measure", the
+commands it would have run, and exits with code 0. All figures come from one run of this script,
+in interleaved rounds (each round runs every contender once); the table gives medians.
+
+1. Throughput: sync (``mpirun -np W hvdtrain train``, Horovod) and async (``mpirun -np W+1
+   hvdtrain train --mode async``: W workers and 1 parameter server, which stays on the CPU),
+   each with ``--device cuda`` (one GPU per local rank) and with ``--device cpu``. A run's rate is
+   the mean samples/s (all workers added up) of its epochs after the first, which is warm-up.
+2. Bandwidth: a large pinned host tensor copied to GPU 0 and back with non-blocking copies,
+   each direction timed with CUDA events, median of the repeats.
+3. The async GPU worker's copies: worker 0 logs, per epoch, ``device_copy_seconds`` (time spent
+   doing or waiting for host<->device copies) and ``epoch_seconds``. Its measured share is their
+   ratio over the epochs after the first. The bound is the share the copies would take at the
+   measured bandwidth: a step sends the gradient to the host and takes the parameters back
+   (P bytes each way, P = float32 parameter bytes, with the default --pull-every 1), at least
+   P / (device->host) + P / (host->device) seconds, which is 2P / bandwidth when both directions
+   run at the same rate; divided by the measured step time (epoch_seconds / steps per epoch).
+   measured / bound near 1: the copies run at bus speed; above 1: the worker waits for more than
+   the bytes need (small chunks, unpinned buffers, synchronisation); below 1: part of the copying
+   overlaps with other work and is not waited for.
+
+The default model is a synthetic-data MLP 1024-4096-4096-10 (~21M parameters, 84 MB of float32),
+batch 256 per worker: big enough that a GPU has work and the copies are not negligible.
+
+    python scripts/bench_gpu.py [--rounds 3] [--workers N] [--hidden 4096,4096] [--copy-mib 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE.parent))
+from hvdtrain.metrics import read_jsonl  # noqa: E402
+
+MODES = ("sync", "async")
+DEVICES = ("cpu", "cuda")
+FLOAT32_BYTES = 4
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    return e
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions; medians")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="training processes per run (0: one per GPU)")
+    parser.add_argument("--features", type=int, default=1024, help="synthetic input size")
+    parser.add_argument("--hidden", default="4096,4096", help="the MLP's hidden layers")
+    parser.add_argument("--batch-size", type=int, default=256, help="per worker")
+    parser.add_argument("--epochs", type=int, default=3, help="per run; the first is warm-up")
+    parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
+    parser.add_argument("--copy-mib", type=int, default=256, help="size of the bandwidth copy")
+    parser.add_argument("--copy-repeats", type=int, default=20, help="timed copies per direction")
+    parser.add_argument("--hvdtrain-flags", default="", help="extra flags for every hvdtrain run")
+    parser.add_argument("--run-timeout", type=int, default=600, help="seconds per run")
+    args = parser.parse_args(argv)
+    if args.epochs < 2:
+        parser.error("--epochs must be at least 2: the first epoch is warm-up")
+    if args.rounds < 1 or args.workers < 0 or args.copy_mib < 1 or args.copy_repeats < 1:
+        parser.error("--rounds, --copy-mib and --copy-repeats must be positive, --workers >= 0")
+    return args
+
+
+def train_command(mode: str, device: str, workers: int, run_dir: str,
+                  args: argparse.Namespace) -> list[str]:
+    np = workers + (1 if mode == "async" else 0)
+    return ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none",
+            str(BIN / "hvdtrain"), "train", "--mode", mode, "--device", device,
+            "--dataset", "synthetic", "--synthetic-shape", str(args.features),
+            "--synthetic-samples", str(max(16384, args.batch_size * workers * args.steps)),
+            "--hidden", args.hidden, "--batch-size", str(args.batch_size),
+            "--epochs", str(args.epochs), "--max-steps-per-epoch", str(args.steps),
+            "--eval-every", str(args.epochs), "--checkpoint-every", "0", "--no-progress",
+            "--run-dir", run_dir, *shlex.split(args.hvdtrain_flags)]
+
+
+def train(mode: str, device: str, workers: int, args: argparse.Namespace) -> list[dict] | str:
+    """The run's metrics.jsonl records, or why it failed (one line)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = train_command(mode, device, workers, run_dir, args)
+        try:
+            proc = subprocess.run(cmd, env=env(), capture_output=True, text=True,
+                                  timeout=args.run_timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"timed out after {args.run_timeout} s"
+        if proc.returncode != 0:
+            print(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stdout[-3000:]}\n"
+                  f"{proc.stderr[-3000:]}", flush=True)
+            return f"exit code {proc.returncode} (output above)"
+        return read_jsonl(Path(run_dir) / "metrics.jsonl")
+
+
+def later_epochs(records: list[dict]) -> list[dict]:
+    return [r for r in records if r.get("type") == "epoch"][1:]
+
+
+def samples_per_sec(records: list[dict]) -> float:
+    return statistics.fmean(r["samples_per_sec"] for r in later_epochs(records))
+
+
+def copy_figures(records: list[dict]) -> dict | None:
+    """Worker 0's copy time and bytes per step, its step time, and the parameter bytes, from an
+    async GPU run's log; None when its epoch lines carry no device_copy_seconds."""
+    epochs = later_epochs(records)
+    if not epochs or any("device_copy_seconds" not in e for e in epochs):
+        return None
+    header = next(r for r in records if r.get("type") == "header")
+    steps = header["steps_per_epoch"] * len(epochs)
+    seconds = sum(e["epoch_seconds"] for e in epochs)
+    copy_bytes = [e.get("device_copy_bytes") for e in epochs]
+    return {"copy_share": sum(e["device_copy_seconds"] for e in epochs) / seconds,
+            "step_seconds": seconds / steps,
+            "param_bytes": header["num_parameters"] * FLOAT32_BYTES,
+            "copy_bytes_per_step": (sum(copy_bytes) / steps if None not in copy_bytes else None)}
+
+
+def copy_bound(param_bytes: float, step_seconds: float, to_device: float,
+               to_host: float) -> float:
+    """The least share of a step that copying the gradient out and the parameters in can take
+    at these bandwidths (bytes/s)."""
+    return (param_bytes / to_host + param_bytes / to_device) / step_seconds
+
+
+def pinned_bandwidth(mib: int, repeats: int) -> tuple[float, float]:
+    """(host->device, device->host) bytes/s for a pinned buffer of ``mib`` MiB on GPU 0."""
+    n = mib * 2**20
+    host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+    device = torch.empty(n, dtype=torch.uint8, device="cuda:0")
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+
+    def rate(dst: torch.Tensor, src: torch.Tensor) -> float:
+        dst.copy_(src, non_blocking=True)  # the first copy pays for setting up the transfer
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeats):
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)  # milliseconds
+        return n / statistics.median(times)
+
+    try:
+        return rate(device, host), rate(host, device)
+    finally:
+        del host, device
+        torch.cuda.empty_cache()
+
+
+def spread(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    if len(values) == 1:
+        return format(med, fmt)
+    return f"{format(med, fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def result_rows(results: dict, workers: int) -> list[list[str]]:
+    """The table's rows from every round's figures:
+
+    results[(mode, device)]: samples/s per round, or a failure reason (str) in its place;
+    results["to_device"], results["to_host"]: bytes/s per round;
+    results["copies"]: per round whose async GPU run finished, copy_figures() with that round's
+    bandwidths added as "to_device" and "to_host" (None: the run logged no copy figures).
+    """
+    rows = []
+    for mode in MODES:
+        who = f"{workers} worker{'s' if workers != 1 else ''}"
+        name = (f"sync, {who}: samples/s" if mode == "sync"
+                else f"async, {who} + 1 server (CPU): samples/s")
+        cells, medians = [], {}
+        for device in DEVICES:
+            runs = results.get((mode, device), [])
+            failed = [r for r in runs if isinstance(r, str)]
+            rates = [r for r in runs if not isinstance(r, str)]
+            cells.append(f"failed: {failed[0]}" if failed else spread(rates, ",.0f"))
+            if rates and not failed:
+                medians[device] = statistics.median(rates)
+        ratio = (f"{medians['cuda'] / medians['cpu']:.2f}" if len(medians) == 2 else "-")
+        rows.append([name, *cells, ratio])
+    to_device = [b / 1e9 for b in results.get("to_device", [])]
+    to_host = [b / 1e9 for b in results.get("to_host", [])]
+    rows.append(["pinned host -> GPU 0, GB/s", "-", spread(to_device, ".1f"), "-"])
+    rows.append(["pinned GPU 0 -> host, GB/s", "-", spread(to_host, ".1f"), "-"])
+    copies = results.get("copies", [])
+    logged = [c for c in copies if c is not None]
+    if copies and not logged:
+        rows.append(["async GPU worker 0: copy share of step time", "-",
+                     "not logged (no device_copy_seconds in its epoch lines)", "-"])
+    elif logged:
+        measured = [c["copy_share"] for c in logged]
+        bounds = [copy_bound(c["param_bytes"], c["step_seconds"], c["to_device"], c["to_host"])
+                  for c in logged]
+        med_measured, med_bound = statistics.median(measured), statistics.median(bounds)
+        rows.append(["async GPU worker 0: copy share of step time (device_copy_seconds / "
+                     "epoch_seconds)", "-", spread(measured, ".3f"), "-"])
+        rows.append(["the same bound by the bandwidth (P / to-host + P / to-device) / step time",
+                     "-", spread(bounds, ".3f"),
+                     f"measured / bound {med_measured / med_bound:.2f}" if med_bound else "-"])
+        step_ms = [c["step_seconds"] * 1e3 for c in logged]
+        rows.append(["async GPU worker 0: step time, ms", "-", spread(step_ms, ".2f"), "-"])
+        per_step = [c["copy_bytes_per_step"] for c in logged if c["copy_bytes_per_step"]]
+        if per_step:
+            rows.append(["async GPU worker 0: copied MB per step (2P, plus the pulls of an "
+                         "evaluation or checkpoint)", "-",
+                         spread([b / 1e6 for b in per_step], ".1f"),
+                         f"2P = {2 * logged[0]['param_bytes'] / 1e6:.1f} MB"])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU: nothing to measure. On a machine with one, this script runs, for "
+              "--device cpu and --device cuda alike:")
+        for mode in MODES:
+            print("  " + shlex.join(train_command(mode, "cuda", args.workers or 1, "RUN_DIR", args)))
+        return 0
+    workers = args.workers or torch.cuda.device_count()
+    print(f"GPU 0: {torch.cuda.get_device_name(0)}; {torch.cuda.device_count()} GPU(s), "
+          f"{os.cpu_count()} cores; torch {torch.__version__}; {workers} worker(s)", flush=True)
+    results: dict = {}
+    for round_ in range(args.rounds):
+        to_device, to_host = pinned_bandwidth(args.copy_mib, args.copy_repeats)
+        results.setdefault("to_device", []).append(to_device)
+        results.setdefault("to_host", []).append(to_host)
+        line = [f"pinned {to_device / 1e9:.1f} GB/s to GPU, {to_host / 1e9:.1f} GB/s back"]
+        for mode in MODES:
+            for device in DEVICES:
+                records = train(mode, device, workers, args)
+                ok = not isinstance(records, str)
+                results.setdefault((mode, device), []).append(
+                    samples_per_sec(records) if ok else records)
+                if mode == "async" and device == "cuda" and ok:
+                    copies = copy_figures(records)
+                    if copies is not None:
+                        copies.update(to_device=to_device, to_host=to_host)
+                    results.setdefault("copies", []).append(copies)
+                line.append(f"{mode} {device} " + (f"{results[(mode, device)][-1]:,.0f} samples/s"
+                                                   if ok else "failed"))
+        print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(line), flush=True)
+
+    print(f"\nmodel: MLP {args.features}-{args.hidden.replace(',', '-')}-10, synthetic data, "
+          f"batch {args.batch_size} per worker, {args.steps} steps per epoch, epochs "
+          f"2-{args.epochs} timed; copy {args.copy_mib} MiB x {args.copy_repeats}; medians "
+          f"(min-max) of {args.rounds} rounds\n")
+    print(markdown_table(["measure", "cpu", "cuda", "cuda / cpu"], result_rows(results, workers)))
+    failed = any(isinstance(r, str) for key in results if isinstance(key, tuple)
+                 for r in results[key])
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
