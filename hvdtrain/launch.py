@@ -170,7 +170,8 @@ def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workl
     check_devices(cfg.run.precision, replica.devices, runtime.rank == 0)
     workload.bind(replica.device, cfg)  # a pipeline takes its inputs on its first stage's device
     replica.model.eval()  # the check must not move BatchNorm statistics
-    workload.check(replica.forward, replica.device)
+    with replica.eager():  # --compile compiles at the first step, for the shapes it trains on
+        workload.check(replica.forward, replica.device)
     replica.model.train()
     replica.objective = workload.objective()  # without the metrics the check dropped
     return Trainer(cfg, runtime, scheme, workload, replica)

@@ -26,6 +26,7 @@ another: the naive split the benchmark compares against).
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -145,6 +146,14 @@ class PipelineReplica(Replica):
                       if cfg.schedule != "sequential" and stages > 1 else None)
         self._busy = [0.0] * stages
         self._wall = 0.0
+
+    @contextlib.contextmanager
+    def eager(self):
+        compiled, self.run_stages = self.run_stages, list(self.stages)
+        try:
+            yield self
+        finally:
+            self.run_stages = compiled
 
     def describe(self) -> str:
         return " | ".join(f"layers {a}-{b - 1} on {d}" for (a, b), d in zip(self.bounds, self.devices))

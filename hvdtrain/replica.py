@@ -7,6 +7,7 @@ What a batch is scored by (the loss and the metrics) comes from the workload, as
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -102,6 +103,16 @@ class Replica:
 
     def parameters(self):
         return self.model.parameters()
+
+    @contextlib.contextmanager
+    def eager(self):
+        """Forward passes without --compile's wrapper inside: for the one-batch check before
+        training, where compiling a graph for its 2 samples would only add a compile."""
+        compiled, self.run_model = self.run_model, self.model
+        try:
+            yield self
+        finally:
+            self.run_model = compiled
 
     def forward(self, x: Any) -> Any:
         with self.precision.autocast(self.device):

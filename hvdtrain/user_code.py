@@ -107,6 +107,8 @@ def call_user(fn: Callable, flag: str, spec: str, *args: Any, **kwargs: Any) -> 
     """``fn(*args, **kwargs)``, where an exception from the user's code becomes a UserCodeError."""
     try:
         return fn(*args, **kwargs)
+    except ConfigError:
+        raise  # hvdtrain's own verdict on an option (--compile), reached through the user's call
     except (Exception, SystemExit) as e:  # SystemExit: a user's sys.exit() must not end us quietly
         raise UserCodeError(flag, spec, e) from e
 

@@ -10,10 +10,13 @@ All figures come from one run of this script and are reported as ratios:
           torch's own defaults, and against PyTorch DDP over Gloo (torchrun), each a separate
           launch, in interleaved rounds; medians
   scaling the np=2 throughput divided by twice the np=1 throughput, for each
+  compile ``hvdtrain train --compile`` / ``hvdtrain train``, each a separate launch, in
+          interleaved rounds (the order alternates from round to round); ratio of the medians
 
 The model is a synthetic-data MLP 1024-1024-1024-10 (~2.1M parameters), batch 64 per process.
 
     python scripts/bench_sync.py [--launcher mpi|gloo] [--rounds 3] [--hvdtrain-flags "..."]
+                                 [--sections goal,floor,compile]
 """
 
 from __future__ import annotations
@@ -72,9 +75,13 @@ def loop_args(args: argparse.Namespace) -> list[str]:
             "--steps", str(args.steps)]
 
 
-def measure_hvdtrain(np: int, args: argparse.Namespace) -> float:
+def measure_hvdtrain(np: int, args: argparse.Namespace, extra: tuple[str, ...] = (),
+                     drop_last: bool = False) -> float:
+    """Median samples/s of the epochs after the first (warmup; with --compile, compiling).
+    ``drop_last``: run one more epoch and leave it out too, since the last epoch's time holds
+    the final evaluation (with --compile, the compile of the eval-mode graph as well)."""
     steps_per_epoch = 50
-    epochs = 1 + max(1, args.steps // steps_per_epoch)  # the first epoch is warmup
+    epochs = 1 + max(1, args.steps // steps_per_epoch) + drop_last
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [str(BIN / "hvdtrain"), "train", "--dataset", "synthetic",
                "--synthetic-shape", str(MODEL["features"]), "--synthetic-samples", "16384",
@@ -82,12 +89,17 @@ def measure_hvdtrain(np: int, args: argparse.Namespace) -> float:
                "--batch-size", str(args.batch_size), "--epochs", str(epochs),
                "--max-steps-per-epoch", str(steps_per_epoch), "--lr", "0.01",
                "--eval-every", str(epochs), "--checkpoint-every", "0", "--no-progress",
-               "--run-dir", run_dir, *shlex.split(args.hvdtrain_flags)]
+               "--run-dir", run_dir, *shlex.split(args.hvdtrain_flags), *extra]
         run(launch(np, args.launcher, cmd), base_env())
         with open(Path(run_dir) / "metrics.jsonl") as f:
             epochs_seen = [json.loads(line) for line in f if '"epoch"' in line]
     rates = [e["samples_per_sec"] for e in epochs_seen if e["type"] == "epoch"][1:]
-    return statistics.median(rates)
+    return statistics.median(rates[:-1] if drop_last else rates)
+
+
+# The compile section: the same hvdtrain launch with and without the flag.
+COMPILE_AB = {"hvdtrain": (), "hvdtrain --compile": ("--compile",)}
+SECTIONS = ("goal", "floor", "compile")
 
 
 def measure_plain(np: int, args: argparse.Namespace) -> float:
@@ -123,15 +135,23 @@ def main() -> None:
     parser.add_argument("--hvdtrain-flags", default="", help="extra flags for hvdtrain train")
     parser.add_argument("--ab-blocks", type=int, default=20,
                         help="alternating 50-step blocks in the A/B job")
+    parser.add_argument("--sections", default=",".join(SECTIONS),
+                        help="what to measure, of: goal (hvdtrain, the plain loop and DDP), "
+                             "floor (the A/B job), compile (hvdtrain with and without --compile)")
     args = parser.parse_args()
+    sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown or not sections:
+        parser.error(f"--sections {args.sections}: choose from {', '.join(SECTIONS)}")
 
     contenders = {
         "hvdtrain": measure_hvdtrain,
         "plain Horovod loop, defaults": measure_plain,
         "DDP over Gloo": measure_ddp,
-    }
+    } if "goal" in sections else {}
     nps = [int(n) for n in args.nps.split(",")]
     samples: dict[tuple[str, int], list[float]] = {}
+    compiled: dict[tuple[str, int], list[float]] = {}
     ab: dict[int, list[float]] = {}
     for round_ in range(args.rounds):
         for np in nps:
@@ -140,7 +160,19 @@ def main() -> None:
                 samples.setdefault((name, np), []).append(rate)
                 print(f"round {round_ + 1}/{args.rounds} np={np} {name:<30} {rate:10.0f} samples/s",
                       flush=True)
-    for np in nps:
+            if "compile" in sections:
+                # Alternate which goes first, so a machine that drifts within a round favours
+                # neither.
+                order = list(COMPILE_AB) if round_ % 2 == 0 else list(reversed(COMPILE_AB))
+                for name in order:
+                    rate = measure_hvdtrain(np, args, COMPILE_AB[name], drop_last=True)
+                    compiled.setdefault((name, np), []).append(rate)
+                    print(f"round {round_ + 1}/{args.rounds} np={np} {name:<30} {rate:10.0f} "
+                          "samples/s (compile A/B)", flush=True)
+                eager, fast = (compiled[(name, np)][-1] for name in COMPILE_AB)
+                print(f"round {round_ + 1}/{args.rounds} np={np} compiled / eager: "
+                      f"{fast / eager:.3f}", flush=True)
+    for np in nps if "floor" in sections else []:
         ab[np] = measure_ab(np, args)
         print(f"A/B np={np}: hvdtrain / plain with the same settings, per block: "
               + ", ".join(f"{r:.3f}" for r in ab[np]), flush=True)
@@ -152,23 +184,43 @@ def main() -> None:
           f"{args.rounds} rounds; hvdtrain's Horovod settings: {horovod_environment(SyncConfig())}, "
           "torch threads per process = cores / processes")
     both = {1, 2} <= set(nps)
-    print("\n| contender | " + " | ".join(f"np={n} samples/s (min-max)" for n in nps) +
-          (" | scaling efficiency np=2 |" if both else " |"))
-    print("|---" * (len(nps) + 1 + both) + "|")
-    for name in contenders:
-        row = f"| {name} | " + " | ".join(
-            f"{median[(name, n)]:,.0f} ({spread[(name, n)][0]:,.0f}-{spread[(name, n)][1]:,.0f})"
-            for n in nps)
-        if both:
-            row += f" | {median[(name, 2)] / (2 * median[(name, 1)]):.2f}"
-        print(row + " |")
-    print("\n| ratio | " + " | ".join(f"np={n}" for n in nps) + " |")
-    print("|---" * (len(nps) + 1) + "|")
-    print("| floor: hvdtrain / plain loop, same settings (A/B in one job, median of blocks) | "
-          + " | ".join(f"{statistics.median(ab[n]):.3f}" for n in nps) + " |")
+    if contenders:
+        print("\n| contender | " + " | ".join(f"np={n} samples/s (min-max)" for n in nps) +
+              (" | scaling efficiency np=2 |" if both else " |"))
+        print("|---" * (len(nps) + 1 + both) + "|")
+        for name in contenders:
+            row = f"| {name} | " + " | ".join(
+                f"{median[(name, n)]:,.0f} "
+                f"({spread[(name, n)][0]:,.0f}-{spread[(name, n)][1]:,.0f})" for n in nps)
+            if both:
+                row += f" | {median[(name, 2)] / (2 * median[(name, 1)]):.2f}"
+            print(row + " |")
+    if contenders or ab:
+        print("\n| ratio | " + " | ".join(f"np={n}" for n in nps) + " |")
+        print("|---" * (len(nps) + 1) + "|")
+    if ab:
+        print("| floor: hvdtrain / plain loop, same settings (A/B in one job, median of blocks) | "
+              + " | ".join(f"{statistics.median(ab[n]):.3f}" for n in nps) + " |")
     for name in list(contenders)[1:]:
         print(f"| goal: hvdtrain / {name} (separate launches, medians) | " +
               " | ".join(f"{median[('hvdtrain', n)] / median[(name, n)]:.3f}" for n in nps) + " |")
+    if compiled:
+        print_compile_table(compiled, nps, args.steps)
+
+
+def print_compile_table(compiled: dict[tuple[str, int], list[float]], nps: list[int],
+                        steps: int) -> None:
+    eager, fast = COMPILE_AB
+    middle = {key: statistics.median(v) for key, v in compiled.items()}
+    print(f"\n| --compile A/B: separate launches, {steps} timed steps each | "
+          + " | ".join(f"np={n} samples/s (min-max)" for n in nps) + " |")
+    print("|---" * (len(nps) + 1) + "|")
+    for name in COMPILE_AB:
+        print(f"| {name} | " + " | ".join(
+            f"{middle[(name, n)]:,.0f} ({min(compiled[(name, n)]):,.0f}-"
+            f"{max(compiled[(name, n)]):,.0f})" for n in nps) + " |")
+    print("| ratio compiled / eager (medians) | "
+          + " | ".join(f"{middle[(fast, n)] / middle[(eager, n)]:.3f}" for n in nps) + " |")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import torch._inductor.config as inductor_config
 import torch.nn as nn
 from torch._dynamo.utils import counters
 
-from hvdtrain import compile as compile_module
+from hvdtrain import compile as compiling
 from hvdtrain.config import Config, ConfigError, ModelConfig
 from hvdtrain.layout import Layout
 from hvdtrain.models import build_model
@@ -71,7 +71,7 @@ def _assert_same_step(plain, compiled, a, b):
 
 def test_a_compiled_replica_matches_the_plain_one(single):
     plain, compiled, a, b, graphs = single
-    assert isinstance(compiled.run_model, compile_module.CompiledModule)
+    assert isinstance(compiled.run_model, compiling.CompiledModule)
     assert plain.run_model is plain.model
     assert graphs >= 1, "torch.compile never compiled a graph: the forward ran uncompiled"
     _assert_same_step(plain, compiled, a, b)
@@ -91,7 +91,7 @@ def test_every_pipeline_stage_is_compiled_and_matches_the_plain_pipeline(pipelin
     plain, compiled, a, b, graphs = pipeline
     assert isinstance(compiled, PipelineReplica) and len(compiled.run_stages) == 2
     for k, (stage, run) in enumerate(zip(compiled.stages, compiled.run_stages)):
-        assert isinstance(run, compile_module.CompiledModule) and run.module is stage
+        assert isinstance(run, compiling.CompiledModule) and run.module is stage
         assert run.name == f"pipeline stage {k + 1}"
         assert isinstance(stage, nn.Sequential)
     assert graphs >= 2, f"{graphs} graph(s) compiled for 2 stages"
@@ -107,7 +107,7 @@ def _exploding_compile(module, *args, **kwargs):
 
 
 def test_a_compiler_failure_names_the_flag_and_the_module(monkeypatch):
-    monkeypatch.setattr(compile_module.torch, "compile", _exploding_compile)
+    monkeypatch.setattr(compiling.torch, "compile", _exploding_compile)
     torch.manual_seed(0)
     replica = compile_replica(Replica(build_model("mlp", SHAPE, CLASSES, ModelConfig(hidden=(8,))),
                                       CPU))
@@ -135,7 +135,7 @@ class WrongWidth(nn.Module):
 def test_a_model_that_fails_uncompiled_raises_its_own_error():
     model = WrongWidth()
     with pytest.raises(RuntimeError) as caught:
-        compile_module.compile_module(model, "WrongWidth")(torch.randn(2, 4))
+        compiling.compile_module(model, "WrongWidth")(torch.randn(2, 4))
     # The error eager PyTorch raises, pointing at the model's line, not dynamo's fake-tensor
     # report of it (a TorchRuntimeError) and not a ConfigError that blames --compile.
     assert type(caught.value) is RuntimeError, type(caught.value)
@@ -145,14 +145,14 @@ def test_a_model_that_fails_uncompiled_raises_its_own_error():
 
 
 def test_a_model_bug_is_not_blamed_on_compile_when_the_compiler_fails_too(monkeypatch):
-    monkeypatch.setattr(compile_module.torch, "compile", _exploding_compile)
+    monkeypatch.setattr(compiling.torch, "compile", _exploding_compile)
 
     class Raises(nn.Module):
         def forward(self, x):
             raise ValueError("model bug")
 
     with pytest.raises(ValueError, match="model bug"):
-        compile_module.compile_module(Raises(), "Raises")(torch.randn(2, 4))
+        compiling.compile_module(Raises(), "Raises")(torch.randn(2, 4))
 
 
 def test_a_failure_compiling_the_backward_graph_gets_the_same_message(monkeypatch, tmp_path):
@@ -160,11 +160,11 @@ def test_a_failure_compiling_the_backward_graph_gets_the_same_message(monkeypatc
     # gradient in a generated kernel. With no C++ compiler, only the backward graph fails, which
     # AOTAutograd would compile at the first backward pass, outside the wrapper.
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # no cached kernel to reuse
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(tmp_path / "no-such-g++")))
     torch.manual_seed(0)
     model = nn.Linear(7, 3)
-    with pytest.raises(ConfigError, match=r"--compile: torch.compile could not compile Linear "
-                                          r"\(\w+Error: InvalidCxxCompiler"):
-        out = compile_module.compile_module(model, "Linear")(torch.randn(5, 7))
+    with inductor_config.patch({"cpp.cxx": (None, str(tmp_path / "no-such-g++"))}), \
+            pytest.raises(ConfigError, match=r"--compile: torch.compile could not compile Linear "
+                                             r"\(\w+Error: InvalidCxxCompiler"):
+        out = compiling.compile_module(model, "Linear")(torch.randn(5, 7))
         out.sum().backward()  # reached only if the forward call did not compile the backward
     assert all(p.grad is None for p in model.parameters()), "a backward pass ran"
