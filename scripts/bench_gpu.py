@@ -12,16 +12,19 @@ in interleaved rounds (each round runs every contender once); the table gives me
    the mean samples/s (all workers added up) of its epochs after the first, which is warm-up.
 2. Bandwidth: a large pinned host tensor copied to GPU 0 and back with non-blocking copies,
    each direction timed with CUDA events, median of the repeats.
-3. The async GPU worker's copies: worker 0 logs, per epoch, ``device_copy_seconds`` (time spent
-   doing or waiting for host<->device copies) and ``epoch_seconds``. Its measured share is their
-   ratio over the epochs after the first. The bound is the share the copies would take at the
-   measured bandwidth: a step sends the gradient to the host and takes the parameters back
-   (P bytes each way, P = float32 parameter bytes, with the default --pull-every 1), at least
-   P / (device->host) + P / (host->device) seconds, which is 2P / bandwidth when both directions
-   run at the same rate; divided by the measured step time (epoch_seconds / steps per epoch).
-   measured / bound near 1: the copies run at bus speed; above 1: the worker waits for more than
-   the bytes need (small chunks, unpinned buffers, synchronisation); below 1: part of the copying
-   overlaps with other work and is not waited for.
+3. The async GPU worker's copies: worker 0 logs, per epoch, ``device_copy_seconds`` (the span of
+   each batch of chunk copies on its copy streams, CUDA events from the first chunk's start to
+   the last one's end, so gaps while chunks are still arriving count),
+   ``device_copy_wait_seconds`` (time the worker was blocked on them) and ``epoch_seconds``. The
+   measured share is device_copy_seconds / epoch_seconds over the epochs after the first (the
+   wait share is shown beside it). The bound is the share the copies would take at the measured
+   bandwidth: a step sends the gradient to the host and takes the parameters back (P bytes each
+   way, P = float32 parameter bytes, with the default --pull-every 1), at least P / (device->host)
+   + P / (host->device) seconds, which is 2P / bandwidth when both directions run at the same
+   rate; divided by the measured step time (epoch_seconds / steps per epoch). measured / bound
+   near 1: the copies run at bus speed; above 1: they take longer than the bytes need (chunks
+   that arrive slower than the bus takes them, pageable memory such as the shared-memory window,
+   which CUDA stages itself). The wait share is what the worker actually loses to copying.
 
 The default model is a synthetic-data MLP 1024-4096-4096-10 (~21M parameters, 84 MB of float32),
 batch 256 per worker: big enough that a GPU has work and the copies are not negligible.
@@ -129,7 +132,9 @@ def copy_figures(records: list[dict]) -> dict | None:
     steps = header["steps_per_epoch"] * len(epochs)
     seconds = sum(e["epoch_seconds"] for e in epochs)
     copy_bytes = [e.get("device_copy_bytes") for e in epochs]
+    waits = [e.get("device_copy_wait_seconds") for e in epochs]
     return {"copy_share": sum(e["device_copy_seconds"] for e in epochs) / seconds,
+            "wait_share": sum(waits) / seconds if None not in waits else None,
             "step_seconds": seconds / steps,
             "param_bytes": header["num_parameters"] * FLOAT32_BYTES,
             "copy_bytes_per_step": (sum(copy_bytes) / steps if None not in copy_bytes else None)}
@@ -213,26 +218,32 @@ def result_rows(results: dict, workers: int) -> list[list[str]]:
     rows.append(["pinned GPU 0 -> host, GB/s", "-", spread(to_host, ".1f"), "-"])
     copies = results.get("copies", [])
     logged = [c for c in copies if c is not None]
+    worker = "async GPU worker 0:"
     if copies and not logged:
-        rows.append(["async GPU worker 0: copy share of step time", "-",
+        rows.append([f"{worker} copy share of step time", "-",
                      "not logged (no device_copy_seconds in its epoch lines)", "-"])
     elif logged:
         measured = [c["copy_share"] for c in logged]
         bounds = [copy_bound(c["param_bytes"], c["step_seconds"], c["to_device"], c["to_host"])
                   for c in logged]
         med_measured, med_bound = statistics.median(measured), statistics.median(bounds)
-        rows.append(["async GPU worker 0: copy share of step time (device_copy_seconds / "
-                     "epoch_seconds)", "-", spread(measured, ".3f"), "-"])
-        rows.append(["the same bound by the bandwidth (P / to-host + P / to-device) / step time",
-                     "-", spread(bounds, ".3f"),
+        bound_name = "the same, bound by the bandwidth: (P / to-host + P / to-device) / step time"
+        rows.append([f"{worker} copy share of step time (device_copy_seconds / epoch_seconds)",
+                     "-", spread(measured, ".3f"), "-"])
+        rows.append([bound_name, "-", spread(bounds, ".3f"),
                      f"measured / bound {med_measured / med_bound:.2f}" if med_bound else "-"])
+        waits = [c["wait_share"] for c in logged if c["wait_share"] is not None]
+        if waits:
+            wait_name = (f"{worker} share of step time blocked on copies "
+                         "(device_copy_wait_seconds / epoch_seconds)")
+            rows.append([wait_name, "-", spread(waits, ".3f"), "-"])
         step_ms = [c["step_seconds"] * 1e3 for c in logged]
-        rows.append(["async GPU worker 0: step time, ms", "-", spread(step_ms, ".2f"), "-"])
+        rows.append([f"{worker} step time, ms", "-", spread(step_ms, ".2f"), "-"])
         per_step = [c["copy_bytes_per_step"] for c in logged if c["copy_bytes_per_step"]]
         if per_step:
-            rows.append(["async GPU worker 0: copied MB per step (2P, plus the pulls of an "
-                         "evaluation or checkpoint)", "-",
-                         spread([b / 1e6 for b in per_step], ".1f"),
+            bytes_name = (f"{worker} copied MB per step (2P, plus the pulls of an evaluation "
+                          "or checkpoint)")
+            rows.append([bytes_name, "-", spread([b / 1e6 for b in per_step], ".1f"),
                          f"2P = {2 * logged[0]['param_bytes'] / 1e6:.1f} MB"])
     return rows
 
@@ -243,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA GPU: nothing to measure. On a machine with one, this script runs, for "
               "--device cpu and --device cuda alike:")
         for mode in MODES:
-            print("  " + shlex.join(train_command(mode, "cuda", args.workers or 1, "RUN_DIR", args)))
+            cmd = train_command(mode, "cuda", args.workers or 1, "RUN_DIR", args)
+            print("  " + shlex.join(cmd))
         return 0
     workers = args.workers or torch.cuda.device_count()
     print(f"GPU 0: {torch.cuda.get_device_name(0)}; {torch.cuda.device_count()} GPU(s), "

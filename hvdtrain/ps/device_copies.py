@@ -80,8 +80,7 @@ class StagedCopies(HostCopies):
             self.to_device = torch.cuda.Stream(device)
         self._grad_events: list = []
         self._params_copied = None  # event: the last parameter copy out of the host buffer
-        self._timings: list[tuple] = []  # (start, end) CUDA events of each batch of copies
-        self._h2d_start = None
+        self._timings: list[tuple] = []  # (start, end) CUDA events of copies not yet counted
         self.copy_seconds = 0.0  # time the copies took on the bus (CUDA) or the CPU
         self.wait_seconds = 0.0  # time this process was blocked waiting for them
         self.bytes = 0
@@ -135,7 +134,7 @@ class StagedCopies(HostCopies):
         # Queued kernels (the last backward, an evaluation) must finish reading the weights
         # before the copies overwrite them.
         self.to_device.wait_stream(torch.cuda.current_stream(self.device))
-        self._h2d_start = None
+        self._params_copied = None
 
     def parameters_to_device(self, a: int, b: int) -> None:
         self.bytes += 4 * (b - a)
@@ -144,20 +143,18 @@ class StagedCopies(HostCopies):
             self.device_params[a:b].copy_(self.host_params[a:b])
             self.copy_seconds += time.perf_counter() - t0
             return
+        # Timed chunk by chunk: the chunks arrive with gaps between them, which are not copying.
+        start, end = self._event(), self._event()
         with torch.cuda.stream(self.to_device):
-            if self._h2d_start is None:
-                self._h2d_start = self._event()
-                self._h2d_start.record()
+            start.record()
             self.device_params[a:b].copy_(self.host_params[a:b], non_blocking=True)
+            end.record()
+        self._timings.append((start, end))
+        self._params_copied = end
 
     def parameters_done(self) -> None:
-        if not self.cuda or self._h2d_start is None:
-            return
-        end = self._event()
-        end.record(self.to_device)
-        self._timings.append((self._h2d_start, end))
-        self._params_copied = end
-        torch.cuda.current_stream(self.device).wait_stream(self.to_device)
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self.to_device)
 
     def parameters_to_host(self) -> None:
         self.host_params.copy_(self.device_params)  # blocking: the servers get these next
