@@ -124,7 +124,8 @@ class Precision:
 
 
 def check_devices(precision: str, devices: list[torch.device], is_main: bool) -> None:
-    """A note for fp16 on CPUs: it works, but bf16 is the CPU's fast half-precision format."""
+    """A note for fp16 on CPUs: it works, but CPUs compute float16 slowly."""
     if precision == "fp16" and all(d.type == "cpu" for d in devices) and is_main:
         print("hvdtrain: note: --precision fp16 on CPUs runs, but CPUs compute float16 slowly; "
-              "use --precision bf16 on CPUs", flush=True)
+              "use --precision 32, or bf16 on CPUs with bfloat16 instructions (avx512_bf16 or "
+              "amx_bf16 in lscpu)", flush=True)

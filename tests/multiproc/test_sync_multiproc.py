@@ -70,6 +70,19 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, launcher)
                                       "--backward-passes-per-step", "2", "--run-dir", str(accum))))
     worst = max(abs(a - b) for a, b in zip(single, step_losses(accum)))
     assert worst < 1e-5, f"accumulated per-step losses differ by up to {worst}"
+    # --clip-grad-norm clips the averaged gradient, which 2 ranks hold as 1 rank does.
+    clipped = [*PARITY, "--clip-grad-norm", "0.3"]
+    one_clip, two_clip = tmp_path / "one_clip", tmp_path / "two_clip"
+    run(hvdtrain("train", *clipped, "--batch-size", "32", "--run-dir", str(one_clip)))
+    run(launch(launcher, 2, *hvdtrain("train", *clipped, "--batch-size", "16",
+                                      "--run-dir", str(two_clip))))
+    for folder in (one_clip, two_clip):
+        epochs = [r for r in read_jsonl(folder / "metrics.jsonl") if r["type"] == "epoch"]
+        assert all(e["clipped_fraction"] > 0.5 for e in epochs), epochs  # clipping mostly on
+    a, b = final_state(one_clip), final_state(two_clip)
+    for name in a:
+        worst = (a[name] - b[name]).abs().max().item()
+        assert worst < 1e-5, f"{name} differs by {worst} with clipping"
 
 
 def test_digits_reaches_95_percent_under_horovodrun(tmp_path):
