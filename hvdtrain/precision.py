@@ -50,8 +50,8 @@ class Precision:
         if mode == "bf16" and "cuda" in kinds and not torch.cuda.is_bf16_supported():
             raise ConfigError("--precision bf16: this GPU has no bfloat16 support (it needs "
                               "compute capability 8.0, Ampere, or newer); use --precision fp16")
-        # One scaler per replica: a pipeline's stages share the scale of their one loss. On
-        # CPUs float16 works too (torch supports it), but bf16 is what CPUs are fast at.
+        # One scaler per replica: a pipeline's stages share the scale of their one loss. torch
+        # scales on CPUs too, so fp16 runs there (slowly; see check_devices).
         self.scaler = (torch.amp.GradScaler("cuda" if "cuda" in kinds else "cpu")
                        if mode == "fp16" else None)
         self._reset_counts()

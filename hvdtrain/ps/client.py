@@ -197,7 +197,6 @@ class ParameterServerClient(UpdateScheme):
         stats = self.replica.forward_backward(x, y, grad_scale=1.0)
         finite = True
         if self.replica.precision.needs_synchronized_gradients:
-            self.gate.passed = False
             finite = self.replica.update(self.gate)  # unscale, clip; False: fp16 overflowed
         if finite:
             for p, view in zip(self.trained, self._grad_views):
