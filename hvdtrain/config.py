@@ -197,6 +197,9 @@ class PSConfig:
                      "are averaged and applied once, like sync training")
     dc_lambda: float = _opt(0.0, "delay compensation (DC-ASGD, Zheng et al. 2017): "
                             "g + lambda*g*g*(w_now - w_pulled); 0 disables, ~0.04 is typical")
+    staleness_lr: bool = _opt(False, "staleness-aware learning rate (Zhang et al. 2016): the "
+                              "server scales the step of a gradient computed s updates ago by "
+                              "1/max(1, s)")
     chunk_mb: float = _opt(1.0, "gradient and parameter messages travel in chunks of this many "
                            "MiB, so the server updates one chunk while the next is in flight")
     timeout_s: float = _opt(300.0, "seconds a server waits for any request, or a worker for its "
@@ -385,6 +388,9 @@ class Config:
                  f"({r.batch_size} % {k} = {r.batch_size % k}); change one of them")
         _require(not (self.ps.bsp and self.ps.dc_lambda), "--dc-lambda", self.ps.dc_lambda,
                  "delay compensation has nothing to correct under --bsp; drop one of them")
+        _require(not (self.ps.bsp and self.ps.staleness_lr), "--staleness-lr", True,
+                 "every gradient of a --bsp round is fresh, so there is nothing to scale; drop "
+                 "one of them")
         if s.elastic:
             _require(r.mode == "sync", "--elastic", s.elastic,
                      "elastic training is for --mode sync (an MPI job cannot change its ranks)")

@@ -143,6 +143,12 @@ def may_proceed(clock: int, clocks: list[float], bound: float) -> bool:
     return math.isinf(slowest) or clock - slowest <= bound
 
 
+def staleness_lr_factor(staleness: int) -> float:
+    """--staleness-lr (Zhang et al. 2016, "Staleness-aware Async-SGD"): a gradient computed
+    ``staleness`` updates ago takes a step of lr / staleness; a fresh one (0 or 1) the full lr."""
+    return 1.0 / max(1, staleness)
+
+
 # --- delay compensation ----------------------------------------------------------------------
 def delay_compensate(grad: np.ndarray, lam: float, now: np.ndarray, pulled: np.ndarray) -> None:
     """DC-ASGD (Zheng et al. 2017), in place: g += lambda * g * g * (w_now - w_pulled).

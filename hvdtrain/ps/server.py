@@ -27,7 +27,8 @@ import torch
 from ..config import Config
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN,
                        NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology, chunk_bounds,
-                       chunk_elements, delay_compensate, may_proceed, shard_bounds, word_to_lr)
+                       chunk_elements, delay_compensate, may_proceed, shard_bounds,
+                       staleness_lr_factor, word_to_lr)
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
 from .waiting import wait_any
@@ -62,6 +63,8 @@ class ParameterServer:
         self.staleness_bound = cfg.ps.staleness
         self.bsp = cfg.ps.bsp
         self.dc_lambda = cfg.ps.dc_lambda
+        self.staleness_lr = cfg.ps.staleness_lr
+        self.lr_factor_sum = 0.0  # --staleness-lr: the factors applied, for the statistics
         self.chunk_elems = chunk_elements(cfg.ps.chunk_mb)
         self.header = np.zeros(HEADER_LEN, dtype=np.int64)
         # filled in by INIT
@@ -216,6 +219,10 @@ class ParameterServer:
             return
         staleness = self.version - self.pulled_version[worker]
         self.staleness[staleness] += 1
+        if self.staleness_lr:  # Zhang et al. 2016: a step of lr / staleness
+            factor = staleness_lr_factor(staleness)
+            self.lr *= factor
+            self.lr_factor_sum += factor
         stream = reply_now and want_params  # send each chunk back as soon as it is updated
         sends = []
         self.host.sync()  # the worker's gradient stores happened before its header
@@ -373,6 +380,8 @@ class ParameterServer:
                 "rss_at_end_bytes": current_rss_bytes(),
                 "updates": self.version,
                 "pushes_without_gradient": self.pushes_without_gradient,
+                **({"mean_lr_factor": round(self.lr_factor_sum / max(1, sum(
+                    self.staleness.values())), 6)} if self.staleness_lr else {}),
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(self.staleness.items())},
                 "busy_seconds": round(self.busy_seconds, 3),
                 "wall_seconds": round(time.perf_counter() - self.started, 3)}
