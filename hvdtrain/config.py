@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .stragglers import parse_straggler
+
 
 class ConfigError(ValueError):
     """An option has a value that cannot work. The message names the flag and the fix."""
@@ -296,8 +298,12 @@ class RunConfig:
                          "the first steps take longer while it compiles")
     threads: int = _opt(0, "torch intra-op threads per process (0: cores / processes per host)")
     deterministic: bool = _opt(False, "use deterministic torch kernels (for exact resume on GPU)")
-    straggler: str = _opt("", "slow down the last worker, to study stragglers: 3x (each step "
-                          "takes 3 times as long) or 50ms (a fixed delay per step)")
+    straggler: str = _opt("", "slow workers down, to study stragglers: 3x (the last worker's "
+                          "steps take 3 times as long) or 50ms (it waits 50 ms per step); "
+                          "3x@0.1 or 50ms@0.1 (at each step, with probability 0.1, one random "
+                          "worker is slowed so); exp:50ms or pareto:50ms (every worker waits a "
+                          "random delay with mean 50 ms at each step: exponential, or Pareto "
+                          "with shape 1.5, heavy-tailed). Random draws follow --seed")
 
     def validate(self) -> None:
         r = self
@@ -422,26 +428,6 @@ def parse_metric_goal(text: str) -> tuple[str, str] | None:
         raise ValueError("name a metric such as test_acc or test_loss, optionally after max: "
                          "or min:, e.g. min:test_mae")
     return name, goal.strip() or ("min" if name.endswith("loss") else "max")
-
-
-def parse_straggler(text: str) -> tuple[float, float]:
-    """``"3x"`` -> (3.0, 0.0): each step takes 3 times as long; ``"50ms"`` -> (1.0, 0.05): 50 ms
-    more per step; ``""`` or ``"none"`` -> (1.0, 0.0)."""
-    text = (text or "").strip().lower()
-    if text in ("", "none"):
-        return 1.0, 0.0
-    try:
-        if text.endswith("ms"):
-            delay = float(text[:-2]) / 1000
-            if delay >= 0:
-                return 1.0, delay
-        elif text.endswith("x"):
-            factor = float(text[:-1])
-            if factor >= 1:
-                return factor, 0.0
-    except ValueError:
-        pass
-    raise ValueError("use a slow-down factor of at least 1 such as 3x, or a delay such as 50ms")
 
 
 def _require(ok: bool, flag: str, got: Any, fix: str) -> None:

@@ -8,7 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import ConfigError, check_writable_folder, parse_straggler
+from ..config import ConfigError, check_writable_folder
+from ..stragglers import parse_straggler
 from ..run_lock import FolderLock
 
 # What the plan sets on every run's command line, and the compare flag to use instead: given in
@@ -35,7 +36,10 @@ def add_parser(commands) -> None:
     p.add_argument("--staleness-bounds", default="2", help="SSP bounds, one run set per bound")
     p.add_argument("--seeds", type=int, default=3, help="seeds per mode (0, 1, ...)")
     p.add_argument("--stragglers", default="none,3x",
-                   help="straggler conditions: none, a factor such as 3x, or a delay such as 50ms")
+                   help="straggler conditions (see hvdtrain train --help, --straggler): none; "
+                        "the last worker slowed, 3x or 50ms; one random worker slowed at a step "
+                        "with a probability, 3x@0.1; every worker waiting a random delay, "
+                        "exp:50ms or pareto:50ms")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
     p.add_argument("--epochs", type=int, default=10, help="the budget of every run")
     p.add_argument("--dataset", default="digits")

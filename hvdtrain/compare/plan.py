@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 
 
@@ -66,10 +67,14 @@ def plan(mode_list: list[Mode], seeds: list[int], stragglers: list[str], workers
          train_args: list[str]) -> list[PlannedRun]:
     runs = []
     for straggler in stragglers:
-        straggler = "" if straggler in ("", "none") else straggler
+        straggler = straggler.strip()
+        straggler = "" if straggler.lower() in ("", "none") else straggler
+        # A run's name is its folder: "exp:50ms" becomes "exp-50ms" (a colon upsets Windows
+        # copies, scp and rsync, which read "host:path").
+        slug = re.sub(r"[^\w.@-]", "-", straggler)
         for mode in mode_list:
             for seed in seeds:
-                name = f"{mode.name}-seed{seed}" + (f"-straggler{straggler}" if straggler else "")
+                name = f"{mode.name}-seed{seed}" + (f"-straggler{slug}" if straggler else "")
                 processes = workers + (1 if mode.is_async else 0)
                 runs.append(PlannedRun(name, mode, seed, straggler, processes, tuple(train_args)))
     return runs

@@ -8,6 +8,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from ..stragglers import parse_straggler
 from .results import RunResult
 
 
@@ -54,17 +55,18 @@ def summarize(results: list[RunResult]) -> dict[tuple[str, str], dict]:
 def finding(summary: dict[tuple[str, str], dict], straggler: str, target: float) -> str:
     """Which mode reached the target first under this straggler condition, against sync."""
     rows = {mode: s for (st, mode), s in summary.items() if st == straggler}
-    label = "without a straggler" if straggler == "none" else f"with a {straggler} straggler"
+    label = ("without a straggler" if straggler == "none" else
+             f"with straggler {straggler} ({parse_straggler(straggler).describe()})")
     complete = {m: s for m, s in rows.items() if s["runs"] and s["reached"] == s["runs"]}
     missing = [m for m in rows if m not in complete]
     note = (f" Not every run of {', '.join(missing)} reached {target:.0%} (see the table), so "
             "those modes are not ranked." if missing else "")
     if not complete:
-        return f"- {label.capitalize()}: no mode reached {target:.0%} in every run.{note}"
+        return f"- {_capitalized(label)}: no mode reached {target:.0%} in every run.{note}"
     ranked = sorted(complete, key=lambda m: complete[m]["time"][0])
     best = ranked[0]
     parts = [f"{m} {complete[m]['time'][0]:.2f} s" for m in ranked]
-    text = f"- {label.capitalize()}: time to {target:.0%} test accuracy, fastest first: " \
+    text = f"- {_capitalized(label)}: time to {target:.0%} test accuracy, fastest first: " \
            f"{', '.join(parts)}."
     if "sync" in complete and best != "sync":
         ratio = complete["sync"]["time"][0] / complete[best]["time"][0]
@@ -82,6 +84,22 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str, target: float)
     return text + note
 
 
+def _capitalized(text: str) -> str:
+    return text[:1].upper() + text[1:]  # str.capitalize would lower "Pareto"
+
+
+def conditions_in_words(conditions: list[str]) -> list[str]:
+    """One Markdown line per straggler condition of the table, saying what it does."""
+    models = {c: parse_straggler(c) for c in conditions}
+    lines = ["Straggler conditions (the table's first column):", ""]
+    lines += [f"- `{c}`: {m.describe()}." for c, m in models.items()]
+    if any(m.kind not in ("none", "last") for m in models.values()):
+        lines += ["", ("The random conditions draw from each run's seed, so the seeds differ "
+                       "also in which steps and workers are slowed, and every mode sees the same "
+                       "draws for a seed.")]
+    return lines
+
+
 def write_report(results: list[RunResult], path: Path, target: float, workers: int,
                  description: str, plots: list[str]) -> str:
     summary = summarize(results)
@@ -89,6 +107,7 @@ def write_report(results: list[RunResult], path: Path, target: float, workers: i
     lines = [
         "# Sync vs async: which reaches the target accuracy sooner, here?", "",
         description, "",
+        *conditions_in_words(conditions), "",
         f"Target: {target:.0%} test accuracy. Time to target: seconds of training (from the first "
         "step, start-up excluded) until the first epoch-end evaluation at or above the target; "
         "mean ± standard deviation over the seeds that reached it. Samples/s: every worker's "

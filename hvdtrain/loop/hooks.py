@@ -7,7 +7,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from ..config import RunConfig, parse_straggler
+from ..config import RunConfig
+from ..stragglers import parse_straggler
 from ..scheme import Progress
 
 
@@ -33,18 +34,23 @@ class StepHook:
 
 
 class Straggler(StepHook):
-    """--straggler: the last worker sleeps after each step, to study slow workers."""
+    """--straggler: sleep after a step as long as the straggler model says this worker waits,
+    to study slow workers (the model and its draws are in stragglers.StragglerModel)."""
 
-    def __init__(self, spec: str):
-        self.factor, self.delay = parse_straggler(spec)
-        self.enabled = False
+    def __init__(self, spec: str, seed: int = 0):
+        self.model = parse_straggler(spec)
+        self.seed = seed  # --seed: the random forms draw from (seed, worker, global step)
+        self.worker, self.num_workers = 0, 1
 
     def bind_world(self, worker: int, num_workers: int) -> None:
-        self.enabled = (self.factor, self.delay) != (1.0, 0.0) and worker == num_workers - 1
+        self.worker, self.num_workers = worker, num_workers
 
     def after_step(self, step: StepResult) -> None:
-        if self.enabled:
-            time.sleep((self.factor - 1) * step.seconds + self.delay)
+        if self.model.active:
+            seconds = self.model.delay(self.worker, self.num_workers, step.progress.global_step,
+                                       step.seconds, self.seed)
+            if seconds > 0:
+                time.sleep(seconds)
 
 
 class FiniteLossGuard(StepHook):
@@ -59,4 +65,4 @@ class FiniteLossGuard(StepHook):
 
 
 def default_hooks(run: RunConfig) -> list[StepHook]:
-    return [Straggler(run.straggler), FiniteLossGuard()]
+    return [Straggler(run.straggler, run.seed), FiniteLossGuard()]

@@ -8,7 +8,7 @@ import pytest
 from hvdtrain.compare.plan import Mode, modes, plan
 from hvdtrain.compare.report import finding, summarize
 from hvdtrain.compare.results import RunResult, time_to_target
-from hvdtrain.config import parse_straggler
+from hvdtrain.stragglers import StragglerModel, parse_straggler
 
 
 def test_plan_covers_every_condition_mode_and_seed():
@@ -31,9 +31,9 @@ def test_plan_covers_every_condition_mode_and_seed():
 
 
 def test_straggler_spec():
-    assert parse_straggler("3x") == (3.0, 0.0)
-    assert parse_straggler("50ms") == (1.0, 0.05)
-    assert parse_straggler("none") == (1.0, 0.0)
+    assert parse_straggler("3x") == StragglerModel("last", factor=3.0)
+    assert parse_straggler("50ms") == StragglerModel("last", seconds=0.05)
+    assert parse_straggler("none") == StragglerModel()
     for bad in ["0.5x", "fast", "-3ms", "3"]:
         with pytest.raises(ValueError):
             parse_straggler(bad)
