@@ -117,7 +117,9 @@ class ParameterServerClient(UpdateScheme):
                 self._copied.append((p, view))
             offset += n
         self.copies.parameters_to_host()
-        self.gate = PushGate(self.trained)  # whether the loss scale lets a step be pushed
+        # Whether the loss scale lets a step be pushed; built only for --precision fp16 or
+        # --clip-grad-norm, as building a torch optimizer imports torch._dynamo (tens of MiB).
+        self.gate: PushGate | None = None
         chunk = chunk_elements(self.cfg.ps.chunk_mb)
         for server, (a, b) in zip(self.topology.server_ranks(),
                                   shard_bounds(total, self.topology.num_servers)):
@@ -197,6 +199,8 @@ class ParameterServerClient(UpdateScheme):
         stats = self.replica.forward_backward(x, y, grad_scale=1.0)
         finite = True
         if self.replica.precision.needs_synchronized_gradients:
+            if self.gate is None:
+                self.gate = PushGate(self.trained)
             finite = self.replica.update(self.gate)  # unscale, clip; False: fp16 overflowed
         if finite:
             for p, view in zip(self.trained, self._grad_views):
