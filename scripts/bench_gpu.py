@@ -46,20 +46,13 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE.parent))
 from hvdtrain.metrics import read_jsonl  # noqa: E402
+from launching import BIN, launch_env  # noqa: E402
 
 MODES = ("sync", "async")
 DEVICES = ("cpu", "cuda")
 FLOAT32_BYTES = 4
-
-
-def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
-    return e
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,7 +96,7 @@ def train(mode: str, device: str, workers: int, args: argparse.Namespace) -> lis
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = train_command(mode, device, workers, run_dir, args)
         try:
-            proc = subprocess.run(cmd, env=env(), capture_output=True, text=True,
+            proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True,
                                   timeout=args.run_timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             return f"timed out after {args.run_timeout} s"

@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE / "netns"))
+from launching import BIN, launch_env  # noqa: E402
 from two_hosts import TwoHosts, unavailable_reason  # noqa: E402
 
 TRAIN = ["--dataset", "synthetic", "--synthetic-shape", "1024", "--synthetic-samples", "16384",
@@ -37,9 +37,7 @@ TRAIN = ["--dataset", "synthetic", "--synthetic-shape", "1024", "--synthetic-sam
 
 
 def env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONUNBUFFERED="1",
-             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    e = launch_env()
     if extra:
         e.update(extra, PATH=f"{extra.get('PATH', '')}{os.pathsep}{e['PATH']}")
     return e

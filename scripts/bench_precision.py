@@ -28,7 +28,6 @@ import argparse
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,29 +36,13 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE.parent))
 from hvdtrain.metrics import read_jsonl  # noqa: E402
+from launching import BIN, run  # noqa: E402
 
 MODES = ("sync", "async")
 PRECISIONS = ("32", "bf16")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16", "amx_tile")
-
-
-def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
-    return e
-
-
-def run(cmd: list[str], timeout: int) -> str:
-    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    return proc.stdout
 
 
 def cpu_bf16_flags() -> list[str]:

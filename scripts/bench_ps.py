@@ -15,33 +15,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(HERE))
+from launching import BIN, launch_env, run  # noqa: E402
 
-
-def env() -> dict[str, str]:
-    e = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    e.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-             PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1",
-             PYTHONPATH=f"{HERE.parent}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    return e
-
-
-def run(cmd: list[str], timeout: int = 600) -> str:
-    proc = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    return proc.stdout
+ENV = launch_env(pythonpath=HERE.parent)  # the jobs import hvdtrain from this tree
 
 
 def mpirun(np: int, *command: str) -> list[str]:
@@ -52,7 +36,7 @@ def pingpong_bandwidth(nbytes: int) -> float:
     """Bytes per second that mpi4py's own ping-pong reaches at this message size."""
     out = run(mpirun(2, sys.executable, "-m", "mpi4py.bench", "pingpong", "-a", "numpy",
                      "-m", str(nbytes), "-n", str(nbytes), "--loop-huge", "40",
-                     "--skip-huge", "5"))
+                     "--skip-huge", "5"), ENV)
     # "# Size [B]  Bandwidth [MB/s] | Time Mean [s] ..." where MB = 1e6 bytes and the time is
     # one way, so bandwidth = size / (half the round trip).
     rows = [line.split() for line in out.splitlines() if re.match(r"^\s*\d+\s", line)]
@@ -64,7 +48,7 @@ def pingpong_bandwidth(nbytes: int) -> float:
 def ps_throughput(mib: float, momentum: float = 0.9, shared: bool = True) -> tuple[float, dict]:
     out = run(mpirun(2, sys.executable, str(HERE / "bench" / "ps_throughput.py"),
                      "--mib", str(mib), "--momentum", str(momentum),
-                     *([] if shared else ["--no-shared-memory"])))
+                     *([] if shared else ["--no-shared-memory"])), ENV)
     worker = json.loads(out.split("BENCH ", 1)[1].splitlines()[0])
     server = json.loads(out.split("SERVER ", 1)[1].splitlines()[0])
     return worker["bytes_per_sec"], {**server, "model_bytes": worker["model_bytes"]}
@@ -74,7 +58,7 @@ def bare_rss() -> int:
     """Peak memory of an MPI process that imported torch and mpi4py and did nothing else."""
     out = run(mpirun(1, sys.executable, "-c",
                      "import resource, torch, numpy; from mpi4py import MPI; "
-                     "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"))
+                     "print('RSS', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"), ENV)
     return int(out.split("RSS", 1)[1].split()[0])
 
 
@@ -86,7 +70,7 @@ def training_rate(mode: str, workers: int, extra: list[str]) -> float:
                "--batch-size", "64", "--epochs", "2", "--max-steps-per-epoch", "60",
                "--eval-every", "2", "--checkpoint-every", "0", "--no-progress",
                "--run-dir", run_dir, *extra]
-        run(mpirun(np, *cmd))
+        run(mpirun(np, *cmd), ENV)
         records = [json.loads(line) for line in open(Path(run_dir) / "metrics.jsonl")]
     if mode == "async":
         return next(r for r in records if r["type"] == "scheme")["samples_per_sec"]

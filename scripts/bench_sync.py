@@ -23,43 +23,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BIN = Path(sys.executable).parent
 sys.path.insert(0, str(HERE.parent))
 from hvdtrain.config import SyncConfig  # noqa: E402
 from hvdtrain.runtime import horovod_environment  # noqa: E402
+from launching import BIN, run  # noqa: E402
 
 MODEL = dict(features=1024, hidden="1024,1024", classes=10)
-
-
-def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
-    return env
 
 
 def launch(np: int, launcher: str, command: list[str]) -> list[str]:
     if launcher == "mpi":
         return ["mpirun", "-np", str(np), "--oversubscribe", *command]
     return [str(BIN / "horovodrun"), "-np", str(np), "--gloo", *command]
-
-
-def run(cmd: list[str], env: dict[str, str], timeout: int = 600) -> str:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
-    return proc.stdout
 
 
 def bench_line(output: str) -> float:
@@ -90,7 +72,7 @@ def measure_hvdtrain(np: int, args: argparse.Namespace, extra: tuple[str, ...] =
                "--max-steps-per-epoch", str(steps_per_epoch), "--lr", "0.01",
                "--eval-every", str(epochs), "--checkpoint-every", "0", "--no-progress",
                "--run-dir", run_dir, *shlex.split(args.hvdtrain_flags), *extra]
-        run(launch(np, args.launcher, cmd), base_env())
+        run(launch(np, args.launcher, cmd))
         with open(Path(run_dir) / "metrics.jsonl") as f:
             epochs_seen = [json.loads(line) for line in f if '"epoch"' in line]
     rates = [e["samples_per_sec"] for e in epochs_seen if e["type"] == "epoch"][1:]
@@ -105,13 +87,13 @@ SECTIONS = ("goal", "floor", "compile")
 def measure_plain(np: int, args: argparse.Namespace) -> float:
     """The hand-written loop with Horovod's and torch's defaults."""
     cmd = [sys.executable, str(HERE / "bench" / "plain_horovod_loop.py"), *loop_args(args)]
-    return bench_line(run(launch(np, args.launcher, cmd), base_env()))
+    return bench_line(run(launch(np, args.launcher, cmd)))
 
 
 def measure_ab(np: int, args: argparse.Namespace) -> list[float]:
     """hvdtrain / plain loop with hvdtrain's settings, A/B within one job: per-block ratios."""
     cmd = [sys.executable, str(HERE / "bench" / "ab_same_settings.py"), str(args.ab_blocks)]
-    out = run(launch(np, args.launcher, cmd), base_env())
+    out = run(launch(np, args.launcher, cmd))
     for line in out.splitlines():
         if "AB " in line:
             return json.loads(line.split("AB ", 1)[1])["ratios"]
@@ -121,7 +103,7 @@ def measure_ab(np: int, args: argparse.Namespace) -> list[float]:
 def measure_ddp(np: int, args: argparse.Namespace) -> float:
     cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc_per_node={np}",
            str(HERE / "bench" / "ddp_loop.py"), *loop_args(args)]
-    return bench_line(run(cmd, base_env()))
+    return bench_line(run(cmd))
 
 
 def main() -> None:
