@@ -94,3 +94,17 @@ def pid_of_rank(run_dir: Path, rank_variable: str, rank: int) -> int | None:
         if str(run_dir).encode() in cmdline and f"{rank_variable}={rank}".encode() in environ:
             return int(entry.name)
     return None
+
+
+def records(run_dir: Path, kind: str) -> list[dict]:
+    """The lines of a run's metrics.jsonl of one type ("epoch", "step", "scheme"...)."""
+    from hvdtrain.metrics import read_jsonl
+
+    return [r for r in read_jsonl(Path(run_dir) / "metrics.jsonl") if r["type"] == kind]
+
+
+def final_model(run_dir: Path) -> dict:
+    """The model state of a run folder's checkpoint."""
+    import torch
+
+    return torch.load(Path(run_dir) / "checkpoint.pt", weights_only=True)["model"]

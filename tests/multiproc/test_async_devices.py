@@ -8,8 +8,7 @@ import sys
 import pytest
 import torch
 
-from hvdtrain.metrics import read_jsonl
-from launch import REPO, hvdtrain, mpirun, run
+from launch import REPO, final_model, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 STAGED = str(REPO / "tests" / "helpers" / "train_staged_copies.py")
@@ -17,14 +16,6 @@ OVERFLOW_LOSS = str(REPO / "tests" / "helpers" / "user" / "overflow_loss.py")
 # Small chunks, so that a gradient travels in many pieces and the chunk arithmetic is exercised.
 FLAGS = ["--mode", "async", "--bsp", "--epochs", "2", "--no-progress", "--seed", "2",
          "--chunk-mb", "0.02"]
-
-
-def records(run_dir, kind):
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
-
-
-def final_model(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
 @pytest.mark.parametrize("shared", ["--shared-memory", "--no-shared-memory"])

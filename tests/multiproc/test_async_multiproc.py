@@ -4,19 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from hvdtrain.metrics import read_jsonl
-from launch import BIN, horovodrun, hvdtrain, mpirun, run
+from launch import BIN, final_model, horovodrun, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]
-
-
-def records(run_dir, kind):
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
-
-
-def final_model(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
 def test_one_server_two_workers_train_digits_to_95_percent(tmp_path):

@@ -5,18 +5,13 @@ every worker at the same epoch and exits 0, and a resumed run keeps its best and
 import pytest
 
 from hvdtrain import checkpoint
-from hvdtrain.metrics import read_jsonl
-from launch import hvdtrain, mpirun, run
+from launch import hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]
 # Lock-step in async mode: a worker that stopped at another step than the others would leave
 # them waiting for its push, which --timeout-s turns into an error instead of a hang.
 MODES = {"sync": (2, []), "async": (3, ["--mode", "async", "--staleness", "0", "--timeout-s", "30"])}
-
-
-def records(run_dir, kind):
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -6,9 +6,8 @@ import os
 import sys
 
 import pytest
-import torch
 
-from launch import BIN, REPO, horovodrun, hvdtrain, mpirun, run
+from launch import BIN, REPO, final_model, horovodrun, hvdtrain, mpirun, run
 
 sys.path.insert(0, str(REPO / "scripts" / "netns"))
 from two_hosts import TwoHosts, unavailable_reason  # noqa: E402
@@ -31,10 +30,6 @@ def one_host_sync(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("one-host")
     run(mpirun(2, *hvdtrain("train", *FLAGS, "--run-dir", str(run_dir))))
     return final_model(run_dir)
-
-
-def final_model(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
 def assert_same(a, b, tol):

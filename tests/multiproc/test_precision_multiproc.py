@@ -8,8 +8,7 @@ import sys
 import pytest
 import torch
 
-from hvdtrain.metrics import read_jsonl
-from launch import REPO, hvdtrain, mpirun, run
+from launch import REPO, final_model, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 DUMP = str(REPO / "tests" / "helpers" / "train_and_dump.py")
@@ -19,14 +18,6 @@ QUIET = ["--no-progress", "--seed", "1"]
 # ended at 96.7-97.5% in sync over seeds 0-5 (10 epochs: 96.1-97.2%, 8: down to 95.8%) and at
 # 96.1-97.2% in async over six runs (async runs differ: 10 epochs ended once at 95.8%).
 BF16 = ["--precision", "bf16", "--epochs", "12", "--lr-schedule", "cosine"]
-
-
-def records(run_dir, kind):
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
-
-
-def final_model(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
 def assert_ranks_equal(folder, ranks=2):

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from hvdtrain.metrics import read_jsonl
 from hvdtrain.ps.protocol import staleness_lr_factor
-from launch import hvdtrain, mpirun, run
+from launch import final_model, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 # One worker that pulls every 3rd push: its gradients are 0, 1 and 2 updates stale in turn, the
@@ -15,7 +14,7 @@ FLAGS = ["--mode", "async", "--epochs", "1", "--max-steps-per-epoch", "30", "--p
 
 
 def scheme_line(run_dir):
-    return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "scheme"][0]
+    return records(run_dir, "scheme")[0]
 
 
 def test_the_server_scales_each_step_by_its_staleness(tmp_path):
@@ -27,8 +26,7 @@ def test_the_server_scales_each_step_by_its_staleness(tmp_path):
     expected = sum(n * staleness_lr_factor(s) for s, n in histogram.items()) / 30
     assert scheme_line(scaled)["servers"][0]["mean_lr_factor"] == pytest.approx(expected)
     assert "mean_lr_factor" not in scheme_line(plain)["servers"][0]
-    a = torch.load(plain / "checkpoint.pt", weights_only=True)["model"]
-    b = torch.load(scaled / "checkpoint.pt", weights_only=True)["model"]
+    a, b = final_model(plain), final_model(scaled)
     assert any(not torch.equal(a[k], b[k]) for k in a), "the scaled steps changed nothing"
 
 

@@ -7,7 +7,7 @@ import torch
 
 from hvdtrain import checkpoint
 from hvdtrain.metrics import read_jsonl
-from launch import BIN, REPO, horovodrun, hvdtrain, mpirun, run
+from launch import BIN, REPO, final_model, horovodrun, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")
@@ -19,10 +19,6 @@ LAUNCHERS = {"mpirun": mpirun, "horovodrun": horovodrun,
 
 def launch(launcher: str, np: int, *command: str) -> list[str]:
     return LAUNCHERS[launcher](np, *command)
-
-
-def final_state(run_dir):
-    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
 
 
 @pytest.mark.parametrize("launcher, extra", [
@@ -77,9 +73,9 @@ def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, launcher)
     run(launch(launcher, 2, *hvdtrain("train", *clipped, "--batch-size", "16",
                                       "--run-dir", str(two_clip))))
     for folder in (one_clip, two_clip):
-        epochs = [r for r in read_jsonl(folder / "metrics.jsonl") if r["type"] == "epoch"]
+        epochs = records(folder, "epoch")
         assert all(e["clipped_fraction"] > 0.5 for e in epochs), epochs  # clipping mostly on
-    a, b = final_state(one_clip), final_state(two_clip)
+    a, b = final_model(one_clip), final_model(two_clip)
     for name in a:
         worst = (a[name] - b[name]).abs().max().item()
         assert worst < 1e-5, f"{name} differs by {worst} with clipping"
@@ -101,7 +97,7 @@ def test_resumed_run_ends_with_the_same_weights(tmp_path):
     run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(stopped))))
     assert torch.load(stopped / "checkpoint.pt", weights_only=True)["epoch"] == 2
     run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(stopped))))
-    a, b = final_state(straight), final_state(stopped)
+    a, b = final_model(straight), final_model(stopped)
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after resume"
     log = read_jsonl(stopped / "metrics.jsonl")
