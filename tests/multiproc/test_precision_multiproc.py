@@ -105,7 +105,12 @@ def test_the_issues_command_runs_async_bf16_with_clipping(tmp_path):
     assert "done: test accuracy" in proc.stdout
     epochs = records(tmp_path, "epoch")
     assert len(epochs) == 6 and epochs[-1]["test_acc"] >= 0.9, epochs[-1]
-    assert all(0 < e["clipped_fraction"] <= 1 for e in epochs), epochs
+    # Late in training a whole epoch of worker 0's gradients can stay under the norm (CI saw
+    # it once), so only what must hold: a fraction, some clipping, and an epoch whose mean norm
+    # is above the limit clipped at least one step.
+    assert all(0 <= e["clipped_fraction"] <= 1 for e in epochs), epochs
+    assert any(e["clipped_fraction"] > 0 for e in epochs), epochs
+    assert all(e["clipped_fraction"] > 0 for e in epochs if e["grad_norm_mean"] > 1), epochs
 
 
 # --- GPUs -------------------------------------------------------------------------------------
