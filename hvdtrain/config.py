@@ -264,6 +264,11 @@ class RunConfig:
     max_steps_per_epoch: int = _opt(0, "stop each epoch after this many steps (0: no limit); "
                                     "for benchmarks and quick checks")
     eval_every: int = _opt(1, "evaluate test accuracy every N epochs (and always at the end)")
+    eval_every_steps: int = _opt(0, "also evaluate every N steps (of worker 0) inside the epochs "
+                                 "and log an eval line stamped with the wall time (0: only at "
+                                 "epoch ends); what compare uses to time the target to a few "
+                                 "percent. Early stopping and --keep-best still follow the "
+                                 "epoch evaluations")
     run_dir: str | None = _opt(None, "folder for the metrics log and checkpoints "
                                "(default: runs/<time>-<mode>-<dataset>-<model>)")
     checkpoint_every: int = _opt(1, "write a checkpoint every N epochs (0: only at the end)")
@@ -313,6 +318,8 @@ class RunConfig:
         _require(r.max_steps_per_epoch >= 0, "--max-steps-per-epoch", r.max_steps_per_epoch,
                  "use 0 for no limit or a positive step count")
         _require(r.eval_every >= 1, "--eval-every", r.eval_every, "evaluate every N >= 1 epochs")
+        _require(r.eval_every_steps >= 0, "--eval-every-steps", r.eval_every_steps,
+                 "use 0 (epoch ends only) or a number of steps, e.g. 10")
         _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
                  "use 0 (only at the end) or a positive number of epochs")
         _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,

@@ -23,6 +23,13 @@ class Evaluator:
         """Every --eval-every epochs, and always after the last."""
         return (epoch + 1) % self.run.eval_every == 0 or epoch + 1 == self.run.epochs
 
+    def due_at_step(self, global_step: int, end_of_epoch: bool, epoch: int) -> bool:
+        """Every --eval-every-steps steps, except where the epoch's own evaluation follows."""
+        every = self.run.eval_every_steps
+        if not every or global_step % every:
+            return False
+        return not (end_of_epoch and self.due(epoch))
+
     def evaluate(self) -> tuple[float, dict[str, float | None]] | None:
         """(test loss, each metric) over the whole test split, or None where nothing is scored."""
         partition = self.scheme.eval_partition

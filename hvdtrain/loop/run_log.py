@@ -183,12 +183,28 @@ class RunLog:
         self._pending.append((self.scheme.sum_later(self.totals.as_vector(seconds)), record))
         self.flush()
 
+    def evaluation(self, epoch: int, global_step: int,
+                   test: tuple[float, dict[str, float | None]] | None, wall_seconds: float,
+                   train_seconds: float) -> None:
+        """An evaluation inside an epoch (--eval-every-steps): an eval line, in order with the
+        step and epoch lines before it."""
+        if test is None:  # this worker scores nothing (async: only worker 0 evaluates)
+            return
+        test_loss, metrics = test
+        record = {"type": "eval", "epoch": epoch + 1, "step": global_step,
+                  "wall_seconds": round(wall_seconds, 4), "train_seconds": round(train_seconds, 4),
+                  "test_loss": test_loss, **{f"test_{k}": v for k, v in metrics.items()}}
+        self._pending.append((PendingSum([]), record))
+        self.flush()
+
     def flush(self, wait: bool = False) -> None:
         """Write every line whose sums are in, in order; with wait, all of them."""
         while self._pending and (wait or self._pending[0][0].ready()):
             pending, record = self._pending.pop(0)
             values = pending.wait()
-            if record["type"] == "step":
+            if record["type"] == "eval":
+                self.write("eval", **{k: v for k, v in record.items() if k != "type"})
+            elif record["type"] == "step":
                 self.write("step", epoch=record["epoch"], step=record["step"], lr=record["lr"],
                            loss=values[0] / max(values[1], 1))
             else:

@@ -53,6 +53,7 @@ class Trainer:
                           run.tensorboard)
         self.progress = Progress(workers=self.num_workers)
         self.started = 0.0
+        self.eval_seconds = 0.0  # spent evaluating since `started`: not training time
         self.signals = process_signals  # installed by launch.run; unset elsewhere (tests)
         self.preempted: str | None = None  # the signal that stopped the run, once it did
         self.stopped_elsewhere = False  # async: this worker finished, another was stopped
@@ -168,6 +169,9 @@ class Trainer:
             self.scheme.step_done(p)
             self.checkpointer.step_done(p, self.plan.steps_per_epoch)
             self.log.step(epoch, p.global_step, lr, loss, stats)
+            if self.evaluator.due_at_step(p.global_step, p.step == self.plan.steps_per_epoch,
+                                          epoch):
+                self.log.evaluation(epoch, p.global_step, *self._timed_evaluation())
             self.watchdog.beat(f"in step {p.global_step + 1}")
             if self.scheme.agree_to_stop(self.signals.received is not None):
                 self._preempt()
@@ -177,13 +181,27 @@ class Trainer:
             # the last evaluation and checkpoint see every update; another worker was stopped
             self.stopped_elsewhere = True
         due = self.evaluator.due(epoch)
-        test = self.evaluator.evaluate() if due else None
+        if due:
+            test, wall_seconds, train_seconds = self._timed_evaluation()
+        else:
+            test, wall_seconds = None, time.perf_counter() - self.started
+            train_seconds = wall_seconds - self.eval_seconds
         p.epoch, p.step = epoch + 1, 0
-        self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test,
-                           time.perf_counter() - self.started,
-                          {**self.replica.take_epoch_metrics(), **self.scheme.take_epoch_metrics()})
+        self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test, wall_seconds,
+                           {**self.replica.take_epoch_metrics(), **self.scheme.take_epoch_metrics(),
+                            "train_seconds": round(train_seconds, 4)})
         if due:
             self.best.evaluated(test, p)
+
+    def _timed_evaluation(self):
+        """(test figures, wall seconds when evaluated, training seconds by then): the time of
+        an evaluation is the moment its weights were taken, and its own duration is kept out of
+        the training time, so frequent evaluations do not slow the clock they are read on."""
+        before, evaluated = self.eval_seconds, time.perf_counter()
+        test = self.evaluator.evaluate()
+        self.eval_seconds += time.perf_counter() - evaluated
+        wall = evaluated - self.started
+        return test, wall, wall - before
 
     # --- preemption -------------------------------------------------------------------------
     def _preempt(self) -> None:

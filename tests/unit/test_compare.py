@@ -24,7 +24,7 @@ def test_plan_covers_every_condition_mode_and_seed():
     cmd = ssp.command("python", "out/ssp4-seed0", cores=2)
     assert cmd[:4] == ["mpirun", "-np", "3", "--oversubscribe"]
     assert cmd[cmd.index("--staleness") + 1] == "4" and "--straggler" not in cmd
-    assert Mode("async", math.inf).train_flags() == ["--mode", "async", "--staleness", "inf"]
+    assert Mode("async").train_flags() == ["--mode", "async", "--staleness", "inf"]
     assert "--oversubscribe" not in sync.command("python", "d", cores=2)
     with pytest.raises(ValueError, match="unknown mode 'hogwild'"):
         modes(["hogwild"], [])

@@ -1,0 +1,31 @@
+"""Confidence intervals for the comparison: the percentile bootstrap over seeds (numpy does the
+resampling), and the rule that names a winner only when two intervals do not overlap."""
+
+from __future__ import annotations
+
+import numpy as np
+
+CONFIDENCE = 0.95
+
+
+def bootstrap_ci(values: list[float], confidence: float = CONFIDENCE, resamples: int = 10_000,
+                 seed: int = 0) -> tuple[float, float, float] | None:
+    """(mean, low, high): the mean of ``values`` and its percentile-bootstrap interval. None for
+    no values; with one value the interval is that value (one run says nothing of the spread,
+    and the report says how many runs each row has). Seeded, so a report reads the same twice."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return None
+    mean = float(data.mean())
+    if data.size == 1:
+        return mean, mean, mean
+    rng = np.random.default_rng(seed)
+    means = rng.choice(data, size=(resamples, data.size), replace=True).mean(axis=1)
+    tail = (1 - confidence) / 2 * 100
+    low, high = np.percentile(means, [tail, 100 - tail])
+    return mean, float(low), float(high)
+
+
+def separated(a: tuple[float, float, float], b: tuple[float, float, float]) -> bool:
+    """Whether two (mean, low, high) intervals do not overlap."""
+    return a[2] < b[1] or b[2] < a[1]

@@ -1,0 +1,43 @@
+"""--eval-every-steps: evaluations inside the epochs, stamped with the wall time and with the
+training time (evaluations excluded), in sync and async mode."""
+
+import pytest
+
+from hvdtrain.metrics import read_jsonl
+from launch import hvdtrain, mpirun, records, run
+
+pytestmark = pytest.mark.multiproc
+
+QUIET = ["--no-progress", "--checkpoint-every", "0", "--epochs", "2"]
+
+
+@pytest.mark.parametrize("mode,processes", [("sync", 2), ("async", 3)])
+def test_step_evaluations_are_logged_in_order_with_training_time(tmp_path, mode, processes):
+    run(mpirun(processes, *hvdtrain("train", "--mode", mode, "--eval-every-steps", "5", *QUIET,
+                                    "--run-dir", str(tmp_path))))
+    evals, epochs = records(tmp_path, "eval"), records(tmp_path, "epoch")
+    steps_per_epoch = epochs[0]["step"]
+    assert steps_per_epoch == 22  # digits: 1437 training samples, 2 workers of batch 32
+    # Every 5th step of worker 0, except where an epoch's own evaluation follows (none here).
+    assert [e["step"] for e in evals] == list(range(5, 2 * steps_per_epoch, 5))
+    assert [e["epoch"] for e in evals] == [1 if s <= steps_per_epoch else 2
+                                           for s in range(5, 2 * steps_per_epoch, 5)]
+    # The log is in order: an epoch's line comes after its step evaluations.
+    kinds = [r["type"] for r in read_jsonl(tmp_path / "metrics.jsonl")
+             if r["type"] in ("eval", "epoch")]
+    assert kinds == ["eval"] * 4 + ["epoch"] + ["eval"] * 4 + ["epoch"]
+    stamps = [(r["wall_seconds"], r["train_seconds"]) for r in evals + [epochs[-1]]]
+    assert all(0 < t <= w for w, t in stamps), stamps
+    assert [w for w, _ in stamps] == sorted(w for w, _ in stamps)
+    # Each evaluation's duration is kept out of the training time: the gap only grows.
+    gaps = [w - t for w, t in stamps]
+    assert gaps[0] == pytest.approx(0, abs=1e-3) and gaps[-1] > gaps[0], gaps
+    assert all(b >= a - 2e-3 for a, b in zip(gaps, gaps[1:])), gaps  # rounded to 1 ms
+    assert all(0 <= e["test_acc"] <= 1 and e["test_loss"] > 0 for e in evals)
+    assert evals[-1]["test_acc"] > evals[0]["test_acc"]  # it is training that is evaluated
+
+
+def test_no_step_evaluations_by_default(tmp_path):
+    run(mpirun(2, *hvdtrain("train", *QUIET, "--run-dir", str(tmp_path))))
+    assert records(tmp_path, "eval") == []
+    assert all(e["train_seconds"] <= e["wall_seconds"] for e in records(tmp_path, "epoch"))
