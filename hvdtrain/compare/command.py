@@ -15,11 +15,26 @@ from ..run_lock import FolderLock
 # What the plan sets on every run's command line, and the compare flag to use instead: given in
 # --train-args too, the later flag would silently win and the runs would no longer be the plan.
 PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seeds",
-           "straggler": "--stragglers",
+           "straggler": "--stragglers", "bsp": "--modes backup", "backup_workers":
+           "--backup-workers", "local_steps": "--local-steps", "staleness_lr": "--modes async-slr",
+           "dc_lambda": "--modes dcasgd", "eval_every_steps": "compare's own --eval-every-steps",
            "run_dir": "--out (each run writes into OUT/runs/NAME)",
            "num_servers": "--workers (each async run has one server besides the workers)",
            "dataset": "compare's own --dataset", "model": "compare's own --model",
            "epochs": "compare's own --epochs"}
+
+
+# The named plans. demo: what `make demo` runs in about five minutes on two cores, a workload
+# where training dominates each run (a CNN of ~0.4M parameters on digits: ~30 ms a step), under
+# the condition that separates the schemes. full: every mode and straggler condition, for
+# docs/comparison.md. Any flag given on the command line wins over the plan's value.
+PLANS = {
+    "demo": dict(modes="sync,async,backup", stragglers="3x", seeds=5, epochs=6,
+                 model="cnn", train_args="--channels 128,256", eval_every_steps=4),
+    "full": dict(modes="sync,local,async,ssp,async-slr,dcasgd,backup",
+                 stragglers="none,3x,3x@0.3,exp:30ms,pareto:30ms", seeds=5, epochs=6,
+                 model="cnn", train_args="--channels 128,256", eval_every_steps=4),
+}
 
 
 def add_parser(commands) -> None:
@@ -31,21 +46,44 @@ def add_parser(commands) -> None:
                     "Markdown report into one folder. Finished runs are skipped when run again.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     p.add_argument("--out", default="runs/compare", help="folder for the runs, report and plots")
+    p.add_argument("--plan", default="demo", choices=sorted(PLANS),
+                   help="the defaults of --modes, --stragglers, --seeds, --epochs, --model, "
+                        "--train-args and --eval-every-steps: " + "; ".join(
+                            f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+                            for name, values in PLANS.items()))
     p.add_argument("--workers", type=int, default=2, help="training processes in every run")
-    p.add_argument("--modes", default="sync,async,ssp", help="any of sync, async, ssp")
+    p.add_argument("--modes", default=None,
+                   help="any of sync; local (local SGD, one mode per --local-steps); async (no "
+                        "staleness bound); ssp (one mode per --staleness-bounds); backup (sync "
+                        "through the server with backup workers, one mode per "
+                        "--backup-workers); async-slr (the staleness-aware learning rate); "
+                        "dcasgd (delay compensation)")
     p.add_argument("--staleness-bounds", default="2", help="SSP bounds, one run set per bound")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per mode (0, 1, ...)")
-    p.add_argument("--stragglers", default="none,3x",
+    p.add_argument("--backup-workers", default="1",
+                   help="backup workers of the backup mode, one run set per number")
+    p.add_argument("--local-steps", default="4",
+                   help="steps between model averages of the local mode, one run set per number")
+    p.add_argument("--seeds", type=int, default=None, help="seeds per mode (0, 1, ...)")
+    p.add_argument("--stragglers", default=None,
                    help="straggler conditions (see hvdtrain train --help, --straggler): none; "
                         "the last worker slowed, 3x or 50ms; one random worker slowed at a step "
                         "with a probability, 3x@0.1; every worker waiting a random delay, "
                         "exp:50ms or pareto:50ms")
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
-    p.add_argument("--epochs", type=int, default=10, help="the budget of every run")
+    p.add_argument("--epochs", type=int, default=None, help="the budget of every run")
+    p.add_argument("--eval-every-steps", type=int, default=None,
+                   help="evaluate every N steps of worker 0, which times the target to within "
+                        "N steps (0: at epoch ends only)")
     p.add_argument("--dataset", default="digits")
-    p.add_argument("--model", default="mlp")
-    p.add_argument("--train-args", default="",
+    p.add_argument("--model", default=None)
+    p.add_argument("--train-args", default=None,
                    help="more hvdtrain train flags for every run, e.g. '--batch-size 64'")
+    p.add_argument("--hostfile", default=None,
+                   help="run every run across the hosts of this mpirun hostfile")
+    p.add_argument("--launcher-args", default="",
+                   help="more mpirun flags for every run, given with '=' since they start with "
+                        "a dash: --launcher-args='--mca btl_tcp_if_include eth0 -x "
+                        "LD_LIBRARY_PATH'")
     p.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is "
                    "stopped and recorded as failed")
     p.add_argument("--force", action="store_true", help="run again even the finished runs")
@@ -58,15 +96,36 @@ def _ints(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
 
 
+def apply_plan(args) -> None:
+    """Fill every flag left unset from the named plan."""
+    for key, value in PLANS[args.plan].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+
+
 def validate(args) -> None:
+    apply_plan(args)
     if args.workers < 1:
         raise ConfigError(f"--workers: invalid value {args.workers}; use 1 or more")
     if args.seeds < 1:
         raise ConfigError(f"--seeds: invalid value {args.seeds}; use 1 or more")
+    if args.seeds < 2:
+        print("hvdtrain compare: with one seed per mode there is no interval, so no finding "
+              "can be settled; use --seeds 5 or more", flush=True)
     if not 0 < args.target <= 1:
         raise ConfigError(f"--target: invalid value {args.target}; use an accuracy in (0, 1]")
     if args.epochs < 1:
         raise ConfigError(f"--epochs: invalid value {args.epochs}; use 1 or more")
+    if args.eval_every_steps < 0:
+        raise ConfigError(f"--eval-every-steps: invalid value {args.eval_every_steps}; use 0 "
+                          "or more")
+    if args.hostfile is not None and not Path(args.hostfile).is_file():
+        raise ConfigError(f"--hostfile: {args.hostfile} is not a file; give an mpirun hostfile "
+                          "(one 'HOST slots=N' line per host)")
+    try:
+        shlex.split(args.launcher_args)
+    except ValueError as e:
+        raise ConfigError(f"--launcher-args: {e}") from None
     for s in args.stragglers.split(","):
         try:
             parse_straggler(s)
@@ -74,6 +133,11 @@ def validate(args) -> None:
             raise ConfigError(f"--stragglers: invalid condition {s!r}; {e}") from None
     if any(b < 0 for b in _ints(args.staleness_bounds, "--staleness-bounds")):
         raise ConfigError("--staleness-bounds: bounds must be 0 or more")
+    if any(not 0 <= b < args.workers for b in _ints(args.backup_workers, "--backup-workers")):
+        raise ConfigError(f"--backup-workers: each number must be 0 to {args.workers - 1} "
+                          f"(fewer than the {args.workers} workers)")
+    if any(h < 1 for h in _ints(args.local_steps, "--local-steps")):
+        raise ConfigError("--local-steps: each number must be 1 or more")
     check_writable_folder(args.out, "--out")
     check_train_args(args)
 
@@ -110,13 +174,18 @@ def main(args) -> int:
     validate(args)
     try:
         modes = planning.modes([m.strip() for m in args.modes.split(",") if m.strip()],
-                               _ints(args.staleness_bounds, "--staleness-bounds"))
+                               _ints(args.staleness_bounds, "--staleness-bounds"),
+                               _ints(args.backup_workers, "--backup-workers"),
+                               _ints(args.local_steps, "--local-steps"))
     except ValueError as e:
         raise ConfigError(str(e)) from None
     train_args = ["--dataset", args.dataset, "--model", args.model, "--epochs", str(args.epochs),
-                  "--checkpoint-every", "0", *shlex.split(args.train_args)]
+                  "--checkpoint-every", "0", "--eval-every-steps", str(args.eval_every_steps),
+                  *shlex.split(args.train_args)]
+    launcher = [*(["--hostfile", args.hostfile] if args.hostfile else []),
+                *shlex.split(args.launcher_args)]
     runs = planning.plan(modes, list(range(args.seeds)), args.stragglers.split(","),
-                         args.workers, train_args)
+                         args.workers, train_args, launcher)
     out = Path(args.out)
     # Two compares into one folder would run the same plan twice and overwrite each other's
     # runs and report.
@@ -163,10 +232,14 @@ def _run_plan(args, out: Path, runs, modes) -> int:
     bar.close()
     write_csv(results, out / "summary.csv")
     plots = write_plots(results, out, args.target)
-    description = (f"{args.workers} workers, {args.dataset}/{args.model}, {args.epochs} epochs, "
-                   f"seeds 0..{args.seeds - 1}; each mode with hvdtrain's defaults (the async "
-                   "learning rate is not scaled by the number of workers, sync's is); launched "
-                   f"with mpirun on one host. Extra flags: {args.train_args or 'none'}.")
+    where = (f"across the hosts of {args.hostfile}" if args.hostfile else "on one host")
+    description = (f"Plan {args.plan}: {args.workers} workers, {args.dataset}/{args.model}, "
+                   f"{args.epochs} epochs, seeds 0..{args.seeds - 1}, an evaluation every "
+                   f"{args.eval_every_steps} steps of worker 0; each mode with hvdtrain's "
+                   "defaults (the async learning rate is not scaled by the number of workers, "
+                   f"sync's is); launched with mpirun {where}"
+                   f"{' with ' + args.launcher_args if args.launcher_args else ''}. Extra flags: "
+                   f"{args.train_args or 'none'}.")
     report = write_report(results, out / "report.md", args.target, args.workers, description,
                           plots)
     print("\n" + report.split("\n## Plots")[0].rstrip())

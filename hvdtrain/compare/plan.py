@@ -89,11 +89,14 @@ class PlannedRun:
     straggler: str      # "" for none
     processes: int      # workers, plus the server for async modes
     train_args: tuple[str, ...] = field(default=())
+    launcher_args: tuple[str, ...] = field(default=())  # --hostfile and the user's mpirun flags
 
     def command(self, python: str, run_dir: str, cores: int | None = None) -> list[str]:
         cores = cores or os.cpu_count() or 1
-        launch = ["mpirun", "-np", str(self.processes)]
-        if self.processes > cores:
+        launch = ["mpirun", "-np", str(self.processes), *self.launcher_args]
+        # One host with more processes than cores: mpirun refuses without this. Across hosts
+        # the hostfile's slots decide.
+        if self.processes > cores and "--hostfile" not in self.launcher_args:
             launch.append("--oversubscribe")
         return [*launch, python, "-m", "hvdtrain", "train", *self.mode.train_flags(),
                 "--seed", str(self.seed), "--run-dir", run_dir, "--no-progress",
@@ -101,7 +104,7 @@ class PlannedRun:
 
 
 def plan(mode_list: list[Mode], seeds: list[int], stragglers: list[str], workers: int,
-         train_args: list[str]) -> list[PlannedRun]:
+         train_args: list[str], launcher_args: list[str] = ()) -> list[PlannedRun]:
     runs = []
     for straggler in stragglers:
         straggler = straggler.strip()
@@ -113,5 +116,6 @@ def plan(mode_list: list[Mode], seeds: list[int], stragglers: list[str], workers
             for seed in seeds:
                 name = f"{mode.name}-seed{seed}" + (f"-straggler{slug}" if straggler else "")
                 processes = workers + (1 if mode.is_async else 0)
-                runs.append(PlannedRun(name, mode, seed, straggler, processes, tuple(train_args)))
+                runs.append(PlannedRun(name, mode, seed, straggler, processes, tuple(train_args),
+                                       tuple(launcher_args)))
     return runs

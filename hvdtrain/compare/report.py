@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..stragglers import parse_straggler
 from .results import RunResult
+from .stats import bootstrap_ci, separated
 
 
 def write_csv(results: list[RunResult], path: Path) -> None:
@@ -32,28 +33,73 @@ def _fmt(mean: float | None, std: float | None, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
-def summarize(results: list[RunResult]) -> dict[tuple[str, str], dict]:
-    """(straggler, mode) -> figures across seeds, in plan order."""
+def _ci(ci: tuple[float, float, float] | None, digits: int = 2) -> str:
+    if ci is None:
+        return "-"
+    mean, low, high = ci
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def ceiling(straggler: str, workers: int) -> float | None:
+    """The most any scheme can gain in throughput over sync under a persistent k-times straggler
+    among N workers: sync runs at the straggler's pace, N steps per k step-times, while at best
+    the others never wait, N-1+1/k steps per step-time; the ratio is (k(N-1)+1)/N. None where the
+    condition has no such closed form (a delay in ms, random slowdowns)."""
+    model = parse_straggler(straggler)
+    if not model.active:
+        return 1.0
+    if model.kind == "last" and not model.seconds:
+        return (model.factor * (workers - 1) + 1) / workers
+    return None
+
+
+def summarize(results: list[RunResult], workers: int | None = None) -> dict[tuple[str, str], dict]:
+    """(straggler, mode) -> figures across seeds, in plan order: means with 95% bootstrap
+    intervals over the seeds (stats.py), and each mode against sync under the same condition."""
     groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
     for r in results:
         groups[(r.straggler, r.mode)].append(r)
     out = {}
     for key, runs in groups.items():
         ok = [r for r in runs if r.status == "ok"]
-        reached = [r.time_to_target for r in ok if r.time_to_target is not None]
+        reached = [r for r in ok if r.time_to_target is not None]
         out[key] = {
             "runs": len(runs), "ok": len(ok), "reached": len(reached),
             "failed": [r for r in runs if r.status != "ok"],
-            "time": _mean_std(reached),
+            "time": _mean_std([r.time_to_target for r in reached]),
+            "time_ci": bootstrap_ci([r.time_to_target for r in reached]),
+            # samples every worker trained on until the target: what staleness costs in work
+            "samples_to_target": _mean_std([r.time_to_target * r.samples_per_sec for r in reached
+                                            if r.samples_per_sec]),
             "acc": _mean_std([r.final_test_acc for r in ok if r.final_test_acc is not None]),
             "rate": _mean_std([r.samples_per_sec for r in ok if r.samples_per_sec]),
             "staleness": _mean_std([r.mean_staleness for r in ok if r.mean_staleness is not None]),
         }
+    for (straggler, mode), s in out.items():
+        sync = out.get((straggler, "sync"))
+        both = sync and s["rate"][0] and sync["rate"][0]
+        s["rate_vs_sync"] = s["rate"][0] / sync["rate"][0] if both else None
+        both = sync and s["samples_to_target"][0] and sync["samples_to_target"][0]
+        s["samples_vs_sync"] = (s["samples_to_target"][0] / sync["samples_to_target"][0]
+                                if both else None)
+        s["ceiling"] = ceiling(straggler, workers) if workers else None
     return out
 
 
+def _vs_sync(s: dict) -> str:
+    """Throughput against sync's, with the ceiling and the share of the possible gain kept."""
+    ratio, top = s["rate_vs_sync"], s["ceiling"]
+    if ratio is None:
+        return "-"
+    text = f"{ratio:.2f}x"
+    if top is not None and top > 1:
+        text += f" of {top:.2f}x ({(ratio - 1) / (top - 1):.0%} of the gain)"
+    return text
+
+
 def finding(summary: dict[tuple[str, str], dict], straggler: str, target: float) -> str:
-    """Which mode reached the target first under this straggler condition, against sync."""
+    """Which mode reached the target first under this straggler condition, against sync. A
+    winner is named only when its 95% interval and the next one's do not overlap."""
     rows = {mode: s for (st, mode), s in summary.items() if st == straggler}
     label = ("without a straggler" if straggler == "none" else
              f"with straggler {straggler} ({parse_straggler(straggler).describe()})")
@@ -63,24 +109,34 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str, target: float)
             "those modes are not ranked." if missing else "")
     if not complete:
         return f"- {_capitalized(label)}: no mode reached {target:.0%} in every run.{note}"
-    ranked = sorted(complete, key=lambda m: complete[m]["time"][0])
+    ranked = sorted(complete, key=lambda m: complete[m]["time_ci"][0])
     best = ranked[0]
-    parts = [f"{m} {complete[m]['time'][0]:.2f} s" for m in ranked]
-    text = f"- {_capitalized(label)}: time to {target:.0%} test accuracy, fastest first: " \
-           f"{', '.join(parts)}."
+    parts = [f"{m} {_ci(complete[m]['time_ci'])} s" for m in ranked]
+    text = (f"- {_capitalized(label)}: time to {target:.0%} test accuracy (mean [95% interval]), "
+            f"fastest first: {', '.join(parts)}.")
+    if len(ranked) == 1:
+        return text + note
+    runner_up = ranked[1]
+
+    def apart(a: str, b: str) -> bool:  # one run per mode has no interval to speak of
+        return min(complete[a]["reached"], complete[b]["reached"]) >= 2 and \
+            separated(complete[a]["time_ci"], complete[b]["time_ci"])
+
+    settled = apart(best, runner_up)
     if "sync" in complete and best != "sync":
-        ratio = complete["sync"]["time"][0] / complete[best]["time"][0]
-        text += f" **{best} beats sync** ({ratio:.2f}x sooner)."
-    elif best == "sync" and len(ranked) > 1:
-        runner_up = ranked[1]
-        ratio = complete[runner_up]["time"][0] / complete["sync"]["time"][0]
-        text += f" **sync is fastest**; {runner_up} took {ratio:.2f}x as long."
-    spread = [complete[m]["time"][1] for m in ranked[:2] if complete[m]["time"][1] is not None]
-    if len(ranked) > 1 and spread:
-        gap = complete[ranked[1]]["time"][0] - complete[best]["time"][0]
-        if gap < max(spread):
-            text += (f" The gap between the first two ({gap:.2f} s) is within one standard "
-                     "deviation across seeds, so this ranking is not settled by these runs.")
+        share = complete[best]["time_ci"][0] / complete["sync"]["time_ci"][0]
+        beats = apart(best, "sync")
+        text += (f" **{best} beats sync**: it needs {share:.2f} of sync's time, and the "
+                 "intervals separate." if beats else
+                 f" {best} needs {share:.2f} of sync's time on average, but their intervals "
+                 "overlap, so **whether it beats sync is not settled** by these runs.")
+    elif best == "sync":
+        ratio = complete[runner_up]["time_ci"][0] / complete["sync"]["time_ci"][0]
+        text += (f" **sync is fastest**; {runner_up} took {ratio:.2f}x as long." if settled else
+                 f" sync is fastest on average ({runner_up} took {ratio:.2f}x as long), but the "
+                 "intervals overlap, so **the ranking is not settled** by these runs.")
+    if best != "sync" and not settled:
+        text += (f" {best} and {runner_up} are not told apart (their intervals overlap).")
     return text + note
 
 
@@ -101,33 +157,41 @@ def conditions_in_words(conditions: list[str]) -> list[str]:
 
 
 def write_report(results: list[RunResult], path: Path, target: float, workers: int,
-                 description: str, plots: list[str]) -> str:
-    summary = summarize(results)
+                 description: str, plots: list[str], extra: list[str] = ()) -> str:
+    """The Markdown report; ``extra``: more sections (the simulated sweep), before the plots."""
+    summary = summarize(results, workers)
     conditions = list(dict.fromkeys(r.straggler for r in results))
     lines = [
         "# Sync vs async: which reaches the target accuracy sooner, here?", "",
         description, "",
         *conditions_in_words(conditions), "",
         f"Target: {target:.0%} test accuracy. Time to target: seconds of training (from the first "
-        "step, start-up excluded) until the first epoch-end evaluation at or above the target; "
-        "mean ± standard deviation over the seeds that reached it. Samples/s: every worker's "
-        "training samples over the run's training wall time, evaluations included. Mean "
-        f"staleness: over every gradient the server applied (sync is 0 by definition). Every mode "
-        f"has {workers} workers; async and SSP runs add one parameter-server process.", "",
-        "| straggler | mode | runs ok | reached target | time to target (s) | final test acc "
-        "| samples/s | mean staleness |",
-        "|---|---|---|---|---|---|---|---|",
+        "step; start-up and the evaluations' own time excluded) until the first evaluation at or "
+        "above the target; the mean over the seeds that reached it, with its 95% bootstrap "
+        "interval over the seeds in brackets. Samples to target: every worker's training samples "
+        "until then (samples/s times the time), against sync's: what staleness costs in work. "
+        "Samples/s: every worker's training samples over the run's training time. Throughput "
+        "vs sync: samples/s against sync's under the same condition; under a persistent k-times "
+        "straggler no scheme can exceed the ceiling (k(N-1)+1)/N, and the share of the gain "
+        "between 1x and the ceiling that the mode kept is given. Mean staleness: over every "
+        f"gradient the server applied (sync is 0 by definition). Every mode has {workers} "
+        "workers; async modes add parameter-server processes.", "",
+        "| straggler | mode | runs ok | reached target | time to target (s) | samples to target "
+        "vs sync | final test acc | samples/s | throughput vs sync | mean staleness |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (straggler, mode), s in summary.items():
         runs_ok = f"{s['ok']}/{s['runs']}" + (" (failed)" if s["failed"] else "")
+        samples = "-" if s["samples_vs_sync"] is None else f"{s['samples_vs_sync']:.2f}x"
         lines.append(
             f"| {straggler} | {mode} | {runs_ok} | {s['reached']}/{s['runs']} | "
-            f"{_fmt(*s['time'])} | {_fmt(*s['acc'], digits=4)} | {_fmt(*s['rate'], digits=0)} | "
-            f"{_fmt(*s['staleness'])} |")
+            f"{_ci(s['time_ci'])} | {samples} | {_fmt(*s['acc'], digits=4)} | "
+            f"{_fmt(*s['rate'], digits=0)} | {_vs_sync(s)} | {_fmt(*s['staleness'])} |")
     lines += ["", "## Finding", ""] + [finding(summary, c, target) for c in conditions]
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines += ["", "## Failed runs", ""] + [f"- {r.name}: {r.reason}" for r in failed]
+    lines += [*extra]
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     text = "\n".join(lines) + "\n"
     path.write_text(text)

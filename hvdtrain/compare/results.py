@@ -19,11 +19,14 @@ class RunResult:
     reason: str
     final_test_acc: float | None
     time_to_target: float | None  # seconds of training until the first evaluation >= target
-    samples_per_sec: float | None  # all workers' samples / training wall time
+    samples_per_sec: float | None  # all workers' samples / training time
     mean_staleness: float | None   # async: mean over every applied gradient; sync: 0
     wall_seconds: float | None
-    curve: list[dict]              # per evaluation: step, wall_seconds, train_loss, test_acc
+    curve: list[dict]              # per evaluation: step, wall_seconds (of training: the
+                                   # evaluations' own time left out), train_loss, test_acc
     staleness_histogram: dict[int, int]
+    workers: int | None = None     # simulated runs (simulate.py): the virtual workers
+    simulated: bool = False        # True: on simulate.py's virtual clock, not a real launch
 
     def row(self) -> dict:
         out = asdict(self)
@@ -37,6 +40,21 @@ def time_to_target(curve: list[dict], target: float) -> float | None:
         if point.get("test_acc") is not None and point["test_acc"] >= target:
             return point["wall_seconds"]
     return None
+
+
+def training_seconds(record: dict) -> float:
+    """Seconds of training when a line was written: evaluations left out (logs before
+    --eval-every-steps have only the wall time)."""
+    return record.get("train_seconds", record["wall_seconds"])
+
+
+def curve(records: list[dict]) -> list[dict]:
+    """Every evaluation in log order, step evaluations (eval lines) and epoch ends alike; the
+    training loss is an epoch's mean, so only epoch points have one."""
+    return [{"step": r["step"], "wall_seconds": training_seconds(r),
+             "train_loss": r.get("train_loss") if r["type"] == "epoch" else None,
+             "test_acc": r.get("test_acc")}
+            for r in records if r["type"] in ("eval", "epoch")]
 
 
 def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> RunResult:
@@ -55,11 +73,10 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> 
     except (OSError, ValueError, StopIteration, KeyError) as e:
         result.status, result.reason = "failed", f"unreadable metrics log: {e}"
         return result
-    result.curve = [{"step": e["step"], "wall_seconds": e["wall_seconds"],
-                     "train_loss": e["train_loss"], "test_acc": e["test_acc"]} for e in epochs]
+    result.curve = curve(records)
     result.final_test_acc = epochs[-1]["test_acc"]
     result.time_to_target = time_to_target(result.curve, target)
-    result.wall_seconds = epochs[-1]["wall_seconds"]
+    result.wall_seconds = training_seconds(epochs[-1])
     batch = header["config"]["run"]["batch_size"]
     samples = header["steps_per_epoch"] * batch * header["num_workers"] * len(epochs)
     result.samples_per_sec = samples / result.wall_seconds if result.wall_seconds else None

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiproc
 def test_small_comparison_writes_every_file_and_reruns_skip(tmp_path):
     flags = ["--out", str(tmp_path), "--seeds", "1", "--epochs", "2", "--target", "0.5",
              "--modes", "sync,async,ssp", "--staleness-bounds", "1", "--stragglers", "none,3x",
-             "--run-timeout", "180"]
+             "--model", "mlp", "--train-args=", "--eval-every-steps", "5", "--run-timeout", "180"]
     proc = run(hvdtrain("compare", *flags), timeout=600)
     assert "report: " in proc.stdout.splitlines()[-3]  # the output ends by pointing at the files
     for name in ["report.md", "summary.csv", "accuracy_vs_time.png", "loss_vs_steps.png",
@@ -51,7 +51,8 @@ def test_small_comparison_writes_every_file_and_reruns_skip(tmp_path):
 @pytest.mark.multiproc
 def test_failed_runs_are_shown_as_failed(tmp_path):
     proc = run(hvdtrain("compare", "--out", str(tmp_path), "--seeds", "1", "--modes", "sync",
-                        "--stragglers", "none", "--train-args=--batch-size 100000"),
+                        "--stragglers", "none", "--model", "mlp",
+                        "--train-args=--batch-size 100000"),
                check=False, timeout=300)
     assert proc.returncode == 1
     assert "FAILED (exit code 2" in proc.stdout
@@ -67,5 +68,13 @@ def test_bad_compare_flags_exit_2():
     with pytest.raises(ConfigError):
         from hvdtrain.compare.command import validate
         import argparse
-        validate(argparse.Namespace(workers=0, seeds=1, target=0.9, epochs=1, stragglers="none",
-                                    staleness_bounds="1"))
+        validate(argparse.Namespace(plan="demo", workers=0, seeds=1, target=0.9, epochs=1,
+                                    stragglers="none", staleness_bounds="1"))
+    for flags, message in [(["--backup-workers", "2"], "--backup-workers: each number must be "
+                             "0 to 1"),
+                           (["--local-steps", "0"], "--local-steps: each number must be 1"),
+                           (["--hostfile", "/nonexistent/hosts"], "--hostfile: /nonexistent"),
+                           (["--train-args=--local-steps 4"], "use --local-steps"),
+                           (["--train-args=--bsp"], "use --modes backup")]:
+        proc = run(hvdtrain("compare", *flags), check=False)
+        assert proc.returncode == 2 and message in proc.stderr, (flags, proc.stderr)

@@ -3,6 +3,7 @@ stand in for two hosts, and mpirun and horovodrun launch across them over TCP
 (scripts/netns/two_hosts.py). Results must equal the same training on one host."""
 
 import os
+import shlex
 import sys
 
 import pytest
@@ -78,3 +79,28 @@ def test_sync_training_across_two_hosts_with_horovodrun(hosts, one_host_sync, tm
     proc = run(hosts.on(0, command), env=env)
     assert "launcher: horovodrun --gloo" in proc.stdout
     assert_same(final_model(tmp_path / "run"), one_host_sync, 1e-6)
+
+
+def test_compare_runs_its_plan_across_two_hosts(hosts, tmp_path):
+    """compare --hostfile/--launcher-args: every run of the plan is launched across both hosts
+    (mpirun --display-map shows where each rank went) and read into the report."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{a} slots=2\n" for a in hosts.addresses))
+    launcher = [*hosts.mpirun_flags(), "--map-by", "node", "--display-map", "-x", "PATH",
+                "-x", "PYTHONUNBUFFERED", "-x", "OMPI_ALLOW_RUN_AS_ROOT",
+                "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
+    env = {**hosts.env, "PATH": f"{hosts.env['PATH']}{os.pathsep}{BIN}"}
+    out = tmp_path / "compare"
+    proc = run(hosts.on(0, hvdtrain("compare", "--out", str(out), "--modes", "sync,async",
+                                    "--seeds", "1", "--stragglers", "none", "--epochs", "1",
+                                    "--model", "mlp", "--train-args=", "--target", "0.3",
+                                    "--hostfile", str(hostfile),
+                                    # netns_ssh, like ssh, hands a shell one line
+                                    "--launcher-args=" + shlex.quote(" ".join(launcher)))),
+               env=env, timeout=600)
+    assert "0 failed run(s)" in proc.stdout, proc.stdout
+    for name in ("sync-seed0", "async-seed0"):
+        output = (out / "runs" / name / "output.txt").read_text()
+        # --map-by node puts consecutive ranks on alternating hosts: both hosts hold a rank.
+        assert all(address in output for address in hosts.addresses), output[:2000]
+    assert "across the hosts of" in (out / "report.md").read_text()

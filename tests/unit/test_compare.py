@@ -1,12 +1,12 @@
 """``hvdtrain compare``: the plan, the figures read from logs, the report (in-process; the real
 comparisons that run hvdtrain are in tests/multiproc/test_compare_multiproc.py)."""
 
-import math
-
+import numpy as np
 import pytest
 
 from hvdtrain.compare.plan import Mode, modes, plan
-from hvdtrain.compare.report import finding, summarize
+from hvdtrain.compare.report import ceiling, finding, summarize
+from hvdtrain.compare.stats import bootstrap_ci, separated
 from hvdtrain.compare.results import RunResult, time_to_target
 from hvdtrain.stragglers import StragglerModel, parse_straggler
 
@@ -28,6 +28,19 @@ def test_plan_covers_every_condition_mode_and_seed():
     assert "--oversubscribe" not in sync.command("python", "d", cores=2)
     with pytest.raises(ValueError, match="unknown mode 'hogwild'"):
         modes(["hogwild"], [])
+
+
+def test_every_remedy_is_a_mode_with_its_train_flags():
+    ms = {m.name: m for m in modes(["sync", "local", "backup", "async-slr", "dcasgd"], [],
+                                   backups=[1, 2], local_steps=[8])}
+    assert list(ms) == ["sync", "local8", "backup1", "backup2", "async-slr", "dcasgd"]
+    assert ms["local8"].train_flags() == ["--mode", "sync", "--local-steps", "8"]
+    assert not ms["local8"].is_async and ms["backup1"].is_async
+    assert ms["backup2"].train_flags() == ["--mode", "async", "--bsp", "--backup-workers", "2"]
+    assert "--staleness-lr" in ms["async-slr"].train_flags()
+    assert "--dc-lambda" in ms["dcasgd"].train_flags()
+    with pytest.raises(ValueError, match="--backup-workers"):
+        modes(["backup"], [], backups=[])
 
 
 def test_straggler_spec():
@@ -68,8 +81,46 @@ def test_finding_states_what_was_measured():
     assert summary[("3x", "sync")]["time"][0] == pytest.approx(4.2)
     assert summary[("3x", "ssp2")]["failed"]
     text = finding(summary, "3x", 0.9)
-    assert "async beats sync" in text and "3.82x sooner" in text
+    # sync 4.0 and 4.4 s, async 1.0 and 1.2 s: the bootstrap intervals are the ranges.
+    assert summary[("3x", "async")]["time_ci"] == pytest.approx((1.1, 1.0, 1.2))
+    assert "**async beats sync**: it needs 0.26 of sync's time" in text
     assert "Not every run of ssp2" in text
     slower = [_result("sync-0", "sync", "none", 0, [(1.0, 0.95)]),
-              _result("async-0", "async", "none", 0, [(3.0, 0.95)])]
-    assert "sync is fastest" in finding(summarize(slower), "none", 0.9)
+              _result("sync-1", "sync", "none", 1, [(1.1, 0.95)]),
+              _result("async-0", "async", "none", 0, [(3.0, 0.95)]),
+              _result("async-1", "async", "none", 1, [(3.3, 0.95)])]
+    assert "**sync is fastest**; async took 3.00x as long" in finding(summarize(slower), "none", 0.9)
+
+
+def test_a_winner_is_named_only_when_the_intervals_separate():
+    overlapping = [_result("sync-0", "sync", "3x", 0, [(2.0, 0.95)]),
+                   _result("sync-1", "sync", "3x", 1, [(4.0, 0.95)]),
+                   _result("async-0", "async", "3x", 0, [(1.5, 0.95)]),
+                   _result("async-1", "async", "3x", 1, [(3.5, 0.95)])]
+    text = finding(summarize(overlapping), "3x", 0.9)
+    assert "beats sync" not in text.replace("whether it beats sync is not settled", "")
+    assert "**whether it beats sync is not settled**" in text
+    # One run per mode: far apart, yet one run has no interval, so nothing is settled.
+    single = [_result("sync-0", "sync", "3x", 0, [(9.0, 0.95)]),
+              _result("async-0", "async", "3x", 0, [(1.0, 0.95)])]
+    assert "not settled" in finding(summarize(single), "3x", 0.9)
+
+
+def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_seeds():
+    rng = np.random.default_rng(1)
+    few, many = rng.normal(10, 1, 5), rng.normal(10, 1, 80)
+    m5, lo5, hi5 = bootstrap_ci(list(few))
+    m80, lo80, hi80 = bootstrap_ci(list(many))
+    assert lo5 < m5 < hi5 and lo80 < m80 < hi80
+    assert m5 == pytest.approx(float(few.mean())) and hi80 - lo80 < hi5 - lo5
+    # The width of a mean's 95% interval is about 2 x 1.96 standard errors.
+    assert hi80 - lo80 == pytest.approx(2 * 1.96 * many.std() / np.sqrt(80), rel=0.15)
+    assert bootstrap_ci([]) is None and bootstrap_ci([2.0]) == (2.0, 2.0, 2.0)
+    assert separated((1, 0.9, 1.1), (2, 1.9, 2.1)) and not separated((1, 0.9, 1.6), (2, 1.5, 2.1))
+
+
+def test_ceiling_of_a_persistent_straggler():
+    # The issue's figures: 2x for N=2, k=3; 2.5x for N=4, k=3.
+    assert ceiling("3x", 2) == pytest.approx(2.0) and ceiling("3x", 4) == pytest.approx(2.5)
+    assert ceiling("none", 8) == 1.0
+    assert ceiling("50ms", 2) is None and ceiling("3x@0.1", 2) is None
