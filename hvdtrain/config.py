@@ -150,6 +150,14 @@ class SyncConfig:
     backward_passes_per_step: int = _opt(1, "gradient accumulation: split each per-worker "
                                          "batch into this many backward passes before one "
                                          "allreduce and update")
+    local_steps: int = _opt(1, "local SGD (Lin et al. 2020): each worker takes this many "
+                            "optimizer steps on its own gradients, then the workers average "
+                            "their parameters and BatchNorm statistics; 1 averages the gradient "
+                            "of every step (plain sync). The optimizer state (momentum, Adam "
+                            "moments) stays local between rounds and is averaged only at epoch "
+                            "ends and checkpoints, where the model is also averaged whatever "
+                            "the step count; --clip-grad-norm and the fp16 loss scale then "
+                            "apply to each worker's own gradient")
     fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
                                       "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
     elastic: bool = _opt(False, "Horovod elastic training: survive lost workers and take in new "
@@ -182,6 +190,34 @@ class SyncConfig:
                  "commit every N >= 1 steps, e.g. 50")
         _require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
                  "use 0 (no stall check) or seconds, e.g. 300")
+        _require(s.local_steps >= 1, "--local-steps", s.local_steps,
+                 "use 1 (average every step's gradient) or more steps between parameter "
+                 "averages, e.g. 4")
+        if s.local_steps > 1:
+            s._check_local_sgd()
+
+    def _check_local_sgd(self) -> None:
+        """Options that mean nothing, or have no correct form, when each worker steps on its
+        own and only the parameters are averaged (--local-steps H > 1)."""
+        h = f"--local-steps {self.local_steps}"
+        if self.elastic:
+            raise ConfigError(f"{h} does not work with --elastic: a commit inside an averaging "
+                              "round would hold one worker's parameters, not the average; use "
+                              "--local-steps 1 with --elastic, or drop --elastic")
+        if self.reduce_op == "adasum":
+            raise ConfigError(f"{h} averages parameters, and --reduce-op adasum combines "
+                              "gradients, which local SGD never sends; drop --reduce-op adasum "
+                              "or use --local-steps 1")
+        if self.sync_batchnorm:
+            raise ConfigError(f"--sync-batchnorm allreduces batch statistics in every forward "
+                              f"pass, the per-step communication that {h} is there to save; "
+                              "drop --sync-batchnorm (BatchNorm running statistics are averaged "
+                              "with the parameters) or use --local-steps 1")
+        if self.compression != "none":
+            raise ConfigError(f"--compression {self.compression} compresses gradients, and with "
+                              f"{h} only parameters are sent, in full precision (rounded weights "
+                              "would lose the small updates); drop --compression or use "
+                              "--local-steps 1")
 
 
 @dataclass
@@ -415,6 +451,9 @@ class Config:
             _require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
                      "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
                      "every worker keeps its own BatchNorm statistics")
+            _require(s.local_steps == 1, "--local-steps", s.local_steps,
+                     "local SGD is for --mode sync; async workers already step apart (their "
+                     "pulls are set by --pull-every); drop --local-steps or use --mode sync")
         per_pass = r.batch_size // k
         _require(pl.micro_batches <= per_pass, "--micro-batches", pl.micro_batches,
                  f"each backward pass sees --batch-size {r.batch_size} / "

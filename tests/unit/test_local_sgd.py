@@ -1,0 +1,154 @@
+"""--local-steps (local SGD in sync mode): the options it refuses, and when HorovodSync averages,
+checked in one process against a stand-in for Horovod that records each collective.
+tests/multiproc/test_local_sgd.py checks the arithmetic across real ranks."""
+
+import pytest
+import torch
+
+from hvdtrain.cli import build_parser, config_from_args, main
+from hvdtrain.config import Config, ConfigError
+from hvdtrain.replica import Replica
+
+
+def cli_config(*flags: str) -> Config:
+    return config_from_args(build_parser().parse_args(["train", *flags]))
+
+
+def test_the_flag_sets_local_steps_and_defaults_to_1():
+    assert cli_config().sync.local_steps == 1
+    assert cli_config("--local-steps", "4").sync.local_steps == 4
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--local-steps", "0"], "--local-steps: invalid value 0; use 1"),
+    (["--local-steps", "-2"], "--local-steps: invalid value -2; use 1"),
+    (["--mode", "async", "--local-steps", "4"],
+     "--local-steps: invalid value 4; local SGD is for --mode sync"),
+    (["--local-steps", "4", "--elastic", "--run-dir", "r"],
+     "--local-steps 4 does not work with --elastic"),
+    (["--local-steps", "4", "--reduce-op", "adasum"], "drop --reduce-op adasum"),
+    (["--local-steps", "2", "--sync-batchnorm"], "drop --sync-batchnorm"),
+    (["--local-steps", "2", "--compression", "fp16"], "--compression fp16 compresses gradients"),
+])
+def test_a_combination_without_meaning_is_refused(flags, message):
+    with pytest.raises(ConfigError, match=message.replace("-", r"\-")):
+        cli_config(*flags)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--elastic", "--run-dir", "r"], ["--reduce-op", "adasum"], ["--sync-batchnorm"],
+    ["--compression", "fp16"], ["--mode", "async"],
+])
+def test_the_same_options_pass_with_one_local_step(flags):
+    cli_config("--local-steps", "1", *flags)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--local-steps", "0"], "hvdtrain: error: --local-steps: invalid value 0"),
+    (["--mode", "async", "--local-steps", "3"], "local SGD is for --mode sync"),
+])
+def test_the_command_line_exits_2_before_training(monkeypatch, capsys, flags, message):
+    from hvdtrain import cli
+
+    monkeypatch.setattr(cli, "train", lambda *a, **k: pytest.fail("bad input reached training"))
+    assert main(["train", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+# --- when the scheme averages -----------------------------------------------------------------
+class RecordingHorovod:
+    """Horovod's calls that HorovodSync makes, for one rank that is alone: every collective
+    leaves its tensors as they are and is recorded by name."""
+
+    Average = "average"
+
+    def __init__(self):
+        self.names: list[str] = []
+
+    def allreduce_async_(self, tensor, op, name):
+        assert op == self.Average
+        self.names.append(name)
+        return name
+
+    def synchronize(self, handle):
+        return None
+
+    def allgather(self, tensor, name):
+        return tensor
+
+    def take(self) -> list[str]:
+        names, self.names = self.names, []
+        return names
+
+
+def local_sgd_scheme(local_steps: int, optimizer: str = "adam"):
+    from hvdtrain.sync import HorovodSync
+
+    cfg = Config.from_overrides({"local_steps": local_steps, "optimizer": optimizer,
+                                 "lr": 0.01}).validate()
+    scheme = HorovodSync(cfg, runtime=None)
+    scheme.hvd = hvd = RecordingHorovod()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6),
+                                torch.nn.Linear(6, 3))
+    scheme.attach(Replica(model, torch.device("cpu")))
+    return scheme, hvd
+
+
+def take_steps(scheme, n: int) -> None:
+    for _ in range(n):
+        scheme.step(torch.randn(8, 4), torch.randint(0, 3, (8,)), lr=0.01)
+
+
+def kinds(names: list[str]) -> set[str]:
+    return {name.split(".")[2] for name in names}  # hvdtrain.local_sgd.<kind>.<tensor>
+
+
+def test_every_h_steps_the_parameters_and_float_buffers_are_averaged():
+    scheme, hvd = local_sgd_scheme(local_steps=4)
+    assert type(scheme.optimizer) is torch.optim.Adam  # the worker's own, no Horovod wrapper
+    take_steps(scheme, 3)
+    assert hvd.take() == []  # no collective inside a round
+    take_steps(scheme, 1)
+    model = scheme.replica.model
+    expected = [f"hvdtrain.local_sgd.param.{n}" for n, _ in model.named_parameters()] + \
+               [f"hvdtrain.local_sgd.buffer.{n}" for n in ("1.running_mean", "1.running_var")]
+    assert hvd.take() == expected  # num_batches_tracked, an integer, is equal on every rank
+
+
+def test_reading_the_model_ends_a_round_early_and_only_once():
+    scheme, hvd = local_sgd_scheme(local_steps=4)
+    take_steps(scheme, 2)
+    scheme.eval_replica()
+    assert kinds(hvd.take()) == {"param", "buffer"}  # an evaluation: the model, not the state
+    scheme.eval_replica()
+    assert hvd.take() == []  # nothing moved since
+    take_steps(scheme, 1)
+    scheme.state_dict()
+    names = hvd.take()
+    assert kinds(names) == {"param", "buffer", "optim"}  # a checkpoint: the optimizer state too
+    assert {n.rsplit(".", 1)[1] for n in names if ".optim." in n} == {"exp_avg", "exp_avg_sq"}
+    scheme.epoch_done(None)
+    assert hvd.take() == []  # the checkpoint has averaged everything already
+
+
+def test_each_epoch_line_counts_its_rounds_and_close_sums_them():
+    scheme, hvd = local_sgd_scheme(local_steps=4, optimizer="sgd")
+    take_steps(scheme, 10)  # rounds after steps 4 and 8; the epoch's last 2 steps are apart
+    assert scheme.take_epoch_metrics() == {"averaging_rounds": 3}  # counting its closing round
+    scheme.epoch_done(None)  # ...which happens here, when nothing evaluated the epoch
+    assert "hvdtrain.local_sgd.optim.0.momentum_buffer" in hvd.take()
+    take_steps(scheme, 4)
+    scheme.eval_replica()  # the round just ended: nothing left to average
+    assert scheme.take_epoch_metrics() == {"averaging_rounds": 1}
+    scheme.epoch_done(None)
+    assert kinds(hvd.take()) == {"param", "buffer", "optim"}  # the state, once per epoch
+    assert scheme.close() == {"local_steps": 4, "averaging_rounds": 4}
+
+
+def test_end_of_training_shares_a_short_last_round():
+    scheme, hvd = local_sgd_scheme(local_steps=4)
+    take_steps(scheme, 5)
+    hvd.take()
+    assert scheme.end_of_training() is False
+    assert kinds(hvd.take()) == {"param", "buffer", "optim"}
