@@ -135,7 +135,7 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str, target: float)
         text += (f" **sync is fastest**; {runner_up} took {ratio:.2f}x as long." if settled else
                  f" sync is fastest on average ({runner_up} took {ratio:.2f}x as long), but the "
                  "intervals overlap, so **the ranking is not settled** by these runs.")
-    if best != "sync" and not settled:
+    if best != "sync" and runner_up != "sync" and not settled:
         text += (f" {best} and {runner_up} are not told apart (their intervals overlap).")
     return text + note
 
