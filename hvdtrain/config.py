@@ -233,6 +233,15 @@ class PSConfig:
     pull_every: int = _opt(1, "pull fresh parameters after every k-th push")
     bsp: bool = _opt(False, "lock-step averaging through the server: each round's gradients "
                      "are averaged and applied once, like sync training")
+    backup_workers: int = _opt(0, "--bsp with b backup workers (Chen et al. 2016): each round "
+                               "closes as soon as N-b workers have pushed, averages and applies "
+                               "those gradients, and drops the later ones (computed on older "
+                               "parameters), whose workers continue from the new parameters; "
+                               "the learning rate scales by N-b. With --num-servers > 1, server "
+                               "0 decides each round for every shard, so all shards take the "
+                               "same workers' gradients (unlike TensorFlow's "
+                               "SyncReplicasOptimizer, which decides per variable). 0: plain "
+                               "--bsp")
     dc_lambda: float = _opt(0.0, "delay compensation (DC-ASGD, Zheng et al. 2017): "
                             "g + lambda*g*g*(w_now - w_pulled); 0 disables, ~0.04 is typical")
     staleness_lr: bool = _opt(False, "staleness-aware learning rate (Zhang et al. 2016): the "
@@ -257,6 +266,9 @@ class PSConfig:
                  "value such as 0.04")
         _require(p.chunk_mb > 0, "--chunk-mb", p.chunk_mb, "use a positive size in MiB, e.g. 1")
         _require(p.timeout_s >= 0, "--timeout-s", p.timeout_s, "use 0 (wait forever) or seconds")
+        _require(p.backup_workers >= 0, "--backup-workers", p.backup_workers,
+                 "use 0 (plain --bsp) or a positive number below the number of workers, "
+                 "e.g. 1")
 
 
 @dataclass
@@ -440,6 +452,15 @@ class Config:
         _require(not (self.ps.bsp and self.ps.staleness_lr), "--staleness-lr", True,
                  "every gradient of a --bsp round is fresh, so there is nothing to scale; drop "
                  "one of them")
+        if self.ps.backup_workers:
+            _require(r.mode == "async" and self.ps.bsp, "--backup-workers", self.ps.backup_workers,
+                     "backup workers close the lock-step rounds of the parameter server early; "
+                     "add --mode async --bsp, or drop --backup-workers")
+            # A late gradient is dropped and its worker continues from the parameters of its
+            # reply, so every reply must carry them.
+            _require(self.ps.pull_every == 1, "--pull-every", self.ps.pull_every,
+                     "--backup-workers drops late gradients and sends their workers the new "
+                     "parameters, which needs a pull with every push; use --pull-every 1")
         if s.elastic:
             _require(r.mode == "sync", "--elastic", s.elastic,
                      "elastic training is for --mode sync (an MPI job cannot change its ranks)")

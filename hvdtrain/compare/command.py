@@ -24,13 +24,13 @@ PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seed
            "epochs": "compare's own --epochs"}
 
 
-# The named plans. demo: what `make demo` runs in about five minutes on two cores, a workload
-# where training dominates each run (a CNN of ~0.4M parameters on digits: ~30 ms a step), under
-# the condition that separates the schemes. full: every mode and straggler condition, for
-# docs/comparison.md. Any flag given on the command line wins over the plan's value.
+# The named plans. demo: what `make demo` runs in a few minutes on two cores: the built-in CNN
+# on digits (training, not start-up, is most of each run), under the condition that separates
+# the schemes, 5 seeds. full: every mode and straggler condition with a wider CNN (~0.4M
+# parameters, ~30 ms a step), for docs/comparison.md. Flags given on the command line win.
 PLANS = {
     "demo": dict(modes="sync,async,backup", stragglers="3x", seeds=5, epochs=6,
-                 model="cnn", train_args="--channels 128,256", eval_every_steps=4),
+                 model="cnn", train_args="", eval_every_steps=4),
     "full": dict(modes="sync,local,async,ssp,async-slr,dcasgd,backup",
                  stragglers="none,3x,3x@0.3,exp:30ms,pareto:30ms", seeds=5, epochs=6,
                  model="cnn", train_args="--channels 128,256", eval_every_steps=4),
@@ -84,6 +84,21 @@ def add_parser(commands) -> None:
                    help="more mpirun flags for every run, given with '=' since they start with "
                         "a dash: --launcher-args='--mca btl_tcp_if_include eth0 -x "
                         "LD_LIBRARY_PATH'")
+    p.add_argument("--simulate", action="store_true",
+                   help="run the plan on a simulated cluster instead of launching it: real "
+                        "gradients of the real model and data in this one process, on a virtual "
+                        "clock where each worker's step takes the compute time measured here "
+                        "plus the straggler's draws (compare/simulate.py); e.g. --workers 64")
+    p.add_argument("--sweep-workers", default="",
+                   help="also simulate the plan's modes and stragglers at these numbers of "
+                        "workers, e.g. 2,8,32,64, with --sweep-seeds seeds: a table and "
+                        "sweep.png of time to target against workers")
+    p.add_argument("--sweep-seeds", type=int, default=2, help="seeds per point of the sweep")
+    p.add_argument("--sim-allreduce-ms", type=float, default=0.0,
+                   help="simulated sync: milliseconds of each gradient average (0: an ideal "
+                        "network; one process cannot measure it)")
+    p.add_argument("--sim-push-ms", type=float, default=0.0,
+                   help="simulated async: milliseconds of each push and pull")
     p.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is "
                    "stopped and recorded as failed")
     p.add_argument("--force", action="store_true", help="run again even the finished runs")
@@ -138,6 +153,14 @@ def validate(args) -> None:
                           f"(fewer than the {args.workers} workers)")
     if any(h < 1 for h in _ints(args.local_steps, "--local-steps")):
         raise ConfigError("--local-steps: each number must be 1 or more")
+    sweep = _ints(args.sweep_workers, "--sweep-workers")
+    if any(n < 1 for n in sweep) or args.sweep_seeds < 1:
+        raise ConfigError("--sweep-workers and --sweep-seeds: use whole numbers of 1 or more")
+    if min(args.sim_allreduce_ms, args.sim_push_ms) < 0:
+        raise ConfigError("--sim-allreduce-ms and --sim-push-ms: use 0 or more milliseconds")
+    if args.simulate and (args.hostfile or args.launcher_args):
+        raise ConfigError("--simulate runs in this one process: drop --hostfile and "
+                          "--launcher-args, or drop --simulate")
     check_writable_folder(args.out, "--out")
     check_train_args(args)
 
@@ -197,6 +220,55 @@ def main(args) -> int:
         lock.release()
 
 
+def _simulation_timing(args, train_args):
+    from .simulate import measure_timing
+
+    return measure_timing(train_args, allreduce_seconds=args.sim_allreduce_ms / 1000,
+                          push_seconds=args.sim_push_ms / 1000)
+
+
+def _simulate_plan(args, runs, modes, train_args) -> list:
+    """The plan's runs on the simulated cluster (--simulate), one result per planned run."""
+    from .simulate import sweep
+
+    timing = _simulation_timing(args, train_args)
+    print(f"simulated cluster: {args.workers} virtual workers; a step computes in "
+          f"{timing.step_seconds * 1000:.1f} ms and the server applies a gradient in "
+          f"{timing.apply_seconds * 1000:.2f} ms (measured here)", flush=True)
+    done = []
+
+    def show(result):
+        done.append(result)
+        reached = (f"reached {args.target:.0%} at {result.time_to_target:.2f} virtual s"
+                   if result.time_to_target is not None else f"did not reach {args.target:.0%}")
+        state = reached if result.status == "ok" else f"FAILED ({result.reason})"
+        print(f"[{len(done)}/{len(runs)}] {result.name} (simulated): {state}", flush=True)
+
+    return sweep(modes, [args.workers], train_args, args.target, timing,
+                 stragglers=list(dict.fromkeys(r.straggler or "none" for r in runs)),
+                 seeds=list(range(args.seeds)), eval_every_steps=args.eval_every_steps,
+                 progress=show)
+
+
+def _sweep(args, modes, train_args, out: Path) -> tuple[list, list[str]]:
+    """--sweep-workers: the modes at each number of workers, simulated; (results, report lines)."""
+    from .plots import write_sweep_plot
+    from .report import sweep_table
+    from .simulate import sweep
+
+    counts = _ints(args.sweep_workers, "--sweep-workers")
+    if not counts:
+        return [], []
+    timing = _simulation_timing(args, train_args)
+    print(f"simulated sweep over {','.join(map(str, counts))} workers, {args.sweep_seeds} "
+          f"seed(s) each ...", flush=True)
+    results = sweep(modes, counts, train_args, args.target, timing,
+                    stragglers=[s.strip() for s in args.stragglers.split(",")],
+                    seeds=list(range(args.sweep_seeds)), eval_every_steps=args.eval_every_steps)
+    write_sweep_plot(results, out / "sweep.png", args.target)
+    return results, sweep_table(results, args.target, timing)
+
+
 def _run_plan(args, out: Path, runs, modes) -> int:
     from tqdm import tqdm
 
@@ -210,6 +282,10 @@ def _run_plan(args, out: Path, runs, modes) -> int:
           f"{args.dataset}/{args.model}, {args.epochs} epochs each; into {out}", flush=True)
     results = []
     started = time.perf_counter()
+    train_args = list(runs[0].train_args)
+    if args.simulate:
+        results = _simulate_plan(args, runs, modes, train_args)
+        runs = []
     bar = tqdm(runs, unit="run", file=sys.stdout, dynamic_ncols=True, disable=None)
     for i, run in enumerate(bar, 1):
         bar.set_description(run.name)
@@ -230,18 +306,23 @@ def _run_plan(args, out: Path, runs, modes) -> int:
                     f"{reached}")
         tqdm.write(f"[{i}/{len(runs)}] {run.name}: {line}", file=sys.stdout)
     bar.close()
-    write_csv(results, out / "summary.csv")
-    plots = write_plots(results, out, args.target)
-    where = (f"across the hosts of {args.hostfile}" if args.hostfile else "on one host")
+    swept, sweep_lines = _sweep(args, modes, train_args, out)
+    write_csv(results + swept, out / "summary.csv")
+    plots = write_plots(results, out, args.target) + (["sweep.png"] if swept else [])
+    where = "launched with mpirun " + (f"across the hosts of {args.hostfile}" if args.hostfile
+                                       else "on one host")
+    if args.simulate:
+        where = ("run on a SIMULATED cluster (one process, real gradients, a virtual clock; times "
+                 "are virtual seconds)")
     description = (f"Plan {args.plan}: {args.workers} workers, {args.dataset}/{args.model}, "
                    f"{args.epochs} epochs, seeds 0..{args.seeds - 1}, an evaluation every "
                    f"{args.eval_every_steps} steps of worker 0; each mode with hvdtrain's "
                    "defaults (the async learning rate is not scaled by the number of workers, "
-                   f"sync's is); launched with mpirun {where}"
+                   f"sync's is); {where}"
                    f"{' with ' + args.launcher_args if args.launcher_args else ''}. Extra flags: "
                    f"{args.train_args or 'none'}.")
     report = write_report(results, out / "report.md", args.target, args.workers, description,
-                          plots)
+                          plots, sweep_lines)
     print("\n" + report.split("\n## Plots")[0].rstrip())
     failed = sum(r.status != "ok" for r in results)
     print(f"\ndone in {time.perf_counter() - started:.0f} s; {failed} failed run(s)."

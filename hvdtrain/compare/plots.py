@@ -102,6 +102,36 @@ def _staleness(results, conditions, modes, colors, path):
     plt.close(fig)
 
 
+def write_sweep_plot(results: list[RunResult], path: Path, target: float) -> None:
+    """Simulated time to target against the number of workers, one line per mode, one panel per
+    straggler condition (a missing point: that mode did not reach the target there)."""
+    plt = _pyplot()
+    conditions = list(dict.fromkeys(r.straggler for r in results))
+    modes = list(dict.fromkeys(r.mode for r in results))
+    colors = _colors(modes)
+    fig, axes = plt.subplots(1, len(conditions), figsize=(6 * len(conditions), 4.2),
+                             squeeze=False)
+    for ax, condition in zip(axes[0], conditions):
+        for mode in modes:
+            points = {}
+            for r in results:
+                if r.straggler == condition and r.mode == mode and r.time_to_target is not None:
+                    points.setdefault(r.workers, []).append(r.time_to_target)
+            xs = sorted(points)
+            ax.plot(xs, [sum(points[x]) / len(points[x]) for x in xs], marker="o",
+                    color=colors[mode], label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"straggler: {condition}")
+        ax.set_xlabel("workers (simulated)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    axes[0][0].set_ylabel(f"virtual seconds to {target:.0%}")
+    fig.suptitle("Simulated cluster: time to target against workers")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_plots(results: list[RunResult], out: Path, target: float) -> list[str]:
     """Write the figures; returns their file names (relative to ``out``)."""
     conditions = list(dict.fromkeys(r.straggler for r in results))

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 # Positions and counts, not figures worth a curve: the step is the x axis already.
-NOT_PLOTTED = {"epoch", "step", "workers", "samples", "wall_seconds"}
+NOT_PLOTTED = {"epoch", "step", "workers", "samples", "wall_seconds", "train_seconds"}  # clocks
 
 
 def tag(kind: str, key: str) -> str:

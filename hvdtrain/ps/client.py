@@ -21,7 +21,8 @@ from ..scheme import PendingSum, UpdateScheme
 from ..precision import PushGate
 from .device_copies import copies_for
 from .protocol import (HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology,
-                       chunk_bounds, chunk_elements, make_header, shard_bounds)
+                       check_backup_workers, chunk_bounds, chunk_elements, make_header,
+                       shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 
@@ -62,6 +63,9 @@ class ParameterServerClient(UpdateScheme):
         self.worker_rank = worker_comm.Get_rank()
         self.is_main = self.worker_rank == 0
         self.pull_every = cfg.ps.pull_every
+        self.backup_workers = cfg.ps.backup_workers
+        check_backup_workers(self.backup_workers, topology.num_workers)  # as the servers do
+        self._started = False  # the servers have their INIT: other requests may follow
         self.clock = 0
         self.replica: Replica | None = None
         self.params_flat: torch.Tensor | None = None
@@ -79,8 +83,11 @@ class ParameterServerClient(UpdateScheme):
     @property
     def lr_scale(self) -> float:
         # BSP applies the mean of all workers' gradients, like sync training, so it takes the
-        # same linearly scaled rate. Asynchronous updates apply each worker's gradient alone.
-        return float(self.topology.num_workers) if self.cfg.ps.bsp else 1.0
+        # same linearly scaled rate; with backup workers a round averages N-b gradients.
+        # Asynchronous updates apply each worker's gradient alone.
+        if self.cfg.ps.bsp:
+            return float(self.topology.num_workers - self.backup_workers)
+        return 1.0
 
     def workers(self) -> tuple[int, int]:
         return self.worker_rank, self.topology.num_workers
@@ -176,6 +183,7 @@ class ParameterServerClient(UpdateScheme):
             self.MPI.Request.Waitall(headers)
             self._send_init_payload(server_state)
         self.pull()
+        self._started = True
 
     def _send_init_payload(self, server_state: dict[str, Any] | None) -> None:
         params = self.params_flat.numpy()
@@ -230,6 +238,8 @@ class ParameterServerClient(UpdateScheme):
         """The STOP every server sends each worker, once: none is left unreceived."""
         if self._stops_received:
             return
+        # It pushes no more, and a round still open may be waiting for it (--backup-workers).
+        self._going_idle()
         words = np.empty((len(self.routes), 1), dtype=np.int64)
         stops = [self.comm.Irecv(words[i], source=server, tag=Tag.STOP)
                  for i, (server, _) in enumerate(self.routes)]
@@ -322,7 +332,19 @@ class ParameterServerClient(UpdateScheme):
             view.copy_(p.data.reshape(-1))
 
     # --- what the trainer needs besides steps ----------------------------------------------------
+    def _going_idle(self) -> None:
+        """Before this worker waits for the others (a blocking collective of workers): with
+        --backup-workers the others may be waiting for a round of N-b pushes that this worker
+        would never join, so tell server 0, which decides every shard's rounds, not to count
+        on it until its next push. Plain --bsp needs no such message: its workers never drift
+        apart."""
+        if self.backup_workers and self._started:
+            leader = self.routes[0][0]
+            self.comm.Send(make_header(Kind.IDLE, clock=self.clock, worker=self.worker_rank),
+                           dest=leader, tag=Tag.REQUEST)
+
     def sum_across_workers(self, values: list[float]) -> list[float]:
+        self._going_idle()
         return self.sum_later(values).wait()
 
     def sum_later(self, values: list[float]) -> PendingSum:
@@ -335,6 +357,7 @@ class ParameterServerClient(UpdateScheme):
                                  self.worker_rank)
 
     def broadcast_object(self, obj: Any) -> Any:
+        self._going_idle()
         return self.worker_comm.bcast(obj, root=0)
 
     def eval_replica(self) -> Replica:
@@ -347,6 +370,7 @@ class ParameterServerClient(UpdateScheme):
     def end_of_training(self) -> bool:
         # The final evaluation and checkpoint must include every worker's last update; a worker
         # that finished its epochs learns here whether another one was stopped by a signal.
+        self._going_idle()  # it pushes no more
         stopped = np.array([int(self._told_to_stop)], dtype=np.int64)
         anyone = np.zeros(1, dtype=np.int64)
         wait_any(self.MPI, [self.stop_comm.Iallreduce(stopped, anyone, op=self.MPI.MAX)],

@@ -33,6 +33,7 @@ class Tag(IntEnum):
     INFO = 16      # small pickled dict on the control path
     READY = 17     # one word, server -> worker on the same host: chunk i is updated in the window
     STOP = 18      # one word, server -> every worker, once: stop after the current step (a signal)
+    VERDICT = 19   # --backup-workers: a round's members, server 0 -> the other servers
 
 
 class Kind(IntEnum):
@@ -41,6 +42,11 @@ class Kind(IntEnum):
     PULL = 3   # just send the current parameters
     SAVE = 4   # send parameters, optimizer state and clocks, for a checkpoint
     DONE = 5   # this worker has finished
+    IDLE = 6   # --backup-workers, worker -> server 0: it pushes nothing until its next push (it
+               # waits for the other workers, e.g. at the end of training); no reply
+    ROUND = 7  # --backup-workers, server 0 -> the other servers: a round closed with these
+               # members (a VERDICT message follows)
+    DROP = 8   # --backup-workers, server 0 -> the other servers: this worker's push was late
 
 
 # Header words: the request kind; the worker's clock (pushes made, this one included); its learning
@@ -147,6 +153,23 @@ def staleness_lr_factor(staleness: int) -> float:
     """--staleness-lr (Zhang et al. 2016, "Staleness-aware Async-SGD"): a gradient computed
     ``staleness`` updates ago takes a step of lr / staleness; a fresh one (0 or 1) the full lr."""
     return 1.0 / max(1, staleness)
+
+
+# --- backup workers --------------------------------------------------------------------------
+def check_backup_workers(backup_workers: int, num_workers: int) -> None:
+    """--backup-workers b needs at least one gradient per round: b < N."""
+    if not 0 <= backup_workers < num_workers:
+        raise ConfigError(
+            f"--backup-workers: invalid value {backup_workers}; this job has {num_workers} "
+            f"worker(s), and each round needs at least one gradient: use at most "
+            f"{num_workers - 1} backup worker(s), or launch more processes")
+
+
+def bsp_quorum(num_workers: int, backup_workers: int, pushing: int) -> int:
+    """Pushes that close a --bsp round: the first N-b (Chen et al. 2016), or all of the
+    ``pushing`` workers (those still running that have not said they are idle) once fewer are
+    left, so the end of training never waits for a worker that will not push again. At least 1."""
+    return max(1, min(num_workers - backup_workers, pushing))
 
 
 # --- delay compensation ----------------------------------------------------------------------

@@ -10,7 +10,23 @@ their gradient in place and they copy each updated chunk out of the shard themse
 server's core spends a push on the update alone. Like the workers of Hogwild and of any
 asynchronous PS, a worker copying chunk i may see it half-way through another worker's update
 of it: every element is either the old or the new value. Lock-step rounds (``--bsp``) never
-write while anyone reads.
+write while anyone reads; with ``--backup-workers`` a round may close while a worker left out of
+it still copies the last parameters, but the gradient that worker computes on them is then late
+by construction (the version moved on) and is dropped.
+
+Backup workers (``--bsp --backup-workers b``, Chen et al. 2016, "Revisiting distributed
+synchronous SGD"): a round closes as soon as N-b of the N workers have pushed a gradient computed
+on the current parameters. Which round a push belongs to is the parameter version in its
+worker's last push reply (``push_version``): a push made on an older version arrives after its
+round closed, so its gradient is dropped (``dropped_gradients``) and its worker gets the current
+parameters at once. Every applied gradient is therefore fresh.
+
+With several servers, server 0 (the leader) decides for every shard: it sends the others each
+round's members, in the order they joined, and each dropped push, and they carry these verdicts
+out in order, each once the pushes it names have arrived. So every shard applies the same rounds
+with the same workers' gradients and learning rate. Shards that decided on their own (as
+TensorFlow's SyncReplicasOptimizer does per variable) could hang: a worker late at one shard and
+on time at another waits there for a round that the workers it waits for cannot join.
 """
 
 from __future__ import annotations
@@ -18,17 +34,17 @@ from __future__ import annotations
 import math
 import resource
 import time
-from collections import Counter
+from collections import Counter, deque
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..config import Config
-from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, HAS_STATE, HEADER_LEN,
+from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_WORKER, HAS_STATE, HEADER_LEN,
                        NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology, chunk_bounds,
-                       chunk_elements, delay_compensate, may_proceed, shard_bounds,
-                       staleness_lr_factor, word_to_lr)
+                       bsp_quorum, check_backup_workers, chunk_elements, delay_compensate,
+                       make_header, may_proceed, shard_bounds, staleness_lr_factor, word_to_lr)
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
 from .waiting import wait_any
@@ -62,6 +78,8 @@ class ParameterServer:
         self.num_workers = topology.num_workers
         self.staleness_bound = cfg.ps.staleness
         self.bsp = cfg.ps.bsp
+        self.backup_workers = cfg.ps.backup_workers
+        check_backup_workers(self.backup_workers, self.num_workers)
         self.dc_lambda = cfg.ps.dc_lambda
         self.staleness_lr = cfg.ps.staleness_lr
         self.lr_factor_sum = 0.0  # --staleness-lr: the factors applied, for the statistics
@@ -95,6 +113,17 @@ class ParameterServer:
         self.round_count = 0                               # BSP: pushes of this round
         self.round_gradients = 0                           # ... that carried a gradient
         self.pushes_without_gradient = 0                   # fp16 steps the workers skipped
+        self.dropped_gradients = 0          # --backup-workers: late gradients, never applied
+        self.gradients_per_round = Counter()  # BSP: rounds closed, by the gradients they took
+        self.idle: set[int] = set()         # --backup-workers: workers no round waits for
+        self.push_version = [0] * self.num_workers  # ... version of each worker's last push reply
+        # --backup-workers with several servers: server 0 decides the rounds of every shard.
+        self.leader_rank = topology.server_ranks()[0]
+        self.is_leader = self.index == 0
+        self.followers = topology.server_ranks()[1:] if self.backup_workers and self.is_leader \
+            else []
+        self.verdicts: deque = deque()      # a follower's verdicts to carry out, in order
+        self.arrived: dict[int, tuple[bool, bool, float]] = {}  # ... pushes awaiting one
         self.backups: dict[int, np.ndarray] = {}           # DC-ASGD: params each worker last pulled
         self.stopping = False     # a worker got a stop signal: every worker stops after its step
         self.round_stops = False  # BSP: a push of this round asked to stop
@@ -131,7 +160,7 @@ class ParameterServer:
         if self.header[H_FLAGS] & HAS_STATE:
             self._recv_state(source=0)
         for w in range(self.num_workers):
-            self.pulled_version[w] = self.version
+            self.pulled_version[w] = self.push_version[w] = self.version
 
     # --- the loop ------------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
@@ -149,36 +178,46 @@ class ParameterServer:
                 else:
                     self._begin_stop()
             self._next_request(status)
-            worker = status.Get_source()
-            kind = int(self.header[H_KIND])
             t0 = time.perf_counter()
-            if kind == Kind.PUSH:
-                self.samples_received += int(self.header[H_SIZE])
-                if self.first_push is None:
-                    self.first_push = t0
-                    self.rss_at_first_push = current_rss_bytes()
-                flags = int(self.header[H_FLAGS])
-                self._push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
-                           bool(flags & WANT_PARAMS), bool(flags & WANTS_STOP),
-                           has_gradient=not flags & NO_GRADIENT)
-                self.last_push = time.perf_counter()
-            elif kind == Kind.PULL:
-                self._send_params(worker)
-            elif kind == Kind.SAVE:
-                self._send_params(worker)
-                self._send_state(worker)
-            elif kind == Kind.DONE:
-                self.pushes_reported[worker] = int(self.header[H_CLOCK])
-                self.clocks[worker] = math.inf
-                active -= 1
-                self._release_pending()
-            else:
-                raise RuntimeError(f"parameter server got unknown request kind {kind} from {worker}")
+            active -= self._handle(status.Get_source(), t0)
             self.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
         self.comm.send(stats, dest=0, tag=Tag.INFO)
         self.host.close()  # collective with the workers' close()
         return stats
+
+    def _handle(self, worker: int, now: float) -> bool:
+        """Serve the request whose header has just arrived from ``worker``; True if it is the
+        worker's DONE."""
+        kind = int(self.header[H_KIND])
+        if kind == Kind.PUSH:
+            self.samples_received += int(self.header[H_SIZE])
+            if self.first_push is None:
+                self.first_push = now
+                self.rss_at_first_push = current_rss_bytes()
+            flags = int(self.header[H_FLAGS])
+            self._push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
+                       bool(flags & WANT_PARAMS), bool(flags & WANTS_STOP),
+                       has_gradient=not flags & NO_GRADIENT)
+            self.last_push = time.perf_counter()
+        elif kind == Kind.PULL:
+            self._send_params(worker)
+        elif kind == Kind.SAVE:
+            self._send_params(worker)
+            self._send_state(worker)
+        elif kind == Kind.IDLE:  # it waits for the other workers: rounds stop counting on it
+            self.idle.add(worker)
+            self._release_pending()
+        elif kind in (Kind.ROUND, Kind.DROP):  # a follower: a verdict from server 0
+            self._receive_verdict(kind)
+        elif kind == Kind.DONE:
+            self.pushes_reported[worker] = int(self.header[H_CLOCK])
+            self.clocks[worker] = math.inf
+            self._release_pending()
+            return True
+        else:
+            raise RuntimeError(f"parameter server got unknown request kind {kind} from {worker}")
+        return False
 
     def _next_request(self, status) -> None:
         """Receive the next request header from any worker, or raise StuckError."""
@@ -193,14 +232,20 @@ class ParameterServer:
         clocks = ", ".join(f"worker {w}: {'done' if math.isinf(c) else int(c)}"
                            for w, c in enumerate(self.clocks))
         held = f"; replies held back for workers {sorted(self.pending)}" if self.pending else ""
+        idle = f"; idle: workers {sorted(self.idle)}" if self.idle else ""
+        verdicts = (f"; {len(self.verdicts)} of server 0's round decisions wait for pushes "
+                    f"(arrived: workers {sorted(self.arrived)})" if self.verdicts else "")
         return (f"parameter server {self.index}: no request from any worker (pushes so far: "
-                f"{clocks}{held})")
+                f"{clocks}{held}{idle}{verdicts})")
 
     def _push(self, worker: int, clock: int, lr: float, want_params: bool,
               wants_stop: bool = False, has_gradient: bool = True) -> None:
         self.pushes_received += 1
         self.pushes_without_gradient += not has_gradient
         self.clocks[worker] = clock
+        if self.bsp and self.backup_workers:
+            self._push_backup(worker, lr, want_params, wants_stop, has_gradient)
+            return
         self.lr = lr
         if self.bsp:
             self.round_stops |= wants_stop
@@ -247,20 +292,106 @@ class ParameterServer:
         self._release_pending()
 
     def _push_bsp(self, worker: int, want_params: bool, has_gradient: bool = True) -> None:
-        """Lock-step averaging: sum the round's gradients, apply their mean once, reply to all.
-        A push without a gradient (a skipped fp16 step) takes part in the round, and the mean
-        is over the gradients that came."""
+        """Lock-step averaging: sum the round's gradients, apply their mean once, reply to the
+        round's workers (all of them; with backup workers the first N-b). A push without a
+        gradient (a skipped fp16 step) takes part in the round and counts for its quorum, and
+        the mean is over the gradients that came."""
+        self._join_round(worker, want_params, has_gradient)
+        if self.round_count >= self._round_quorum():
+            self._finish_round()
+
+    def _join_round(self, worker: int, want_params: bool, has_gradient: bool) -> None:
         if has_gradient:
             self.host.sync()
             for a, b in self.chunks:
                 self.round_sum[a:b] += self._gradient_chunk(worker, a, b)
             self.round_gradients += 1
-        self.pending[worker] = want_params
+        self.pending[worker] = want_params  # in the order they joined (followers repeat it)
         self.round_count += 1
-        if self.round_count >= self.num_workers_running():
+
+    # --- backup workers --------------------------------------------------------------------------
+    def _push_backup(self, worker: int, lr: float, want_params: bool, wants_stop: bool,
+                     has_gradient: bool) -> None:
+        """--backup-workers: the leader judges the push now; a follower waits for its verdict."""
+        if not self.is_leader:
+            self.arrived[worker] = (want_params, has_gradient, lr)
+            self._follow()
+            return
+        self.idle.discard(worker)  # it pushes again: rounds count on it again
+        # Computed on parameters that a round closed since (without it) replaced? Pulls do not
+        # count: a follower may have served one with parameters older than the leader's.
+        if self.push_version[worker] < self.version:
+            if wants_stop:  # no round of its own to carry the stop to the others
+                self._begin_stop()
+            self._tell_followers(Kind.DROP, [worker], wants_stop)
+            self._drop_late(worker, want_params, has_gradient)
+            return
+        self.lr = lr  # the round's rate: that of the push that joined it last
+        self.round_stops |= wants_stop
+        self._push_bsp(worker, want_params, has_gradient)
+
+    def _tell_followers(self, kind: Kind, workers: list[int], stop: bool) -> None:
+        """Send the other servers a verdict: a round's members (in the order they joined) or
+        a dropped push; with ``stop``, every worker stops before these replies."""
+        if not self.followers:
+            return
+        header = make_header(kind, clock=self.version, size=len(workers),
+                             flags=WANTS_STOP if stop else 0, worker=workers[0])
+        members = np.asarray(workers, dtype=np.int64)
+        for server in self.followers:
+            self.comm.Send(header, dest=server, tag=Tag.REQUEST)
+            if kind == Kind.ROUND:
+                self.comm.Send(members, dest=server, tag=Tag.VERDICT)
+
+    def _receive_verdict(self, kind: Kind) -> None:
+        stop = bool(self.header[H_FLAGS] & WANTS_STOP)
+        if kind == Kind.ROUND:
+            members = np.empty(int(self.header[H_SIZE]), dtype=np.int64)
+            self.comm.Recv(members, source=self.leader_rank, tag=Tag.VERDICT)
+            self.verdicts.append((kind, [int(w) for w in members], stop))
+        else:
+            self.verdicts.append((kind, [int(self.header[H_WORKER])], stop))
+        self._follow()
+
+    def _follow(self) -> None:
+        """A follower carries out the leader's verdicts in the leader's order, each once every
+        push it names has arrived, so its shard goes through the same rounds."""
+        while self.verdicts and all(w in self.arrived for w in self.verdicts[0][1]):
+            kind, workers, stop = self.verdicts.popleft()
+            if kind == Kind.DROP:
+                if stop:
+                    self._begin_stop()
+                want_params, has_gradient, _ = self.arrived.pop(workers[0])
+                self._drop_late(workers[0], want_params, has_gradient)
+                continue
+            for w in workers:
+                want_params, has_gradient, self.lr = self.arrived.pop(w)
+                self._join_round(w, want_params, has_gradient)
+            self.round_stops |= stop
             self._finish_round()
 
+    def _drop_late(self, worker: int, want_params: bool, has_gradient: bool) -> None:
+        """Discard a late gradient and send its worker the current parameters at once, so its
+        next gradient belongs to the round under way."""
+        self.push_version[worker] = self.version
+        if has_gradient:
+            if worker not in self.shared_grads:  # the chunks are on the wire: take them off
+                for a, b in self.chunks:
+                    self._gradient_chunk(worker, a, b)
+            self.dropped_gradients += 1
+        self._reply(worker, want_params)
+
+    def _round_quorum(self) -> int:
+        """Pushes that close a round: every running worker under plain --bsp; with backup
+        workers the first N-b, or fewer once fewer workers are left to push."""
+        pushing = sum(1 for w, c in enumerate(self.clocks)
+                      if not math.isinf(c) and w not in self.idle)
+        return bsp_quorum(self.num_workers, self.backup_workers, pushing)
+
     def _finish_round(self) -> None:
+        if self.backup_workers:
+            self._tell_followers(Kind.ROUND, list(self.pending), self.round_stops)
+        self.gradients_per_round[self.round_gradients] += 1
         if self.round_gradients:
             self.round_sum /= self.round_gradients
             for i, (a, b) in enumerate(self.chunks):
@@ -272,11 +403,9 @@ class ParameterServer:
         if self.round_stops:  # every worker stops after this same round
             self._begin_stop()
         for w, want in sorted(self.pending.items()):
+            self.push_version[w] = self.version
             self._reply(w, want)
         self.pending.clear()
-
-    def num_workers_running(self) -> int:
-        return sum(1 for c in self.clocks if not math.isinf(c))
 
     def _gradient_chunk(self, worker: int, a: int, b: int) -> np.ndarray:
         shared = self.shared_grads.get(worker)
@@ -336,8 +465,10 @@ class ParameterServer:
 
     def _release_pending(self) -> None:
         if self.bsp:
-            # A worker that finished mid-round must not hold the others' round open.
-            if self.pending and self.round_count >= self.num_workers_running():
+            # A worker that finished mid-round (or, with backup workers, went idle) must not
+            # hold the others' round open. A follower's rounds close on the leader's verdicts.
+            if self.pending and self.round_count >= self._round_quorum() and (
+                    self.is_leader or not self.backup_workers):
                 self._finish_round()
             return
         for worker, want in list(self.pending.items()):
@@ -380,6 +511,10 @@ class ParameterServer:
                 "rss_at_end_bytes": current_rss_bytes(),
                 "updates": self.version,
                 "pushes_without_gradient": self.pushes_without_gradient,
+                "dropped_gradients": self.dropped_gradients,
+                **({"gradients_per_round": {int(k): int(v) for k, v in
+                                            sorted(self.gradients_per_round.items())}}
+                   if self.bsp else {}),
                 **({"mean_lr_factor": round(self.lr_factor_sum / max(1, sum(
                     self.staleness.values())), 6)} if self.staleness_lr else {}),
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(self.staleness.items())},

@@ -182,7 +182,7 @@ def no_runs(monkeypatch):
 
 @pytest.mark.parametrize("argv, message", [
     (["--modes", ""], "--modes: no mode given, so the plan is empty"),
-    (["--modes", "ssp", "--staleness-bounds", ""], "--staleness-bounds: ssp needs at least one"),
+    (["--modes", "ssp", "--staleness-bounds", ""], "--staleness-bounds: ssp needs at least a bound"),
     (["--train-args", "--seed 3"], "--seed is set by the plan for each run; use --seeds"),
     (["--train-args", "--batch-size 8 --mode=async"], "--train-args: --mode is set by the plan"),
     (["--train-args", "--run-dir x"], "--train-args: --run-dir is set by the plan"),

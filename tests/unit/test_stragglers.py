@@ -69,7 +69,9 @@ def test_train_and_compare_take_the_new_forms(tmp_path):
                                     out=str(tmp_path), stragglers=stragglers,
                                     staleness_bounds="1", backup_workers="1", local_steps="4",
                                     train_args="", eval_every_steps=0, hostfile=None,
-                                    launcher_args="", dataset="digits", model="mlp"))
+                                    launcher_args="", dataset="digits", model="mlp",
+                                    simulate=False, sweep_workers="", sweep_seeds=1,
+                                    sim_allreduce_ms=0.0, sim_push_ms=0.0))
 
     compare("none,3x,3x@0.1,50ms@0.5,exp:50ms,heavy:5ms")
     with pytest.raises(ConfigError, match="--stragglers: invalid condition 'exp:50'"):

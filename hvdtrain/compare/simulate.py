@@ -1,0 +1,734 @@
+"""A simulated cluster for ``hvdtrain compare``: the comparison's modes with N virtual workers,
+in one process, on a virtual clock.
+
+What is real: the model and its initial weights (drawn as a real run draws them), the data and
+each worker's batches (the same EpochPlan a real worker of rank r among N follows), the
+gradients (Replica.forward_backward), the learning-rate schedule, and the update arithmetic
+(torch's optimizer for sync, the server's ShardOptimizer and its staleness rules for async).
+What is virtual: time. A worker's step lasts ``Timing.step_seconds`` plus the straggler delay
+a real run would sleep (StragglerModel.delay, the same draws), plus the mode's communication
+costs; a single parameter server is a queue that takes ``Timing.apply_seconds`` per gradient,
+so with many workers it saturates as a real one does.
+
+    sync        rounds: the slowest worker's step, then the averaged gradient is applied at
+                lr * N (sync.py)
+    local H     each worker takes H optimizer steps of its own, then the models are averaged;
+                as in sync.py a round also ends at an evaluation or an epoch's end, where the
+                optimizer state is averaged too
+    async, SSP  an event queue by completion time; the server applies each gradient on arrival
+                at lr; SSP holds back a worker more than s pushes ahead (protocol.may_proceed);
+                --staleness-lr and DC-ASGD as ps/server.py applies them
+    bsp/backup  rounds through the server at lr * (N - b) (ps/client.py); with b backup workers
+                a round closes with the first N-b gradients computed on its parameters, and a
+                later one is dropped, its worker going on from the new parameters
+
+Evaluations fall where a real run's do (the ends of epochs, --eval-every-steps), on the whole
+test split, and take no virtual time. A global step, the step of the curves, is every worker's
+batch once: a sync round, or N pushes.
+
+Approximations, all of them deliberate: the model's buffers (BatchNorm running statistics) are
+one set that every virtual worker updates; communication costs are constants per step (to be
+calibrated from real runs), not a network model; one server, however many --num-servers say;
+a DONE or a dropped gradient costs the server no time; the simulator computes on the CPU.
+--precision fp16 and --reduce-op adasum are refused, as their arithmetic is not simulated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import math
+import re
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import Config, ConfigError
+from ..loop.epoch_plan import EpochPlan
+from ..loop.evaluator import EVAL_BATCH
+from ..loop.hooks import TrainingError
+from ..optim import build_optimizer, learning_rate, set_learning_rate
+from ..precision import Precision
+from ..ps.protocol import (bsp_quorum, chunk_bounds, chunk_elements, delay_compensate,
+                           may_proceed, staleness_lr_factor)
+from ..ps.shard_optimizer import ShardOptimizer
+from ..replica import Replica
+from ..scheme import Progress
+from ..stragglers import StragglerModel, _uniform, parse_straggler
+from .plan import Mode
+from .results import RunResult, time_to_target
+
+
+# --- time -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Timing:
+    """What things cost on the virtual clock, in seconds. Measure them in-process with
+    :func:`measure_timing`, or pass figures calibrated from real runs' logs."""
+
+    step_seconds: float             # one worker's forward and backward pass over its batch
+    apply_seconds: float = 0.0      # the server's update with one gradient (the optimizer step)
+    allreduce_seconds: float = 0.0  # sync: averaging the gradients (local SGD: the models) once
+    push_seconds: float = 0.0       # async: a worker's push and pull, in series with its step
+
+    def check(self) -> None:
+        for name in ("step_seconds", "apply_seconds", "allreduce_seconds", "push_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"Timing.{name}: invalid value {value}; use 0 or more seconds")
+
+
+def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, warmup: int = 5,
+                   allreduce_seconds: float = 0.0, push_seconds: float = 0.0) -> Timing:
+    """The compute time of one worker's step (the median of ``repeats`` real forward and
+    backward passes over real batches, after ``warmup`` that are not counted) and the server's
+    time to apply one gradient (likewise), measured in this process. Communication cannot be
+    measured in one process: pass the figures, or 0 for an ideal network."""
+    setup = _Setup.build(train_args, seed, "", Mode("sync", scheme="sync"))
+    plan = EpochPlan(setup.cfg.run, setup.workload.train)
+    plan.bind_world(0, 1)
+    batches = _cycle(lambda epoch: plan.batches(Progress(epoch=epoch)))
+    model = setup.model
+    step = _median_seconds(lambda: model.gradient(*next(batches)), warmup, repeats)
+    params = model.flat.clone()
+    chunks = chunk_bounds(params.numel(), chunk_elements(setup.cfg.ps.chunk_mb))
+    optimizer = ShardOptimizer(params, chunks, setup.cfg.optim)
+    gradient = torch.randn_like(params) * 1e-4  # small: the measured steps must not blow up
+    lr = setup.cfg.optim.lr
+    apply = _median_seconds(lambda: _apply(optimizer, chunks, gradient, lr), warmup, repeats)
+    setup.workload.close()
+    return Timing(step, apply, allreduce_seconds, push_seconds)
+
+
+def _median_seconds(work: Callable[[], object], warmup: int, repeats: int) -> float:
+    seconds = []
+    for i in range(warmup + max(1, repeats)):
+        started = time.perf_counter()
+        work()
+        if i >= warmup:
+            seconds.append(time.perf_counter() - started)
+    return statistics.median(seconds)
+
+
+def _cycle(epoch_batches: Callable[[int], Iterator]) -> Iterator:
+    epoch = 0
+    while True:
+        yield from epoch_batches(epoch)
+        epoch += 1
+
+
+# --- what is trained ------------------------------------------------------------------------------
+class _FlatModel:
+    """The one real replica. Its trainable parameters are views of one flat vector, so loading a
+    virtual worker's weights is one copy, and a gradient is one flat vector as the server sees
+    it."""
+
+    def __init__(self, replica: Replica, clip_grad_norm: float):
+        self.replica = replica
+        self.clip_grad_norm = clip_grad_norm
+        self.params = [p for p in replica.model.parameters() if p.requires_grad]
+        odd = sorted({str(p.dtype) for p in self.params if p.dtype != torch.float32})
+        if odd:
+            raise ConfigError(f"the simulator trains float32 parameters; this model has "
+                              f"{', '.join(odd)} ones: convert the model with .float()")
+        self.flat = torch.empty(sum(p.numel() for p in self.params))
+        offset = 0
+        for p in self.params:
+            view = self.flat[offset:offset + p.numel()]
+            view.copy_(p.data.reshape(-1))
+            p.data = view.view_as(p)  # the weights live in the flat vector
+            offset += p.numel()
+
+    def gradient(self, x, y, clip: bool = True) -> tuple[torch.Tensor, float, int]:
+        """(flat gradient of the batch's mean loss at the loaded weights, loss sum, samples).
+        With ``clip``, clipped as --clip-grad-norm asks, as an async worker clips before its
+        push (sync clips the average instead: :meth:`clip`)."""
+        for p in self.params:
+            p.grad = None
+        stats = self.replica.forward_backward(x, y, grad_scale=1.0)
+        if clip:
+            self.clip()
+        grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.params])
+        return grad, stats.loss_sum.item(), stats.count
+
+    def clip(self) -> None:
+        """--clip-grad-norm on the parameters' gradients, as precision.Precision.update does."""
+        if self.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None],
+                                           self.clip_grad_norm)
+
+    def set_gradient(self, flat_grad: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            p.grad = flat_grad[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def evaluate(self, test) -> tuple[float | None, float | None]:
+        """(test loss, test accuracy) of the loaded weights over the whole test split."""
+        if test is None:
+            return None, None
+        stats = self.replica.evaluate(test.eval_batches(0, 1, EVAL_BATCH))
+        if stats is None or not stats.count:
+            return None, None
+        acc = stats.metrics.get("acc")
+        return (stats.loss_sum.item() / stats.count,
+                float(acc[0]) / float(acc[1]) if acc and float(acc[1]) else None)
+
+
+@dataclass
+class _Setup:
+    """The Config a real run of these train flags gets, its workload, and the model with the
+    initial weights a real run draws."""
+
+    cfg: Config
+    workload: object
+    model: _FlatModel
+    straggler: StragglerModel
+
+    @classmethod
+    def build(cls, train_args: Sequence[str], seed: int, straggler: str, mode: Mode) -> _Setup:
+        from ..workload import workload_from_config
+
+        cfg = config_from_train_args(train_args, {"seed": seed, "straggler": straggler,
+                                                  **_mode_options(mode)})
+        if cfg.run.precision == "fp16":
+            raise ConfigError("--precision fp16: the simulator does not model the loss scale; "
+                              "use 32 or bf16")
+        if not mode.is_async and cfg.sync.reduce_op == "adasum":
+            raise ConfigError("--reduce-op adasum: the simulator averages gradients; use average")
+        workload = workload_from_config(cfg)
+        device = torch.device("cpu")
+        torch.manual_seed(cfg.run.seed)  # as launch.run: every replica draws these weights
+        module = workload.build_model()
+        workload.name = workload.name or type(module).__name__
+        replica = Replica(module, device, workload.objective(), Precision(cfg.run.precision,
+                                                                          [device]))
+        workload.bind(device, cfg)
+        replica.model.eval()  # as launch: the check must not move BatchNorm statistics
+        workload.check(replica.forward, device)
+        replica.model.train()
+        replica.objective = workload.objective()  # without the metrics the check dropped
+        model = _FlatModel(replica, cfg.optim.clip_grad_norm)
+        return cls(cfg, workload, model, parse_straggler(straggler))
+
+
+def config_from_train_args(train_args: Sequence[str], overrides: dict) -> Config:
+    """The Config that ``hvdtrain train TRAIN_ARGS`` builds, with ``overrides`` (flag names with
+    underscores) set on top. ConfigError for flags that train does not take."""
+    from ..cli import add_train_flags, config_from_args
+
+    parser = argparse.ArgumentParser(prog="hvdtrain train", add_help=False, allow_abbrev=False,
+                                     exit_on_error=False)
+    add_train_flags(parser)
+    try:
+        given, unknown = parser.parse_known_args(list(train_args))
+    except (argparse.ArgumentError, ValueError) as e:
+        raise ConfigError(f"train flags: {e}") from None
+    if unknown:
+        raise ConfigError(f"train flags: unknown flag(s) {' '.join(unknown)}; see "
+                          "hvdtrain train --help")
+    for name, value in overrides.items():
+        setattr(given, name, value)
+    given.data_workers = 0  # dozens of virtual workers must not each start loader processes
+    return config_from_args(given)
+
+
+def _mode_options(mode: Mode) -> dict:
+    """The Config options a real run of ``mode`` sets (Mode.train_flags), so that
+    Config.validate refuses the same combinations."""
+    if not mode.is_async:
+        return {"mode": "sync", "local_steps": mode.local_steps}
+    return {"mode": "async", "staleness": mode.staleness, "bsp": mode.bsp,
+            "backup_workers": mode.backup_workers, "dc_lambda": mode.dc_lambda,
+            "staleness_lr": mode.staleness_lr}
+
+
+def _average_into(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Every tensor becomes their mean (an allreduce with hvd.Average); returns the first."""
+    mean = torch.stack(tensors).mean(dim=0)
+    for t in tensors:
+        t.copy_(mean)
+    return tensors[0]
+
+
+def _apply(optimizer: ShardOptimizer, chunks: list[tuple[int, int]], grad: torch.Tensor,
+           lr: float) -> None:
+    for i, (a, b) in enumerate(chunks):
+        optimizer.apply(i, grad[a:b], lr)
+
+
+# --- the virtual workers --------------------------------------------------------------------------
+@dataclass
+class _Worker:
+    rank: int
+    plan: EpochPlan
+    steps: int = 0                        # steps taken: the global_step of a real worker
+    batches: Iterator | None = None
+    rng: torch.Tensor | None = None       # its own torch generator state (dropout and the like)
+    params: torch.Tensor | None = None    # async and local SGD: its own copy of the weights
+    pulled_version: int = 0               # async: the server's version it last received
+    optimizer: ShardOptimizer | None = None  # local SGD: its own optimizer state
+    started: float = 0.0                  # virtual time its current step began
+
+    def next_batch(self):
+        """The batch a real worker of this rank trains on at its next step."""
+        per_epoch = self.plan.steps_per_epoch
+        if self.steps % per_epoch == 0:  # an epoch begins; the plan seeds torch as a real one does
+            self.batches = self.plan.batches(Progress(epoch=self.steps // per_epoch,
+                                                      global_step=self.steps,
+                                                      workers=self.plan.num_workers))
+            self.rng = torch.get_rng_state()
+        return next(self.batches)
+
+
+@dataclass(slots=True)
+class PushRecord:
+    """One gradient as the server saw it (async modes): for tests and for a look inside."""
+
+    time: float            # when the server was done with it
+    worker: int
+    clock: int             # the worker's pushes, this one included
+    staleness: int | None  # None: dropped (a late backup worker's gradient)
+    ahead: float           # clock minus the slowest running worker's clock (SSP bounds it)
+
+
+# --- the run --------------------------------------------------------------------------------------
+class Simulation:
+    """One simulated run of ``mode`` with ``workers`` virtual workers (see simulate_run for the
+    arguments). :meth:`run` returns the RunResult that a real run's log would give; afterwards
+    ``final_parameters`` holds the flat weights, ``round_seconds`` each round's duration (sync
+    modes) and ``pushes`` every gradient the server received (async modes)."""
+
+    def __init__(self, mode: Mode, workers: int, straggler: str, seed: int,
+                 train_args: Sequence[str], target: float, timing: Timing,
+                 eval_every_steps: int | None = None):
+        if workers < 1:
+            raise ConfigError(f"workers: invalid value {workers}; use 1 or more")
+        if mode.local_steps < 1:
+            raise ConfigError(f"local steps: invalid value {mode.local_steps}; use 1 or more")
+        if mode.bsp and not 0 <= mode.backup_workers < workers:
+            raise ConfigError(f"--backup-workers {mode.backup_workers} with {workers} workers: "
+                              f"a round needs at least one gradient; use 0 to {workers - 1}")
+        if eval_every_steps is not None and eval_every_steps < 0:
+            raise ConfigError(f"eval_every_steps: invalid value {eval_every_steps}; use 0 "
+                              "(epoch ends only), a number of steps, or None for the train "
+                              "flags' --eval-every-steps")
+        timing.check()
+        self.mode, self.num_workers, self.seed, self.target = mode, workers, seed, target
+        self.straggler_text = straggler.strip() if straggler.strip().lower() != "none" else ""
+        self.timing = timing
+        self.setup = _Setup.build(train_args, seed, self.straggler_text, mode)
+        run = self.setup.cfg.run
+        self.workers = [_Worker(r, EpochPlan(run, self.setup.workload.train))
+                        for r in range(workers)]
+        for w in self.workers:
+            w.plan.bind_world(w.rank, workers)  # ConfigError when N workers' batch is too big
+        self.steps_per_epoch = self.workers[0].plan.steps_per_epoch
+        self.total_steps = self.workers[0].plan.total_steps  # every worker's budget
+        self.eval_every_steps = (run.eval_every_steps if eval_every_steps is None
+                                 else eval_every_steps)
+        self.chunks = chunk_bounds(self.setup.model.flat.numel(),
+                                   chunk_elements(self.setup.cfg.ps.chunk_mb))
+        # what the run records
+        self.now = 0.0
+        self.curve: list[dict] = []
+        self.staleness: Counter = Counter()
+        self.round_seconds: list[float] = []
+        self.pushes: list[PushRecord] = []
+        self.final_parameters: torch.Tensor | None = None
+        self._worker_steps = 0   # steps taken by all workers together
+        self._samples = 0
+        self._loss_sum, self._loss_count = 0.0, 0
+        self._checked = 0        # global steps whose evaluation, if due, is done
+        self._changed = True     # the weights moved since the last evaluation
+
+    # --- shared pieces ----------------------------------------------------------------------------
+    def _lr(self, step: int, lr_scale: float) -> float:
+        return learning_rate(step, self.total_steps, self.steps_per_epoch, self.setup.cfg.optim,
+                             lr_scale)
+
+    def _gradient(self, w: _Worker, weights: torch.Tensor | None,
+                  clip: bool = True) -> torch.Tensor:
+        """Worker ``w``'s gradient at ``weights`` (None: those loaded already) on its next
+        batch, with its own random state; counts the step."""
+        x, y = w.next_batch()
+        if weights is not None:
+            self.setup.model.flat.copy_(weights)
+        torch.set_rng_state(w.rng)
+        grad, loss_sum, count = self.setup.model.gradient(x, y, clip)
+        w.rng = torch.get_rng_state()
+        if not math.isfinite(loss_sum):  # where a real run's FiniteLossGuard ends it
+            per_epoch = self.steps_per_epoch
+            raise TrainingError(f"loss became {loss_sum / count} on worker {w.rank} at epoch "
+                                f"{w.steps // per_epoch + 1}, step {w.steps % per_epoch + 1} "
+                                f"(global step {w.steps + 1}); lower --lr or check the data")
+        w.steps += 1
+        self._worker_steps += 1
+        self._samples += count
+        self._loss_sum, self._loss_count = self._loss_sum + loss_sum, self._loss_count + count
+        return grad
+
+    def _delay(self, w: _Worker, step: int, step_seconds: float) -> float:
+        return self.setup.straggler.delay(w.rank, self.num_workers, step, step_seconds, self.seed)
+
+    def _due(self, step: int) -> bool:
+        """Whether a real run evaluates after global step ``step`` (loop/evaluator.py): every
+        --eval-every-steps steps, at the end of every --eval-every-th epoch, and at the end."""
+        if step == self.total_steps or (self.eval_every_steps and
+                                        step % self.eval_every_steps == 0):
+            return True
+        epochs, within = divmod(step, self.steps_per_epoch)
+        return within == 0 and epochs % self.setup.cfg.run.eval_every == 0
+
+    def _next_due(self, step: int) -> int:
+        return next(s for s in range(step + 1, self.total_steps + 1) if self._due(s))
+
+    def _maybe_evaluate(self, at: float, weights: torch.Tensor | None) -> None:
+        """Evaluate if an evaluation fell due since the last check. A global step is every
+        worker's batch once (a sync round; N async pushes), the step count of a real run's
+        log."""
+        step = self._worker_steps // self.num_workers
+        if any(self._due(s) for s in range(self._checked + 1, step + 1)):
+            self._evaluate(at, weights)
+        self._checked = step
+
+    def _evaluate(self, at: float, weights: torch.Tensor | None) -> None:
+        """A curve point for ``weights`` (None: the model's own) at virtual time ``at``;
+        evaluating costs no virtual time."""
+        if weights is not None:
+            self.setup.model.flat.copy_(weights)
+        test_loss, test_acc = self.setup.model.evaluate(self.setup.workload.test)
+        train_loss = self._loss_sum / self._loss_count if self._loss_count else None
+        self.curve.append({"step": self._worker_steps // self.num_workers, "wall_seconds": at,
+                           "train_loss": train_loss, "test_acc": test_acc,
+                           "test_loss": test_loss})
+        self._loss_sum, self._loss_count = 0.0, 0
+        self._changed = False
+
+    def _finish(self, weights: torch.Tensor | None) -> None:
+        if self._changed or not self.curve:
+            self._evaluate(self.now, weights)
+        self.final_parameters = (weights if weights is not None
+                                 else self.setup.model.flat).detach().clone()
+
+    # --- the modes --------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        mode = self.mode
+        threads = torch.get_num_threads()
+        if self.setup.cfg.run.threads:  # --threads; tiny models run fastest with 1
+            torch.set_num_threads(self.setup.cfg.run.threads)
+        try:
+            if not mode.is_async:
+                self._run_sync() if mode.local_steps == 1 else self._run_local()
+            else:
+                _ServerRun(self).run()
+        except TrainingError as e:
+            return self._failed(f"training failed: {e}")
+        finally:
+            torch.set_num_threads(threads)  # this process's setting is the caller's
+            self.setup.workload.close()
+        return self._result()
+
+    def _run_sync(self) -> None:
+        """Horovod: every round each worker computes its gradient at the same weights; the
+        round lasts as long as the slowest worker's step and the allreduce; the average is
+        applied with lr * N by the same torch optimizer (sync.py)."""
+        model, optimizer = self.setup.model, build_optimizer(self.setup.model.params,
+                                                             self.setup.cfg.optim)
+        # A step as its worker sees it (what a real worker's straggler hook is given).
+        own = self.timing.step_seconds + self.timing.allreduce_seconds
+        for step in range(self.total_steps):
+            total = sum(self._gradient(w, None, clip=False) for w in self.workers)
+            model.set_gradient(total / self.num_workers)  # hvd.Average: the sum over N
+            model.clip()  # sync clips the averaged gradient, on every rank alike
+            set_learning_rate(optimizer, self._lr(step, self.num_workers))
+            optimizer.step()
+            seconds = max(own + self._delay(w, step, own) for w in self.workers)
+            self.round_seconds.append(seconds)
+            self.now += seconds
+            self._changed = True
+            self._maybe_evaluate(self.now, None)
+        self._finish(None)
+
+    def _run_local(self) -> None:
+        """Local SGD (sync.py, --local-steps H): each worker steps its own optimizer, and every
+        H steps the models are averaged (an allreduce); a round ends when the slowest worker
+        has taken its steps. As in sync.py a round also ends early wherever the model is read
+        (an evaluation, an epoch's end), and at epoch ends the optimizer state is averaged too.
+        The rate is sync's (lr * N): with H = 1 this is sync training, step for step."""
+        cfg = self.setup.cfg
+        for w in self.workers:
+            w.params = self.setup.model.flat.clone()
+            w.optimizer = ShardOptimizer(w.params, self.chunks, cfg.optim)
+        step = 0
+        while step < self.total_steps:
+            epoch_end = (step // self.steps_per_epoch + 1) * self.steps_per_epoch
+            end = min(step + self.mode.local_steps, epoch_end, self._next_due(step))
+            busy = [self._local_steps(w, range(step, end)) for w in self.workers]
+            average = _average_into([w.params for w in self.workers])
+            if end == epoch_end:
+                for name in self.workers[0].optimizer.vectors:  # momentum, Adam's moments
+                    _average_into([w.optimizer.vectors[name] for w in self.workers])
+            seconds = max(busy) + self.timing.allreduce_seconds
+            self.round_seconds.append(seconds)
+            self.now += seconds
+            step = end
+            self._changed = True
+            self._maybe_evaluate(self.now, average)
+        self._finish(self.workers[0].params)
+
+    def _local_steps(self, w: _Worker, steps: range) -> float:
+        """Worker ``w``'s optimizer steps on its own weights; returns the seconds they took."""
+        seconds = 0.0
+        for step in steps:
+            grad = self._gradient(w, w.params)
+            _apply(w.optimizer, self.chunks, grad, self._lr(step, self.num_workers))
+            seconds += self.timing.step_seconds + self._delay(w, step, self.timing.step_seconds)
+        return seconds
+
+    # --- the result -------------------------------------------------------------------------------
+    def _failed(self, reason: str) -> RunResult:
+        """A run that a real launch would have ended with an error: recorded as read_result
+        records a failed run, with no figures."""
+        return failed_result(self.mode, self.num_workers, self.straggler_text, self.seed, reason)
+
+    def _result(self) -> RunResult:
+        final = self.curve[-1]
+        hist = {int(k): int(v) for k, v in sorted(self.staleness.items())}
+        total = sum(hist.values())
+        if self.mode.is_async:
+            mean_staleness = sum(k * v for k, v in hist.items()) / total if total else None
+        else:
+            mean_staleness = 0.0
+        wall = self.now
+        return RunResult(
+            name=run_name(self.mode, self.num_workers, self.straggler_text, self.seed),
+            mode=self.mode.name, straggler=self.straggler_text or "none", seed=self.seed,
+            status="ok", reason="", final_test_acc=final["test_acc"],
+            time_to_target=time_to_target(self.curve, self.target),
+            samples_per_sec=self._samples / wall if wall > 0 else None,
+            mean_staleness=mean_staleness, wall_seconds=wall, curve=self.curve,
+            staleness_histogram=hist, workers=self.num_workers, simulated=True)
+
+
+class _ServerRun:
+    """The async modes: workers and one parameter server as events on a virtual clock.
+
+    A worker's step ends with its push; the gradient reaches the server ``push_seconds``
+    later, and the server, a queue, takes ``apply_seconds`` per gradient in arrival order.
+    The reply carries the weights right after that update (the server streams them back);
+    then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
+    computes its next step on those weights."""
+
+    ARRIVE, DONE = 0, 1
+
+    def __init__(self, sim: Simulation):
+        self.sim = sim
+        self.mode = sim.mode
+        self.timing = sim.timing
+        cfg = sim.setup.cfg
+        self.params = sim.setup.model.flat.clone()  # the server's weights
+        self.optimizer = ShardOptimizer(self.params, sim.chunks, cfg.optim)
+        self.version = 0
+        self.free_at = 0.0                          # when the server finishes its queue
+        self.clocks: list[float] = [0] * sim.num_workers
+        self.pending: list[_Worker] = []            # replies held back (SSP) or in a round (BSP)
+        self.round_sum = torch.zeros_like(self.params)  # BSP: this round's fresh gradients
+        self.round_count = 0
+        self.round_lr = 0.0
+        # As ps/client.py: a round averages N-b gradients, so it takes N-b times the rate; an
+        # asynchronous update applies one worker's gradient alone.
+        self.lr_scale = float(sim.num_workers - self.mode.backup_workers) if self.mode.bsp \
+            else 1.0
+        self.events: list[tuple[float, float, int, int]] = []
+
+    def run(self) -> None:
+        for w in self.sim.workers:
+            self._reply(w, 0.0, first=True)
+        while self.events:
+            at, _, rank, kind = heapq.heappop(self.events)
+            w = self.sim.workers[rank]
+            if kind == self.ARRIVE:
+                self._arrive(w, at)
+            else:
+                self._done(w, at)
+        self.sim._finish(self.params)
+
+    def _schedule(self, at: float, w: _Worker, kind: int) -> None:
+        # Requests at the same virtual time (workers without random delays finish their steps
+        # together) reach a real server in an order that jitter decides: a seeded draw per
+        # (worker, step) here, so that no rank is always last, which with backup workers
+        # would drop the same shard of the data every round.
+        tie = _uniform("tie", self.sim.seed, w.rank, w.steps)
+        heapq.heappush(self.events, (at, tie, w.rank, kind))
+
+    def _serve(self, arrived: float, seconds: float) -> float:
+        """The server takes the request that arrived at ``arrived`` when it is free; returns
+        when it is done with it."""
+        self.free_at = max(arrived, self.free_at) + seconds
+        return self.free_at
+
+    # --- a worker's side --------------------------------------------------------------------------
+    def _reply(self, w: _Worker, at: float, first: bool = False) -> None:
+        """``w`` receives the server's weights at ``at``, sleeps its delay, starts its next
+        step (or is done after its last)."""
+        w.params = self.params.clone()
+        w.pulled_version = self.version
+        start = at
+        if not first:
+            start += self.sim._delay(w, w.steps - 1, at - w.started)
+        if w.steps == self.sim.total_steps:
+            self._schedule(start, w, self.DONE)
+            return
+        w.started = start
+        self._schedule(start + self.timing.step_seconds + self.timing.push_seconds, w,
+                       self.ARRIVE)
+
+    # --- the server's side ------------------------------------------------------------------------
+    def _arrive(self, w: _Worker, at: float) -> None:
+        step = w.steps
+        grad = self.sim._gradient(w, w.params)
+        self.clocks[w.rank] = w.steps
+        lr = self.sim._lr(step, self.lr_scale)  # the worker's own schedule, in its header
+        if self.mode.bsp:
+            self._arrive_in_round(w, at, grad, lr)
+        else:
+            self._apply_now(w, at, grad, lr)
+            self.sim._maybe_evaluate(self.free_at, self.params)
+        self.sim.now = max(self.sim.now, self.free_at)
+
+    def _apply_now(self, w: _Worker, at: float, grad: torch.Tensor, lr: float) -> None:
+        """ps/server.py _push: staleness, --staleness-lr, DC-ASGD, the update, SSP's rule."""
+        reply_now = may_proceed(w.steps, self.clocks, self.mode.staleness)
+        staleness = self.version - w.pulled_version
+        self.sim.staleness[staleness] += 1
+        if self.mode.staleness_lr:
+            lr *= staleness_lr_factor(staleness)
+        if self.mode.dc_lambda:  # w.params: the weights this worker last received
+            with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: see _gradient
+                delay_compensate(grad.numpy(), self.mode.dc_lambda, self.params.numpy(),
+                                 w.params.numpy())
+        _apply(self.optimizer, self.sim.chunks, grad, lr)
+        self.version += 1
+        self.sim._changed = True
+        done = self._serve(at, self.timing.apply_seconds)
+        self._record(w, done, staleness)
+        if reply_now:
+            self._reply(w, done)
+        else:
+            self.pending.append(w)
+        self._release(done)
+
+    def _release(self, at: float) -> None:
+        """SSP: reply to the held-back workers that may now go on (server._release_pending)."""
+        for w in list(self.pending):
+            if may_proceed(self.clocks[w.rank], self.clocks, self.mode.staleness):
+                self.pending.remove(w)
+                self._reply(w, at)
+
+    def _arrive_in_round(self, w: _Worker, at: float, grad: torch.Tensor, lr: float) -> None:
+        """--bsp: a gradient computed on this round's weights joins the round; one computed on
+        older weights (a late backup worker's) is dropped, and its worker goes on at once
+        from the current weights."""
+        if w.pulled_version != self.version:
+            done = self._serve(at, 0.0)
+            self._record(w, done, None)
+            self._reply(w, done)
+            return
+        done = self._serve(at, self.timing.apply_seconds)  # adding it into the round's sum
+        self._record(w, done, 0)
+        self.round_sum += grad
+        self.round_count += 1
+        self.round_lr = lr  # the server steps with the last pusher's rate
+        self.pending.append(w)
+        self._maybe_close_round(done)
+
+    def _maybe_close_round(self, at: float) -> None:
+        """The round closes with its quorum: all N, the first N-b with backup workers, or
+        every worker still training once fewer are left (ps/server.py _round_quorum)."""
+        running = sum(1 for c in self.clocks if not math.isinf(c))
+        need = bsp_quorum(self.sim.num_workers, self.mode.backup_workers, running)
+        if not self.round_count or self.round_count < need:
+            return
+        self.round_sum /= self.round_count  # the server's arithmetic: the sum, then the mean
+        _apply(self.optimizer, self.sim.chunks, self.round_sum, self.round_lr)
+        self.sim.staleness[0] += self.round_count  # every gradient of a round is fresh
+        self.version += 1
+        self.sim._changed = True
+        self.round_sum.zero_()
+        self.round_count = 0
+        done = self._serve(at, self.timing.apply_seconds)
+        pending, self.pending = self.pending, []
+        for w in pending:
+            self._reply(w, done)
+        self.sim._maybe_evaluate(done, self.params)  # the weights change at round ends only
+
+    def _done(self, w: _Worker, at: float) -> None:
+        """The worker has taken its last step: it no longer holds anyone back."""
+        self.clocks[w.rank] = math.inf
+        served = max(at, self.free_at)
+        if self.mode.bsp:
+            self._maybe_close_round(served)
+        else:
+            self._release(served)
+        self.sim.now = max(self.sim.now, at, self.free_at)
+
+    def _record(self, w: _Worker, at: float, staleness: int | None) -> None:
+        self.sim.pushes.append(PushRecord(at, w.rank, w.steps, staleness,
+                                          w.steps - min(self.clocks)))
+
+
+# --- entry points ---------------------------------------------------------------------------------
+def run_name(mode: Mode, workers: int, straggler: str, seed: int) -> str:
+    """A simulated run's name: like a real run's (plan.py), with its number of workers."""
+    slug = re.sub(r"[^\w.@-]", "-", straggler)
+    return f"{mode.name}-n{workers}-seed{seed}" + (f"-straggler{slug}" if straggler else "")
+
+
+def failed_result(mode: Mode, workers: int, straggler: str, seed: int, reason: str) -> RunResult:
+    return RunResult(run_name(mode, workers, straggler, seed), mode.name, straggler or "none",
+                     seed, "failed", reason, None, None, None, None, None, [], {},
+                     workers=workers, simulated=True)
+
+
+def simulate_run(mode: Mode, workers: int, straggler: str, seed: int, train_args: Sequence[str],
+                 target: float, timing: Timing, eval_every_steps: int | None = None) -> RunResult:
+    """One simulated run: the RunResult a real run of ``mode`` on ``workers`` workers would
+    report, on the virtual clock. ``train_args`` are hvdtrain train flags (dataset, model,
+    epochs, batch size, optimizer...). Evaluations fall where a real run's do: at the ends of
+    epochs (--eval-every) and every --eval-every-steps global steps, which ``eval_every_steps``
+    overrides (a global step is every worker's batch once: a sync round, N async pushes).
+    Raises ConfigError for what cannot run (e.g. too few samples for N workers)."""
+    return Simulation(mode, workers, straggler, seed, train_args, target, timing,
+                      eval_every_steps).run()
+
+
+def sweep(modes: Sequence[Mode], worker_counts: Sequence[int], train_args: Sequence[str],
+          target: float, timing: Timing | Callable[[int], Timing],
+          stragglers: Sequence[str] = ("",), seeds: Sequence[int] = (0,),
+          eval_every_steps: int | None = None,
+          progress: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+    """Every (straggler, workers, mode, seed), simulated. ``timing`` may depend on the number of
+    workers (a callable), as a calibrated allreduce does. A combination that cannot run (too few
+    samples for N workers' batches) is a failed RunResult with the reason, not an exception."""
+    results = []
+    for straggler in stragglers:
+        straggler = "" if straggler.strip().lower() in ("", "none") else straggler.strip()
+        for workers in worker_counts:
+            figures = timing(workers) if callable(timing) else timing
+            for mode in modes:
+                for seed in seeds:
+                    try:
+                        result = simulate_run(mode, workers, straggler, seed, train_args, target,
+                                              figures, eval_every_steps)
+                    except ConfigError as e:
+                        result = failed_result(mode, workers, straggler, seed, str(e))
+                    results.append(result)
+                    if progress is not None:
+                        progress(result)
+    return results

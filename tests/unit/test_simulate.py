@@ -1,0 +1,383 @@
+"""The simulated cluster (hvdtrain/compare/simulate.py): its virtual clock against closed forms
+and hand-built timelines, its arithmetic against an independent computation of sync training,
+and each mode's rule (SSP's bound, backup workers' dropped gradients, local SGD's averaging)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from itertools import pairwise
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DistributedSampler
+
+from hvdtrain.compare.plan import Mode, modes
+from hvdtrain.compare.simulate import Simulation, Timing, measure_timing, simulate_run, sweep
+from hvdtrain.config import DataConfig, ModelConfig
+from hvdtrain.data.builtin import load_dataset
+from hvdtrain.models import build_model
+from hvdtrain.stragglers import parse_straggler
+
+SYNC = Mode("sync", scheme="sync")
+ASYNC = Mode("async")
+# Small and single-threaded: dozens of tiny steps run fastest on one core.
+DIGITS = ["--dataset", "digits", "--model", "mlp", "--hidden", "32", "--threads", "1"]
+ONE_SECOND_STEPS = Timing(step_seconds=1.0)
+
+
+def simulation(mode: Mode, workers: int, *flags: str, straggler: str = "", seed: int = 0,
+               timing: Timing = ONE_SECOND_STEPS, target: float = 0.9,
+               eval_every_steps: int | None = None) -> Simulation:
+    sim = Simulation(mode, workers, straggler, seed, [*DIGITS, *flags], target, timing,
+                     eval_every_steps)
+    sim.result = sim.run()
+    return sim
+
+
+def steps(epochs: int, per_epoch: int) -> tuple[str, ...]:
+    return ("--epochs", str(epochs), "--max-steps-per-epoch", str(per_epoch))
+
+
+# --- the virtual clock -------------------------------------------------------------------------
+def test_sync_rounds_under_exponential_delays_take_the_expected_maximum_of_n_draws():
+    n, mean = 8, 0.05
+    sim = simulation(SYNC, n, "--batch-size", "2", *steps(17, 89), straggler="exp:50ms",
+                     timing=Timing(step_seconds=0.0))
+    rounds = sim.round_seconds
+    assert len(rounds) == 17 * 89
+    # Draw for draw: each round lasts the longest of the N delays a real run would sleep.
+    model = parse_straggler("exp:50ms")
+    assert rounds[:50] == pytest.approx([max(model.delay(w, n, k, 0.0, 0) for w in range(n))
+                                         for k in range(50)])
+    # The maximum of N exponentials with mean m has mean H_N * m and variance
+    # m^2 * sum(1/i^2), i = 1..N: allow four standard errors of the mean over the rounds.
+    harmonic = sum(1 / i for i in range(1, n + 1))
+    sd = mean * math.sqrt(sum(1 / i ** 2 for i in range(1, n + 1)))
+    tolerance = 4 * sd / math.sqrt(len(rounds))
+    assert abs(statistics.fmean(rounds) - harmonic * mean) < tolerance
+    assert tolerance / (harmonic * mean) < 0.05  # "within a few percent"
+    assert sim.result.wall_seconds == pytest.approx(sum(rounds))
+
+
+def test_sync_under_a_persistent_straggler_takes_its_time_every_round():
+    sim = simulation(SYNC, 4, *steps(2, 5), straggler="3x", timing=Timing(step_seconds=0.1))
+    assert sim.round_seconds == pytest.approx([0.3] * 10)
+    assert sim.result.wall_seconds == pytest.approx(3.0)
+    assert sim.result.samples_per_sec == pytest.approx(10 * 4 * 32 / 3.0)
+
+
+def expected_staleness(order: list[int], workers: int) -> dict[int, int]:
+    """The staleness histogram of pushes by these workers, in this order, at an instant server:
+    each worker's next gradient is computed on the weights right after its own update."""
+    pulled, hist = [0] * workers, {}
+    for version, w in enumerate(order):
+        staleness = version - pulled[w]
+        hist[staleness] = hist.get(staleness, 0) + 1
+        pulled[w] = version + 1
+    return hist
+
+
+def test_async_with_a_3x_straggler_the_fast_worker_takes_three_steps_per_slow_one():
+    per_worker = 10
+    sim = simulation(ASYNC, 2, *steps(1, per_worker), straggler="3x")
+    # Steps of 1 s; the straggler sleeps 2 s after each of its own: it pushes at 1, 4, 7, ...
+    fast = [1.0 + k for k in range(per_worker)]
+    slow = [1.0 + 3 * k for k in range(per_worker)]
+    assert [p.time for p in sim.pushes if p.worker == 0] == fast
+    assert [p.time for p in sim.pushes if p.worker == 1] == slow
+    # The server applies them in time order (pushes at the same time in either order).
+    times = [p.time for p in sim.pushes]
+    assert times == sorted(times)
+    assert sim.result.staleness_histogram == expected_staleness(
+        [p.worker for p in sim.pushes], 2)
+    # The slow worker's gradients, but its first, are 3 updates stale (give or take the order
+    # at a tie), the fast worker's at most 1.
+    slow_staleness = [p.staleness for p in sim.pushes if p.worker == 1 and p.time <= fast[-1]]
+    assert all(s in (2, 3, 4) for s in slow_staleness[1:])
+    assert max(p.staleness for p in sim.pushes if p.worker == 0) <= 1
+    # while both run, three fast pushes between two slow ones
+    between = [sum(1 for t in fast if a < t <= b) for a, b in pairwise(slow) if b <= fast[-1]]
+    assert between and set(between) == {3}
+    hist = sim.result.staleness_histogram
+    assert sim.result.mean_staleness == pytest.approx(
+        sum(k * v for k, v in hist.items()) / sum(hist.values()))
+
+
+def test_async_workers_sleep_the_draws_of_their_own_steps():
+    # Each worker sleeps after its k-th step the delay a real worker draws for (itself, k).
+    model, per_worker = parse_straggler("exp:50ms"), 8
+    sim = simulation(ASYNC, 2, *steps(1, per_worker), straggler="exp:50ms", seed=5,
+                     timing=Timing(step_seconds=0.1))
+    for w in range(2):
+        expected, t = [], 0.0
+        for k in range(per_worker):
+            t += 0.1
+            expected.append(t)
+            t += model.delay(w, 2, k, 0.1, 5)
+        assert [p.time for p in sim.pushes if p.worker == w] == pytest.approx(expected)
+
+
+def test_a_single_server_saturates():
+    # 8 workers whose steps take as long as one update: the server, a queue, is the bottleneck.
+    timing = Timing(step_seconds=0.01, apply_seconds=0.01)
+    sim = simulation(ASYNC, 8, *steps(1, 5), timing=timing)
+    pushes = 8 * 5
+    assert sim.result.wall_seconds >= pushes * timing.apply_seconds
+    assert sim.result.wall_seconds < (pushes + 2) * timing.apply_seconds
+    finished = [p.time for p in sim.pushes]
+    assert finished == sorted(finished)
+    assert min(b - a for a, b in pairwise(finished)) == pytest.approx(0.01)
+
+
+# --- the modes' rules --------------------------------------------------------------------------
+def test_ssp_never_lets_a_worker_run_more_than_the_bound_ahead():
+    bound = 1
+    ssp = simulation(Mode("ssp1", staleness=float(bound)), 2, *steps(1, 12), straggler="3x")
+    free = simulation(ASYNC, 2, *steps(1, 12), straggler="3x")
+
+    def leads(sim):  # the fast worker's clock ahead of the slow one's, at each of its pushes
+        return [p.ahead for p in sim.pushes if p.worker == 0]
+    # A worker at clock c starts a step only while c - slowest <= bound, so it pushes at most
+    # bound + 1 ahead; without a bound it runs far ahead.
+    assert max(leads(ssp)) == bound + 1
+    assert max(leads(free)) > bound + 1
+    assert ssp.result.wall_seconds >= free.result.wall_seconds
+    assert ssp.result.mean_staleness < free.result.mean_staleness
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_backup_workers_drop_the_straggler_gradients(workers):
+    per_worker = 9
+    backup = workers - 1
+    sim = simulation(Mode(f"backup{backup}", staleness=0.0, bsp=True, backup_workers=backup),
+                     workers, *steps(1, per_worker), straggler="3x")
+    straggler = workers - 1
+    fast_done = max(p.time for p in sim.pushes if p.worker != straggler)
+    late = [p for p in sim.pushes if p.worker == straggler]
+    assert len(late) == per_worker  # it takes every step of its budget
+    # Its steps last 3 s (1 s of compute, then 2 s of sleep): a push at t carries a gradient of
+    # the weights it received at t - 3. While the others run, a round has closed since then:
+    # dropped. Once they are done, it alone makes the rounds: applied. (Its first push, at 1 s
+    # with everyone's, may make the first round: all were computed on the initial weights.)
+    fresh = [p.time - 3 >= fast_done for p in late[1:]]
+    assert [p.staleness == 0 for p in late[1:]] == fresh
+    assert [p.staleness is None for p in late[1:]] == [not f for f in fresh]
+    assert 3 <= fresh.count(False) < per_worker
+    applied = sum(1 for p in sim.pushes if p.staleness is not None)
+    assert sim.result.staleness_histogram == {0: applied}
+    assert sim.result.mean_staleness == 0
+
+
+def test_backup_rounds_take_the_first_n_minus_b_and_drop_the_rest():
+    # No straggler: all finish together, and at a tie the server's order is a seeded draw.
+    n, b, per_worker = 4, 1, 8
+    sim = simulation(Mode("backup1", staleness=0.0, bsp=True, backup_workers=b), n,
+                     *steps(1, per_worker))
+    dropped = [p.worker for p in sim.pushes if p.staleness is None]
+    rounds = sum(1 for p in sim.pushes if p.staleness is not None) // (n - b)
+    assert len(dropped) == per_worker * n - rounds * (n - b)
+    assert rounds == per_worker  # every step, one round of N-b; its b late gradients dropped
+    assert len(set(dropped)) > 1  # not always the same rank: no shard is left out for good
+
+
+def test_lock_step_server_rounds_equal_sync_training():
+    # --bsp without backups averages every worker's gradient and steps with lr * N, as sync
+    # does (ps/client.py lr_scale); the server's fused SGD is torch's arithmetic.
+    flags = (*steps(2, 4), "--warmup-epochs", "0.5")
+    sync = simulation(SYNC, 4, *flags, straggler="3x")
+    bsp = simulation(Mode("bsp", staleness=0.0, bsp=True), 4, *flags, straggler="3x")
+    assert torch.allclose(bsp.final_parameters, sync.final_parameters, atol=1e-6)
+    assert not torch.equal(sync.final_parameters, initial_parameters(0))
+
+
+def test_local_sgd_with_one_local_step_is_sync_and_with_h_averages_every_h():
+    flags = steps(1, 8)
+    sync = simulation(SYNC, 3, *flags)
+    local1 = simulation(Mode("local1", scheme="sync", local_steps=1), 3, *flags)
+    # Averaging each worker's momentum step is the step of the averaged momentum (linearity).
+    assert torch.allclose(local1.final_parameters, sync.final_parameters, atol=1e-6)
+    local4 = simulation(Mode("local4", scheme="sync", local_steps=4), 3, *flags,
+                        straggler="3x", timing=Timing(step_seconds=0.5, allreduce_seconds=0.25))
+    # two rounds of 4 steps; the straggler's steps take 1.5 s each, then one allreduce
+    assert local4.round_seconds == pytest.approx([4 * 1.5 + 0.25] * 2)
+    assert not torch.allclose(local4.final_parameters, sync.final_parameters, atol=1e-4)
+    # A round also ends where the model is read: at an epoch's end, and at an evaluation.
+    cut = simulation(Mode("local4", scheme="sync", local_steps=4), 3, *steps(2, 5),
+                     eval_every_steps=3)
+    # evaluations at 3, 6, 9 and the epoch ends 5, 10; each average starts a count of H anew
+    assert cut.round_seconds == pytest.approx([3, 2, 1, 3, 1])  # ends at 3, 5, 6, 9, 10
+    assert [p["step"] for p in cut.curve] == [3, 5, 6, 9, 10]
+
+
+@pytest.mark.parametrize("name", ["async", "ssp", "async-slr", "dcasgd", "backup"])
+def test_one_async_worker_is_plain_sgd(name):
+    # Alone, a worker's gradients are never stale: no scaling, no compensation, no dropping.
+    mode = modes([name], [0], [0])[0]
+    flags = steps(1, 6)
+    alone = simulation(mode, 1, *flags)
+    assert torch.allclose(alone.final_parameters, simulation(SYNC, 1, *flags).final_parameters,
+                          atol=1e-6)
+    assert alone.result.staleness_histogram == {0: 6}
+
+
+# --- real gradients, real shards ---------------------------------------------------------------
+def initial_parameters(seed: int) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in digits_model(seed).parameters()])
+
+
+def digits_model(seed: int):
+    data = load_dataset(DataConfig())
+    torch.manual_seed(seed)  # as a real run draws its initial weights
+    return build_model("mlp", data.input_shape, data.num_classes, ModelConfig(hidden=(32,)))
+
+
+def flat(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def shards(n: int, epoch: int, seed: int, samples: int) -> list[list[int]]:
+    """Worker r's sample indices in this epoch, from torch's DistributedSampler itself."""
+    out = []
+    for rank in range(n):
+        sampler = DistributedSampler(range(samples), num_replicas=n, rank=rank, shuffle=True,
+                                     seed=seed, drop_last=True)
+        sampler.set_epoch(epoch)
+        out.append(list(sampler))
+    return out
+
+
+def batch_gradient(model, data, shard: list[int], step: int, batch: int) -> list[torch.Tensor]:
+    rows = torch.tensor(shard[step * batch:(step + 1) * batch])
+    model.zero_grad()
+    F.cross_entropy(model(data.x_train[rows]), data.y_train[rows]).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_sync_final_model_equals_an_independent_computation():
+    n, batch, per_epoch, epochs, seed, lr, momentum = 3, 32, 3, 2, 7, 0.05, 0.9
+    sim = simulation(SYNC, n, "--batch-size", str(batch), *steps(epochs, per_epoch),
+                     "--warmup-epochs", "0", seed=seed)
+    data = load_dataset(DataConfig())
+    model = digits_model(seed)
+    params = list(model.parameters())
+    buffers = [torch.zeros_like(p) for p in params]
+    for epoch in range(epochs):
+        shard = shards(n, epoch, seed, len(data.x_train))
+        for step in range(per_epoch):
+            grads = [batch_gradient(model, data, shard[r], step, batch) for r in range(n)]
+            with torch.no_grad():  # the mean gradient; SGD with momentum at lr * N, no warmup
+                for i, (p, buf) in enumerate(zip(params, buffers)):
+                    buf.mul_(momentum).add_(sum(g[i] for g in grads) / n)
+                    p -= lr * n * buf
+    assert torch.allclose(sim.final_parameters, flat(model), atol=1e-5)
+    assert not torch.allclose(flat(model), initial_parameters(seed), atol=1e-3)
+
+
+def average(tensor_groups) -> None:
+    """An allreduce with Average: every tensor of each group becomes the group's mean."""
+    with torch.no_grad():
+        for group in tensor_groups:
+            mean = sum(t.detach() for t in group) / len(group)
+            for t in group:
+                t.copy_(mean)
+
+
+def test_local_sgd_final_model_equals_an_independent_computation():
+    # H = 2 and epochs of 3 steps: rounds of 2 steps, then 1 (a round ends with its epoch).
+    # Each worker steps from the average with its own momentum; the momentum is averaged at
+    # epoch ends (sync.py).
+    n, batch, per_epoch, epochs, seed, lr, momentum = 2, 16, 3, 2, 1, 0.05, 0.9
+    sim = simulation(Mode("local2", scheme="sync", local_steps=2), n, "--batch-size", str(batch),
+                     *steps(epochs, per_epoch), "--warmup-epochs", "0", seed=seed)
+    data = load_dataset(DataConfig())
+    models = [digits_model(seed) for _ in range(n)]
+    buffers = [[torch.zeros_like(p) for p in m.parameters()] for m in models]
+    for epoch in range(epochs):
+        shard = shards(n, epoch, seed, len(data.x_train))
+        for steps_in_round in ([0, 1], [2]):
+            for model, own, buf in zip(models, shard, buffers):
+                for step in steps_in_round:
+                    grads = batch_gradient(model, data, own, step, batch)
+                    with torch.no_grad():
+                        for p, g, b in zip(model.parameters(), grads, buf):
+                            b.mul_(momentum).add_(g)
+                            p -= lr * n * b
+            average(zip(*(m.parameters() for m in models)))
+        average(zip(*buffers))
+    assert torch.allclose(sim.final_parameters, flat(models[0]), atol=1e-5)
+    assert sim.round_seconds == pytest.approx([2.0, 1.0] * epochs)
+
+
+def test_backup_rounds_apply_their_gradients_at_n_minus_b_times_the_rate():
+    # Two workers, one backup: each round applies the one gradient that came first (the
+    # server's order at a tie is the simulator's draw, read from its record), at lr * (N - b).
+    n, b, batch, per_epoch, seed, lr = 2, 1, 32, 6, 2, 0.05
+    sim = simulation(Mode("backup1", staleness=0.0, bsp=True, backup_workers=b), n,
+                     "--batch-size", str(batch), *steps(1, per_epoch), "--warmup-epochs", "0",
+                     "--momentum", "0", seed=seed)
+    applied = [p for p in sim.pushes if p.staleness is not None]
+    assert len(applied) == per_epoch
+    data = load_dataset(DataConfig())
+    model = digits_model(seed)
+    shard = shards(n, 0, seed, len(data.x_train))
+    for push in applied:  # a fresh gradient: computed on the weights of the round before
+        grads = batch_gradient(model, data, shard[push.worker], push.clock - 1, batch)
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads):
+                p -= lr * (n - b) * g
+    assert torch.allclose(sim.final_parameters, flat(model), atol=1e-5)
+
+
+def test_straggler_free_sync_reaches_the_target_and_is_deterministic():
+    args = [*DIGITS, "--epochs", "4"]
+    def run():
+        return simulate_run(SYNC, 4, "none", 3, args, 0.9, Timing(step_seconds=0.01))
+    first, second = run(), run()
+    assert first.status == "ok" and first.simulated and first.workers == 4
+    assert first.final_test_acc >= 0.9 and first.time_to_target is not None
+    reached = next(p for p in first.curve if p["test_acc"] >= 0.9)
+    assert first.time_to_target == reached["wall_seconds"]
+    assert [p["step"] for p in first.curve] == [11, 22, 33, 44]  # one evaluation per epoch
+    assert first == second  # the same seed, the same run
+    other = simulate_run(SYNC, 4, "none", 4, args, 0.9, Timing(step_seconds=0.01))
+    assert other.curve != first.curve
+
+
+# --- entry points ------------------------------------------------------------------------------
+def test_sweep_records_the_workers_and_fails_what_cannot_run():
+    # 64 workers of 32 samples are more than the 1437 digits of the training split.
+    results = sweep([SYNC, ASYNC], [2, 64], [*DIGITS, *steps(1, 2)], 0.5,
+                    lambda n: Timing(step_seconds=0.01, allreduce_seconds=0.001 * n))
+    assert [(r.mode, r.workers, r.status) for r in results] == [
+        ("sync", 2, "ok"), ("async", 2, "ok"), ("sync", 64, "failed"), ("async", 64, "failed")]
+    assert "--batch-size" in results[-1].reason
+    assert results[0].name == "sync-n2-seed0"
+    assert results[0].wall_seconds == pytest.approx(2 * 0.012)  # the timing for 2 workers
+
+
+def test_a_diverging_run_fails_as_a_real_one_would():
+    # A real worker's FiniteLossGuard ends the job at the first infinite or NaN loss.
+    result = simulate_run(ASYNC, 2, "", 0, [*DIGITS, "--epochs", "1", "--lr", "1e10",
+                                            "--warmup-epochs", "0"], 0.9, Timing(0.01))
+    assert result.status == "failed" and "loss became" in result.reason
+    assert result.curve == [] and result.final_test_acc is None
+
+
+def test_bad_input_names_the_fix():
+    from hvdtrain.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--backup-workers 2 with 2 workers"):
+        Simulation(Mode("backup2", staleness=0.0, bsp=True, backup_workers=2), 2, "", 0,
+                   DIGITS, 0.9, Timing(0.01))
+    with pytest.raises(ConfigError, match="unknown flag"):
+        Simulation(SYNC, 2, "", 0, [*DIGITS, "--no-such-flag"], 0.9, Timing(0.01))
+    with pytest.raises(ConfigError, match="step_seconds"):
+        Simulation(SYNC, 2, "", 0, DIGITS, 0.9, Timing(-1.0))
+
+
+def test_measure_timing_times_real_steps():
+    timing = measure_timing([*DIGITS], repeats=5, warmup=1, push_seconds=0.002)
+    assert 0 < timing.step_seconds < 1 and 0 < timing.apply_seconds < 1
+    assert timing.push_seconds == 0.002 and timing.allreduce_seconds == 0.0
