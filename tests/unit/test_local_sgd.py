@@ -1,6 +1,6 @@
 """--local-steps (local SGD in sync mode): the options it refuses, and when HorovodSync averages,
 checked in one process against a stand-in for Horovod that records each collective.
-tests/multiproc/test_local_sgd.py checks the arithmetic across real ranks."""
+tests/multiproc/test_local_sgd_multiproc.py checks the arithmetic across real ranks."""
 
 import pytest
 import torch
