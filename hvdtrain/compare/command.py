@@ -227,11 +227,10 @@ def _simulation_timing(args, train_args):
                           push_seconds=args.sim_push_ms / 1000)
 
 
-def _simulate_plan(args, runs, modes, train_args) -> list:
+def _simulate_plan(args, runs, modes, train_args, timing) -> list:
     """The plan's runs on the simulated cluster (--simulate), one result per planned run."""
     from .simulate import sweep
 
-    timing = _simulation_timing(args, train_args)
     print(f"simulated cluster: {args.workers} virtual workers; a step computes in "
           f"{timing.step_seconds * 1000:.1f} ms and the server applies a gradient in "
           f"{timing.apply_seconds * 1000:.2f} ms (measured here)", flush=True)
@@ -250,7 +249,7 @@ def _simulate_plan(args, runs, modes, train_args) -> list:
                  progress=show)
 
 
-def _sweep(args, modes, train_args, out: Path) -> tuple[list, list[str]]:
+def _sweep(args, modes, train_args, out: Path, timing) -> tuple[list, list[str]]:
     """--sweep-workers: the modes at each number of workers, simulated; (results, report lines)."""
     from .plots import write_sweep_plot
     from .report import sweep_table
@@ -259,7 +258,6 @@ def _sweep(args, modes, train_args, out: Path) -> tuple[list, list[str]]:
     counts = _ints(args.sweep_workers, "--sweep-workers")
     if not counts:
         return [], []
-    timing = _simulation_timing(args, train_args)
     print(f"simulated sweep over {','.join(map(str, counts))} workers, {args.sweep_seeds} "
           f"seed(s) each ...", flush=True)
     results = sweep(modes, counts, train_args, args.target, timing,
@@ -283,8 +281,12 @@ def _run_plan(args, out: Path, runs, modes) -> int:
     results = []
     started = time.perf_counter()
     train_args = list(runs[0].train_args)
+    # Measured once, so the simulated plan and the sweep run on the same clock (and the report
+    # states one set of figures).
+    timing = (_simulation_timing(args, train_args) if args.simulate or args.sweep_workers.strip()
+              else None)
     if args.simulate:
-        results = _simulate_plan(args, runs, modes, train_args)
+        results = _simulate_plan(args, runs, modes, train_args, timing)
         runs = []
     bar = tqdm(runs, unit="run", file=sys.stdout, dynamic_ncols=True, disable=None)
     for i, run in enumerate(bar, 1):
@@ -306,7 +308,7 @@ def _run_plan(args, out: Path, runs, modes) -> int:
                     f"{reached}")
         tqdm.write(f"[{i}/{len(runs)}] {run.name}: {line}", file=sys.stdout)
     bar.close()
-    swept, sweep_lines = _sweep(args, modes, train_args, out)
+    swept, sweep_lines = _sweep(args, modes, train_args, out, timing)
     write_csv(results + swept, out / "summary.csv")
     plots = write_plots(results, out, args.target) + (["sweep.png"] if swept else [])
     where = "launched with mpirun " + (f"across the hosts of {args.hostfile}" if args.hostfile

@@ -66,7 +66,6 @@ def summarize(results: list[RunResult], workers: int | None = None) -> dict[tupl
         out[key] = {
             "runs": len(runs), "ok": len(ok), "reached": len(reached),
             "failed": [r for r in runs if r.status != "ok"],
-            "time": _mean_std([r.time_to_target for r in reached]),
             "time_ci": bootstrap_ci([r.time_to_target for r in reached]),
             # samples every worker trained on until the target: what staleness costs in work
             "samples_to_target": _mean_std([r.time_to_target * r.samples_per_sec for r in reached

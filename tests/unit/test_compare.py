@@ -78,7 +78,7 @@ def test_finding_states_what_was_measured():
         _result("ssp-0", "ssp2", "3x", 0, [], status="failed"),
     ]
     summary = summarize(results)
-    assert summary[("3x", "sync")]["time"][0] == pytest.approx(4.2)
+    assert summary[("3x", "sync")]["time_ci"][0] == pytest.approx(4.2)
     assert summary[("3x", "ssp2")]["failed"]
     text = finding(summary, "3x", 0.9)
     # sync 4.0 and 4.4 s, async 1.0 and 1.2 s: the bootstrap intervals are the ranges.
