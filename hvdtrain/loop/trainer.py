@@ -187,9 +187,11 @@ class Trainer:
             test, wall_seconds = None, time.perf_counter() - self.started
             train_seconds = wall_seconds - self.eval_seconds
         p.epoch, p.step = epoch + 1, 0
+        # train_seconds is rounded as the epoch line rounds wall_seconds (to 1 ms), so that
+        # train_seconds <= wall_seconds holds in the log as it does here.
         self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test, wall_seconds,
                            {**self.replica.take_epoch_metrics(), **self.scheme.take_epoch_metrics(),
-                            "train_seconds": round(train_seconds, 4)})
+                            "train_seconds": round(train_seconds, 3)})
         if due:
             self.best.evaluated(test, p)
 

@@ -45,9 +45,15 @@ def test_an_fp16_step_that_overflows_on_one_worker_is_not_pushed(tmp_path, mode)
     assert "fp16 on CPUs runs" in proc.stdout  # the note for CPU users
     scheme = records(tmp_path, "scheme")[0]
     steps = records(tmp_path, "header")[0]["steps_per_epoch"] * 2
-    assert scheme["servers"][0]["pushes_without_gradient"] == 1, scheme
+    skipped = scheme["servers"][0]["pushes_without_gradient"]
+    if mode == ["--bsp"]:
+        assert skipped == 1, scheme  # lock-step and seeded: the one overflow made here
+    else:
+        # Fully async, stale parameters can also overflow fp16 on their own at the initial
+        # scale (CI once saw 2 more), and which steps do depends on the message order.
+        assert skipped >= 1, scheme
     assert scheme["pushes_applied"] == 2 * steps  # the skipped push still counted for the clocks
-    assert sum(scheme["staleness_histogram"].values()) == 2 * steps - 1  # one gradient fewer
+    assert sum(scheme["staleness_histogram"].values()) == 2 * steps - skipped  # none applied
     assert all(torch.isfinite(t).all() for t in final_model(tmp_path).values()
                if t.is_floating_point())
     epochs = records(tmp_path, "epoch")
