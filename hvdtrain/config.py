@@ -247,6 +247,13 @@ class PSConfig:
     staleness_lr: bool = _opt(False, "staleness-aware learning rate (Zhang et al. 2016): the "
                               "server scales the step of a gradient computed s updates ago by "
                               "1/max(1, s)")
+    eval_pauses_workers: bool = _opt(False, "while worker 0 evaluates, the servers hold the "
+                                     "other workers' replies, so no worker trains during an "
+                                     "evaluation, as in sync mode. Off, the others train on "
+                                     "while worker 0 evaluates: more throughput, but a time to "
+                                     "target read on worker 0's training clock (evaluations "
+                                     "left out) then counts their extra steps for free; "
+                                     "hvdtrain compare turns it on")
     chunk_mb: float = _opt(1.0, "gradient and parameter messages travel in chunks of this many "
                            "MiB, so the server updates one chunk while the next is in flight")
     timeout_s: float = _opt(300.0, "seconds a server waits for any request, or a worker for its "

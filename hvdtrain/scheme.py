@@ -8,6 +8,7 @@ scheme only through this class, so it never branches on the mode.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -100,6 +101,10 @@ class UpdateScheme:
         """The replica whose weights are evaluated (the async scheme pulls fresh ones first)."""
         assert self.replica is not None, "call attach() first"
         return self.replica
+
+    def evaluating(self) -> contextlib.AbstractContextManager:
+        """The context an evaluation runs in (async: the other workers may pause meanwhile)."""
+        return contextlib.nullcontext()
 
     def run(self, loop: Callable[[], None], progress: Progress) -> None:
         """Run the epochs; an elastic scheme runs them again after a reset."""

@@ -36,8 +36,9 @@ class Evaluator:
         if self.test is None or partition is None:
             return None
         part, parts = partition
-        replica = self.scheme.eval_replica()
-        stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
+        with self.scheme.evaluating():
+            replica = self.scheme.eval_replica()
+            stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
         totals = EpochTotals(self.names)  # the training figures' sums, and their layout
         if stats is not None:
             totals.add(stats.loss_sum.item(), stats)

@@ -9,6 +9,7 @@ parameters out of the server's shard, through an MPI shared-memory window (``sha
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import numpy as np
@@ -363,6 +364,24 @@ class ParameterServerClient(UpdateScheme):
     def eval_replica(self) -> Replica:
         self.pull()  # score the servers' current parameters
         return self.replica
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """--eval-pauses-workers: the servers hold the other workers' replies while this worker
+        evaluates, so that nobody trains during an evaluation, as in sync mode."""
+        if not (self.cfg.ps.eval_pauses_workers and self._started):
+            yield
+            return
+        self._tell_servers(Kind.PAUSE)
+        try:
+            yield
+        finally:
+            self._tell_servers(Kind.RESUME)
+
+    def _tell_servers(self, kind: Kind) -> None:
+        for server, _ in self.routes:
+            self.comm.Send(make_header(kind, clock=self.clock, worker=self.worker_rank),
+                           dest=server, tag=Tag.REQUEST)
 
     def take_epoch_metrics(self) -> dict:
         return self.copies.take_epoch_metrics()  # a GPU worker's copies: seconds and bytes

@@ -47,6 +47,9 @@ class Kind(IntEnum):
     ROUND = 7  # --backup-workers, server 0 -> the other servers: a round closed with these
                # members (a VERDICT message follows)
     DROP = 8   # --backup-workers, server 0 -> the other servers: this worker's push was late
+    PAUSE = 9  # --eval-pauses-workers, worker 0 -> every server: it evaluates; hold the other
+               # workers' replies until its RESUME; no reply
+    RESUME = 10
 
 
 # Header words: the request kind; the worker's clock (pushes made, this one included); its learning

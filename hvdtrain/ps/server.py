@@ -116,6 +116,8 @@ class ParameterServer:
         self.dropped_gradients = 0          # --backup-workers: late gradients, never applied
         self.gradients_per_round = Counter()  # BSP: rounds closed, by the gradients they took
         self.idle: set[int] = set()         # --backup-workers: workers no round waits for
+        self.paused_by: int | None = None   # --eval-pauses-workers: the worker evaluating now
+        self.held: dict[int, bool] = {}     # ... and the replies held until it resumes
         self.push_version = [0] * self.num_workers  # ... version of each worker's last push reply
         # --backup-workers with several servers: server 0 decides the rounds of every shard.
         self.leader_rank = topology.server_ranks()[0]
@@ -208,6 +210,10 @@ class ParameterServer:
         elif kind == Kind.IDLE:  # it waits for the other workers: rounds stop counting on it
             self.idle.add(worker)
             self._release_pending()
+        elif kind == Kind.PAUSE:
+            self.paused_by = worker
+        elif kind == Kind.RESUME:
+            self._resume()
         elif kind in (Kind.ROUND, Kind.DROP):  # a follower: a verdict from server 0
             self._receive_verdict(kind)
         elif kind == Kind.DONE:
@@ -233,6 +239,9 @@ class ParameterServer:
                            for w, c in enumerate(self.clocks))
         held = f"; replies held back for workers {sorted(self.pending)}" if self.pending else ""
         idle = f"; idle: workers {sorted(self.idle)}" if self.idle else ""
+        if self.paused_by is not None:
+            idle += (f"; worker {self.paused_by} evaluates, replies to workers {sorted(self.held)} "
+                     "held until it resumes")
         verdicts = (f"; {len(self.verdicts)} of server 0's round decisions wait for pushes "
                     f"(arrived: workers {sorted(self.arrived)})" if self.verdicts else "")
         return (f"parameter server {self.index}: no request from any worker (pushes so far: "
@@ -268,7 +277,8 @@ class ParameterServer:
             factor = staleness_lr_factor(staleness)
             self.lr *= factor
             self.lr_factor_sum += factor
-        stream = reply_now and want_params  # send each chunk back as soon as it is updated
+        # send each chunk back as soon as it is updated (unless the reply is held: a pause)
+        stream = reply_now and want_params and not self._held_back(worker)
         sends = []
         self.host.sync()  # the worker's gradient stores happened before its header
         for i, (a, b) in enumerate(self.chunks):
@@ -445,13 +455,33 @@ class ParameterServer:
         for worker in range(self.num_workers):
             if not math.isinf(self.clocks[worker]):
                 self.comm.Send(np.ones(1, dtype=np.int64), dest=worker, tag=Tag.STOP)
+        self._send_held()  # nobody waits for an evaluation once stopping
+
 
     # --- replies -------------------------------------------------------------------------------
     def _reply(self, worker: int, want_params: bool) -> None:
+        if self._held_back(worker):
+            self.held[worker] = want_params
+            return
         if want_params:
             self._send_params(worker)
         else:
             self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
+
+    def _held_back(self, worker: int) -> bool:
+        """Whether a reply to ``worker`` waits for the evaluating worker's RESUME. Its own
+        replies never wait, nor does anyone once the job is stopping."""
+        return self.paused_by is not None and worker != self.paused_by and not self.stopping
+
+    def _resume(self) -> None:
+        """The evaluation is over: every held reply goes out, with the parameters of now."""
+        self.paused_by = None
+        self._send_held()
+
+    def _send_held(self) -> None:
+        held, self.held = self.held, {}
+        for worker, want_params in sorted(held.items()):
+            self._reply(worker, want_params)
 
     def _send_params(self, worker: int) -> None:
         self.MPI.Request.Waitall([self._send_chunk(worker, i) for i in range(len(self.chunks))])
