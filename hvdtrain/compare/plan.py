@@ -31,10 +31,13 @@ class Mode:
         if not self.is_async:
             return ["--mode", "sync", *(["--local-steps", str(self.local_steps)]
                                         if self.local_steps != 1 else [])]
+        # Nobody trains while worker 0 evaluates, as in sync mode: the time to target is read
+        # on worker 0's training clock, which leaves the evaluations out.
         if self.bsp:
-            return ["--mode", "async", "--bsp", "--backup-workers", str(self.backup_workers)]
+            return ["--mode", "async", "--eval-pauses-workers", "--bsp", "--backup-workers",
+                    str(self.backup_workers)]
         bound = "inf" if math.isinf(self.staleness) else str(int(self.staleness))
-        flags = ["--mode", "async", "--staleness", bound]
+        flags = ["--mode", "async", "--eval-pauses-workers", "--staleness", bound]
         if self.staleness_lr:
             flags.append("--staleness-lr")
         if self.dc_lambda:

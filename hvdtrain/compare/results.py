@@ -19,7 +19,7 @@ class RunResult:
     reason: str
     final_test_acc: float | None
     time_to_target: float | None  # seconds of training until the first evaluation >= target
-    samples_per_sec: float | None  # all workers' samples / training time
+    samples_per_sec: float | None  # samples trained on / worker 0's training time (see below)
     mean_staleness: float | None   # async: mean over every applied gradient; sync: 0
     wall_seconds: float | None
     curve: list[dict]              # per evaluation: step, wall_seconds (of training: the
@@ -57,6 +57,18 @@ def curve(records: list[dict]) -> list[dict]:
             for r in records if r["type"] in ("eval", "epoch")]
 
 
+def samples_trained(header: dict, scheme: dict | None, end: dict) -> int:
+    """The samples trained on by the end of the run. Async: the servers' count of every push
+    (dropped backup gradients included: work done), as the workers do not keep step with worker
+    0, whose steps the log counts. Sync: every worker trains every global step. Read against worker 0's training
+    time this is exact when the run stops at its target (every worker stops within a step or
+    two); an async run that trains its whole budget counts the steps a slower worker still
+    trains after worker 0 has finished."""
+    if scheme and scheme.get("samples") is not None:
+        return int(scheme["samples"])
+    return end["step"] * header["config"]["run"]["batch_size"] * header["num_workers"]
+
+
 def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> RunResult:
     result = RunResult(run.name, run.mode.name, run.straggler or "none", run.seed,
                        status["status"], status.get("reason", ""), None, None, None, None, None,
@@ -68,18 +80,21 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> 
         header = next(r for r in records if r["type"] == "header")
         epochs = [r for r in records if r["type"] == "epoch"]
         scheme = next((r for r in records if r["type"] == "scheme"), None)
-        if not epochs:
+        # --stop-at: the run ended at its target, where its stop line says
+        stop = next((r for r in records if r["type"] == "stop" and "train_seconds" in r), None)
+        end = stop or (epochs[-1] if epochs else None)
+        if end is None:
             raise ValueError("no epoch was logged")
     except (OSError, ValueError, StopIteration, KeyError) as e:
         result.status, result.reason = "failed", f"unreadable metrics log: {e}"
         return result
     result.curve = curve(records)
-    result.final_test_acc = epochs[-1]["test_acc"]
+    scored = [p["test_acc"] for p in result.curve if p.get("test_acc") is not None]
+    result.final_test_acc = scored[-1] if scored else None
     result.time_to_target = time_to_target(result.curve, target)
-    result.wall_seconds = training_seconds(epochs[-1])
-    batch = header["config"]["run"]["batch_size"]
-    samples = header["steps_per_epoch"] * batch * header["num_workers"] * len(epochs)
-    result.samples_per_sec = samples / result.wall_seconds if result.wall_seconds else None
+    result.wall_seconds = training_seconds(end)
+    result.samples_per_sec = (samples_trained(header, scheme, end) / result.wall_seconds
+                              if result.wall_seconds else None)
     if scheme and scheme.get("staleness_histogram"):
         hist = {int(k): int(v) for k, v in scheme["staleness_histogram"].items()}
         result.staleness_histogram = hist

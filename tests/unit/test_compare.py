@@ -24,7 +24,8 @@ def test_plan_covers_every_condition_mode_and_seed():
     cmd = ssp.command("python", "out/ssp4-seed0", cores=2)
     assert cmd[:4] == ["mpirun", "-np", "3", "--oversubscribe"]
     assert cmd[cmd.index("--staleness") + 1] == "4" and "--straggler" not in cmd
-    assert Mode("async").train_flags() == ["--mode", "async", "--staleness", "inf"]
+    assert Mode("async").train_flags() == ["--mode", "async", "--eval-pauses-workers",
+                                              "--staleness", "inf"]
     assert "--oversubscribe" not in sync.command("python", "d", cores=2)
     with pytest.raises(ValueError, match="unknown mode 'hogwild'"):
         modes(["hogwild"], [])
@@ -36,7 +37,8 @@ def test_every_remedy_is_a_mode_with_its_train_flags():
     assert list(ms) == ["sync", "local8", "backup1", "backup2", "async-slr", "dcasgd"]
     assert ms["local8"].train_flags() == ["--mode", "sync", "--local-steps", "8"]
     assert not ms["local8"].is_async and ms["backup1"].is_async
-    assert ms["backup2"].train_flags() == ["--mode", "async", "--bsp", "--backup-workers", "2"]
+    assert ms["backup2"].train_flags() == ["--mode", "async", "--eval-pauses-workers", "--bsp",
+                                          "--backup-workers", "2"]
     assert "--staleness-lr" in ms["async-slr"].train_flags()
     assert "--dc-lambda" in ms["dcasgd"].train_flags()
     with pytest.raises(ValueError, match="--backup-workers"):
@@ -124,3 +126,46 @@ def test_ceiling_of_a_persistent_straggler():
     assert ceiling("3x", 2) == pytest.approx(2.0) and ceiling("3x", 4) == pytest.approx(2.5)
     assert ceiling("none", 8) == 1.0
     assert ceiling("50ms", 2) is None and ceiling("3x@0.1", 2) is None
+
+
+def _write_log(path, *records):
+    import json
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+HEADER = {"type": "header", "steps_per_epoch": 10, "num_workers": 2,
+          "config": {"run": {"batch_size": 32}}}
+
+
+def test_a_run_stopped_at_its_target_is_read_up_to_its_stop_line(tmp_path):
+    from hvdtrain.compare.plan import PlannedRun
+    from hvdtrain.compare.results import read_result
+    run = PlannedRun("sync-seed0", Mode("sync"), 0, "3x", 2)
+    # Stopped in its first epoch: no epoch line; the stop line says where training ended.
+    _write_log(tmp_path / "sync", HEADER,
+               {"type": "eval", "step": 4, "wall_seconds": 1.5, "train_seconds": 1.0,
+                "test_acc": 0.9},
+               {"type": "eval", "step": 8, "wall_seconds": 3.0, "train_seconds": 2.0,
+                "test_acc": 0.96},
+               {"type": "stop", "step": 9, "epoch": 1, "wall_seconds": 3.4,
+                "train_seconds": 2.4, "reason": "reached the target"})
+    result = read_result(run, tmp_path / "sync", {"status": "ok"}, 0.95)
+    assert result.status == "ok", result.reason
+    assert result.time_to_target == 2.0 and result.final_test_acc == 0.96
+    assert result.wall_seconds == 2.4
+    assert result.samples_per_sec == pytest.approx(9 * 32 * 2 / 2.4)  # every worker, every step
+
+
+def test_async_throughput_counts_what_the_servers_received(tmp_path):
+    from hvdtrain.compare.plan import PlannedRun
+    from hvdtrain.compare.results import read_result
+    run = PlannedRun("async-seed0", Mode("async"), 0, "3x", 3)
+    # Worker 0 made 10 steps, the straggler 4: the servers got 14 pushes, not 2 x 10.
+    _write_log(tmp_path / "async", HEADER,
+               {"type": "epoch", "epoch": 1, "step": 10, "wall_seconds": 2.5,
+                "train_seconds": 2.0, "test_acc": 0.9},
+               {"type": "scheme", "samples": 14 * 32, "staleness_histogram": {"0": 10, "1": 4}})
+    result = read_result(run, tmp_path / "async", {"status": "ok"}, 0.95)
+    assert result.samples_per_sec == pytest.approx(14 * 32 / 2.0)
+    assert result.time_to_target is None and result.mean_staleness == pytest.approx(4 / 14)
