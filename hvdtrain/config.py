@@ -336,6 +336,12 @@ class RunConfig:
     early_stop_patience: int = _opt(0, "stop when the --keep-best metric has not improved in N "
                                     "evaluations (0: never); the run then writes its final "
                                     "checkpoint and exits 0")
+    stop_at: str = _opt("", "stop training once an evaluation (at an epoch's end, or every "
+                        "--eval-every-steps steps) reaches a target: NAME>=VALUE or "
+                        "NAME<=VALUE with NAME a test_ metric the run reports, e.g. "
+                        "test_acc>=0.95 or test_loss<=0.1 (time to accuracy). Every worker "
+                        "stops within a step or two, the checkpoint is written and the run "
+                        "exits 0")
     resume: str | None = _opt(None, "resume from this checkpoint file or run folder")
     auto_resume: bool = _opt(False, "continue the checkpoint in --run-dir when there is one, "
                              "else start fresh: for jobs that a scheduler restarts (Kubernetes, "
@@ -398,6 +404,10 @@ class RunConfig:
             parse_metric_goal(r.keep_best)
         except ValueError as e:
             raise ConfigError(f"--keep-best: invalid value {r.keep_best!r}; {e}") from None
+        try:
+            parse_stop_at(r.stop_at)
+        except ValueError as e:
+            raise ConfigError(f"--stop-at: invalid value {r.stop_at!r}; {e}") from None
         _require(r.early_stop_patience >= 0, "--early-stop-patience", r.early_stop_patience,
                  "use 0 (never stop early) or a number of evaluations, e.g. 3")
         if r.early_stop_patience and not r.keep_best:
@@ -502,6 +512,32 @@ def parse_metric_goal(text: str) -> tuple[str, str] | None:
         raise ValueError("name a metric such as test_acc or test_loss, optionally after max: "
                          "or min:, e.g. min:test_mae")
     return name, goal.strip() or ("min" if name.endswith("loss") else "max")
+
+
+STOP_AT_FORMAT = "write NAME>=VALUE or NAME<=VALUE, e.g. test_acc>=0.95 or test_loss<=0.1"
+
+
+def parse_stop_at(text: str) -> tuple[str, str, float] | None:
+    """``"test_acc>=0.95"`` -> ("test_acc", ">=", 0.95); ``"test_loss <= 0.1"`` ->
+    ("test_loss", "<=", 0.1); ``""`` -> None. Whether the run reports NAME is known only once
+    its metrics are (loop/target.py)."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    for op in (">=", "<="):
+        name, found, value = text.partition(op)
+        if found:
+            break
+    else:
+        raise ValueError(STOP_AT_FORMAT)
+    name = name.strip()
+    try:
+        target = float(value)
+    except ValueError:
+        raise ValueError(f"{value.strip()!r} is not a number; {STOP_AT_FORMAT}") from None
+    if not name.isidentifier() or not math.isfinite(target):
+        raise ValueError(STOP_AT_FORMAT)
+    return name, op, target
 
 
 def _require(ok: bool, flag: str, got: Any, fix: str) -> None:

@@ -7,6 +7,7 @@
     log           progress bar, summary lines, JSONL log (run_log.py)
     hooks         after every step: straggler sleep, finite-loss guard (hooks.py)
     best          after every evaluation: best.pt, early stopping (best.py)
+    target        after every evaluation: --stop-at, whether the target is reached (target.py)
     signals       SIGTERM/SIGUSR1/SIGINT: stop at an agreed step with a checkpoint (preemption.py)
     watchdog      --stall-timeout-s: end a job that stopped making progress (watchdog.py)
 """
@@ -31,6 +32,7 @@ from .evaluator import Evaluator
 from .hooks import StepResult, default_hooks
 from .preemption import process_signals
 from .run_log import EpochResult, RunLog
+from .target import TargetStop
 from .watchdog import StallWatchdog
 
 
@@ -47,6 +49,7 @@ class Trainer:
         self.checkpointer = Checkpointer(cfg, scheme, self.run_dir, self.identity,
                                          self.replica.model.state_dict)
         self.best = BestTracker(run, scheme, self.checkpointer, names, workload.test is not None)
+        self.target = TargetStop(run, names, workload.test is not None)
         self.hooks = default_hooks(run)
         self._bind_world()
         self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
@@ -56,6 +59,9 @@ class Trainer:
         self.eval_seconds = 0.0  # spent evaluating since `started`: not training time
         self.signals = process_signals  # installed by launch.run; unset elsewhere (tests)
         self.preempted: str | None = None  # the signal that stopped the run, once it did
+        self.target_stop: str | None = None  # the --stop-at target reached, when it ended the run
+        self.stop_clock = (0.0, 0.0)  # (wall, training) seconds when the target stopped it
+        self.stopped_at_step = False  # the workers agreed to stop inside an epoch
         self.stopped_elsewhere = False  # async: this worker finished, another was stopped
         # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.
         self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size,
@@ -129,22 +135,23 @@ class Trainer:
         self.log.follow_main(self.is_main, self.run_dir / "metrics.jsonl", self.progress.global_step)
         self.plan.rescale(self.progress)
         self.best.start(self.progress)
-        while self.progress.epoch < self.cfg.run.epochs and not self.best.stop_reason:
+        while self.progress.epoch < self.cfg.run.epochs and not self._stops_after_epoch():
             self._train_epoch()
-            if self.preempted:
-                break  # _preempt wrote the checkpoint
-            if self.best.stop_reason:
+            if self.stopped_at_step:
+                break  # _stop_at_step wrote the checkpoint
+            last = self._stops_after_epoch()
+            if last:
                 self.scheme.end_of_training()  # the final checkpoint sees every worker's update
-            self.checkpointer.epoch_done(self.progress, last=bool(self.best.stop_reason))
+            self.checkpointer.epoch_done(self.progress, last=last)
             self.scheme.epoch_done(self.progress)
-        if self.preempted or self.stopped_elsewhere:
-            self.log.drain(seconds=5.0)
+        if self.stopped_at_step or self.stopped_elsewhere:
+            self.log.drain(seconds=5.0)  # async: the others may never add their share
         else:
             self.log.flush(wait=True)
-        if self.stopped_elsewhere and not self.preempted:
-            self.preempted = "a stop signal on another worker"
         if self.preempted:
             self._report_preemption()
+        if self.target_stop:
+            self._report_target()
         if self.best.stop_reason:
             reason = f"stopped early after epoch {self.progress.epoch}: {self.best.stop_reason}"
             self.log.write("stop", epoch=self.progress.epoch, reason=reason)
@@ -171,21 +178,24 @@ class Trainer:
             self.log.step(epoch, p.global_step, lr, loss, stats)
             if self.evaluator.due_at_step(p.global_step, p.step == self.plan.steps_per_epoch,
                                           epoch):
-                self.log.evaluation(epoch, p.global_step, *self._timed_evaluation())
+                test, wall_seconds, train_seconds = self._timed_evaluation()
+                self.log.evaluation(epoch, p.global_step, test, wall_seconds, train_seconds)
+                self.target.evaluated(test, p.global_step)
             self.watchdog.beat(f"in step {p.global_step + 1}")
-            if self.scheme.agree_to_stop(self.signals.received is not None):
-                self._preempt()
+            if self.scheme.agree_to_stop(self.signals.received is not None or
+                                         self.target.reached is not None):
+                self._stop_at_step()
                 return
         self.watchdog.beat("at the end of an epoch (evaluation, checkpoint)")
         if epoch + 1 == self.cfg.run.epochs and self.scheme.end_of_training():
             # the last evaluation and checkpoint see every update; another worker was stopped
             self.stopped_elsewhere = True
+            self._note_why_stopped()  # before the last evaluation: it did not stop anybody
         due = self.evaluator.due(epoch)
         if due:
             test, wall_seconds, train_seconds = self._timed_evaluation()
         else:
-            test, wall_seconds = None, time.perf_counter() - self.started
-            train_seconds = wall_seconds - self.eval_seconds
+            test, (wall_seconds, train_seconds) = None, self._clock()
         p.epoch, p.step = epoch + 1, 0
         # train_seconds is rounded as the epoch line rounds wall_seconds (to 1 ms), so that
         # train_seconds <= wall_seconds holds in the log as it does here.
@@ -194,6 +204,27 @@ class Trainer:
                             "train_seconds": round(train_seconds, 3)})
         if due:
             self.best.evaluated(test, p)
+            self.target.evaluated(test, p.global_step)
+        self._stop_at_epoch_end_if_all_judged()  # also for a step evaluation at the last step
+
+    def _stop_at_epoch_end_if_all_judged(self) -> None:
+        """Where every worker scored the evaluation (sync: all received the same sums), all
+        reach the target alike and stop before the next epoch without a word. Where worker 0
+        judged alone (async), it tells the others through the next step's stop agreement."""
+        if self.target.reached is None or self.progress.epoch >= self.cfg.run.epochs:
+            return  # the last epoch ends the run anyway: that is no early stop
+        partition = self.scheme.eval_partition
+        if partition is not None and partition[1] == self.num_workers:
+            self.target_stop, self.stop_clock = self.target.reached, self._clock()
+
+    def _stops_after_epoch(self) -> bool:
+        """Every worker stops at this epoch's end: early stopping, or a target all judged."""
+        return bool(self.best.stop_reason or self.target_stop)
+
+    def _clock(self) -> tuple[float, float]:
+        """(wall seconds since training started, training seconds: the evaluations' left out)."""
+        wall = time.perf_counter() - self.started
+        return wall, wall - self.eval_seconds
 
     def _timed_evaluation(self):
         """(test figures, wall seconds when evaluated, training seconds by then): the time of
@@ -205,15 +236,27 @@ class Trainer:
         wall = evaluated - self.started
         return test, wall, wall - before
 
-    # --- preemption -------------------------------------------------------------------------
-    def _preempt(self) -> None:
+    # --- stopping inside an epoch: a stop signal, or the --stop-at target ------------------------
+    def _stop_at_step(self) -> None:
         """The workers stop here (agree_to_stop: sync and --bsp after the same step, other async
-        workers each after its own): a step checkpoint holds it, and --auto-resume continues
-        from the next step as if nothing had happened."""
-        self.preempted = self.signals.received or "a stop signal on another worker"
+        workers each after its own): a step checkpoint holds it, and after a signal
+        --auto-resume continues from the next step as if nothing had happened."""
+        self.stopped_at_step = True
+        self._note_why_stopped()
         self.scheme.end_of_training()  # the checkpoint sees every worker's last update
-        self.watchdog.beat("writing the preemption checkpoint")
+        self.watchdog.beat("writing the stop checkpoint")
         self.checkpointer.save(self.progress)
+
+    def _note_why_stopped(self) -> None:
+        """Why this process stops before its epochs are done: its own stop signal, else the
+        target that it saw reached, else another worker's signal (or that worker's target: async
+        workers that did not evaluate cannot tell). A signal wins, so that a preempted job is
+        requeued (exit 75); a target ends it for good (exit 0). World rank 0's verdict is the
+        job's (launch.py)."""
+        if self.signals.received is None and self.target.reached is not None:
+            self.target_stop, self.stop_clock = self.target.reached, self._clock()
+        else:
+            self.preempted = self.signals.received or "a stop signal on another worker"
 
     def _report_preemption(self) -> None:
         p = self.progress
@@ -225,6 +268,18 @@ class Trainer:
             print(f"hvdtrain: stopped by {self.preempted} after {where} (global step "
                   f"{p.global_step}); checkpoint {self.checkpointer.path}; continue with "
                   f"--auto-resume --run-dir {self.run_dir}", flush=True)
+
+    def _report_target(self) -> None:
+        p = self.progress
+        wall, train = self.stop_clock
+        # Stamped as the eval lines are (wall time, and training time without the evaluations).
+        self.log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.global_step,
+                       wall_seconds=round(wall, 4), train_seconds=round(train, 4),
+                       target=self.target.text, reason=f"reached the target: {self.target_stop}")
+        if self.is_main:
+            print(f"hvdtrain: reached the target {self.target.text} ({self.target_stop}); "
+                  f"stopped after global step {p.global_step}; checkpoint "
+                  f"{self.checkpointer.path}", flush=True)
 
     def _learning_rate(self) -> float:
         return learning_rate(self.progress.global_step, self.plan.total_steps,

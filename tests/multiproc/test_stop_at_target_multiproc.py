@@ -1,0 +1,74 @@
+"""--stop-at under real launches: sync with 2 ranks, async with 2 workers and a server (fully
+asynchronous and --bsp). The evaluation that reaches the target stops every worker within a
+step or two, with a checkpoint, a stop line stamped like the eval lines, and exit code 0; a run
+that never reaches it trains all its epochs."""
+
+import pytest
+
+from hvdtrain import checkpoint
+from hvdtrain.metrics import read_jsonl
+from launch import hvdtrain, mpirun, records, run
+
+pytestmark = pytest.mark.multiproc
+QUIET = ["--no-progress", "--eval-every-steps", "4"]
+MODES = {"sync": (2, []), "async": (3, ["--mode", "async"]),
+         "bsp": (3, ["--mode", "async", "--bsp"])}
+TARGET = 0.9
+
+
+def first_evaluation_reaching(run_dir, value):
+    """The first eval or epoch line whose test accuracy reaches ``value``, in the log's order."""
+    return next(r for r in read_jsonl(run_dir / "metrics.jsonl")
+                if r["type"] in ("eval", "epoch") and r["test_acc"] >= value)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_evaluation_that_reaches_the_target_stops_every_worker(tmp_path, mode):
+    np, flags = MODES[mode]
+    proc = run(mpirun(np, *hvdtrain("train", *QUIET, *flags, "--epochs", "20", "--stop-at",
+                                    f"test_acc>={TARGET}", "--run-dir", str(tmp_path))))
+    assert "Traceback" not in proc.stderr
+    [stop] = records(tmp_path, "stop")
+    reached = first_evaluation_reaching(tmp_path, TARGET)
+    assert stop["reason"] == (f"reached the target: test_acc {reached['test_acc']:.6g} >= "
+                              f"{TARGET:g} at step {reached['step']}")
+    assert stop["target"] == f"test_acc>={TARGET}"
+    # The stop agreement takes a step or two: the next push, or the vote read one step later.
+    assert 0 <= stop["step"] - reached["step"] <= 3, (stop, reached)
+    assert reached["train_seconds"] <= stop["train_seconds"] < reached["train_seconds"] + 2
+    assert stop["train_seconds"] <= stop["wall_seconds"]
+    steps_per_epoch = records(tmp_path, "header")[0]["steps_per_epoch"]
+    assert stop["step"] < 10 * steps_per_epoch  # of 20 epochs; digits gets there in about 3
+    assert stop["epoch"] == (stop["step"] - 1) // steps_per_epoch + 1
+    assert f"hvdtrain: reached the target test_acc>={TARGET}" in proc.stdout
+    saved = checkpoint.load(tmp_path)  # the weights the run stopped with
+    assert saved["global_step"] == stop["step"]
+    assert all(t.isfinite().all() for t in saved["model"].values())
+    if mode != "sync":
+        assert records(tmp_path, "scheme")  # the servers shut down and reported
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_target_never_reached_ends_after_the_epochs_without_a_stop(tmp_path, mode):
+    np, flags = MODES[mode]
+    proc = run(mpirun(np, *hvdtrain("train", *QUIET, *flags, "--epochs", "2", "--stop-at",
+                                    "test_acc>=0.9999", "--run-dir", str(tmp_path))))
+    assert [r["epoch"] for r in records(tmp_path, "epoch")] == [1, 2]
+    assert records(tmp_path, "stop") == [] and "reached the target" not in proc.stdout
+    assert checkpoint.load(tmp_path)["epoch"] == 2
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_an_epoch_evaluation_that_reaches_the_target_stops_before_another_epoch(tmp_path, mode):
+    np, flags = MODES[mode]
+    run(mpirun(np, *hvdtrain("train", "--no-progress", *flags, "--epochs", "20", "--stop-at",
+                             "test_acc>=0.85", "--run-dir", str(tmp_path))))
+    [stop] = records(tmp_path, "stop")
+    reached = first_evaluation_reaching(tmp_path, 0.85)
+    assert reached["type"] == "epoch" and f"at step {reached['step']}" in stop["reason"]
+    assert records(tmp_path, "epoch")[-1] == reached  # no epoch after it
+    # sync: every rank judged it and stops at once; async: worker 0 alone judged it, and the
+    # first steps of the next epoch carry the stop to the others.
+    steps_after = [0] if mode == "sync" else [1, 2, 3]
+    assert stop["step"] - reached["step"] in steps_after, (stop, reached)
+    assert checkpoint.load(tmp_path)["global_step"] == stop["step"]
