@@ -204,7 +204,8 @@ def main(args) -> int:
         raise ConfigError(str(e)) from None
     train_args = ["--dataset", args.dataset, "--model", args.model, "--epochs", str(args.epochs),
                   "--checkpoint-every", "0", "--eval-every-steps", str(args.eval_every_steps),
-                  *shlex.split(args.train_args)]
+                  # a run ends at its target: the epochs are a budget, not the length of a run
+                  "--stop-at", f"test_acc>={args.target:g}", *shlex.split(args.train_args)]
     launcher = [*(["--hostfile", args.hostfile] if args.hostfile else []),
                 *shlex.split(args.launcher_args)]
     runs = planning.plan(modes, list(range(args.seeds)), args.stragglers.split(","),
