@@ -102,6 +102,13 @@ class UpdateScheme:
         assert self.replica is not None, "call attach() first"
         return self.replica
 
+    def meet_before_evaluation(self) -> None:
+        """Before an evaluation in which every worker takes part: wait for them all. A worker
+        that would otherwise wait for a slower one inside the evaluation's sums would count
+        that wait as evaluation, and the training clock (which leaves evaluations out) would
+        lose it; here it is counted as training, as the next step's sum would have counted it.
+        Collective where the evaluation is; nothing by default."""
+
     def evaluating(self) -> contextlib.AbstractContextManager:
         """The context an evaluation runs in (async: the other workers may pause meanwhile)."""
         return contextlib.nullcontext()

@@ -256,6 +256,9 @@ class HorovodSync(UpdateScheme):
     def workers(self) -> tuple[int, int]:
         return self.hvd.rank(), self.hvd.size()  # every rank also scores a share of the test split
 
+    def meet_before_evaluation(self) -> None:
+        self.hvd.barrier()  # every rank evaluates: see UpdateScheme.meet_before_evaluation
+
     def eval_replica(self) -> Replica:
         self._share_model()
         return self.replica

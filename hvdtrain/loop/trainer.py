@@ -229,7 +229,10 @@ class Trainer:
     def _timed_evaluation(self):
         """(test figures, wall seconds when evaluated, training seconds by then): the time of
         an evaluation is the moment its weights were taken, and its own duration is kept out of
-        the training time, so frequent evaluations do not slow the clock they are read on."""
+        the training time, so frequent evaluations do not slow the clock they are read on.
+        The clock stops only once every evaluating worker is there (meet_before_evaluation):
+        waiting for a straggler is training time."""
+        self.scheme.meet_before_evaluation()
         before, evaluated = self.eval_seconds, time.perf_counter()
         test = self.evaluator.evaluate()
         self.eval_seconds += time.perf_counter() - evaluated

@@ -41,3 +41,19 @@ def test_no_step_evaluations_by_default(tmp_path):
     run(mpirun(2, *hvdtrain("train", *QUIET, "--run-dir", str(tmp_path))))
     assert records(tmp_path, "eval") == []
     assert all(e["train_seconds"] <= e["wall_seconds"] for e in records(tmp_path, "epoch"))
+
+
+def test_waiting_for_a_straggler_at_an_evaluation_is_training_time(tmp_path):
+    # The last rank sleeps 100 ms after each step. With an evaluation after every step, rank 0
+    # reaches each evaluation first: the wait for the straggler must land on the training
+    # clock (as it would at the next step's allreduce without an evaluation), not inside the
+    # evaluation, whose duration the training clock leaves out.
+    run(mpirun(2, *hvdtrain("train", "--straggler", "100ms", "--eval-every-steps", "1",
+                            "--batch-size", "128", *QUIET, "--epochs", "1",
+                            "--run-dir", str(tmp_path))))
+    steps = records(tmp_path, "epoch")[0]["step"]
+    assert steps == 5  # digits: 1437 training samples, 2 workers of batch 128
+    last = records(tmp_path, "eval")[-1]
+    assert last["step"] == steps - 1
+    # every step but the last before this evaluation waited 100 ms for the straggler
+    assert last["train_seconds"] >= 0.9 * 0.1 * (steps - 1), last
