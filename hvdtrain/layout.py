@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config, ConfigError
-from .ps.protocol import Topology
+from .ps.protocol import Topology, check_backup_workers
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,9 @@ class Layout:
               gpu_count: int | None = None) -> "Layout":
         servers = cfg.ps.num_servers if cfg.run.mode == "async" else 0
         if servers:
-            Topology(world_size, servers)  # checks that at least one worker is left
+            topology = Topology(world_size, servers)  # checks that at least one worker is left
+            # here, on every rank alike, before a server and a worker disagree over MPI
+            check_backup_workers(cfg.ps.backup_workers, topology.num_workers)
         devices: tuple[str, ...] = ()
         if cfg.pipeline.stages > 1:
             if gpu_count is None:

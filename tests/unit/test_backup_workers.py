@@ -178,6 +178,15 @@ def test_config_refuses_backup_workers_outside_bsp_and_with_sparse_pulls():
         validate(mode="async", bsp=True, backup_workers=-1)
 
 
+def test_the_layout_refuses_as_many_backup_workers_as_workers_before_any_rank_communicates():
+    from hvdtrain.layout import Layout
+
+    cfg = Config.from_overrides(dict(mode="async", bsp=True, backup_workers=2)).validate()
+    assert Layout.build(cfg, 4, 0, 4).num_servers == 1  # 3 workers: 2 backups leave a quorum
+    with pytest.raises(ConfigError, match="this job has 2 worker.*at most 1 backup"):
+        Layout.build(cfg, 3, 0, 3)
+
+
 # --- one server, scripted schedules -----------------------------------------------------------
 def test_a_round_closes_at_n_minus_b_and_drops_the_late_gradient(monkeypatch):
     job = Job(monkeypatch, workers=3, backup=1)
