@@ -99,8 +99,15 @@ class PlannedRun:
         launch = ["mpirun", "-np", str(self.processes), *self.launcher_args]
         # One host with more processes than cores: mpirun refuses without this. Across hosts
         # the hostfile's slots decide.
-        if self.processes > cores and "--hostfile" not in self.launcher_args:
-            launch.append("--oversubscribe")
+        if "--hostfile" not in self.launcher_args:
+            if self.processes > cores:
+                launch.append("--oversubscribe")
+            if self.processes >= cores:
+                # Every core is taken: a process waiting for a message must yield its core to
+                # one that computes, not spin on it. Open MPI does so by itself only when
+                # oversubscribed, so a sync run on exactly the cores would spin while an async
+                # run on more processes yields: the modes would be timed under different rules.
+                launch += ["--mca", "mpi_yield_when_idle", "1"]
         return [*launch, python, "-m", "hvdtrain", "train", *self.mode.train_flags(),
                 "--seed", str(self.seed), "--run-dir", run_dir, "--no-progress",
                 *(["--straggler", self.straggler] if self.straggler else []), *self.train_args]

@@ -27,6 +27,11 @@ def test_plan_covers_every_condition_mode_and_seed():
     assert Mode("async").train_flags() == ["--mode", "async", "--eval-pauses-workers",
                                               "--staleness", "inf"]
     assert "--oversubscribe" not in sync.command("python", "d", cores=2)
+    # every core taken, by 2 or 3 processes: both yield while they wait, so both are timed alike
+    for run, cores in [(ssp, 2), (sync, 2)]:
+        cmd = run.command("python", "d", cores=cores)
+        assert cmd[cmd.index("--mca") + 1:cmd.index("--mca") + 3] == ["mpi_yield_when_idle", "1"]
+    assert "--mca" not in sync.command("python", "d", cores=16)
     with pytest.raises(ValueError, match="unknown mode 'hogwild'"):
         modes(["hogwild"], [])
 
