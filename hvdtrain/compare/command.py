@@ -250,22 +250,72 @@ def _simulate_plan(args, runs, modes, train_args, timing) -> list:
                  progress=show)
 
 
+# The sweep's runs stop at the target, so their budget can be generous at little cost: this many
+# times the plan's epochs, so that sync reaches the target at every number of workers with room
+# to spare. Only runs that never reach it pay the budget in full.
+SWEEP_BUDGET_FACTOR = 2
+
+
 def _sweep(args, modes, train_args, out: Path, timing) -> tuple[list, list[str]]:
-    """--sweep-workers: the modes at each number of workers, simulated; (results, report lines)."""
+    """--sweep-workers: the modes at each number of workers, simulated with the plan's global
+    batch (strong scaling: weak scaling would run out of samples at a few dozen workers, and
+    cut the steps of a fixed budget as 1/N), each run up to the target; (results, report
+    lines)."""
     from .plots import write_sweep_plot
     from .report import sweep_table
-    from .simulate import sweep
+    from .simulate import config_from_train_args, sweep
 
     counts = _ints(args.sweep_workers, "--sweep-workers")
     if not counts:
         return [], []
-    print(f"simulated sweep over {','.join(map(str, counts))} workers, {args.sweep_seeds} "
-          f"seed(s) each ...", flush=True)
-    results = sweep(modes, counts, train_args, args.target, timing,
+    plan = config_from_train_args(train_args, {}).run
+    global_batch = plan.batch_size * args.workers
+    epochs = args.epochs * SWEEP_BUDGET_FACTOR
+    sweep_args = [*train_args, "--epochs", str(epochs)]  # the later flag wins
+    plan_timing = timing
+    if not plan.threads:
+        # One thread per virtual worker, as each of several real workers on a host gets its
+        # share of the cores (runtime.default_threads). It is also this process's fastest way
+        # through the workers' small batches, one after another: several threads each would
+        # spend more time in handing the work over than in computing it.
+        sweep_args += ["--threads", "1"]
+        plan_timing = None  # measured with another number of threads
+    timings: dict = {}
+    print(f"simulated sweep over {','.join(map(str, counts))} workers sharing a global batch of "
+          f"{global_batch}, {args.sweep_seeds} seed(s) each, every run up to {args.target:.0%} "
+          f"(at most {epochs} epochs) ...", flush=True)
+
+    def show(result):
+        reached = (f"{result.time_to_target:.2f} virtual s" if result.time_to_target is not None
+                   else "not reached" if result.status == "ok" else f"FAILED ({result.reason})")
+        print(f"  {result.name}: {reached}", flush=True)
+
+    results = sweep(modes, counts, sweep_args, args.target,
+                    _sweep_timing(args, sweep_args, global_batch, plan_timing, timings),
                     stragglers=[s.strip() for s in args.stragglers.split(",")],
-                    seeds=list(range(args.sweep_seeds)), eval_every_steps=args.eval_every_steps)
+                    seeds=list(range(args.sweep_seeds)), eval_every_steps=args.eval_every_steps,
+                    progress=show, global_batch=global_batch, stop_at_target=True)
     write_sweep_plot(results, out / "sweep.png", args.target)
-    return results, sweep_table(results, args.target, timing)
+    return results, sweep_table(results, args.target, timings, global_batch, epochs,
+                                plan.threads or 1)
+
+
+def _sweep_timing(args, train_args, global_batch: int, plan_timing, measured: dict):
+    """The sweep's Timing for N workers: a step's compute depends on the per-worker batch, so
+    it is measured with N's batch, once per batch (``plan_timing``, if given, is the plan's
+    batch's). ``measured`` collects each N's Timing, for the report."""
+    from .simulate import strong_scaling_args
+
+    by_batch = {global_batch // args.workers: plan_timing} if plan_timing else {}
+
+    def timing(workers: int):
+        batch = global_batch // workers
+        if batch not in by_batch:
+            by_batch[batch] = _simulation_timing(
+                args, strong_scaling_args(train_args, workers, global_batch))
+        measured[workers] = by_batch[batch]
+        return measured[workers]
+    return timing
 
 
 def _run_plan(args, out: Path, runs, modes) -> int:

@@ -197,18 +197,31 @@ def write_report(results: list[RunResult], path: Path, target: float, workers: i
     return text
 
 
-def sweep_table(results: list[RunResult], target: float, timing) -> list[str]:
+def sweep_table(results: list[RunResult], target: float, timings: dict, global_batch: int,
+                epochs: int, threads: int) -> list[str]:
     """The report's section on the simulated sweep: time to target per (straggler, workers,
-    mode), on the virtual clock."""
+    mode), on the virtual clock. ``timings``: the Timing of each number of workers; the workers
+    share ``global_batch`` (strong scaling); ``epochs``: the runs' budget; ``threads``: each
+    virtual worker's, with which its step was timed."""
+    steps = "; ".join(f"{n} workers: {global_batch // n} per worker, {t.step_seconds * 1000:.1f} "
+                      "ms" for n, t in sorted(timings.items()))
+    first = timings[min(timings)] if timings else None  # the network's figures are constants
+    network = ("" if first is None else
+               f" The server applies a gradient in {first.apply_seconds * 1000:.2f} ms "
+               f"(measured here), an average costs {first.allreduce_seconds * 1000:g} ms and a "
+               f"push {first.push_seconds * 1000:g} ms.")
     lines = ["", "## Simulated sweep over workers", "",
              f"Simulated (compare/simulate.py): one process computes every virtual worker's real "
-             f"gradients; a step computes in {timing.step_seconds * 1000:.1f} ms, the server "
-             f"applies a gradient in {timing.apply_seconds * 1000:.2f} ms (both measured here), "
-             f"an average costs {timing.allreduce_seconds * 1000:g} ms and a push "
-             f"{timing.push_seconds * 1000:g} ms. Times are virtual seconds to {target:.0%}, mean "
-             "[95% interval] over the seeds that reached it.", "",
-             "| straggler | workers | mode | reached target | time to target (virtual s) | "
-             "samples/s (virtual) |", "|---|---|---|---|---|---|"]
+             f"gradients on a virtual clock. Strong scaling: the global batch stays "
+             f"{global_batch} samples per step and the steps per epoch stay the same at every "
+             f"number of workers N, each worker computing {global_batch}/N samples per step, "
+             f"and each worker's learning rate is scaled with its batch so that sync's rate "
+             f"(--lr x N, after warmup) is the plan's at every N. A step's compute, measured "
+             f"here with each N's batch on {threads} thread(s): {steps or '-'}.{network} Every "
+             f"run stops at the target (budget: {epochs} epochs). Times are virtual seconds to "
+             f"{target:.0%}, mean [95% interval] over the seeds that reached it.", "",
+             "| straggler | workers | batch per worker | mode | reached target | time to target "
+             "(virtual s) | samples/s (virtual) |", "|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[RunResult]] = defaultdict(list)
     for r in results:
         groups[(r.straggler, r.workers, r.mode)].append(r)
@@ -216,9 +229,11 @@ def sweep_table(results: list[RunResult], target: float, timing) -> list[str]:
         reached = [r.time_to_target for r in runs if r.time_to_target is not None]
         rates = [r.samples_per_sec for r in runs if r.samples_per_sec]
         failed = [r for r in runs if r.status != "ok"]
-        note = f" ({failed[0].reason[:80]})" if failed else ""
-        lines.append(f"| {straggler} | {workers} | {mode} | {len(reached)}/{len(runs)}{note} | "
-                     f"{_ci(bootstrap_ci(reached))} | {_fmt(*_mean_std(rates), digits=0)} |")
+        note = f" ({failed[0].reason[:100]})" if failed else ""
+        batch = global_batch // workers if global_batch % workers == 0 else "-"
+        lines.append(f"| {straggler} | {workers} | {batch} | {mode} | "
+                     f"{len(reached)}/{len(runs)}{note} | {_ci(bootstrap_ci(reached))} | "
+                     f"{_fmt(*_mean_std(rates), digits=0)} |")
     return lines
 
 

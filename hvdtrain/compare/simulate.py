@@ -24,7 +24,9 @@ so with many workers it saturates as a real one does.
 
 Evaluations fall where a real run's do (the ends of epochs, --eval-every-steps), on the whole
 test split, and take no virtual time. A global step, the step of the curves, is every worker's
-batch once: a sync round, or N pushes.
+batch once: a sync round, or N pushes. A run may stop at the first evaluation that reaches its
+target (stop_at_target), all that a sweep over workers needs. Such a sweep keeps the global
+batch fixed (strong_scaling_args), so that the workers share the same data and steps at every N.
 
 Approximations, all of them deliberate: the model's buffers (BatchNorm running statistics) are
 one set that every virtual worker updates; communication costs are constants per step (to be
@@ -43,6 +45,7 @@ import statistics
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,15 +96,31 @@ def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, 
     plan.bind_world(0, 1)
     batches = _cycle(lambda epoch: plan.batches(Progress(epoch=epoch)))
     model = setup.model
-    step = _median_seconds(lambda: model.gradient(*next(batches)), warmup, repeats)
-    params = model.flat.clone()
-    chunks = chunk_bounds(params.numel(), chunk_elements(setup.cfg.ps.chunk_mb))
-    optimizer = ShardOptimizer(params, chunks, setup.cfg.optim)
-    gradient = torch.randn_like(params) * 1e-4  # small: the measured steps must not blow up
-    lr = setup.cfg.optim.lr
-    apply = _median_seconds(lambda: _apply(optimizer, chunks, gradient, lr), warmup, repeats)
-    setup.workload.close()
+    try:
+        with _torch_threads(setup.cfg.run.threads):  # timed as the simulated runs compute
+            step = _median_seconds(lambda: model.gradient(*next(batches)), warmup, repeats)
+            params = model.flat.clone()
+            chunks = chunk_bounds(params.numel(), chunk_elements(setup.cfg.ps.chunk_mb))
+            optimizer = ShardOptimizer(params, chunks, setup.cfg.optim)
+            gradient = torch.randn_like(params) * 1e-4  # small: the steps must not blow up
+            lr = setup.cfg.optim.lr
+            apply = _median_seconds(lambda: _apply(optimizer, chunks, gradient, lr), warmup,
+                                    repeats)
+    finally:
+        setup.workload.close()
     return Timing(step, apply, allreduce_seconds, push_seconds)
+
+
+@contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """--threads for the duration (0: this process's setting), then the caller's setting."""
+    before = torch.get_num_threads()
+    if threads:  # tiny models run fastest with 1
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _median_seconds(work: Callable[[], object], warmup: int, repeats: int) -> float:
@@ -298,6 +317,10 @@ class PushRecord:
 
 
 # --- the run --------------------------------------------------------------------------------------
+class _TargetReached(Exception):
+    """An evaluation reached the target of a run that stops there (stop_at_target)."""
+
+
 class Simulation:
     """One simulated run of ``mode`` with ``workers`` virtual workers (see simulate_run for the
     arguments). :meth:`run` returns the RunResult that a real run's log would give; afterwards
@@ -306,7 +329,7 @@ class Simulation:
 
     def __init__(self, mode: Mode, workers: int, straggler: str, seed: int,
                  train_args: Sequence[str], target: float, timing: Timing,
-                 eval_every_steps: int | None = None):
+                 eval_every_steps: int | None = None, stop_at_target: bool = False):
         if workers < 1:
             raise ConfigError(f"workers: invalid value {workers}; use 1 or more")
         if mode.local_steps < 1:
@@ -320,6 +343,7 @@ class Simulation:
                               "flags' --eval-every-steps")
         timing.check()
         self.mode, self.num_workers, self.seed, self.target = mode, workers, seed, target
+        self.stop_at_target = stop_at_target
         self.straggler_text = straggler.strip() if straggler.strip().lower() != "none" else ""
         self.timing = timing
         self.setup = _Setup.build(train_args, seed, self.straggler_text, mode)
@@ -409,6 +433,8 @@ class Simulation:
                            "test_loss": test_loss})
         self._loss_sum, self._loss_count = 0.0, 0
         self._changed = False
+        if self.stop_at_target and test_acc is not None and test_acc >= self.target:
+            raise _TargetReached  # unwinds whichever mode's loop is running
 
     def _finish(self, weights: torch.Tensor | None) -> None:
         if self._changed or not self.curve:
@@ -419,20 +445,25 @@ class Simulation:
     # --- the modes --------------------------------------------------------------------------------
     def run(self) -> RunResult:
         mode = self.mode
-        threads = torch.get_num_threads()
-        if self.setup.cfg.run.threads:  # --threads; tiny models run fastest with 1
-            torch.set_num_threads(self.setup.cfg.run.threads)
         try:
-            if not mode.is_async:
-                self._run_sync() if mode.local_steps == 1 else self._run_local()
-            else:
-                _ServerRun(self).run()
+            with _torch_threads(self.setup.cfg.run.threads):
+                if not mode.is_async:
+                    self._run_sync() if mode.local_steps == 1 else self._run_local()
+                else:
+                    _ServerRun(self).run()
+        except _TargetReached:
+            self._stop_at_last_evaluation()
         except TrainingError as e:
             return self._failed(f"training failed: {e}")
         finally:
-            torch.set_num_threads(threads)  # this process's setting is the caller's
             self.setup.workload.close()
         return self._result()
+
+    def _stop_at_last_evaluation(self) -> None:
+        """stop_at_target: the run ends at the evaluation that reached the target, with the
+        weights it evaluated (loaded in the model by _evaluate)."""
+        self.now = self.curve[-1]["wall_seconds"]
+        self.final_parameters = self.setup.model.flat.detach().clone()
 
     def _run_sync(self) -> None:
         """Horovod: every round each worker computes its gradient at the same weights; the
@@ -697,38 +728,77 @@ def failed_result(mode: Mode, workers: int, straggler: str, seed: int, reason: s
 
 
 def simulate_run(mode: Mode, workers: int, straggler: str, seed: int, train_args: Sequence[str],
-                 target: float, timing: Timing, eval_every_steps: int | None = None) -> RunResult:
+                 target: float, timing: Timing, eval_every_steps: int | None = None,
+                 stop_at_target: bool = False) -> RunResult:
     """One simulated run: the RunResult a real run of ``mode`` on ``workers`` workers would
     report, on the virtual clock. ``train_args`` are hvdtrain train flags (dataset, model,
     epochs, batch size, optimizer...). Evaluations fall where a real run's do: at the ends of
     epochs (--eval-every) and every --eval-every-steps global steps, which ``eval_every_steps``
     overrides (a global step is every worker's batch once: a sync round, N async pushes).
+    With ``stop_at_target`` the run ends at the first evaluation at or above ``target`` (its
+    figures are then those up to there), as the time to target is all a sweep needs.
     Raises ConfigError for what cannot run (e.g. too few samples for N workers)."""
     return Simulation(mode, workers, straggler, seed, train_args, target, timing,
-                      eval_every_steps).run()
+                      eval_every_steps, stop_at_target).run()
+
+
+def strong_scaling_args(train_args: Sequence[str], workers: int,
+                        global_batch: int) -> list[str]:
+    """``train_args`` for ``workers`` workers that share a global batch of ``global_batch``
+    samples (strong scaling): --batch-size global_batch / workers, and --lr scaled with the
+    per-worker batch (lr x batch / the flags' batch), so that under --lr-scaling linear sync's
+    rate, lr x workers, is the same at every number of workers (with --lr-scaling none sync's
+    rate is --lr itself, which is then kept). Only the warmup differs: it ramps from one
+    worker's rate, which is lower with more workers. The number of global steps per epoch,
+    samples // workers // batch, is then samples // global_batch whatever the workers, and
+    so are the global batches themselves (data/builtin.py epoch_batches): sync trains the
+    same model at every N. ConfigError if ``workers`` does not divide ``global_batch``."""
+    if workers < 1 or global_batch % workers:
+        raise ConfigError(f"{workers} workers cannot split the global batch of {global_batch} "
+                          f"evenly (--sweep-workers: use divisors of {global_batch})")
+    cfg = config_from_train_args(train_args, {})
+    batch = global_batch // workers
+    lr = cfg.optim.lr
+    if cfg.optim.lr_scaling == "linear":
+        lr *= batch / cfg.run.batch_size
+    return [*train_args, "--batch-size", str(batch), "--lr", repr(lr)]  # the later flags win
 
 
 def sweep(modes: Sequence[Mode], worker_counts: Sequence[int], train_args: Sequence[str],
           target: float, timing: Timing | Callable[[int], Timing],
           stragglers: Sequence[str] = ("",), seeds: Sequence[int] = (0,),
           eval_every_steps: int | None = None,
-          progress: Callable[[RunResult], None] | None = None) -> list[RunResult]:
+          progress: Callable[[RunResult], None] | None = None,
+          global_batch: int | None = None, stop_at_target: bool = False) -> list[RunResult]:
     """Every (straggler, workers, mode, seed), simulated. ``timing`` may depend on the number of
-    workers (a callable), as a calibrated allreduce does. A combination that cannot run (too few
-    samples for N workers' batches) is a failed RunResult with the reason, not an exception."""
+    workers (a callable), as a calibrated allreduce or a per-worker batch does. With
+    ``global_batch`` the workers share that global batch (strong scaling, see
+    strong_scaling_args); without, each worker takes the flags' --batch-size (weak scaling).
+    A combination that cannot run (too few samples for N workers' batches, a global batch that
+    N workers cannot share) is a failed RunResult with the reason, not an exception."""
     results = []
+
+    def record(result: RunResult) -> None:
+        results.append(result)
+        if progress is not None:
+            progress(result)
+
     for straggler in stragglers:
         straggler = "" if straggler.strip().lower() in ("", "none") else straggler.strip()
         for workers in worker_counts:
-            figures = timing(workers) if callable(timing) else timing
-            for mode in modes:
-                for seed in seeds:
-                    try:
-                        result = simulate_run(mode, workers, straggler, seed, train_args, target,
-                                              figures, eval_every_steps)
-                    except ConfigError as e:
-                        result = failed_result(mode, workers, straggler, seed, str(e))
-                    results.append(result)
-                    if progress is not None:
-                        progress(result)
+            runs = [(mode, seed) for mode in modes for seed in seeds]
+            try:
+                args = (strong_scaling_args(train_args, workers, global_batch)
+                        if global_batch else list(train_args))
+                figures = timing(workers) if callable(timing) else timing
+            except ConfigError as e:  # every run at this number of workers fails alike
+                for mode, seed in runs:
+                    record(failed_result(mode, workers, straggler, seed, str(e)))
+                continue
+            for mode, seed in runs:
+                try:
+                    record(simulate_run(mode, workers, straggler, seed, args, target, figures,
+                                        eval_every_steps, stop_at_target))
+                except ConfigError as e:
+                    record(failed_result(mode, workers, straggler, seed, str(e)))
     return results

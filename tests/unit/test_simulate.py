@@ -14,8 +14,10 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from hvdtrain.compare.plan import Mode, modes
-from hvdtrain.compare.simulate import Simulation, Timing, measure_timing, simulate_run, sweep
-from hvdtrain.config import DataConfig, ModelConfig
+from hvdtrain.compare import simulate
+from hvdtrain.compare.simulate import (Simulation, Timing, config_from_train_args, measure_timing,
+                                       simulate_run, strong_scaling_args, sweep)
+from hvdtrain.config import ConfigError, DataConfig, ModelConfig
 from hvdtrain.data.builtin import load_dataset
 from hvdtrain.models import build_model
 from hvdtrain.stragglers import parse_straggler
@@ -357,6 +359,74 @@ def test_sweep_records_the_workers_and_fails_what_cannot_run():
     assert results[0].wall_seconds == pytest.approx(2 * 0.012)  # the timing for 2 workers
 
 
+# --- the sweep: strong scaling, runs that stop at the target --------------------------------------
+def test_strong_scaling_splits_the_global_batch_and_scales_each_workers_rate_with_it():
+    flags = [*DIGITS, "--lr", "0.08"]  # and the default --batch-size 32
+    for workers, batch, lr in [(1, 64, 0.16), (2, 32, 0.08), (8, 8, 0.02), (64, 1, 0.0025)]:
+        cfg = config_from_train_args(strong_scaling_args(flags, workers, 64), {})
+        assert (cfg.run.batch_size, cfg.optim.lr) == (batch, pytest.approx(lr))
+        assert cfg.optim.lr * workers == pytest.approx(0.16)  # sync's rate, lr x N: the same
+    # --lr-scaling none: sync's rate is --lr at any N, so it is kept
+    kept = config_from_train_args(strong_scaling_args([*flags, "--lr-scaling", "none"], 8, 64),
+                                  {})
+    assert (kept.run.batch_size, kept.optim.lr) == (8, 0.08)
+    with pytest.raises(ConfigError, match="3 workers cannot split the global batch of 64"):
+        strong_scaling_args(flags, 3, 64)
+
+
+def test_under_strong_scaling_sync_trains_the_same_model_at_every_number_of_workers():
+    # At each step the workers' batches together are the same global batch whatever N
+    # (epoch_batches), and sync's rate lr x N is the same: the same training, up to the order
+    # of the sums. Without warmup, which ramps from one worker's rate.
+    flags = [*DIGITS, *steps(2, 5), "--warmup-epochs", "0"]
+    final = {}
+    for n in (1, 4, 16):
+        sim = Simulation(SYNC, n, "", 0, strong_scaling_args(flags, n, 64), 0.9,
+                         ONE_SECOND_STEPS)
+        sim.run()
+        assert sim.total_steps == 10
+        final[n] = sim.final_parameters
+    assert torch.allclose(final[4], final[1], atol=1e-5)
+    assert torch.allclose(final[16], final[1], atol=1e-5)
+    assert not torch.allclose(final[1], initial_parameters(0), atol=1e-3)
+
+
+def test_a_strong_scaling_sweep_runs_where_weak_scaling_runs_out_of_samples():
+    asked = []
+
+    def timing(workers):  # a step's compute as the per-worker batch would have it
+        asked.append(workers)
+        return Timing(step_seconds=0.001 * 64 / workers)
+    results = sweep([SYNC, ASYNC], [2, 64, 3], [*DIGITS, *steps(1, 4)], 0.99, timing,
+                    global_batch=64, stop_at_target=True)
+    assert [(r.mode, r.workers, r.status) for r in results] == [
+        ("sync", 2, "ok"), ("async", 2, "ok"), ("sync", 64, "ok"), ("async", 64, "ok"),
+        ("sync", 3, "failed"), ("async", 3, "failed")]
+    assert "cannot split the global batch of 64" in results[-1].reason
+    assert asked == [2, 64]
+    for r in results[:4]:  # the same 4 global steps of 64 samples at every N
+        assert r.curve[-1]["step"] == 4 and r.time_to_target is None
+    assert results[0].wall_seconds == pytest.approx(4 * 0.032)
+    assert results[2].wall_seconds == pytest.approx(4 * 0.001)
+    assert results[2].samples_per_sec == pytest.approx(4 * 64 / 0.004)
+
+
+@pytest.mark.parametrize("mode", [SYNC, ASYNC], ids=["sync", "async"])
+def test_a_run_that_stops_at_the_target_ends_at_the_evaluation_that_reached_it(mode):
+    args = [*DIGITS, "--epochs", "4"]
+
+    def run(stop):
+        return simulate_run(mode, 2, "3x", 3, args, 0.9, Timing(step_seconds=0.01),
+                            eval_every_steps=2, stop_at_target=stop)
+    full, stopped = run(False), run(True)
+    assert full.time_to_target is not None
+    assert stopped.time_to_target == full.time_to_target
+    assert stopped.wall_seconds == stopped.time_to_target < full.wall_seconds
+    assert stopped.curve == full.curve[:len(stopped.curve)]  # the same run, cut short
+    assert stopped.curve[-1]["test_acc"] >= 0.9 > max(p["test_acc"] for p in stopped.curve[:-1])
+    assert stopped.final_test_acc == stopped.curve[-1]["test_acc"]
+
+
 def test_a_diverging_run_fails_as_a_real_one_would():
     # A real worker's FiniteLossGuard ends the job at the first infinite or NaN loss.
     result = simulate_run(ASYNC, 2, "", 0, [*DIGITS, "--epochs", "1", "--lr", "1e10",
@@ -377,7 +447,17 @@ def test_bad_input_names_the_fix():
         Simulation(SYNC, 2, "", 0, DIGITS, 0.9, Timing(-1.0))
 
 
-def test_measure_timing_times_real_steps():
-    timing = measure_timing([*DIGITS], repeats=5, warmup=1, push_seconds=0.002)
+def test_measure_timing_times_real_steps_on_the_threads_asked_for(monkeypatch):
+    threads = []
+    median_seconds = simulate._median_seconds
+
+    def timed(*args):  # what the timed work runs on
+        threads.append(torch.get_num_threads())
+        return median_seconds(*args)
+    monkeypatch.setattr(simulate, "_median_seconds", timed)
+    before = torch.get_num_threads()
+    timing = measure_timing([*DIGITS, "--threads", "3"], repeats=5, warmup=1,
+                            push_seconds=0.002)
     assert 0 < timing.step_seconds < 1 and 0 < timing.apply_seconds < 1
     assert timing.push_seconds == 0.002 and timing.allreduce_seconds == 0.0
+    assert threads == [3, 3] and torch.get_num_threads() == before  # the caller's again
