@@ -211,15 +211,21 @@ class RunLog:
                 self._finish_epoch(values, record)
 
     def drain(self, seconds: float) -> None:
-        """After a stop signal: write the lines whose sums complete within ``seconds``. An async
+        """After a stop: write the lines whose sums complete within ``seconds``. An async
         worker that stopped early never adds its share to the later lines of the others, so
-        those are left out rather than waited for."""
+        those step and epoch lines are left out rather than waited for; the evaluations held
+        behind them need no sums and are written all the same (a run stopped at its target
+        must keep the evaluation that reached it)."""
         deadline = time.monotonic() + seconds
         while self._pending and time.monotonic() < deadline:
             self.flush()
             time.sleep(0.01)
-        if self._pending and self.is_main:
-            print(f"hvdtrain: {len(self._pending)} step or epoch line(s) left out of the log: "
+        left_out = [record for _, record in self._pending if record["type"] != "eval"]
+        for _, record in self._pending:
+            if record["type"] == "eval":
+                self.write("eval", **{k: v for k, v in record.items() if k != "type"})
+        if left_out and self.is_main:
+            print(f"hvdtrain: {len(left_out)} step or epoch line(s) left out of the log: "
                   "not every worker reached them before the stop", flush=True)
         self._pending.clear()
 
