@@ -102,15 +102,13 @@ class UpdateScheme:
         assert self.replica is not None, "call attach() first"
         return self.replica
 
-    def meet_before_evaluation(self) -> None:
-        """Before an evaluation in which every worker takes part: wait for them all. A worker
-        that would otherwise wait for a slower one inside the evaluation's sums would count
-        that wait as evaluation, and the training clock (which leaves evaluations out) would
-        lose it; here it is counted as training, as the next step's sum would have counted it.
-        Collective where the evaluation is; nothing by default."""
-
     def evaluating(self) -> contextlib.AbstractContextManager:
-        """The context an evaluation runs in (async: the other workers may pause meanwhile)."""
+        """The context an evaluation runs in, with the trainer's evaluation clock inside it.
+        Entering it waits until no other worker computes: sync ranks meet (each evaluates a
+        share); with --eval-pauses-workers the async workers stop at their next push. A worker
+        that waited for a slower one inside the evaluation would count that wait as
+        evaluation, and the training clock (which leaves evaluations out) would lose it; waited
+        for before, it counts as training, as the next step would have counted it."""
         return contextlib.nullcontext()
 
     def run(self, loop: Callable[[], None], progress: Progress) -> None:

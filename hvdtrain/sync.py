@@ -12,6 +12,8 @@ steps the workers average their parameters (and BatchNorm statistics) with one a
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 from typing import Any, Callable, TypeVar
 
@@ -256,8 +258,10 @@ class HorovodSync(UpdateScheme):
     def workers(self) -> tuple[int, int]:
         return self.hvd.rank(), self.hvd.size()  # every rank also scores a share of the test split
 
-    def meet_before_evaluation(self) -> None:
-        self.hvd.barrier()  # every rank evaluates: see UpdateScheme.meet_before_evaluation
+    @contextlib.contextmanager
+    def evaluating(self):
+        self.hvd.barrier()  # every rank evaluates a share: see UpdateScheme.evaluating
+        yield
 
     def eval_replica(self) -> Replica:
         self._share_model()

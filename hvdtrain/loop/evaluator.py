@@ -36,9 +36,8 @@ class Evaluator:
         if self.test is None or partition is None:
             return None
         part, parts = partition
-        with self.scheme.evaluating():
-            replica = self.scheme.eval_replica()
-            stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
+        replica = self.scheme.eval_replica()  # inside the trainer's scheme.evaluating()
+        stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
         totals = EpochTotals(self.names)  # the training figures' sums, and their layout
         if stats is not None:
             totals.add(stats.loss_sum.item(), stats)

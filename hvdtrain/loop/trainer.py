@@ -230,12 +230,12 @@ class Trainer:
         """(test figures, wall seconds when evaluated, training seconds by then): the time of
         an evaluation is the moment its weights were taken, and its own duration is kept out of
         the training time, so frequent evaluations do not slow the clock they are read on.
-        The clock stops only once every evaluating worker is there (meet_before_evaluation):
-        waiting for a straggler is training time."""
-        self.scheme.meet_before_evaluation()
-        before, evaluated = self.eval_seconds, time.perf_counter()
-        test = self.evaluator.evaluate()
-        self.eval_seconds += time.perf_counter() - evaluated
+        The evaluation clock starts once no other worker computes (scheme.evaluating): waiting
+        for a straggler is training time."""
+        with self.scheme.evaluating():
+            before, evaluated = self.eval_seconds, time.perf_counter()
+            test = self.evaluator.evaluate()
+            self.eval_seconds += time.perf_counter() - evaluated
         wall = evaluated - self.started
         return test, wall, wall - before
 

@@ -339,7 +339,11 @@ class ParameterServerClient(UpdateScheme):
         would never join, so tell server 0, which decides every shard's rounds, not to count
         on it until its next push. Plain --bsp needs no such message: its workers never drift
         apart."""
-        if self.backup_workers and self._started:
+        if not self._started:
+            return
+        if self.cfg.ps.eval_pauses_workers:  # and no pause waits for it either: every server
+            self._tell_servers(Kind.IDLE)
+        elif self.backup_workers:
             leader = self.routes[0][0]
             self.comm.Send(make_header(Kind.IDLE, clock=self.clock, worker=self.worker_rank),
                            dest=leader, tag=Tag.REQUEST)
@@ -368,12 +372,20 @@ class ParameterServerClient(UpdateScheme):
     @contextlib.contextmanager
     def evaluating(self):
         """--eval-pauses-workers: the servers hold the other workers' replies while this worker
-        evaluates, so that nobody trains during an evaluation, as in sync mode."""
-        if not (self.cfg.ps.eval_pauses_workers and self._started):
+        evaluates, so that nobody trains during an evaluation, as in sync mode. It starts once
+        every server confirmed that the others wait (their steps under way are finished: they
+        count on this worker's training clock, as sync's barrier makes them count)."""
+        if not (self.cfg.ps.eval_pauses_workers and self._started and
+                self.eval_partition is not None):
             yield
             return
         self._tell_servers(Kind.PAUSE)
         try:
+            word = np.empty(1, dtype=np.int64)  # server 0 confirms for all (Server._confirm_pause)
+            wait_any(self.MPI, [self.comm.Irecv(word, source=self.routes[0][0], tag=Tag.PAUSED)],
+                     self.cfg.ps.timeout_s, lambda: (
+                         f"worker {self.worker_rank}: the other workers did not stop for its "
+                         "evaluation"))
             yield
         finally:
             self._tell_servers(Kind.RESUME)

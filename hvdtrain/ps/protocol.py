@@ -34,6 +34,7 @@ class Tag(IntEnum):
     READY = 17     # one word, server -> worker on the same host: chunk i is updated in the window
     STOP = 18      # one word, server -> every worker, once: stop after the current step (a signal)
     VERDICT = 19   # --backup-workers: a round's members, server 0 -> the other servers
+    PAUSED = 20    # one word, server 0 -> the evaluating worker: every other one waits (a PAUSE)
 
 
 class Kind(IntEnum):
@@ -42,13 +43,15 @@ class Kind(IntEnum):
     PULL = 3   # just send the current parameters
     SAVE = 4   # send parameters, optimizer state and clocks, for a checkpoint
     DONE = 5   # this worker has finished
-    IDLE = 6   # --backup-workers, worker -> server 0: it pushes nothing until its next push (it
-               # waits for the other workers, e.g. at the end of training); no reply
+    IDLE = 6   # --backup-workers (to server 0) and --eval-pauses-workers (to every server): the
+               # worker pushes nothing until its next push (it waits for the other workers,
+               # e.g. at the end of training); no reply
     ROUND = 7  # --backup-workers, server 0 -> the other servers: a round closed with these
                # members (a VERDICT message follows)
     DROP = 8   # --backup-workers, server 0 -> the other servers: this worker's push was late
     PAUSE = 9  # --eval-pauses-workers, worker 0 -> every server: it evaluates; hold the other
-               # workers' replies until its RESUME; no reply
+               # workers' replies until its RESUME; server 0 replies (Tag.PAUSED) once every
+               # other worker waits for a reply, is idle or is done
     RESUME = 10
 
 

@@ -115,9 +115,11 @@ class ParameterServer:
         self.pushes_without_gradient = 0                   # fp16 steps the workers skipped
         self.dropped_gradients = 0          # --backup-workers: late gradients, never applied
         self.gradients_per_round = Counter()  # BSP: rounds closed, by the gradients they took
-        self.idle: set[int] = set()         # --backup-workers: workers no round waits for
+        self.idle: set[int] = set()         # workers in a wait for the others (IDLE): no round
+                                            # waits for them, nor does a pause
         self.paused_by: int | None = None   # --eval-pauses-workers: the worker evaluating now
         self.held: dict[int, bool] = {}     # ... and the replies held until it resumes
+        self.pause_confirmed = False        # ... told that every other worker waits (PAUSED)
         self.push_version = [0] * self.num_workers  # ... version of each worker's last push reply
         # --backup-workers with several servers: server 0 decides the rounds of every shard.
         self.leader_rank = topology.server_ranks()[0]
@@ -182,6 +184,7 @@ class ParameterServer:
             self._next_request(status)
             t0 = time.perf_counter()
             active -= self._handle(status.Get_source(), t0)
+            self._confirm_pause()
             self.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
         self.comm.send(stats, dest=0, tag=Tag.INFO)
@@ -211,7 +214,7 @@ class ParameterServer:
             self.idle.add(worker)
             self._release_pending()
         elif kind == Kind.PAUSE:
-            self.paused_by = worker
+            self.paused_by, self.pause_confirmed = worker, False
         elif kind == Kind.RESUME:
             self._resume()
         elif kind in (Kind.ROUND, Kind.DROP):  # a follower: a verdict from server 0
@@ -252,6 +255,7 @@ class ParameterServer:
         self.pushes_received += 1
         self.pushes_without_gradient += not has_gradient
         self.clocks[worker] = clock
+        self.idle.discard(worker)  # it pushes again: rounds and pauses count on it again
         if self.bsp and self.backup_workers:
             self._push_backup(worker, lr, want_params, wants_stop, has_gradient)
             return
@@ -327,7 +331,6 @@ class ParameterServer:
             self.arrived[worker] = (want_params, has_gradient, lr)
             self._follow()
             return
-        self.idle.discard(worker)  # it pushes again: rounds count on it again
         # Computed on parameters that a round closed since (without it) replaced? Pulls do not
         # count: a follower may have served one with parameters older than the leader's.
         if self.push_version[worker] < self.version:
@@ -467,6 +470,25 @@ class ParameterServer:
             self._send_params(worker)
         else:
             self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
+
+    def _confirm_pause(self) -> None:
+        """--eval-pauses-workers: tell the evaluating worker once every other one is at rest,
+        i.e. waits for a reply of this server, waits for the other workers (IDLE) or is done,
+        so that none of them computes during the evaluation: the evaluating worker starts its
+        clock only then, and the time it waited counts as training, as sync's barrier before
+        an evaluation makes it count. Nobody waits once the job is stopping.
+
+        Server 0 alone confirms: every push reaches every server, so a worker whose reply
+        server 0 holds is waiting, while another server may have answered a push that reached
+        it before the pause, and cannot tell whether that worker still waits for server 0."""
+        if self.paused_by is None or self.pause_confirmed or not self.is_leader:
+            return
+        if not self.stopping and not all(
+                w == self.paused_by or math.isinf(c) or w in self.idle or w in self.held or
+                w in self.pending or w in self.arrived for w, c in enumerate(self.clocks)):
+            return
+        self.pause_confirmed = True
+        self.comm.Send(np.ones(1, dtype=np.int64), dest=self.paused_by, tag=Tag.PAUSED)
 
     def _held_back(self, worker: int) -> bool:
         """Whether a reply to ``worker`` waits for the evaluating worker's RESUME. Its own
