@@ -249,9 +249,9 @@ class PSConfig:
                               "1/max(1, s)")
     eval_pauses_workers: bool = _opt(False, "while worker 0 evaluates, the servers hold the "
                                      "other workers' replies, so no worker trains during an "
-                                     "evaluation, as in sync mode; worker 0 starts evaluating "
-                                     "once the others finished their steps under way (its wait "
-                                     "counts as training). Off, the others train on "
+                                     "evaluation, as in sync mode; what they computed during "
+                                     "the evaluation (a step under way) they then sleep, as if "
+                                     "the job had frozen. Off, the others train on "
                                      "while worker 0 evaluates: more throughput, but a time to "
                                      "target read on worker 0's training clock (evaluations "
                                      "left out) then counts their extra steps for free; "

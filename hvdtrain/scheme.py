@@ -103,12 +103,13 @@ class UpdateScheme:
         return self.replica
 
     def evaluating(self) -> contextlib.AbstractContextManager:
-        """The context an evaluation runs in, with the trainer's evaluation clock inside it.
-        Entering it waits until no other worker computes: sync ranks meet (each evaluates a
-        share); with --eval-pauses-workers the async workers stop at their next push. A worker
-        that waited for a slower one inside the evaluation would count that wait as
+        """The context an evaluation runs in, with the trainer's evaluation clock inside it, so
+        that no worker trains off that clock. Sync ranks meet first (each evaluates a share): a
+        rank that waited for a slower one inside the evaluation would count the wait as
         evaluation, and the training clock (which leaves evaluations out) would lose it; waited
-        for before, it counts as training, as the next step would have counted it."""
+        for before, it counts as training, as the next step would have counted it. Async with
+        --eval-pauses-workers: the others stop at their next push, and sleep afterwards what
+        they computed meanwhile (ps/server.py _resume)."""
         return contextlib.nullcontext()
 
     def run(self, loop: Callable[[], None], progress: Progress) -> None:

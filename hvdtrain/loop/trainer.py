@@ -230,8 +230,8 @@ class Trainer:
         """(test figures, wall seconds when evaluated, training seconds by then): the time of
         an evaluation is the moment its weights were taken, and its own duration is kept out of
         the training time, so frequent evaluations do not slow the clock they are read on.
-        The evaluation clock starts once no other worker computes (scheme.evaluating): waiting
-        for a straggler is training time."""
+        Inside scheme.evaluating(), nobody trains off this clock: waiting for a straggler is
+        training time."""
         with self.scheme.evaluating():
             before, evaluated = self.eval_seconds, time.perf_counter()
             test = self.evaluator.evaluate()

@@ -10,6 +10,7 @@ parameters out of the server's shard, through an MPI shared-memory window (``sha
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,7 @@ class ParameterServerClient(UpdateScheme):
         self._ready: np.ndarray | None = None  # READY words, one per chunk of the whole model
         self._wants_stop = False  # a stop signal arrived here: the next push says so
         self._told_to_stop = False  # a server's STOP arrived
+        self._debt = 0.0  # --eval-pauses-workers: seconds to sleep for an evaluation's pause
         self._stops_received = False
 
     @property
@@ -221,6 +223,8 @@ class ParameterServerClient(UpdateScheme):
         self.push(lr, samples=stats.count,
                   want_params=self.clock % self.pull_every == self.pull_every - 1,
                   gradient=finite)
+        if self.cfg.ps.eval_pauses_workers:
+            self._receive_debt()
         if not self._told_to_stop:
             self._told_to_stop = self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=Tag.STOP)
         return stats
@@ -341,7 +345,7 @@ class ParameterServerClient(UpdateScheme):
         apart."""
         if not self._started:
             return
-        if self.cfg.ps.eval_pauses_workers:  # and no pause waits for it either: every server
+        if self.cfg.ps.eval_pauses_workers:  # nor does a pause charge it: every server
             self._tell_servers(Kind.IDLE)
         elif self.backup_workers:
             leader = self.routes[0][0]
@@ -372,23 +376,33 @@ class ParameterServerClient(UpdateScheme):
     @contextlib.contextmanager
     def evaluating(self):
         """--eval-pauses-workers: the servers hold the other workers' replies while this worker
-        evaluates, so that nobody trains during an evaluation, as in sync mode. It starts once
-        every server confirmed that the others wait (their steps under way are finished: they
-        count on this worker's training clock, as sync's barrier makes them count)."""
+        evaluates, and charge each of them the time it computed meanwhile, which it then
+        sleeps (_receive_debt): as if the job froze, so that nobody trains during an
+        evaluation, as in sync mode."""
         if not (self.cfg.ps.eval_pauses_workers and self._started and
                 self.eval_partition is not None):
             yield
             return
         self._tell_servers(Kind.PAUSE)
         try:
-            word = np.empty(1, dtype=np.int64)  # server 0 confirms for all (Server._confirm_pause)
-            wait_any(self.MPI, [self.comm.Irecv(word, source=self.routes[0][0], tag=Tag.PAUSED)],
-                     self.cfg.ps.timeout_s, lambda: (
-                         f"worker {self.worker_rank}: the other workers did not stop for its "
-                         "evaluation"))
             yield
         finally:
             self._tell_servers(Kind.RESUME)
+
+    def _receive_debt(self) -> None:
+        """After a reply: the seconds server 0 charged for an evaluation's pause (sent before
+        the reply, so it has arrived), to be slept after the step (step_done), outside the
+        step's own time, which a straggler's slowdown multiplies."""
+        leader = self.routes[0][0]
+        while self.comm.Iprobe(source=leader, tag=Tag.DEBT):
+            word = np.empty(1, dtype=np.float64)
+            self.comm.Recv(word, source=leader, tag=Tag.DEBT)
+            self._debt += float(word[0])
+
+    def step_done(self, progress) -> None:
+        if self._debt > 0:
+            time.sleep(self._debt)
+            self._debt = 0.0
 
     def _tell_servers(self, kind: Kind) -> None:
         for server, _ in self.routes:

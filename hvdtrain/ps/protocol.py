@@ -34,7 +34,8 @@ class Tag(IntEnum):
     READY = 17     # one word, server -> worker on the same host: chunk i is updated in the window
     STOP = 18      # one word, server -> every worker, once: stop after the current step (a signal)
     VERDICT = 19   # --backup-workers: a round's members, server 0 -> the other servers
-    PAUSED = 20    # one word, server 0 -> the evaluating worker: every other one waits (a PAUSE)
+    DEBT = 20      # float64, server 0 -> a worker, before a reply: seconds it computed during an
+                   # evaluation's pause, which it then sleeps (--eval-pauses-workers)
 
 
 class Kind(IntEnum):
@@ -50,8 +51,8 @@ class Kind(IntEnum):
                # members (a VERDICT message follows)
     DROP = 8   # --backup-workers, server 0 -> the other servers: this worker's push was late
     PAUSE = 9  # --eval-pauses-workers, worker 0 -> every server: it evaluates; hold the other
-               # workers' replies until its RESUME; server 0 replies (Tag.PAUSED) once every
-               # other worker waits for a reply, is idle or is done
+               # workers' replies until its RESUME, and server 0 charges each of them the time
+               # it computed meanwhile (Tag.DEBT); no reply
     RESUME = 10
 
 

@@ -116,10 +116,14 @@ class ParameterServer:
         self.dropped_gradients = 0          # --backup-workers: late gradients, never applied
         self.gradients_per_round = Counter()  # BSP: rounds closed, by the gradients they took
         self.idle: set[int] = set()         # workers in a wait for the others (IDLE): no round
-                                            # waits for them, nor does a pause
+                                            # of backup workers waits for them; a pause charges
+                                            # them nothing
         self.paused_by: int | None = None   # --eval-pauses-workers: the worker evaluating now
         self.held: dict[int, bool] = {}     # ... and the replies held until it resumes
-        self.pause_confirmed = False        # ... told that every other worker waits (PAUSED)
+        self.pause_started = 0.0            # ... since when
+        self.computed_in_pause: dict[int, float] = {}  # ... worker -> seconds until it pushed
+        self.debts: dict[int, float] = {}   # ... worker -> seconds it owes, sent with its reply
+        self.debt_seconds = 0.0             # ... all the debts charged
         self.push_version = [0] * self.num_workers  # ... version of each worker's last push reply
         # --backup-workers with several servers: server 0 decides the rounds of every shard.
         self.leader_rank = topology.server_ranks()[0]
@@ -184,7 +188,6 @@ class ParameterServer:
             self._next_request(status)
             t0 = time.perf_counter()
             active -= self._handle(status.Get_source(), t0)
-            self._confirm_pause()
             self.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
         self.comm.send(stats, dest=0, tag=Tag.INFO)
@@ -195,6 +198,9 @@ class ParameterServer:
         """Serve the request whose header has just arrived from ``worker``; True if it is the
         worker's DONE."""
         kind = int(self.header[H_KIND])
+        if self.paused_by not in (None, worker) and kind in (Kind.PUSH, Kind.IDLE, Kind.DONE):
+            # it stops computing here, its reply held: how long it computed in the pause
+            self.computed_in_pause.setdefault(worker, now - self.pause_started)
         if kind == Kind.PUSH:
             self.samples_received += int(self.header[H_SIZE])
             if self.first_push is None:
@@ -214,9 +220,9 @@ class ParameterServer:
             self.idle.add(worker)
             self._release_pending()
         elif kind == Kind.PAUSE:
-            self.paused_by, self.pause_confirmed = worker, False
+            self.paused_by, self.pause_started, self.computed_in_pause = worker, now, {}
         elif kind == Kind.RESUME:
-            self._resume()
+            self._resume(now)
         elif kind in (Kind.ROUND, Kind.DROP):  # a follower: a verdict from server 0
             self._receive_verdict(kind)
         elif kind == Kind.DONE:
@@ -284,6 +290,8 @@ class ParameterServer:
         # send each chunk back as soon as it is updated (unless the reply is held: a pause)
         stream = reply_now and want_params and not self._held_back(worker)
         sends = []
+        if stream:
+            self._send_debt(worker)
         self.host.sync()  # the worker's gradient stores happened before its header
         for i, (a, b) in enumerate(self.chunks):
             grad = self._gradient_chunk(worker, a, b)
@@ -397,8 +405,8 @@ class ParameterServer:
     def _round_quorum(self) -> int:
         """Pushes that close a round: every running worker under plain --bsp; with backup
         workers the first N-b, or fewer once fewer workers are left to push."""
-        pushing = sum(1 for w, c in enumerate(self.clocks)
-                      if not math.isinf(c) and w not in self.idle)
+        pushing = sum(1 for w, c in enumerate(self.clocks)  # IDLE counts with backup workers
+                      if not math.isinf(c) and not (self.backup_workers and w in self.idle))
         return bsp_quorum(self.num_workers, self.backup_workers, pushing)
 
     def _finish_round(self) -> None:
@@ -466,39 +474,43 @@ class ParameterServer:
         if self._held_back(worker):
             self.held[worker] = want_params
             return
+        self._send_debt(worker)
         if want_params:
             self._send_params(worker)
         else:
             self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
-
-    def _confirm_pause(self) -> None:
-        """--eval-pauses-workers: tell the evaluating worker once every other one is at rest,
-        i.e. waits for a reply of this server, waits for the other workers (IDLE) or is done,
-        so that none of them computes during the evaluation: the evaluating worker starts its
-        clock only then, and the time it waited counts as training, as sync's barrier before
-        an evaluation makes it count. Nobody waits once the job is stopping.
-
-        Server 0 alone confirms: every push reaches every server, so a worker whose reply
-        server 0 holds is waiting, while another server may have answered a push that reached
-        it before the pause, and cannot tell whether that worker still waits for server 0."""
-        if self.paused_by is None or self.pause_confirmed or not self.is_leader:
-            return
-        if not self.stopping and not all(
-                w == self.paused_by or math.isinf(c) or w in self.idle or w in self.held or
-                w in self.pending or w in self.arrived for w, c in enumerate(self.clocks)):
-            return
-        self.pause_confirmed = True
-        self.comm.Send(np.ones(1, dtype=np.int64), dest=self.paused_by, tag=Tag.PAUSED)
 
     def _held_back(self, worker: int) -> bool:
         """Whether a reply to ``worker`` waits for the evaluating worker's RESUME. Its own
         replies never wait, nor does anyone once the job is stopping."""
         return self.paused_by is not None and worker != self.paused_by and not self.stopping
 
-    def _resume(self) -> None:
-        """The evaluation is over: every held reply goes out, with the parameters of now."""
+    def _resume(self, now: float) -> None:
+        """The evaluation is over: every held reply goes out, with the parameters of now.
+
+        Server 0 also charges each other worker the time it computed during the pause (until
+        its push arrived, or all of it if it is still computing), which the worker then sleeps
+        (client.step_done). Every worker's timeline thus shifts by the evaluation's length, as
+        if the whole job had frozen while worker 0 evaluated: nobody gains the steps under way,
+        and worker 0, whose clock leaves the evaluation out, waits for nobody. A worker that
+        was waiting for the others (IDLE) or done owes nothing; only server 0 charges, as
+        every push reaches it."""
+        if self.is_leader and not self.stopping:
+            for w, clock in enumerate(self.clocks):
+                if w == self.paused_by or math.isinf(clock) or (
+                        w in self.idle and w not in self.computed_in_pause):
+                    continue
+                debt = self.computed_in_pause.get(w, now - self.pause_started)
+                self.debts[w] = self.debts.get(w, 0.0) + debt
+                self.debt_seconds += debt
         self.paused_by = None
         self._send_held()
+
+    def _send_debt(self, worker: int) -> None:
+        """Before a reply: what ``worker`` owes for the last pauses (see _resume)."""
+        debt = self.debts.pop(worker, 0.0)
+        if debt > 0 and not self.stopping:
+            self.comm.Send(np.array([debt], dtype=np.float64), dest=worker, tag=Tag.DEBT)
 
     def _send_held(self) -> None:
         held, self.held = self.held, {}
@@ -564,6 +576,8 @@ class ParameterServer:
                 "updates": self.version,
                 "pushes_without_gradient": self.pushes_without_gradient,
                 "dropped_gradients": self.dropped_gradients,
+                **({"eval_pause_debt_seconds": round(self.debt_seconds, 3)}
+                   if self.cfg.ps.eval_pauses_workers and self.is_leader else {}),
                 **({"gradients_per_round": {int(k): int(v) for k, v in
                                             sorted(self.gradients_per_round.items())}}
                    if self.bsp else {}),

@@ -88,6 +88,7 @@ class Job:
         monkeypatch.setattr(server_module, "HostWindow", Window)
         monkeypatch.setitem(sys.modules, "mpi4py", SimpleNamespace(MPI=FakeMPI))
         self.outbox: list[tuple[int, Tag]] = []       # server -> worker messages
+        self.sent: list[tuple[int, Tag, object]] = []  # ... all of them, with their payloads
         self.queues = defaultdict(deque)  # (server rank, sender rank) -> headers in flight
         self.payloads = defaultdict(deque)  # (server rank, sender rank) -> VERDICT payloads
         self.servers = []
@@ -102,24 +103,27 @@ class Job:
     def post(self, source: int, dest: int, tag: Tag, payload) -> None:
         if not self.topology.is_server(dest):
             self.outbox.append((dest, tag))
+            self.sent.append((dest, tag, payload))
         elif tag == Tag.REQUEST:
             self.queues[dest, source].append(payload)
         else:
             self.payloads[dest, source].append(payload)
 
-    def handle(self, rank: int, source: int, header: np.ndarray) -> list[tuple[int, Tag]]:
-        """Server ``rank`` serves one request; returns what it sent the workers meanwhile."""
+    def handle(self, rank: int, source: int, header: np.ndarray,
+               now: float = 0.0) -> list[tuple[int, Tag]]:
+        """Server ``rank`` serves one request (at time ``now``); returns what it sent the
+        workers meanwhile."""
         self.outbox.clear()
         server = self.servers[self.topology.server_index(rank)]
         server.header[:] = header
-        server._handle(source, 0.0)
+        server._handle(source, now)
         return list(self.outbox)
 
-    def send(self, worker: int, kind: Kind, flags: int = 0,
-             lr: float = 1.0) -> list[tuple[int, Tag]]:
+    def send(self, worker: int, kind: Kind, flags: int = 0, lr: float = 1.0,
+             now: float = 0.0) -> list[tuple[int, Tag]]:
         """One request to server 0, served at once."""
         header = make_header(kind, clock=1, lr=lr, flags=flags, worker=worker)
-        return self.handle(self.topology.server_ranks()[0], worker, header)
+        return self.handle(self.topology.server_ranks()[0], worker, header, now)
 
     def push(self, worker: int, gradient: np.ndarray | None = None, flags: int = WANT_PARAMS,
              lr: float = 1.0) -> set[int]:
@@ -422,3 +426,37 @@ def test_shards_that_decided_their_rounds_alone_would_hang(monkeypatch):
         except AssertionError as e:  # a hang, or (when none came) shards that disagree
             hangs += str(e).startswith("hang")
     assert hangs, "independent shards never hung: the schedules no longer test the leader"
+
+
+# --- evaluation pauses (--eval-pauses-workers): the debts --------------------------------------
+def test_a_pause_charges_each_worker_the_time_it_computed_during_the_evaluation(monkeypatch):
+    # Plain async, 4 workers: worker 0 evaluates from t=1.0 to t=1.2. Worker 1 pushes at 1.03
+    # (its reply is held), worker 2 is still computing at the end, worker 3 waits for the
+    # others (IDLE) all along. As if the job had frozen: worker 1 owes 0.03 s, worker 2 0.2 s
+    # (with its next reply), worker 3 nothing; each debt goes out before its reply.
+    job = Job(monkeypatch, workers=4, backup=0)
+    server = job.servers[0]
+    server.bsp = False
+    job.send(3, Kind.IDLE, now=0.5)
+    job.send(0, Kind.PAUSE, now=1.0)
+    job.sent.clear()
+    header = make_header(Kind.PUSH, clock=1, lr=1.0, flags=WANT_PARAMS, worker=1)
+    job.segments[1][:] = 1.0
+    assert replied(job.handle(job.topology.server_ranks()[0], 1, header, now=1.03)) == set()  # held
+    messages = job.send(0, Kind.RESUME, now=1.2)
+    assert replied(messages) == {1}
+    to_1 = [(tag, payload) for dest, tag, payload in job.sent if dest == 1]
+    assert to_1[0][0] == Tag.DEBT and to_1[0][1][0] == pytest.approx(0.03)
+    assert all(tag != Tag.DEBT for tag, _ in to_1[1:])  # the reply follows
+    job.sent.clear()
+    header = make_header(Kind.PUSH, clock=1, lr=1.0, flags=WANT_PARAMS, worker=2)
+    job.segments[2][:] = 1.0
+    assert replied(job.handle(job.topology.server_ranks()[0], 2, header, now=1.25)) == {2}
+    to_2 = [(tag, payload) for dest, tag, payload in job.sent if dest == 2]
+    assert to_2[0][0] == Tag.DEBT and to_2[0][1][0] == pytest.approx(0.2)
+    assert not [m for m in job.sent if m[0] in (0, 3) and m[1] == Tag.DEBT]
+    assert server.debt_seconds == pytest.approx(0.23)
+    # the next pause charges anew; a worker's debts are paid once
+    job.sent.clear()
+    assert replied(job.handle(job.topology.server_ranks()[0], 2, header, now=1.3)) == {2}
+    assert not [m for m in job.sent if m[1] == Tag.DEBT]
