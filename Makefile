@@ -12,7 +12,7 @@ setup:
 	bash scripts/setup/setup.sh
 
 demo: setup
-	$(VENV)/bin/hvdtrain compare --workers $(NP) --sweep-workers 2,8,32,64
+	$(VENV)/bin/hvdtrain compare --workers $(NP) --sweep-workers 2,8 --sweep-seeds 1
 
 train: setup
 	$(VENV)/bin/horovodrun -np $(NP) --gloo $(VENV)/bin/hvdtrain train --dataset digits --model mlp --epochs 20

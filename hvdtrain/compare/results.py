@@ -49,12 +49,15 @@ def training_seconds(record: dict) -> float:
 
 
 def curve(records: list[dict]) -> list[dict]:
-    """Every evaluation in log order, step evaluations (eval lines) and epoch ends alike; the
-    training loss is an epoch's mean, so only epoch points have one."""
-    return [{"step": r["step"], "wall_seconds": training_seconds(r),
-             "train_loss": r.get("train_loss") if r["type"] == "epoch" else None,
-             "test_acc": r.get("test_acc")}
-            for r in records if r["type"] in ("eval", "epoch")]
+    """Every evaluation in the order of steps, step evaluations (eval lines) and epoch ends
+    alike (after a stop, an epoch's evaluation whose line could not be completed is written as
+    an eval line, after the later ones); the training loss is an epoch's mean, so only epoch
+    points have one."""
+    points = [{"step": r["step"], "wall_seconds": training_seconds(r),
+               "train_loss": r.get("train_loss") if r["type"] == "epoch" else None,
+               "test_acc": r.get("test_acc")}
+              for r in records if r["type"] in ("eval", "epoch")]
+    return sorted(points, key=lambda p: p["step"])  # stable: log order within a step
 
 
 def samples_trained(header: dict, scheme: dict | None, end: dict) -> int:

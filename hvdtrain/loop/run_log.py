@@ -214,8 +214,9 @@ class RunLog:
         """After a stop: write the lines whose sums complete within ``seconds``. An async
         worker that stopped early never adds its share to the later lines of the others, so
         those step and epoch lines are left out rather than waited for; the evaluations held
-        behind them need no sums and are written all the same (a run stopped at its target
-        must keep the evaluation that reached it)."""
+        behind them, and those of the epoch lines left out, need no sums and are written as
+        eval lines all the same (a run stopped at its target must keep the evaluation that
+        reached it)."""
         deadline = time.monotonic() + seconds
         while self._pending and time.monotonic() < deadline:
             self.flush()
@@ -224,6 +225,13 @@ class RunLog:
         for _, record in self._pending:
             if record["type"] == "eval":
                 self.write("eval", **{k: v for k, v in record.items() if k != "type"})
+            elif record["type"] == "epoch" and record["test"] is not None:
+                # the epoch's training figures need the others' sums; its evaluation does not
+                test_loss, metrics = record["test"]
+                self.write("eval", epoch=record["epoch"], step=record["step"],
+                           wall_seconds=round(record["wall_seconds"], 4),
+                           train_seconds=record["extra"].get("train_seconds"),
+                           test_loss=test_loss, **{f"test_{k}": v for k, v in metrics.items()})
         if left_out and self.is_main:
             print(f"hvdtrain: {len(left_out)} step or epoch line(s) left out of the log: "
                   "not every worker reached them before the stop", flush=True)
