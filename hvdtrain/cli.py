@@ -166,7 +166,14 @@ def train(cfg: Config, workload, exiting: bool = False) -> int:
 
 
 def report(trainer) -> None:
-    if trainer is None or not trainer.is_main or not trainer.history:
+    if trainer is None or not trainer.is_main:
+        return
+    if trainer.target_stop:  # the last complete epoch line may be far behind (async)
+        print(f"done: reached the target ({trainer.target_stop}); log "
+              f"{trainer.run_dir / 'metrics.jsonl'}, checkpoint {trainer.checkpointer.path}",
+              flush=True)
+        return
+    if not trainer.history:
         return
     final = trainer.history[-1]
     score = (f"test accuracy {final.test_acc:.4f}" if final.test_acc is not None else

@@ -41,6 +41,7 @@ def test_the_evaluation_that_reaches_the_target_stops_every_worker(tmp_path, mod
     assert stop["step"] < 10 * steps_per_epoch  # of 20 epochs; digits gets there in about 3
     assert stop["epoch"] == (stop["step"] - 1) // steps_per_epoch + 1
     assert f"hvdtrain: reached the target test_acc>={TARGET}" in proc.stdout
+    assert "done: reached the target (test_acc" in proc.stdout  # not the last epoch line's
     saved = checkpoint.load(tmp_path)  # the weights the run stopped with
     assert saved["global_step"] == stop["step"]
     assert all(t.isfinite().all() for t in saved["model"].values())
