@@ -342,7 +342,8 @@ class ParameterServerClient(UpdateScheme):
         --backup-workers the others may be waiting for a round of N-b pushes that this worker
         would never join, so tell server 0, which decides every shard's rounds, not to count
         on it until its next push. Plain --bsp needs no such message: its workers never drift
-        apart."""
+        apart. With --eval-pauses-workers every server is told, so that an evaluation's pause
+        charges a waiting worker nothing (server._resume)."""
         if not self._started:
             return
         if self.cfg.ps.eval_pauses_workers:  # nor does a pause charge it: every server
