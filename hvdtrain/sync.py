@@ -13,7 +13,6 @@ steps the workers average their parameters (and BatchNorm statistics) with one a
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 from typing import Any, Callable, TypeVar
 

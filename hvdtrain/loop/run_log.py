@@ -190,12 +190,19 @@ class RunLog:
         step and epoch lines before it."""
         if test is None:  # this worker scores nothing (async: only worker 0 evaluates)
             return
-        test_loss, metrics = test
-        record = {"type": "eval", "epoch": epoch + 1, "step": global_step,
-                  "wall_seconds": round(wall_seconds, 4), "train_seconds": round(train_seconds, 4),
-                  "test_loss": test_loss, **{f"test_{k}": v for k, v in metrics.items()}}
+        record = {"type": "eval", **self._eval_fields(epoch + 1, global_step, test, wall_seconds,
+                                                       round(train_seconds, 4))}
         self._pending.append((PendingSum([]), record))
         self.flush()
+
+    @staticmethod
+    def _eval_fields(epoch: int, global_step: int, test: tuple[float, dict[str, float | None]],
+                     wall_seconds: float, train_seconds: float | None) -> dict[str, Any]:
+        """An eval line's fields (``epoch`` counted from 1)."""
+        test_loss, metrics = test
+        return {"epoch": epoch, "step": global_step, "wall_seconds": round(wall_seconds, 4),
+                "train_seconds": train_seconds, "test_loss": test_loss,
+                **{f"test_{k}": v for k, v in metrics.items()}}
 
     def flush(self, wait: bool = False) -> None:
         """Write every line whose sums are in, in order; with wait, all of them."""
@@ -227,11 +234,9 @@ class RunLog:
                 self.write("eval", **{k: v for k, v in record.items() if k != "type"})
             elif record["type"] == "epoch" and record["test"] is not None:
                 # the epoch's training figures need the others' sums; its evaluation does not
-                test_loss, metrics = record["test"]
-                self.write("eval", epoch=record["epoch"], step=record["step"],
-                           wall_seconds=round(record["wall_seconds"], 4),
-                           train_seconds=record["extra"].get("train_seconds"),
-                           test_loss=test_loss, **{f"test_{k}": v for k, v in metrics.items()})
+                self.write("eval", **self._eval_fields(
+                    record["epoch"], record["step"], record["test"], record["wall_seconds"],
+                    record["extra"].get("train_seconds")))
         if left_out and self.is_main:
             print(f"hvdtrain: {len(left_out)} step or epoch line(s) left out of the log: "
                   "not every worker reached them before the stop", flush=True)
