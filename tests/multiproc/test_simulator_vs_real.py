@@ -18,7 +18,7 @@ while a real one (loop/hooks.py Straggler) multiplies only the update, scheme.st
 own overheads around it (the batch, the logs, the stop vote: here about 1.5 ms of an 8.8 ms
 step) are not slowed. The simulator needs that part as a Timing figure of its own, and the
 calibration a way to measure it. (The other gap, rank 0 waiting for the straggler inside an
-evaluation, is fixed: HorovodSync.meet_before_evaluation.)"""
+evaluation, is fixed: HorovodSync.evaluating.)"""
 
 import os
 from pathlib import Path
