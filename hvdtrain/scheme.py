@@ -92,6 +92,13 @@ class UpdateScheme:
         async scheme overrides it so that a fast worker never waits for a slow one's epoch."""
         return PendingSum(self.sum_across_workers(values))
 
+    def sums_posted_everywhere(self, posted: int) -> int:
+        """After a stop, given how many sum_later sums this worker posted: how many every worker
+        posted (the fewest), so that the log waits for those and leaves out the later ones,
+        which a worker that stopped sooner never joins. Collective where sums are non-blocking;
+        a blocking sum completed when it was posted."""
+        return posted
+
     @property
     def eval_partition(self) -> tuple[int, int] | None:
         """(index, parts) of the test split this worker scores, or None to score nothing."""

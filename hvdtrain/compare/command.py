@@ -95,6 +95,13 @@ def add_parser(commands) -> None:
                         "workers, e.g. 2,8,32,64, with --sweep-seeds seeds: a table and "
                         "sweep.png of time to target against workers")
     p.add_argument("--sweep-seeds", type=int, default=2, help="seeds per point of the sweep")
+    p.add_argument("--global-batch", type=int, default=None,
+                   help="simulated runs (--simulate, --sweep-workers): the samples of one global "
+                        "step, split evenly over the workers, each worker's --lr scaled with "
+                        "its share (strong scaling: every N trains on the same global batches). "
+                        "Default: the sweep shares --batch-size x --workers; --simulate gives "
+                        "each worker --batch-size (weak scaling), which with many workers "
+                        "leaves few steps per epoch")
     p.add_argument("--sim-allreduce-ms", type=float, default=0.0,
                    help="simulated sync: milliseconds of each gradient average (0: an ideal "
                         "network; one process cannot measure it)")
@@ -157,6 +164,13 @@ def validate(args) -> None:
     sweep = _ints(args.sweep_workers, "--sweep-workers")
     if any(n < 1 for n in sweep) or args.sweep_seeds < 1:
         raise ConfigError("--sweep-workers and --sweep-seeds: use whole numbers of 1 or more")
+    if args.global_batch is not None:
+        if args.global_batch < 1:
+            raise ConfigError(f"--global-batch: invalid value {args.global_batch}; use a number "
+                              "of samples, 1 or more")
+        if args.simulate and args.global_batch % args.workers:
+            raise ConfigError(f"--global-batch {args.global_batch} cannot be split evenly over "
+                              f"--workers {args.workers}; use a multiple of {args.workers}")
     if min(args.sim_allreduce_ms, args.sim_push_ms) < 0:
         raise ConfigError("--sim-allreduce-ms and --sim-push-ms: use 0 or more milliseconds")
     if args.simulate and (args.hostfile or args.launcher_args):
@@ -222,6 +236,15 @@ def main(args) -> int:
         lock.release()
 
 
+def _simulated_args(args, train_args: list[str]) -> list[str]:
+    """The train flags of the simulated plan's workers: with --global-batch, their share of it."""
+    from .simulate import strong_scaling_args
+
+    if not args.global_batch:
+        return train_args
+    return strong_scaling_args(train_args, args.workers, args.global_batch)
+
+
 def _simulation_timing(args, train_args):
     from .simulate import measure_timing
 
@@ -231,11 +254,15 @@ def _simulation_timing(args, train_args):
 
 def _simulate_plan(args, runs, modes, train_args, timing) -> list:
     """The plan's runs on the simulated cluster (--simulate), one result per planned run."""
-    from .simulate import sweep
+    from .simulate import config_from_train_args, sweep
 
-    print(f"simulated cluster: {args.workers} virtual workers; a step computes in "
-          f"{timing.step_seconds * 1000:.1f} ms and the server applies a gradient in "
-          f"{timing.apply_seconds * 1000:.2f} ms (measured here)", flush=True)
+    batch = config_from_train_args(_simulated_args(args, train_args), {}).run.batch_size
+    shared = (f"sharing a global batch of {args.global_batch}" if args.global_batch else
+              f"a global batch of {batch * args.workers} (--global-batch keeps it fixed)")
+    print(f"simulated cluster: {args.workers} virtual workers, {batch} samples a step each, "
+          f"{shared}; a step computes in {timing.step_seconds * 1000:.1f} ms and the server "
+          f"applies a gradient in {timing.apply_seconds * 1000:.2f} ms (measured here)",
+          flush=True)
     done = []
 
     def show(result):
@@ -248,7 +275,8 @@ def _simulate_plan(args, runs, modes, train_args, timing) -> list:
     return sweep(modes, [args.workers], train_args, args.target, timing,
                  stragglers=list(dict.fromkeys(r.straggler or "none" for r in runs)),
                  seeds=list(range(args.seeds)), eval_every_steps=args.eval_every_steps,
-                 progress=show)
+                 progress=show, global_batch=args.global_batch,
+                 stop_at_target=True)  # as the real runs' --stop-at
 
 
 def _sweep(args, modes, train_args, out: Path, timing) -> tuple[list, list[str]]:
@@ -264,7 +292,7 @@ def _sweep(args, modes, train_args, out: Path, timing) -> tuple[list, list[str]]
     if not counts:
         return [], []
     plan = config_from_train_args(train_args, {}).run
-    global_batch = plan.batch_size * args.workers
+    global_batch = args.global_batch or plan.batch_size * args.workers
     # The plan's budget: under strong scaling sync takes the same steps to the target at every
     # N (the same global batches and rate), so what suffices for the plan suffices here; a
     # mode that has not reached the target by then is slower than the plan allows.
@@ -300,11 +328,12 @@ def _sweep(args, modes, train_args, out: Path, timing) -> tuple[list, list[str]]
 
 def _sweep_timing(args, train_args, global_batch: int, plan_timing, measured: dict):
     """The sweep's Timing for N workers: a step's compute depends on the per-worker batch, so
-    it is measured with N's batch, once per batch (``plan_timing``, if given, is the plan's
-    batch's). ``measured`` collects each N's Timing, for the report."""
-    from .simulate import strong_scaling_args
+    it is measured with N's batch, once per batch (``plan_timing``, if given, is the simulated
+    plan's workers' batch's). ``measured`` collects each N's Timing, for the report."""
+    from .simulate import config_from_train_args, strong_scaling_args
 
-    by_batch = {global_batch // args.workers: plan_timing} if plan_timing else {}
+    plan_batch = config_from_train_args(_simulated_args(args, train_args), {}).run.batch_size
+    by_batch = {plan_batch: plan_timing} if plan_timing else {}
 
     def timing(workers: int):
         batch = global_batch // workers
@@ -332,8 +361,8 @@ def _run_plan(args, out: Path, runs, modes) -> int:
     train_args = list(runs[0].train_args)
     # Measured once, so the simulated plan and the sweep run on the same clock (and the report
     # states one set of figures).
-    timing = (_simulation_timing(args, train_args) if args.simulate or args.sweep_workers.strip()
-              else None)
+    timing = (_simulation_timing(args, _simulated_args(args, train_args))
+              if args.simulate or args.sweep_workers.strip() else None)
     if args.simulate:
         results = _simulate_plan(args, runs, modes, train_args, timing)
         runs = []
@@ -365,12 +394,15 @@ def _run_plan(args, out: Path, runs, modes) -> int:
     if args.simulate:
         where = ("run on a SIMULATED cluster (one process, real gradients, a virtual clock; times "
                  "are virtual seconds)")
+    shared = (f", the workers sharing a global batch of {args.global_batch}"
+              if args.simulate and args.global_batch else "")
     description = (f"Plan {args.plan}: {args.workers} workers, {args.dataset}/{args.model}, "
                    f"{args.epochs} epochs, seeds 0..{args.seeds - 1}, an evaluation every "
                    f"{args.eval_every_steps} steps of worker 0; each mode with hvdtrain's "
                    "defaults (the async learning rate is not scaled by the number of workers, "
                    f"sync's is); {where}"
-                   f"{' with ' + args.launcher_args if args.launcher_args else ''}. Extra flags: "
+                   f"{' with ' + args.launcher_args if args.launcher_args else ''}{shared}. "
+                   "Extra flags: "
                    f"{args.train_args or 'none'}.")
     report = write_report(results, out / "report.md", args.target, args.workers, description,
                           plots, sweep_lines)

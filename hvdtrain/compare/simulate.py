@@ -6,8 +6,8 @@ each worker's batches (the same EpochPlan a real worker of rank r among N follow
 gradients (Replica.forward_backward), the learning-rate schedule, and the update arithmetic
 (torch's optimizer for sync, the server's ShardOptimizer and its staleness rules for async).
 What is virtual: time. A worker's step lasts ``Timing.step_seconds`` plus the straggler delay
-a real run would sleep (StragglerModel.delay, the same draws), plus the mode's communication
-costs; a single parameter server is a queue that takes ``Timing.apply_seconds`` per gradient,
+a real run would sleep (StragglerModel.delay, the same draws, of the update's time), plus the
+mode's communication costs and the loop's own time around the update (``loop_seconds``); a single parameter server is a queue that takes ``Timing.apply_seconds`` per gradient,
 so with many workers it saturates as a real one does.
 
     sync        rounds: the slowest worker's step, then the averaged gradient is applied at
@@ -77,9 +77,14 @@ class Timing:
     apply_seconds: float = 0.0      # the server's update with one gradient (the optimizer step)
     allreduce_seconds: float = 0.0  # sync: averaging the gradients (local SGD: the models) once
     push_seconds: float = 0.0       # async: a worker's push and pull, in series with its step
+    # The training loop's own time per step around the update (the next batch, the logs, the
+    # hooks): a real straggler stretches the update only (loop/hooks.py Straggler is given
+    # the time of scheme.step), so this part is added to a step unstretched.
+    loop_seconds: float = 0.0
 
     def check(self) -> None:
-        for name in ("step_seconds", "apply_seconds", "allreduce_seconds", "push_seconds"):
+        for name in ("step_seconds", "apply_seconds", "allreduce_seconds", "push_seconds",
+                     "loop_seconds"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"Timing.{name}: invalid value {value}; use 0 or more seconds")
@@ -479,7 +484,8 @@ class Simulation:
             model.clip()  # sync clips the averaged gradient, on every rank alike
             set_learning_rate(optimizer, self._lr(step, self.num_workers))
             optimizer.step()
-            seconds = max(own + self._delay(w, step, own) for w in self.workers)
+            seconds = self.timing.loop_seconds + max(own + self._delay(w, step, own)
+                                                     for w in self.workers)
             self.round_seconds.append(seconds)
             self.now += seconds
             self._changed = True
@@ -516,10 +522,11 @@ class Simulation:
     def _local_steps(self, w: _Worker, steps: range) -> float:
         """Worker ``w``'s optimizer steps on its own weights; returns the seconds they took."""
         seconds = 0.0
+        own = self.timing.step_seconds
         for step in steps:
             grad = self._gradient(w, w.params)
             _apply(w.optimizer, self.chunks, grad, self._lr(step, self.num_workers))
-            seconds += self.timing.step_seconds + self._delay(w, step, self.timing.step_seconds)
+            seconds += self.timing.loop_seconds + own + self._delay(w, step, own)
         return seconds
 
     # --- the result -------------------------------------------------------------------------------
@@ -616,6 +623,7 @@ class _ServerRun:
         if w.steps == self.sim.total_steps:
             self._schedule(start, w, self.DONE)
             return
+        start += self.timing.loop_seconds  # the loop's time before the update begins
         w.started = start
         self._schedule(start + self.timing.step_seconds + self.timing.push_seconds, w,
                        self.ARRIVE)
@@ -755,7 +763,7 @@ def strong_scaling_args(train_args: Sequence[str], workers: int,
     same model at every N. ConfigError if ``workers`` does not divide ``global_batch``."""
     if workers < 1 or global_batch % workers:
         raise ConfigError(f"{workers} workers cannot split the global batch of {global_batch} "
-                          f"evenly (--sweep-workers: use divisors of {global_batch})")
+                          f"evenly; use numbers of workers that divide it, or another --global-batch")
     cfg = config_from_train_args(train_args, {})
     batch = global_batch // workers
     lr = cfg.optim.lr

@@ -107,7 +107,10 @@ class RunLog:
         self.bar = ProgressBar(enabled=is_main and progress_bar)
         self.history: list[EpochResult] = []
         self.totals = EpochTotals(metric_names)
-        self._pending: list[tuple[PendingSum, dict[str, Any]]] = []  # in the order written
+        # Lines waiting for their sums across workers, in the order written, each with the
+        # number of the sum_later it waits for (-1: none, an eval line).
+        self._pending: list[tuple[PendingSum, dict[str, Any], int]] = []
+        self._posted = 0  # sum_later calls so far
 
     # --- the file -------------------------------------------------------------------------------
     def open(self, path: Path, append: bool, header: dict[str, Any], global_step: int = 0) -> None:
@@ -164,9 +167,8 @@ class RunLog:
         t = self.totals
         t.add(loss * stats.count, stats)
         if self.log_steps:
-            self._pending.append((self.scheme.sum_later([loss * stats.count, stats.count]),
-                                  {"type": "step", "epoch": epoch + 1, "step": global_step,
-                                   "lr": lr}))
+            self._post([loss * stats.count, stats.count],
+                       {"type": "step", "epoch": epoch + 1, "step": global_step, "lr": lr})
         if self.bar.enabled:
             self.bar.update((time.perf_counter() - t.started) / t.steps, t.running())
         if self._pending:
@@ -180,7 +182,7 @@ class RunLog:
         record = {"type": "epoch", "epoch": epoch + 1, "step": global_step, "lr": lr,
                   "workers": workers, "seconds": seconds, "wall_seconds": wall_seconds,
                   "test": test, "extra": extra}
-        self._pending.append((self.scheme.sum_later(self.totals.as_vector(seconds)), record))
+        self._post(self.totals.as_vector(seconds), record)
         self.flush()
 
     def evaluation(self, epoch: int, global_step: int,
@@ -192,7 +194,7 @@ class RunLog:
             return
         record = {"type": "eval", **self._eval_fields(epoch + 1, global_step, test, wall_seconds,
                                                        round(train_seconds, 4))}
-        self._pending.append((PendingSum([]), record))
+        self._pending.append((PendingSum([]), record, -1))
         self.flush()
 
     @staticmethod
@@ -204,10 +206,16 @@ class RunLog:
                 "train_seconds": train_seconds, "test_loss": test_loss,
                 **{f"test_{k}": v for k, v in metrics.items()}}
 
-    def flush(self, wait: bool = False) -> None:
-        """Write every line whose sums are in, in order; with wait, all of them."""
-        while self._pending and (wait or self._pending[0][0].ready()):
-            pending, record = self._pending.pop(0)
+    def _post(self, values: list[float], record: dict[str, Any]) -> None:
+        self._pending.append((self.scheme.sum_later(values), record, self._posted))
+        self._posted += 1
+
+    def flush(self, wait: bool = False, below: int | None = None) -> None:
+        """Write every line whose sums are in, in order; with wait, all of them, or those of
+        the sums numbered below ``below``."""
+        while self._pending and (self._pending[0][0].ready() or
+                                 (wait and (below is None or self._pending[0][2] < below))):
+            pending, record, _ = self._pending.pop(0)
             values = pending.wait()
             if record["type"] == "eval":
                 self.write("eval", **{k: v for k, v in record.items() if k != "type"})
@@ -217,19 +225,17 @@ class RunLog:
             else:
                 self._finish_epoch(values, record)
 
-    def drain(self, seconds: float) -> None:
-        """After a stop: write the lines whose sums complete within ``seconds``. An async
-        worker that stopped early never adds its share to the later lines of the others, so
-        those step and epoch lines are left out rather than waited for; the evaluations held
-        behind them, and those of the epoch lines left out, need no sums and are written as
-        eval lines all the same (a run stopped at its target must keep the evaluation that
+    def drain(self) -> None:
+        """After a stop: write the lines whose sums every worker posted. An async worker that
+        stopped early never adds its share to the later lines of the others, so those step and
+        epoch lines are left out rather than waited for (the workers agree how many sums all
+        of them posted, UpdateScheme.sums_posted_everywhere); the evaluations held behind
+        them, and those of the epoch lines left out, need no sums and are written as eval
+        lines all the same (a run stopped at its target must keep the evaluation that
         reached it)."""
-        deadline = time.monotonic() + seconds
-        while self._pending and time.monotonic() < deadline:
-            self.flush()
-            time.sleep(0.01)
-        left_out = [record for _, record in self._pending if record["type"] != "eval"]
-        for _, record in self._pending:
+        self.flush(wait=True, below=self.scheme.sums_posted_everywhere(self._posted))
+        left_out = [record for _, record, _ in self._pending if record["type"] != "eval"]
+        for _, record, _ in self._pending:
             if record["type"] == "eval":
                 self.write("eval", **{k: v for k, v in record.items() if k != "type"})
             elif record["type"] == "epoch" and record["test"] is not None:

@@ -366,6 +366,16 @@ class ParameterServerClient(UpdateScheme):
         return _PendingAllreduce(request, send, result, self.MPI, self.cfg.ps.timeout_s,
                                  self.worker_rank)
 
+    def sums_posted_everywhere(self, posted: int) -> int:
+        # On stop_comm, after end_of_training: every stopped worker gets here once, whichever
+        # step it stopped at, while worker_comm may still hold the sums the others never join.
+        mine = np.array([posted], dtype=np.int64)
+        fewest = np.zeros(1, dtype=np.int64)
+        wait_any(self.MPI, [self.stop_comm.Iallreduce(mine, fewest, op=self.MPI.MIN)],
+                 self.cfg.ps.timeout_s, lambda: (
+                     f"worker {self.worker_rank}: not every worker reached the end of its log"))
+        return int(fewest[0])
+
     def broadcast_object(self, obj: Any) -> Any:
         self._going_idle()
         return self.worker_comm.bcast(obj, root=0)

@@ -1,6 +1,7 @@
 """RunLog.drain after a stop: step and epoch lines whose sums across workers never complete (an
 async worker that stopped earlier never adds its share) are left out, but the evaluations held
-behind them are written: a run stopped at its target keeps the evaluation that reached it."""
+behind them are written: a run stopped at its target keeps the evaluation that reached it. The
+lines whose sums every worker posted are waited for, the others not at all."""
 
 from __future__ import annotations
 
@@ -16,6 +17,32 @@ class NeverSummed(UpdateScheme):
     def sum_later(self, values):
         return PendingSum(None)
 
+    def sums_posted_everywhere(self, posted):
+        return 0  # the other worker stopped before its first epoch's sums
+
+
+class SlowSums(UpdateScheme):
+    """Sums that complete only when waited for; the other worker posted only the first."""
+
+    def __init__(self):
+        self.waited = []
+
+    def sum_later(self, values):
+        scheme = self
+
+        class Slow(PendingSum):
+            def ready(self):
+                return False
+
+            def wait(self):
+                scheme.waited.append(values)
+                return [2 * v for v in values]
+        return Slow()
+
+    def sums_posted_everywhere(self, posted):
+        assert posted == 2
+        return 1
+
 
 def test_drain_writes_the_held_evaluations_and_leaves_out_the_unsummed_lines(tmp_path, capsys):
     log = RunLog(epochs=3, scheme=NeverSummed(), metric_names=["acc"], is_main=True,
@@ -26,7 +53,7 @@ def test_drain_writes_the_held_evaluations_and_leaves_out_the_unsummed_lines(tmp
     log.evaluation(1, 12, (0.5, {"acc": 0.96}), wall_seconds=0.7, train_seconds=0.5)  # held
     # an epoch whose own evaluation reached the target, its line held too
     log.end_epoch(1, 16, 0.1, 2, (0.4, {"acc": 0.97}), 0.9, {"train_seconds": 0.6})
-    log.drain(0.05)
+    log.drain()
     log.close()
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [(r["step"], r["test_acc"], r["train_seconds"]) for r in lines if r["type"] == "eval"]
@@ -34,3 +61,19 @@ def test_drain_writes_the_held_evaluations_and_leaves_out_the_unsummed_lines(tmp
     assert [r["wall_seconds"] for r in lines if r["type"] == "eval"][-1] == 0.9
     assert not [r for r in lines if r["type"] == "epoch"]
     assert "2 step or epoch line(s) left out of the log" in capsys.readouterr().out
+
+
+def test_drain_waits_for_the_sums_every_worker_posted_and_no_others(tmp_path, capsys):
+    scheme = SlowSums()
+    log = RunLog(epochs=3, scheme=scheme, metric_names=["acc"], is_main=True,
+                 progress_bar=False, log_steps=False)
+    log.open(tmp_path / "metrics.jsonl", append=False, header={})
+    log.end_epoch(0, 8, 0.1, 2, (1.0, {"acc": 0.7}), 0.4, {"train_seconds": 0.3})
+    log.end_epoch(1, 16, 0.1, 2, (0.4, {"acc": 0.97}), 0.9, {"train_seconds": 0.6})
+    log.drain()
+    log.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["step"]) for r in lines if r["type"] in ("epoch", "eval")] == [
+        ("epoch", 8), ("eval", 16)]
+    assert len(scheme.waited) == 1  # the second epoch's sum is never waited for
+    assert "1 step or epoch line(s) left out of the log" in capsys.readouterr().out

@@ -70,6 +70,23 @@ def test_sync_under_a_persistent_straggler_takes_its_time_every_round():
     assert sim.result.samples_per_sec == pytest.approx(10 * 4 * 32 / 3.0)
 
 
+def test_a_straggler_stretches_the_update_but_not_the_loop_around_it():
+    # A real straggler sleeps (k-1) times scheme.step's time (loop/hooks.py): the loop's own
+    # time per step is added once, in every mode.
+    timing = Timing(step_seconds=0.1, loop_seconds=0.02)
+    sync = simulation(SYNC, 4, *steps(2, 5), straggler="3x", timing=timing)
+    assert sync.round_seconds == pytest.approx([0.02 + 0.3] * 10)
+    local = simulation(Mode("local4", scheme="sync", local_steps=4), 2, *steps(1, 8),
+                       straggler="3x", timing=timing)
+    assert local.round_seconds == pytest.approx([4 * (0.02 + 0.3)] * 2)
+    slow_async = simulation(ASYNC, 2, *steps(1, 4), straggler="3x", timing=timing)
+    # worker 1: the loop, the update, then twice the update asleep; worker 0 never sleeps
+    assert [p.time for p in slow_async.pushes if p.worker == 1] == pytest.approx(
+        [0.12 + 0.32 * k for k in range(4)])
+    assert [p.time for p in slow_async.pushes if p.worker == 0] == pytest.approx(
+        [0.12 * (k + 1) for k in range(4)])
+
+
 def expected_staleness(order: list[int], workers: int) -> dict[int, int]:
     """The staleness histogram of pushes by these workers, in this order, at an instant server:
     each worker's next gradient is computed on the weights right after its own update."""

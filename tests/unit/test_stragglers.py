@@ -71,7 +71,7 @@ def test_train_and_compare_take_the_new_forms(tmp_path):
                                     train_args="", eval_every_steps=0, hostfile=None,
                                     launcher_args="", dataset="digits", model="mlp",
                                     simulate=False, sweep_workers="", sweep_seeds=1,
-                                    sim_allreduce_ms=0.0, sim_push_ms=0.0))
+                                    sim_allreduce_ms=0.0, sim_push_ms=0.0, global_batch=None))
 
     compare("none,3x,3x@0.1,50ms@0.5,exp:50ms,heavy:5ms")
     with pytest.raises(ConfigError, match="--stragglers: invalid condition 'exp:50'"):
