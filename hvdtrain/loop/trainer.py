@@ -145,7 +145,7 @@ class Trainer:
             self.checkpointer.epoch_done(self.progress, last=last)
             self.scheme.epoch_done(self.progress)
         if self.stopped_at_step or self.stopped_elsewhere:
-            self.log.drain(seconds=5.0)  # async: the others may never add their share
+            self.log.drain()  # async: a worker that stopped sooner never adds its share
         else:
             self.log.flush(wait=True)
         if self.preempted:
