@@ -7,8 +7,9 @@ gradients (Replica.forward_backward), the learning-rate schedule, and the update
 (torch's optimizer for sync, the server's ShardOptimizer and its staleness rules for async).
 What is virtual: time. A worker's step lasts ``Timing.step_seconds`` plus the straggler delay
 a real run would sleep (StragglerModel.delay, the same draws, of the update's time), plus the
-mode's communication costs and the loop's own time around the update (``loop_seconds``); a single parameter server is a queue that takes ``Timing.apply_seconds`` per gradient,
-so with many workers it saturates as a real one does.
+mode's communication costs and the loop's own time around the update (``loop_seconds``); a
+single parameter server is a queue that takes ``Timing.apply_seconds`` per gradient, so with
+many workers it saturates as a real one does.
 
     sync        rounds: the slowest worker's step, then the averaged gradient is applied at
                 lr * N (sync.py)
@@ -763,7 +764,8 @@ def strong_scaling_args(train_args: Sequence[str], workers: int,
     same model at every N. ConfigError if ``workers`` does not divide ``global_batch``."""
     if workers < 1 or global_batch % workers:
         raise ConfigError(f"{workers} workers cannot split the global batch of {global_batch} "
-                          f"evenly; use numbers of workers that divide it, or another --global-batch")
+                          "evenly; use numbers of workers that divide it, or another "
+                          "--global-batch")
     cfg = config_from_train_args(train_args, {})
     batch = global_batch // workers
     lr = cfg.optim.lr
