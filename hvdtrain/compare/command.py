@@ -6,6 +6,7 @@ import argparse
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..config import ConfigError, check_writable_folder
@@ -109,6 +110,14 @@ def add_parser(commands) -> None:
                         "network; one process cannot measure it)")
     p.add_argument("--sim-push-ms", type=float, default=0.0,
                    help="simulated async: milliseconds of each push and pull")
+    p.add_argument("--sim-step-ms", type=float, default=None,
+                   help="--simulate: milliseconds of one worker's forward and backward pass, "
+                        "instead of the figure measured in this process, which drifts with the "
+                        "machine's load; give the figure an earlier run printed to compare "
+                        "invocations on one clock (default: measured)")
+    p.add_argument("--sim-apply-ms", type=float, default=None,
+                   help="--simulate: milliseconds of the server's update with one gradient "
+                        "(default: measured)")
     p.add_argument("--run-timeout", type=float, default=300, help="seconds before a run is "
                    "stopped and recorded as failed")
     p.add_argument("--force", action="store_true", help="run again even the finished runs")
@@ -173,8 +182,16 @@ def validate(args) -> None:
         if args.simulate and args.global_batch % args.workers:
             raise ConfigError(f"--global-batch {args.global_batch} cannot be split evenly over "
                               f"--workers {args.workers}; use a multiple of {args.workers}")
-    if min(args.sim_allreduce_ms, args.sim_push_ms) < 0:
-        raise ConfigError("--sim-allreduce-ms and --sim-push-ms: use 0 or more milliseconds")
+    given = [x for x in (args.sim_step_ms, args.sim_apply_ms) if x is not None]
+    if min(args.sim_allreduce_ms, args.sim_push_ms, *given) < 0:
+        raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms and --sim-apply-ms: "
+                          "use 0 or more milliseconds")
+    if given and not args.simulate:
+        raise ConfigError("--sim-step-ms and --sim-apply-ms time the --simulate plan's workers; "
+                          "add --simulate, or drop them")
+    if given and args.sweep_workers.strip():
+        raise ConfigError("--sim-step-ms and --sim-apply-ms fix the --simulate plan's figures, "
+                          "but --sweep-workers measures each N's own batch; drop one of them")
     if args.simulate and (args.hostfile or args.launcher_args):
         raise ConfigError("--simulate runs in this one process: drop --hostfile and "
                           "--launcher-args, or drop --simulate")
@@ -250,8 +267,13 @@ def _simulated_args(args, train_args: list[str]) -> list[str]:
 def _simulation_timing(args, train_args):
     from .simulate import measure_timing
 
-    return measure_timing(train_args, allreduce_seconds=args.sim_allreduce_ms / 1000,
-                          push_seconds=args.sim_push_ms / 1000)
+    timing = measure_timing(train_args, allreduce_seconds=args.sim_allreduce_ms / 1000,
+                            push_seconds=args.sim_push_ms / 1000)
+    if args.sim_step_ms is not None:
+        timing = replace(timing, step_seconds=args.sim_step_ms / 1000)
+    if args.sim_apply_ms is not None:
+        timing = replace(timing, apply_seconds=args.sim_apply_ms / 1000)
+    return timing
 
 
 def _simulate_plan(args, runs, modes, train_args, timing) -> list:
@@ -262,8 +284,10 @@ def _simulate_plan(args, runs, modes, train_args, timing) -> list:
     shared = (f"sharing a global batch of {args.global_batch}" if args.global_batch else
               f"a global batch of {batch * args.workers} (--global-batch keeps it fixed)")
     print(f"simulated cluster: {args.workers} virtual workers, {batch} samples a step each, "
-          f"{shared}; a step computes in {timing.step_seconds * 1000:.1f} ms and the server "
-          f"applies a gradient in {timing.apply_seconds * 1000:.2f} ms (measured here)",
+          f"{shared}; a step computes in {timing.step_seconds * 1000:.1f} ms "
+          f"({'--sim-step-ms' if args.sim_step_ms is not None else 'measured here'}) and the "
+          f"server applies a gradient in {timing.apply_seconds * 1000:.2f} ms "
+          f"({'--sim-apply-ms' if args.sim_apply_ms is not None else 'measured here'})",
           flush=True)
     done = []
 

@@ -33,3 +33,37 @@ def test_a_global_batch_that_the_workers_cannot_share_is_refused(tmp_path):
                         "--out", str(tmp_path), *SMALL_PLAN), check=False, timeout=60)
     assert proc.returncode == 2
     assert "--global-batch 60 cannot be split evenly over --workers 16" in proc.stderr
+
+
+def summary_times(out) -> dict[str, float]:
+    import csv
+    with open(out / "summary.csv", newline="") as f:
+        return {row["name"]: float(row["time_to_target"]) for row in csv.DictReader(f)}
+
+
+def test_given_step_and_server_figures_put_two_invocations_on_one_clock(tmp_path):
+    """--sim-step-ms / --sim-apply-ms replace the figures measured in this process (which drift
+    with the machine's load), so two invocations give the same virtual times; with a 3x
+    straggler and free communication a sync round is then exactly 3 x 10 ms."""
+    fixed = ["--simulate", "--workers", "4", "--global-batch", "64", "--sim-step-ms", "10",
+             "--sim-apply-ms", "0.5", *SMALL_PLAN]
+    first = run(hvdtrain("compare", *fixed, "--out", str(tmp_path / "a")), timeout=300)
+    run(hvdtrain("compare", *fixed, "--out", str(tmp_path / "b")), timeout=300)
+    assert "a step computes in 10.0 ms (--sim-step-ms)" in first.stdout
+    assert "0.50 ms (--sim-apply-ms)" in first.stdout
+    times = summary_times(tmp_path / "a")
+    assert times == summary_times(tmp_path / "b")
+    sync = next(t for name, t in times.items() if name.startswith("sync"))
+    rounds = sync / 0.030
+    assert rounds >= 1 and abs(rounds - round(rounds)) < 1e-6, sync  # whole 30 ms rounds
+
+
+def test_given_figures_need_simulate_and_no_sweep(tmp_path):
+    for extra, message in ((["--sim-step-ms", "5"], "add --simulate"),
+                           (["--simulate", "--sweep-workers", "2,4", "--sim-step-ms", "5"],
+                            "drop one of them"),
+                           (["--simulate", "--sim-apply-ms", "-1"], "use 0 or more")):
+        proc = run(hvdtrain("compare", *extra, "--out", str(tmp_path), *SMALL_PLAN),
+                   check=False, timeout=60)
+        assert proc.returncode == 2, (extra, proc.stderr)
+        assert message in proc.stderr, (extra, proc.stderr)
