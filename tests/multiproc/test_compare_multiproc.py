@@ -66,10 +66,9 @@ def test_bad_compare_flags_exit_2():
     proc = run(hvdtrain("compare", "--stragglers", "none,fast"), check=False)
     assert proc.returncode == 2 and "--stragglers: invalid condition 'fast'" in proc.stderr
     with pytest.raises(ConfigError):
+        from hvdtrain.cli import build_parser
         from hvdtrain.compare.command import validate
-        import argparse
-        validate(argparse.Namespace(plan="demo", workers=0, seeds=1, target=0.9, epochs=1,
-                                    stragglers="none", staleness_bounds="1"))
+        validate(build_parser().parse_args(["compare", "--workers", "0"]))
     for flags, message in [(["--backup-workers", "2"], "--backup-workers: each number must be "
                              "0 to 1"),
                            (["--local-steps", "0"], "--local-steps: each number must be 1"),
