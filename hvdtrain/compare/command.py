@@ -6,7 +6,6 @@ import argparse
 import shlex
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from ..config import ConfigError, check_writable_folder
@@ -267,13 +266,13 @@ def _simulated_args(args, train_args: list[str]) -> list[str]:
 def _simulation_timing(args, train_args):
     from .simulate import measure_timing
 
-    timing = measure_timing(train_args, allreduce_seconds=args.sim_allreduce_ms / 1000,
-                            push_seconds=args.sim_push_ms / 1000)
-    if args.sim_step_ms is not None:
-        timing = replace(timing, step_seconds=args.sim_step_ms / 1000)
-    if args.sim_apply_ms is not None:
-        timing = replace(timing, apply_seconds=args.sim_apply_ms / 1000)
-    return timing
+    def seconds(ms):
+        return None if ms is None else ms / 1000
+
+    return measure_timing(train_args, allreduce_seconds=args.sim_allreduce_ms / 1000,
+                          push_seconds=args.sim_push_ms / 1000,
+                          step_seconds=seconds(args.sim_step_ms),
+                          apply_seconds=seconds(args.sim_apply_ms))
 
 
 def _simulate_plan(args, runs, modes, train_args, timing) -> list:

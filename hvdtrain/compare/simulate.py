@@ -92,11 +92,17 @@ class Timing:
 
 
 def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, warmup: int = 5,
-                   allreduce_seconds: float = 0.0, push_seconds: float = 0.0) -> Timing:
+                   allreduce_seconds: float = 0.0, push_seconds: float = 0.0,
+                   step_seconds: float | None = None,
+                   apply_seconds: float | None = None) -> Timing:
     """The compute time of one worker's step (the median of ``repeats`` real forward and
     backward passes over real batches, after ``warmup`` that are not counted) and the server's
-    time to apply one gradient (likewise), measured in this process. Communication cannot be
-    measured in one process: pass the figures, or 0 for an ideal network."""
+    time to apply one gradient (likewise), measured in this process unless given (the measured
+    figures drift with the machine's load, so invocations meant to share one clock give them).
+    Communication cannot be measured in one process: pass the figures, or 0 for an ideal
+    network."""
+    if step_seconds is not None and apply_seconds is not None:
+        return Timing(step_seconds, apply_seconds, allreduce_seconds, push_seconds)
     setup = _Setup.build(train_args, seed, "", Mode("sync", scheme="sync"))
     plan = EpochPlan(setup.cfg.run, setup.workload.train)
     plan.bind_world(0, 1)
@@ -104,17 +110,25 @@ def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, 
     model = setup.model
     try:
         with _torch_threads(setup.cfg.run.threads):  # timed as the simulated runs compute
-            step = _median_seconds(lambda: model.gradient(*next(batches)), warmup, repeats)
-            params = model.flat.clone()
-            chunks = chunk_bounds(params.numel(), chunk_elements(setup.cfg.ps.chunk_mb))
-            optimizer = ShardOptimizer(params, chunks, setup.cfg.optim)
-            gradient = torch.randn_like(params) * 1e-4  # small: the steps must not blow up
-            lr = setup.cfg.optim.lr
-            apply = _median_seconds(lambda: _apply(optimizer, chunks, gradient, lr), warmup,
-                                    repeats)
+            step = step_seconds
+            if step is None:
+                step = _median_seconds(lambda: model.gradient(*next(batches)), warmup, repeats)
+            apply = apply_seconds
+            if apply is None:
+                apply = _apply_seconds(model.flat, setup.cfg, warmup, repeats)
     finally:
         setup.workload.close()
     return Timing(step, apply, allreduce_seconds, push_seconds)
+
+
+def _apply_seconds(flat: torch.Tensor, cfg, warmup: int, repeats: int) -> float:
+    """The server's time to apply one gradient to a copy of the parameters ``flat``."""
+    params = flat.clone()
+    chunks = chunk_bounds(params.numel(), chunk_elements(cfg.ps.chunk_mb))
+    optimizer = ShardOptimizer(params, chunks, cfg.optim)
+    gradient = torch.randn_like(params) * 1e-4  # small: the steps must not blow up
+    return _median_seconds(lambda: _apply(optimizer, chunks, gradient, cfg.optim.lr), warmup,
+                           repeats)
 
 
 @contextmanager

@@ -6,6 +6,8 @@ import csv
 
 import pytest
 
+from hvdtrain.cli import build_parser
+from hvdtrain.compare.command import validate
 from hvdtrain.compare.report import parse_table
 from hvdtrain.config import ConfigError
 from launch import hvdtrain, run
@@ -66,8 +68,6 @@ def test_bad_compare_flags_exit_2():
     proc = run(hvdtrain("compare", "--stragglers", "none,fast"), check=False)
     assert proc.returncode == 2 and "--stragglers: invalid condition 'fast'" in proc.stderr
     with pytest.raises(ConfigError):
-        from hvdtrain.cli import build_parser
-        from hvdtrain.compare.command import validate
         validate(build_parser().parse_args(["compare", "--workers", "0"]))
     for flags, message in [(["--backup-workers", "2"], "--backup-workers: each number must be "
                              "0 to 1"),
