@@ -114,7 +114,8 @@ def call_user(fn: Callable, flag: str, spec: str, *args: Any, **kwargs: Any) -> 
 
 
 def call_with_known_kwargs(fn: Callable, flag: str, spec: str, explicit: dict[str, Any],
-                           offered: dict[str, Any], args_flag: str | None = None) -> Any:
+                           offered: dict[str, Any], args_flag: str | None = None,
+                           unlearned: dict[str, str] | None = None) -> Any:
     """Call the user's ``fn`` with ``explicit`` keywords (from ``--model-args``), plus each
     ``offered`` one (``input_shape``, ``num_classes``...) that its signature names or takes as
     ``**kwargs``. Explicit keywords win over offered ones.
@@ -122,6 +123,8 @@ def call_with_known_kwargs(fn: Callable, flag: str, spec: str, explicit: dict[st
     A call that cannot bind (an unknown or missing keyword) is the user's options, not their code:
     it is a ConfigError naming ``args_flag`` (default ``<flag>-args``) and the signature, raised
     before ``fn`` runs, so that a TypeError from inside ``fn`` is still a UserCodeError.
+    ``unlearned`` names the keywords that would have been offered but could not be learned, each
+    with how the user can make it known; the error adds that for each required one.
     """
     args_flag = args_flag or f"{flag}-args"
     try:
@@ -143,8 +146,20 @@ def call_with_known_kwargs(fn: Callable, flag: str, spec: str, explicit: dict[st
             raise ConfigError(
                 f"{args_flag}: {spec} is {_callable_name(fn)}{signature}, which cannot be called "
                 f"with {shown} ({e}); in {args_flag} give only parameters it names, and every "
-                f"one without a default, e.g. {args_flag} '{{\"width\": 64}}'") from None
+                f"one without a default, e.g. {args_flag} '{{\"width\": 64}}'"
+                + _unlearned_advice(signature, kwargs, unlearned or {})) from None
     return call_user(fn, flag, spec, **kwargs)
+
+
+def _unlearned_advice(signature: inspect.Signature, kwargs: dict[str, Any],
+                      unlearned: dict[str, str]) -> str:
+    """Why a required keyword that hvdtrain offers when it can was not offered, and how the user
+    can make it known: a user's Dataset that has no ``classes`` attribute cannot tell
+    ``num_classes``, and the bind error alone does not say so."""
+    missing = [name for name, p in signature.parameters.items()
+               if name in unlearned and name not in kwargs and p.default is p.empty
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return "".join(f"; {name} was not offered because {unlearned[name]}" for name in missing)
 
 
 def parse_json_args(text: str | dict | None, flag: str) -> dict[str, Any]:

@@ -190,9 +190,16 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
     fn = resolve_callable(spec, "--model", builtins=MODELS)
     explicit = parse_json_args(cfg.model.model_args, "--model-args")
     offered = {k: v for k, v in (("input_shape", shape), ("num_classes", classes)) if v is not None}
+    how = {"input_shape": "this dataset does not tell it (give the training dataset an "
+                          "input_shape attribute, or items that are (input tensor, target) pairs, "
+                          "or pass it in --model-args)",
+           "num_classes": "this dataset does not tell it (give the training dataset a "
+                          "num_classes or classes attribute, or pass it in --model-args)"}
+    unlearned = {k: v for k, v in how.items() if k not in offered}
 
     def build_user() -> nn.Module:
-        model = call_with_known_kwargs(fn, "--model", spec, explicit, offered)
+        model = call_with_known_kwargs(fn, "--model", spec, explicit, offered,
+                                       unlearned=unlearned)
         expect_type(model, nn.Module, "--model", spec, "the model instance (an nn.Module)")
         return model
     return build_user

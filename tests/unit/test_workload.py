@@ -100,6 +100,19 @@ DATA = """
     def rows():
         return Rows(12), Rows(4)
 
+    class Plain(Dataset):  # most users' own Dataset: no classes attribute
+        def __init__(self, n):
+            self.rows = Rows(n)
+
+        def __len__(self):
+            return len(self.rows)
+
+        def __getitem__(self, i):
+            return self.rows[i]
+
+    def plain():
+        return Plain(12), Plain(4)
+
     def stream():
         return Stream(), None
 """
@@ -174,6 +187,8 @@ def test_a_factory_that_needs_classes_the_data_cannot_tell_names_the_missing_key
     message = str(e.value)
     assert message.startswith(f"--model-args: {models}:needs_classes is needs_classes(")
     assert "num_classes" in message and "--model-args '{" in message
+    assert "num_classes was not offered because this dataset does not tell it" in message
+    assert "input_shape was not offered" not in message  # it was offered
 
 
 def test_a_map_style_dataset_tells_its_shape_from_a_sample_and_classes_from_classes(user_files):
@@ -182,6 +197,24 @@ def test_a_map_style_dataset_tells_its_shape_from_a_sample_and_classes_from_clas
     assert workload.input_shape == (2, 3) and workload.num_classes == 4
     workload.build_model()
     assert user_module(models).CALLS == [("build_any", {"input_shape": (2, 3), "num_classes": 4})]
+
+
+def test_a_dataset_without_classes_says_how_to_make_num_classes_known(user_files):
+    models, data = user_files
+    workload = workload_from_config(config(model=f"{models}:needs_classes",
+                                           dataset=f"{data}:plain"))
+    assert workload.input_shape == (2, 3) and workload.num_classes is None
+    with pytest.raises(ConfigError) as e:
+        workload.build_model()
+    message = str(e.value)
+    assert message.startswith(f"--model-args: {models}:needs_classes is needs_classes(")
+    assert ("num_classes was not offered because this dataset does not tell it (give the "
+            "training dataset a num_classes or classes attribute, or pass it in --model-args)"
+            ) in message
+
+    given = workload_from_config(config(model=f"{models}:needs_classes",
+                                        dataset=f"{data}:plain", model_args='{"num_classes": 4}'))
+    assert given.build_model().out_features == 4
 
 
 def test_a_builtin_model_on_a_stream_that_cannot_tell_its_shape(user_files):
