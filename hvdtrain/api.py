@@ -13,6 +13,7 @@ train.py`` or plain ``python train.py``, in every mode, with no other change::
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -80,7 +81,9 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
     from .workload import workload_from_objects
 
     cfg = _config(config, options)
-    workload = workload_from_objects(model, train_data, test_data, loss, metrics)
+    _check_main_guard(cfg, train_data, test_data)
+    workload = workload_from_objects(model, train_data, test_data, loss, metrics,
+                                     cfg.data.sparse_labels)
     finished = launch.run(cfg, workload)
     run_dir = Path(finished.run_dir) if finished.run_dir is not None else None
     return FitResult(
@@ -91,6 +94,73 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
             run_dir / "checkpoint.pt" if run_dir else None),
         model=finished.trainer.replica.model if finished.trainer else None,
         preempted=finished.preempted)
+
+
+def _check_main_guard(cfg: Config, *datasets: Any) -> None:
+    """Refuse data_workers > 0 when the script calls fit() at its top level, unguarded.
+
+    Loader processes start with forkserver, and each imports the script as ``__mp_main__``
+    before it can unpickle the dataset. Without ``if __name__ == "__main__":`` every one of
+    them ran fit() again: a stray run folder each, then a traceback from multiprocessing."""
+    if not cfg.data.data_workers or all(d is None or isinstance(d, (tuple, list))
+                                        for d in datasets):
+        return  # in-memory tensors never use a DataLoader
+    frame = _script_frame()
+    if frame is None:
+        return  # not called from a script's top level (a function, a notebook, python -c)
+    name, path, line = frame
+    if name == "__mp_main__":  # this is a loader process importing the script
+        raise ConfigError(_unguarded_message(cfg, path, line))
+    if not _guarded(path, line):
+        raise ConfigError(_unguarded_message(cfg, path, line))
+
+
+def _script_frame() -> tuple[str, str, int] | None:
+    """(module name, file, line) of the top-level statement of the main script that led to this
+    call, or None when no script's top level is on the stack."""
+    import inspect
+
+    for info in inspect.stack(context=0)[::-1]:  # outermost first
+        module = info.frame.f_globals.get("__name__")
+        if (info.function == "<module>" and module in ("__main__", "__mp_main__")
+                and os.path.isfile(info.filename)):
+            return module, info.filename, info.lineno
+    return None
+
+
+def _guarded(path: str, line: int) -> bool:
+    """Whether ``line`` of the script is inside an ``if __name__ == "__main__":`` block."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+        return True  # cannot tell: let it run, as before
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and _is_main_test(node.test) and node.body and (
+                node.body[0].lineno <= line <= node.body[-1].end_lineno):
+            return True
+    return False
+
+
+def _is_main_test(test: Any) -> bool:
+    import ast
+
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
+            and isinstance(test.ops[0], ast.Eq)):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s.id for s in sides if isinstance(s, ast.Name)]
+    values = [s.value for s in sides if isinstance(s, ast.Constant)]
+    return names == ["__name__"] and values == ["__main__"]
+
+
+def _unguarded_message(cfg: Config, path: str, line: int) -> str:
+    return (f"data_workers={cfg.data.data_workers}: {path} calls fit() at line {line} without "
+            "an `if __name__ == \"__main__\":` guard; the loader processes start by importing "
+            "the script again (forkserver), so each of them would run fit() once more. Put the "
+            "script's work under `if __name__ == \"__main__\":` (as in the README's example), "
+            "or pass data_workers=0")
 
 
 def _config(config: Config | None, options: dict[str, Any]) -> Config:

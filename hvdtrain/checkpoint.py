@@ -8,6 +8,8 @@ the old one. A crash or a full disk mid-write leaves the previous checkpoint int
 from __future__ import annotations
 
 import os
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,15 @@ class CheckpointError(RuntimeError):
 
 class CheckpointWriteError(RuntimeError):
     """Writing a checkpoint failed (full disk, quota, lost mount); the previous one is intact."""
+
+
+def intact_note(run_dir: str | os.PathLike, fix: str) -> str:
+    """What a failed run leaves to continue from: "the last checkpoint RUN/checkpoint.pt is
+    intact; <fix> and continue with --resume RUN", or that there is none yet."""
+    path = Path(run_dir) / CHECKPOINT_NAME
+    if not path.exists():
+        return "no checkpoint was written yet"
+    return f"the last checkpoint {path} is intact; {fix} and continue with --resume {path.parent}"
 
 
 def checkpoint_path(path: str | os.PathLike) -> Path:
@@ -101,14 +112,32 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated zip, pickle errors, unsupported globals...
         raise CheckpointError(f"--resume: {path} is not a readable checkpoint "
-                              f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                              "it may be truncated or from another program. Resume from an "
-                              "intact checkpoint, or start without --resume") from None
+                              f"({unreadable_reason(path, e)}); it may be truncated or from "
+                              "another program. Resume from an intact checkpoint, or start "
+                              "without --resume") from None
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"--resume: {path} is not an hvdtrain checkpoint "
                               f"(format {state.get('format_version') if isinstance(state, dict) else '?'}, "
                               f"expected {FORMAT_VERSION})")
     return state
+
+
+def unreadable_reason(path: Path, error: Exception) -> str:
+    """Why torch.load refused a file, without torch's advice to pass weights_only=False: hvdtrain
+    writes only tensors and plain values, so a file that needs it is not an hvdtrain checkpoint,
+    and loading it so would run code stored in the file."""
+    text = str(error)
+    if not zipfile.is_zipfile(path):
+        return "not a torch zip archive"
+    unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if unsupported:
+        return (f"it holds a Python object of type {unsupported.group(1)}, which hvdtrain "
+                "checkpoints never contain")
+    if text.startswith("Weights only load failed"):
+        detail = text.partition("WeightsUnpickler error:")[2].strip().splitlines()
+        return f"it holds data that is not tensors or plain values ({detail[0] if detail else '?'})"
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 def check_compatible(state: dict[str, Any], expected: dict[str, Any], path: Any) -> None:

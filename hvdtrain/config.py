@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,14 @@ from .stragglers import parse_straggler
 
 class ConfigError(ValueError):
     """An option has a value that cannot work. The message names the flag and the fix."""
+
+
+# The seeds feed torch, numpy and scikit-learn, whose generators take at most 64 (torch) or 32
+# bits (scikit-learn's random_state); epoch_plan.py also derives per-epoch seeds from --seed.
+MAX_SEED = 2**32 - 1
+MAX_CYCLE_TIME_MS = 1000.0
+MIN_CHUNK_MB = 0.001  # about 1 KiB: 262 float32 parameters per message
+SEED_RANGE = f"use a whole number from 0 to {MAX_SEED} (2**32 - 1), e.g. 0"
 
 
 def _opt(default: Any, help: str, choices: tuple | None = None, **kw) -> Any:
@@ -78,6 +87,7 @@ class DataConfig:
                         "folder": "FOLDER with one subfolder of images per class"}[d.dataset])
         _require(d.data_workers >= 0, "--data-workers", d.data_workers,
                  "use 0 (load in the training process) or a number of loader processes")
+        _require(0 <= d.data_seed <= MAX_SEED, "--data-seed", d.data_seed, SEED_RANGE)
 
 
 @dataclass
@@ -184,8 +194,9 @@ class SyncConfig:
                  s.backward_passes_per_step, "use 1 (no accumulation) or more")
         _require(s.fusion_threshold_mb >= 0, "--fusion-threshold-mb", s.fusion_threshold_mb,
                  "use 0 (no fusion) or a size in MiB, e.g. 64")
-        _require(s.cycle_time_ms > 0, "--cycle-time-ms", s.cycle_time_ms,
-                 "use a positive time in ms, e.g. 1")
+        # Every allreduce waits up to a cycle: 1e7 ms looked like a hang with no word.
+        _require(0 < s.cycle_time_ms <= MAX_CYCLE_TIME_MS, "--cycle-time-ms", s.cycle_time_ms,
+                 f"use a positive time in ms, at most {MAX_CYCLE_TIME_MS:g}, e.g. 1")
         _require(s.elastic_commit_steps >= 1, "--elastic-commit-steps", s.elastic_commit_steps,
                  "commit every N >= 1 steps, e.g. 50")
         _require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
@@ -258,9 +269,11 @@ class PSConfig:
                                      "hvdtrain compare turns it on")
     chunk_mb: float = _opt(1.0, "gradient and parameter messages travel in chunks of this many "
                            "MiB, so the server updates one chunk while the next is in flight")
-    timeout_s: float = _opt(300.0, "seconds a server waits for any request, or a worker for its "
-                            "reply, before it declares the job stuck and ends it with an error "
-                            "(0: wait forever)")
+    timeout_s: float = _opt(300.0, "seconds of silence from a process (a worker that sends "
+                            "nothing while the others train, servers that send no reply, "
+                            "workers that never reach the end) before the job is declared "
+                            "stuck and ended with an error (0: wait forever); a slow worker is "
+                            "never silent: each of its steps is a message")
     shared_memory: bool = _opt(True, "between a server and the workers on its host, keep "
                                "gradients and parameters in an MPI shared-memory window instead "
                                "of copying them through messages")
@@ -273,7 +286,10 @@ class PSConfig:
         _require(p.pull_every >= 1, "--pull-every", p.pull_every, "pull every k >= 1 pushes")
         _require(p.dc_lambda >= 0, "--dc-lambda", p.dc_lambda, "use 0 (off) or a small positive "
                  "value such as 0.04")
-        _require(p.chunk_mb > 0, "--chunk-mb", p.chunk_mb, "use a positive size in MiB, e.g. 1")
+        # A message per few parameters: 1e-7 (one float per message) looked like a hang.
+        _require(p.chunk_mb >= MIN_CHUNK_MB, "--chunk-mb", p.chunk_mb,
+                 f"use a size in MiB of at least {MIN_CHUNK_MB:g} (smaller chunks only add "
+                 "per-message overhead), e.g. 1")
         _require(p.timeout_s >= 0, "--timeout-s", p.timeout_s, "use 0 (wait forever) or seconds")
         _require(p.backup_workers >= 0, "--backup-workers", p.backup_workers,
                  "use 0 (plain --bsp) or a positive number below the number of workers, "
@@ -388,6 +404,7 @@ class RunConfig:
         _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
                  "use 0 (at epoch ends only) or a positive number of steps")
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        _require(0 <= r.seed <= MAX_SEED, "--seed", r.seed, SEED_RANGE)
         if r.tensorboard:
             import importlib.util
             if importlib.util.find_spec("tensorboard") is None:
@@ -613,6 +630,8 @@ def coerce(section: Any, name: str, value: Any) -> Any:
             out = json.dumps(value)
         else:
             out = str(value)
+    except RecursionError:  # json.dumps of a table nested thousands deep; its repr would too
+        raise ConfigError(too_deep(flag)) from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{flag}: cannot read {value!r} ({e}); "
                           f"expected {type(default).__name__}") from None
@@ -620,6 +639,13 @@ def coerce(section: Any, name: str, value: Any) -> Any:
     if choices and out not in choices:
         raise ConfigError(f"{flag}: invalid choice {out!r}; choose one of {', '.join(choices)}")
     return out
+
+
+def too_deep(flag: str) -> str:
+    """The message for a value nested deeper than Python's parsers and printers can recurse."""
+    return (f"{flag}: the value is nested too deeply to read (more than about "
+            f"{sys.getrecursionlimit()} levels of tables or brackets); pass a flat object of "
+            "keyword arguments, e.g. {\"width\": 64}, and build deep structures in your own code")
 
 
 def parse_bool(value: Any) -> bool:
@@ -651,6 +677,9 @@ def load_config_file(path: str) -> dict[str, Any]:
     (``[optim]``, ``[run]``...). Dashes and underscores are interchangeable.
     """
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"--config: {path} is a folder; pass the path of a .toml or .yaml "
+                          "file (a run folder's options are in the header of its metrics.jsonl)")
     if not p.is_file():
         raise ConfigError(f"--config: file {path} not found; pass the path of a .toml or .yaml file")
     try:
@@ -676,6 +705,8 @@ def load_config_file(path: str) -> dict[str, Any]:
             raise ConfigError(f"--config: {path} must end in .toml, .yaml or .yml")
     except ConfigError:
         raise
+    except RecursionError:  # tomllib and yaml parse nested tables recursively
+        raise ConfigError(too_deep(f"--config: {path}")) from None
     except Exception as e:  # the parsers' own error types differ; all mean "fix the file"
         raise ConfigError(f"--config: cannot parse {path}: {e}") from None
     if not isinstance(raw, dict):

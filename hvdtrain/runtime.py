@@ -59,11 +59,15 @@ def horovod_environment(sync: SyncConfig) -> dict[str, str]:
 
 def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
     """hvd.init() with hvdtrain's tuned settings, then pick this rank's device and threads."""
-    if sync.elastic and detect_launcher() == "mpirun":
-        # Under mpirun every rank would train, but without elastic's rendezvous: a lost rank
-        # still ends the job, which is what --elastic was asked to prevent.
-        raise ConfigError("--elastic needs horovodrun's elastic mode, and this job was started "
-                          "by mpirun: launch with horovodrun -np N --gloo --min-np/--max-np "
+    if sync.elastic and os.environ.get("HOROVOD_ELASTIC") != "1":
+        # Under mpirun, plain horovodrun or no launcher every rank would train, but without
+        # elastic's rendezvous: a lost rank still ends the job, which is what --elastic was
+        # asked to prevent. horovodrun sets HOROVOD_ELASTIC=1 in its elastic mode only.
+        launcher = detect_launcher()
+        started = {"mpirun": "by mpirun", "none": "without a launcher"}.get(
+            launcher, f"by {launcher} without --min-np/--max-np or --host-discovery-script")
+        raise ConfigError(f"--elastic needs horovodrun's elastic mode, and this job was started "
+                          f"{started}: launch with horovodrun -np N --gloo --min-np/--max-np "
                           "--host-discovery-script, or drop --elastic")
     os.environ.update(horovod_environment(sync))
     import horovod.torch as hvd

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from .config import ConfigError
+from .config import ConfigError, too_deep
 
 # Files loaded from a path are registered in this environment variable, so that a spawned or
 # forkserver child (a DataLoader worker, say) can import them again by name when it unpickles an
@@ -174,6 +174,8 @@ def parse_json_args(text: str | dict | None, flag: str) -> dict[str, Any]:
                           f"{type(text).__name__} ({text!r}); e.g. {flag} '{{\"width\": 64}}'")
     try:
         parsed = json.loads(text)
+    except RecursionError:
+        raise ConfigError(too_deep(flag)) from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{flag}: {text!r} is not valid JSON ({e}); give a JSON object of "
                           f"keyword arguments in single quotes, e.g. {flag} '{{\"width\": 64}}'"

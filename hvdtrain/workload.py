@@ -9,6 +9,8 @@ A piece named on the command line is a built-in name (``--model mlp``, ``--datas
 
 from __future__ import annotations
 
+import os
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -18,15 +20,15 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset
 
 from .config import Config, ConfigError
-from .data import builtin
+from .data import DataError, builtin
 from .data.batches import BatchSource, to_device
 from .data.in_memory import InMemoryBatches
 from .data.loader import LoaderBatches
 from .losses import check_loss_accepts, default_metrics, metric_applies, resolve_loss
 from .models import MODELS, build_model
 from .replica import Metric, Objective
-from .user_code import (call_user, call_with_known_kwargs, expect_type, parse_json_args,
-                        resolve_callable)
+from .user_code import (UserCodeError, call_user, call_with_known_kwargs, expect_type,
+                        parse_json_args, resolve_callable)
 
 BUILTIN_DATASETS = (*builtin.DATASETS, "folder")
 
@@ -44,6 +46,7 @@ class Workload:
     data_name: str = "data"
     input_shape: tuple[int, ...] | None = None
     num_classes: int | None = None
+    classes_unknown: str | None = None     # why num_classes could not be learned, when known
     origin: str = "train_data"             # where the data came from, for error messages
     from_command_line: bool = False
     train: BatchSource | None = None       # set by bind(), once the device is known
@@ -81,13 +84,77 @@ class Workload:
         """Score one small batch before training, so a model, data and loss that do not fit
         together fail at once with a message, on every rank alike. Metrics that do not apply
         to this output (accuracy of a sequence model) are dropped."""
-        x, y = self.train.sample()
+        x, y = self._sample(self.train, "training")
         flag = "--model" if self.from_command_line else "model"
         output = call_user(forward, flag, self.name, to_device(x, device))
         y = to_device(y, output.device if isinstance(output, torch.Tensor) else device)
         check_loss_accepts(self.loss, self.loss_name, output, y)
         self.metrics = {name: m for name, m in self.metrics.items()
                         if metric_applies(name, output, y)}
+        if self.test is not None:  # else a whole epoch trains before the evaluation crashes
+            self._check_test_batch(forward, device, flag, (x, y))
+
+    def _sample(self, source: BatchSource, split: str) -> tuple[Any, Any]:
+        try:
+            return source.sample()
+        except (RuntimeError, TypeError) as e:
+            if not raised_in_collate(e):
+                raise
+            raise DataError(f"{self.origin}: the first samples of the {split} data cannot be "
+                            f"stacked into a batch ({str(e).splitlines()[0]}); every sample must "
+                            "hold tensors, numbers or arrays of one shape: pad or crop them to "
+                            "one size where the dataset makes them") from None
+
+    def _check_test_batch(self, forward: Callable[[Any], Any], device: torch.device, flag: str,
+                          train_batch: tuple[Any, Any]) -> None:
+        """Score one test batch too. Test samples may differ in shape on purpose (a larger image
+        for a convolutional model), so a difference is named only when the batch fails."""
+        tx, ty = self._sample(self.test, "test")
+        try:
+            output = call_user(forward, flag, self.name, to_device(tx, device))
+            ty = to_device(ty, output.device if isinstance(output, torch.Tensor) else device)
+            check_loss_accepts(self.loss, self.loss_name, output, ty)
+        except ConfigError as e:  # the training batch passed: the test split is what differs
+            differs = [f"the test {what} are {describe_samples(got)} per sample, the training "
+                       f"{what} {describe_samples(want)}"
+                       for what, got, want in (("inputs", tx, train_batch[0]),
+                                               ("targets", ty, train_batch[1]))
+                       if sample_shapes(got) != sample_shapes(want)]
+            error = ConfigError(
+                f"{self.origin}: a batch of the test split fails where one of the training split "
+                f"passes ({'; '.join(differs) or 'their shapes agree'}): {e}; give the test "
+                "split samples like the training split's (shapes, dtypes, label range)")
+            error.user_traceback = getattr(e, "user_traceback", None)
+            raise error from e
+
+
+def raised_in_collate(error: BaseException) -> bool:
+    """Whether torch's default_collate raised ``error`` (samples of different shapes or of a type
+    it cannot batch), rather than the user's __getitem__."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and frames[-1].filename.endswith(COLLATE_FILE)
+
+
+COLLATE_FILE = os.path.join("torch", "utils", "data", "_utils", "collate.py")
+
+
+def sample_shapes(batch: Any) -> Any:
+    """The shape of one sample of a batch (a tensor, or tensors nested in tuples, lists and
+    dicts), without the batch dimension: what must agree between the training and test splits."""
+    if isinstance(batch, torch.Tensor):
+        return tuple(batch.shape[1:])
+    if isinstance(batch, dict):
+        return {k: sample_shapes(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return tuple(sample_shapes(v) for v in batch)
+    return type(batch).__name__
+
+
+def describe_samples(batch: Any) -> str:
+    shapes = sample_shapes(batch)
+    if isinstance(shapes, tuple) and all(isinstance(n, int) for n in shapes):
+        return f"of shape {shapes}" if shapes else "scalars"
+    return f"shaped {shapes}"
 
 
 # --- from the command line ---------------------------------------------------------------------
@@ -103,6 +170,12 @@ def workload_from_config(cfg: Config) -> Workload:
 
 def load_training_data(cfg: Config) -> dict[str, Any]:
     d = cfg.data
+    if d.dataset in BUILTIN_DATASETS and parse_json_args(d.dataset_args, "--dataset-args"):
+        raise ConfigError(f"--dataset-args is for your own --dataset MODULE:CALLABLE; the "
+                          f"built-in {d.dataset} would ignore it. Its settings are flags "
+                          "(--data-path, --test-fraction, --data-seed, --synthetic-samples, "
+                          "--synthetic-shape, --synthetic-classes): use those, or drop "
+                          "--dataset-args")
     if d.dataset in builtin.DATASETS:
         ds = builtin.load_dataset(d)
         return dict(train_data=(ds.x_train, ds.y_train), test_data=(ds.x_test, ds.y_test),
@@ -122,23 +195,30 @@ def load_training_data(cfg: Config) -> dict[str, Any]:
                           "return (train, test) where each is a Dataset, an IterableDataset or "
                           "an (x, y) pair of tensors, and test may be None")
     train, test = result
-    return dict(describe_data(train, test, d.dataset, f"--dataset {d.dataset}"),
+    if isinstance(train, torch.Tensor) and isinstance(test, torch.Tensor):
+        raise ConfigError(f"--dataset {d.dataset} returned two tensors, which read as (train, "
+                          f"test) = (x, y): one pair (x, y) of {tuple(train.shape)} and "
+                          f"{tuple(test.shape)}; return ((x_train, y_train), (x_test, y_test)), "
+                          "or ((x, y), None) to train without a test split")
+    return dict(describe_data(train, test, d.dataset, f"--dataset {d.dataset}",
+                              sparse_labels=d.sparse_labels),
                 origin=f"--dataset {d.dataset}")
 
 
-def describe_data(train: Any, test: Any, name: str, where: str) -> dict[str, Any]:
+def describe_data(train: Any, test: Any, name: str, where: str,
+                  sparse_labels: bool = False) -> dict[str, Any]:
     """Check the user's training and test data, and learn what a model factory may be offered:
     the input shape and the number of classes, where they can be known."""
     check_data(train, where, "the training data")
     if test is not None:
         check_data(test, where, "the test data")
-    input_shape = num_classes = None
+    input_shape = num_classes = classes_unknown = None
     if isinstance(train, (tuple, list)):
         x, y = train
         input_shape = tuple(x.shape[1:])
         if not y.dtype.is_floating_point and y.dim() == 1 and len(y):
             ys = [y] + ([test[1]] if isinstance(test, (tuple, list)) else [])
-            num_classes = int(max(int(t.max()) for t in ys)) + 1
+            num_classes, classes_unknown = classes_of_labels(ys, sparse_labels)
     else:
         num_classes = getattr(train, "num_classes", None)
         if num_classes is None and hasattr(train, "classes"):
@@ -150,20 +230,50 @@ def describe_data(train: Any, test: Any, name: str, where: str) -> dict[str, Any
                 shape = first[0].shape
         input_shape = tuple(shape) if shape is not None else None
     return dict(train_data=train, test_data=test, data_name=name, input_shape=input_shape,
-                num_classes=num_classes)
+                num_classes=num_classes, classes_unknown=classes_unknown)
+
+
+def classes_of_labels(labels: list[torch.Tensor], sparse_ok: bool) -> tuple[int | None, str | None]:
+    """(max label + 1, None) for integer targets that look like class indices 0..K-1, else
+    (None, why not). Integer targets need not be classes (a user's own loss may read them
+    otherwise), so implausible ones are not refused here: they are only not offered as
+    num_classes, and a model that needs it is told why. Offered, a label of 2**40 made the
+    built-in models ask the allocator for a 2**40-wide output layer."""
+    values = torch.cat([t.reshape(-1) for t in labels]).unique()
+    low, high, used = int(values[0]), int(values[-1]), len(values)
+    if low < 0:
+        return None, (f"the integer targets include negative values (the smallest is {low}), "
+                      "so they are not class indices 0..K-1 (renumber them, or pass "
+                      "num_classes in --model-args)")
+    if high + 1 - used > max(used, builtin.MAX_UNUSED_CLASSES) and not sparse_ok:
+        return None, (f"the labels go up to {high} but only {used} distinct ones occur (renumber "
+                      f"them 0..{used - 1}, e.g. torch.unique(y, return_inverse=True), or pass "
+                      "--sparse-labels if the unused classes are meant)")
+    return high + 1, None
 
 
 def check_data(data: Any, where: str, what: str) -> None:
+    empty_fix = ("give it samples" if what == "the training data" else
+                 "give it samples, or pass None as the test data to train without evaluating")
     if isinstance(data, (tuple, list)):
         if len(data) != 2 or not all(isinstance(t, torch.Tensor) for t in data):
             raise ConfigError(f"{where}: {what} is a {type(data).__name__} of "
                               f"{len(data)} item(s); pass a pair (x, y) of tensors, a Dataset "
                               "or an IterableDataset")
         x, y = data
+        if x.dim() == 0 or y.dim() == 0:
+            raise ConfigError(f"{where}: {what} holds a 0-dimensional tensor; x and y must hold "
+                              "one row per sample")
         if len(x) != len(y):
             raise ConfigError(f"{where}: {what} has {len(x)} inputs but {len(y)} targets; "
                               "x and y must hold one row per sample")
+        if len(x) == 0:
+            raise ConfigError(f"{where}: {what} holds no samples; {empty_fix}")
         return
+    if isinstance(data, torch.Tensor):
+        raise ConfigError(f"{where}: {what} is a single tensor {tuple(data.shape)}; pass a pair "
+                          "(x, y) of tensors (inputs and targets), a Dataset or an "
+                          "IterableDataset")
     if isinstance(data, torch.utils.data.DataLoader):
         raise ConfigError(f"{where}: {what} is a DataLoader; pass its dataset instead "
                           "(hvdtrain builds the loader, so that every worker gets its own "
@@ -173,19 +283,54 @@ def check_data(data: Any, where: str, what: str) -> None:
             hasattr(data, "__getitem__") and hasattr(data, "__len__")):
         raise ConfigError(f"{where}: {what} is {type(data).__name__}; pass a pair (x, y) of "
                           "tensors, a torch Dataset or an IterableDataset")
+    if isinstance(data, IterableDataset):
+        return  # a stream may be endless: its length, if any, is for the loader to ask
+    try:
+        size = len(data)
+    except TypeError:  # torch's Dataset declares no __len__; the loader needs one to shard
+        raise ConfigError(f"{where}: {what} is a map-style Dataset ({type(data).__name__}) "
+                          "without __len__, so it cannot be split among the workers; define "
+                          "__len__ returning the number of samples, or make it an "
+                          "IterableDataset (and pass --max-steps-per-epoch)") from None
+    except Exception as e:
+        raise UserCodeError(where, f"{type(data).__name__}.__len__", e) from e
+    if size == 0:
+        raise ConfigError(f"{where}: {what} ({type(data).__name__}) holds no samples; "
+                          f"{empty_fix}")
 
 
 def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
     spec = cfg.model.model
     shape, classes = data["input_shape"], data["num_classes"]
+    classes_unknown = data.get("classes_unknown")
     if spec in MODELS:
+        if parse_json_args(cfg.model.model_args, "--model-args"):
+            raise ConfigError(f"--model-args is for your own --model MODULE:CALLABLE; the "
+                              f"built-in {spec} would ignore it. Its sizes are flags (--hidden "
+                              "for mlp, --channels for cnn): use those, or drop --model-args")
+
         def build_builtin() -> nn.Module:
             if shape is None or classes is None:
-                raise ConfigError(f"--model {spec}: the built-in models need the input shape "
-                                  "and the number of classes, which this dataset does not tell "
-                                  "(give it input_shape and num_classes attributes, or pass "
-                                  "your own --model MODULE:CALLABLE)")
-            return build_model(spec, shape, classes, cfg.model)
+                missing = " and ".join(name for name, value in (
+                    ("the input shape", shape), ("the number of classes", classes))
+                    if value is None)
+                why = (f"; {classes_unknown}" if classes is None and classes_unknown else
+                       " (give it input_shape and num_classes attributes)")
+                raise ConfigError(f"--model {spec}: the built-in models need the input shape and "
+                                  f"the number of classes, and this dataset does not tell "
+                                  f"{missing}{why}; or pass your own --model MODULE:CALLABLE")
+            try:
+                model = build_model(spec, shape, classes, cfg.model)
+            except (MemoryError, RuntimeError) as e:  # torch's allocator raises RuntimeError
+                if not isinstance(e, MemoryError) and "alloc" not in str(e):
+                    raise
+                raise ConfigError(
+                    f"--model {spec}: its layers for input {'x'.join(map(str, shape))} and "
+                    f"{classes:,} classes do not fit in memory ({str(e).splitlines()[0]}); "
+                    f"check the labels (a {classes:,}-way classifier is built because the "
+                    f"largest label is {classes - 1:,}: renumber them 0..K-1) and the model "
+                    "options (--hidden, --channels)") from None
+            return checked_trainable(model, "--model", spec)
         return build_builtin
     fn = resolve_callable(spec, "--model", builtins=MODELS)
     explicit = parse_json_args(cfg.model.model_args, "--model-args")
@@ -193,7 +338,8 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
     how = {"input_shape": "this dataset does not tell it (give the training dataset an "
                           "input_shape attribute, or items that are (input tensor, target) pairs, "
                           "or pass it in --model-args)",
-           "num_classes": "this dataset does not tell it (give the training dataset a "
+           "num_classes": classes_unknown or
+                          "this dataset does not tell it (give the training dataset a "
                           "num_classes or classes attribute, or pass it in --model-args)"}
     unlearned = {k: v for k, v in how.items() if k not in offered}
 
@@ -201,19 +347,37 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
         model = call_with_known_kwargs(fn, "--model", spec, explicit, offered,
                                        unlearned=unlearned)
         expect_type(model, nn.Module, "--model", spec, "the model instance (an nn.Module)")
-        return model
+        return checked_trainable(model, "--model", spec)
     return build_user
+
+
+def checked_trainable(model: nn.Module, flag: str, spec: str) -> nn.Module:
+    """The model, if it has a parameter to train. Without one, sync training crashed inside
+    Horovod and async training blamed the parameter server."""
+    params = list(model.parameters())
+    if any(p.requires_grad for p in params):
+        return model
+    if params:
+        problem = (f"all {len(params)} of its parameter tensors are frozen (requires_grad=False)"
+                   "; unfreeze the layers to train, e.g. p.requires_grad_(True)")
+    else:
+        problem = ("it has no parameters; give it layers with weights, assigned as attributes "
+                   "(layers kept in a plain list are not registered: use nn.ModuleList)")
+    raise ConfigError(f"{flag} {spec}: the model has nothing to train: {problem}")
 
 
 # --- from the Python API -----------------------------------------------------------------------
 def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any,
-                          metrics: dict[str, Metric] | None) -> Workload:
+                          metrics: dict[str, Metric] | None,
+                          sparse_labels: bool = False) -> Workload:
     label = "tensors" if isinstance(train_data, (tuple, list)) else type(train_data).__name__
-    data = describe_data(train_data, test_data, label, "train_data")
+    data = describe_data(train_data, test_data, label, "train_data", sparse_labels)
     loss_fn, loss_name = resolve_loss(loss)
     if isinstance(model, nn.Module):
         name = type(model).__name__
-        build = lambda: model  # noqa: E731  every rank passed its own instance
+
+        def build() -> nn.Module:  # every rank passed its own instance
+            return checked_trainable(model, "model", name)
     elif callable(model):
         name = ""  # named after the class of the model it builds (see launch.run)
 
@@ -221,7 +385,7 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
             what = getattr(model, "__qualname__", type(model).__name__)
             built = call_user(model, "model", what)
             expect_type(built, nn.Module, "model", what, "the model instance (an nn.Module)")
-            return built
+            return checked_trainable(built, "model", what)
     else:
         raise ConfigError(f"model: got {type(model).__name__}; pass an nn.Module, or a "
                           "function with no arguments that returns one")

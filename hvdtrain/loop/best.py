@@ -16,6 +16,7 @@ run neither replaces best.pt with a worse model nor restarts its patience.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..config import ConfigError, RunConfig, parse_metric_goal
@@ -23,6 +24,24 @@ from ..scheme import Progress, UpdateScheme
 from .checkpointer import Checkpointer
 
 BEST_NAME = "best.pt"
+
+
+def judged_value(test: tuple[float, dict[str, float | None]], metric: str, flag: str
+                 ) -> float | None:
+    """The value of ``metric`` (test_loss, test_acc...) in an evaluation, or None where the
+    evaluation means nothing: a NaN or infinite test loss (NaN in the test data, or a diverged
+    model) leaves the metrics to argmax over NaN, which still gave an "accuracy" that kept
+    best.pt and reached --stop-at. ConfigError where the metric counted no samples."""
+    loss, metrics = test
+    value = loss if metric == "test_loss" else metrics.get(metric[len("test_"):])
+    if value is None:
+        reported = [name for name, v in zip(evaluation_metrics(list(metrics)),
+                                            [loss, *metrics.values()]) if v is not None]
+        raise ConfigError(f"{flag}: the evaluation produced no value for {metric!r} (it counted "
+                          f"no samples); choose one of {', '.join(reported)}")
+    if loss is None or not math.isfinite(loss) or not math.isfinite(value):
+        return None
+    return value
 
 
 def evaluation_metrics(metric_names: list[str]) -> list[str]:
@@ -83,24 +102,17 @@ class BestTracker:
         where this process scored the test split, else None. Collective with early stopping."""
         if self.metric is None:
             return
-        if test is not None and self._judge(self._value(test), progress.epoch):
-            self.checkpointer.save(progress, self.path)
+        if test is not None:
+            value = judged_value(test, self.metric, "--keep-best")
+            if value is None:  # not a number: no improvement, and no best.pt
+                self.since_best += 1
+            elif self._judge(value, progress.epoch):
+                self.checkpointer.save(progress, self.path)
         if self.patience:
             self.load_state_dict(self.scheme.broadcast_object(self.state_dict()))
             self._check_patience(progress)
 
     # --- arithmetic -----------------------------------------------------------------------------
-    def _value(self, test: tuple[float, dict[str, float | None]]) -> float:
-        loss, metrics = test
-        value = loss if self.metric == "test_loss" else metrics.get(self.metric[len("test_"):])
-        if value is None:
-            reported = [name for name, v in zip(evaluation_metrics(list(metrics)),
-                                                [loss, *metrics.values()]) if v is not None]
-            raise ConfigError(f"--keep-best: the evaluation produced no value for "
-                              f"{self.metric!r} (it counted no samples); choose one of "
-                              f"{', '.join(reported)}")
-        return value
-
     def _judge(self, value: float, epoch: int) -> bool:
         """Record ``value`` of the evaluation after ``epoch`` epochs; True if it is the best."""
         better = self.best is None or (value < self.best if self.goal == "min"

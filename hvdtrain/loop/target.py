@@ -11,7 +11,7 @@ they all agree on.
 from __future__ import annotations
 
 from ..config import ConfigError, RunConfig, parse_stop_at
-from .best import evaluation_metrics
+from .best import evaluation_metrics, judged_value
 
 
 class TargetStop:
@@ -35,18 +35,9 @@ class TargetStop:
         process scored the test split, else None (it learns of the target through the stop)."""
         if self.metric is None or test is None or self.reached is not None:
             return
-        value = self._value(test)
+        value = judged_value(test, self.metric, "--stop-at")
+        if value is None:
+            return  # a NaN evaluation reaches nothing
         if (value >= self.value) if self.op == ">=" else (value <= self.value):
             self.reached = f"{self.metric} {value:.6g} {self.op} {self.value:g} at step " \
                            f"{global_step}"
-
-    def _value(self, test: tuple[float, dict[str, float | None]]) -> float:
-        loss, metrics = test
-        value = loss if self.metric == "test_loss" else metrics.get(self.metric[len("test_"):])
-        if value is None:  # a metric that counted no samples: the target can never be judged
-            reported = [name for name, v in zip(evaluation_metrics(list(metrics)),
-                                                [loss, *metrics.values()]) if v is not None]
-            raise ConfigError(f"--stop-at: the evaluation produced no value for "
-                              f"{self.metric!r} (it counted no samples); choose one of "
-                              f"{', '.join(reported)}")
-        return value

@@ -12,8 +12,13 @@ an epoch line's ``train_*`` and ``test_*`` fields become ``train/*`` and ``test/
 
 from __future__ import annotations
 
+import sys
+import threading
 from pathlib import Path
 from typing import Any
+
+from ..checkpoint import intact_note
+from .hooks import TrainingError
 
 # Positions and counts, not figures worth a curve: the step is the x axis already.
 NOT_PLOTTED = {"epoch", "step", "workers", "samples", "wall_seconds", "train_seconds"}  # clocks
@@ -26,19 +31,38 @@ def tag(kind: str, key: str) -> str:
 
 class TensorBoardSink:
     """Writes the run log's step, epoch and scheme lines into event files in ``run_dir``. Only
-    the main process makes one, as it does the JSONL log."""
+    the main process makes one, as it does the JSONL log.
+
+    A write that fails (a full disk, a quota, a lost mount) stops the run as a failed write to
+    metrics.jsonl does: a TrainingError saying what is intact. TensorBoard writes from a thread
+    of its own, which reports the error to the next write; the thread's own traceback is held
+    back, so it cannot bury that message."""
 
     def __init__(self, run_dir: Path, first_step: int | None):
         from torch.utils.tensorboard import SummaryWriter  # slow to import: only when asked for
 
+        _quiet_writer_threads()
+        self.run_dir = run_dir
+        self.failed = False
         # A run repeats the steps after its checkpoint (all of them when it starts fresh), so
         # TensorBoard is told to drop what an earlier attempt in this folder wrote from
         # first_step on; its new event file then holds the only copy of those steps.
         # None keeps everything.
-        self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=first_step)
+        try:
+            self.writer = SummaryWriter(log_dir=str(run_dir), purge_step=first_step)
+        except Exception as e:
+            self._stop(e)
         self.step = first_step - 1 if first_step else 0  # the step of a line that has none
 
     def record(self, kind: str, fields: dict[str, Any]) -> None:
+        if self.failed:
+            return
+        try:
+            self._record(kind, fields)
+        except Exception as e:  # OSError from the file, re-raised from the writer thread
+            self._stop(e)
+
+    def _record(self, kind: str, fields: dict[str, Any]) -> None:
         self.step = fields.get("step", self.step)
         for key, value in fields.items():
             if key.endswith("_histogram") and isinstance(value, dict) and value:
@@ -48,6 +72,13 @@ class TensorBoardSink:
                 self.writer.add_scalar(tag(kind, key), value, self.step)
         if kind != "step":  # a killed job keeps its epochs; step lines wait for the timed flush
             self.writer.flush()
+
+    def _stop(self, error: Exception) -> None:
+        self.failed = True
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise TrainingError(f"could not write TensorBoard events to {self.run_dir} ({reason}); "
+                            f"metrics.jsonl holds every line written so far; "
+                            f"{intact_note(self.run_dir, 'free space')}") from None
 
     def histogram(self, name: str, counts: dict[int, int]) -> None:
         """{value: count} of integers (the staleness of every applied gradient). One bucket per
@@ -64,4 +95,28 @@ class TensorBoardSink:
             bucket_counts=[counts.get(k, 0) for k in values], global_step=self.step)
 
     def close(self) -> None:
-        self.writer.close()
+        """Never raises: it runs while another error may be on its way out."""
+        try:
+            self.writer.close()
+        except Exception as e:
+            if not self.failed:
+                self.failed = True
+                print(f"hvdtrain: could not finish the TensorBoard events in {self.run_dir} "
+                      f"({getattr(e, 'strerror', None) or e}); metrics.jsonl holds every line",
+                      file=sys.stderr, flush=True)
+
+
+def _quiet_writer_threads() -> None:
+    """Hold back the traceback of TensorBoard's writer thread when a write fails: the writer
+    raises the same error at the next write, where the sink reports it in one line."""
+    if getattr(threading.excepthook, "hvdtrain_quiet", False):
+        return
+    previous = threading.excepthook
+
+    def excepthook(args: threading.ExceptHookArgs) -> None:
+        if type(args.thread).__module__.startswith("tensorboard.summary.writer"):
+            return
+        previous(args)
+
+    excepthook.hvdtrain_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = excepthook

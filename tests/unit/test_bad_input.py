@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 from PIL import Image
+from user_files import CANNOT_TRAIN, write
 
 from hvdtrain import checkpoint
 from hvdtrain.cli import main
@@ -236,3 +237,210 @@ def test_elastic_under_mpirun_is_refused_before_horovod_starts(monkeypatch):
     monkeypatch.delenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", raising=False)
     with pytest.raises(ConfigError, match="--elastic needs horovodrun.*horovodrun -np N --gloo"):
         runtime.start_horovod(RunConfig(run_dir="r"), SyncConfig(elastic=True))
+
+
+# --- issue 24: bad input that ended in a traceback ------------------------------------------------
+def nested(depth: int) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.toml", "[model]\nmodel_args = " + "{a = " * 100_000 + "1" + "}" * 100_000 + "\n"),
+    ("deep.yaml", "model_args: " + "{a: " * 100_000 + "1" + "}" * 100_000 + "\n"),
+    ("json.toml", f"model_args = '{nested(100_000)}'\n"),  # a string, parsed as JSON later
+])
+def test_model_args_nested_100000_deep_in_a_config_file(name, text, tmp_path, capsys, no_training):
+    (tmp_path / "m.py").write_text("import torch\ndef build(**kw):\n    return torch.nn.Linear(8, 3)\n")
+    path = tmp_path / name
+    path.write_text(text)
+    assert main(["train", "--config", str(path), "--model", f"{tmp_path / 'm.py'}:build"]) == 2
+    err = capsys.readouterr().err
+    assert "is nested too deeply to read" in err and "pass a flat object" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("flag, value", [("--seed", "99999999999999999999"), ("--seed", "-1"),
+                                         ("--data-seed", str(2**32))])
+def test_a_seed_beyond_what_the_generators_take(flag, value, capsys, no_training):
+    assert main(["train", flag, value]) == 2  # was an overflow in torch.manual_seed
+    assert f"{flag}: invalid value {value}; use a whole number from 0 to 4294967295" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model-args", '{"width": 3}'], "--model-args is for your own --model MODULE:CALLABLE; "
+                                       "the built-in mlp would ignore it"),
+    (["--dataset", "synthetic", "--dataset-args", '{"n": 3}'],
+     "--dataset-args is for your own --dataset MODULE:CALLABLE; the built-in synthetic would "
+     "ignore it"),
+    (["--cycle-time-ms", "1e7"], "--cycle-time-ms: invalid value 10000000.0; use a positive time "
+                                 "in ms, at most 1000"),
+    (["--chunk-mb", "1e-7"], "--chunk-mb: invalid value 1e-07; use a size in MiB of at least "
+                             "0.001"),
+])
+def test_options_that_were_ignored_or_hung_silently(argv, message, capsys, no_training):
+    assert main(["train", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_config_that_is_a_folder(tmp_path, capsys, no_training):
+    assert main(["train", "--config", str(tmp_path)]) == 2
+    assert f"--config: {tmp_path} is a folder; pass the path of a .toml or .yaml file" in \
+        capsys.readouterr().err
+
+
+class Foreign:
+    """An object that hvdtrain never writes into a checkpoint."""
+
+
+def test_an_unreadable_checkpoint_does_not_advise_weights_only_false(tmp_path):
+    import torch
+    torch.save({"format_version": 1, "x": Foreign()}, tmp_path / "foreign.pt")
+    (tmp_path / "junk.pt").write_bytes(b"not a checkpoint")
+    for name, reason in (("foreign.pt", "it holds a Python object of type "),
+                         ("junk.pt", "not a torch zip archive")):
+        with pytest.raises(checkpoint.CheckpointError) as error:
+            checkpoint.load(tmp_path / name)
+        assert reason in str(error.value) and "weights_only" not in str(error.value)
+
+
+def test_elastic_without_a_launcher_is_refused(monkeypatch):
+    from hvdtrain import runtime
+
+    def init():
+        pytest.fail("hvd.init() was reached")
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(init=init))
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK", "HOROVOD_ELASTIC",
+                 "HOROVOD_GLOO_RENDEZVOUS_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ConfigError, match="--elastic needs horovodrun's elastic mode, and this "
+                                          "job was started without a launcher"):
+        runtime.start_horovod(RunConfig(run_dir="r"), SyncConfig(elastic=True))
+    monkeypatch.setenv("HOROVOD_RANK", "0")  # horovodrun without --min-np/--max-np
+    monkeypatch.setenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", "127.0.0.1")
+    with pytest.raises(ConfigError, match="started by horovodrun --gloo without --min-np"):
+        runtime.start_horovod(RunConfig(run_dir="r"), SyncConfig(elastic=True))
+
+
+def test_a_nan_evaluation_keeps_no_best_and_reaches_no_target():
+    import math
+
+    from hvdtrain.loop.best import BestTracker
+    from hvdtrain.loop.target import TargetStop
+    from hvdtrain.scheme import Progress
+
+    nan_eval = (math.nan, {"acc": 0.97})  # NaN in the test data: argmax still gives an "accuracy"
+    target = TargetStop(RunConfig(stop_at="test_acc>=0.9"), ["acc"], True)
+    target.evaluated(nan_eval, 10)
+    assert target.reached is None
+    target.evaluated((0.1, {"acc": 0.95}), 20)
+    assert target.reached.startswith("test_acc 0.95 >= 0.9 at step 20")
+
+    saved = []
+    checkpointer = types.SimpleNamespace(components={}, save=lambda *a: saved.append(a))
+    best = BestTracker(RunConfig(keep_best="test_acc"), None, checkpointer, ["acc"], True)
+    best.evaluated(nan_eval, Progress(workers=1))
+    assert saved == [] and best.best is None and best.since_best == 1
+
+
+
+
+@pytest.fixture
+def user_spec(tmp_path, isolated_imports):
+    path = write(tmp_path / "user_code_24.py", CANNOT_TRAIN)
+    return lambda name: f"{path}:{name}"
+
+
+def checked_workload(**options):
+    """The workload the options name, built, bound and checked as launch.run does (no Horovod)."""
+    from hvdtrain.workload import workload_from_config
+    import torch
+
+    cfg = Config.from_overrides(options).validate()
+    workload = workload_from_config(cfg)
+    model = workload.build_model()
+    workload.bind(torch.device("cpu"), cfg)
+    workload.check(model, torch.device("cpu"))
+    return workload
+
+
+@pytest.mark.parametrize("dataset, model, message", [
+    # evaluation crashed after a whole epoch of training
+    ("test_of_another_shape", "linear",
+     r"the test split fails where one of the training split passes \(the test inputs are of "
+     r"shape \(5,\) per sample, the training inputs of shape \(8,\)\)"),
+    # an allocator traceback: a 2**40-wide output layer
+    ("huge_label", "mlp", r"the labels go up to 1099511627776 but only 4 distinct ones occur"),
+    ("huge_label", "linear", r"num_classes was not offered because the labels go up to "
+                             r"1099511627776"),
+    # max() of an empty tensor
+    ("empty_test", "linear", r"the test data holds no samples; give it samples, or pass None"),
+    # torch.stack in the collate function
+    ("ragged", "fixed", r"the first samples of the training data cannot be stacked into a batch "
+                        r"\(stack expects each tensor to be equal size.*pad or crop"),
+    # hvdtrain's own TypeError from the loader
+    ("no_len", "fixed", r"is a map-style Dataset \(NoLen\) without __len__.*define __len__"),
+    # blamed the built-in model for a missing input shape
+    ("one_pair", "mlp", r"returned two tensors, which read as \(train, test\) = \(x, y\).*"
+                        r"or \(\(x, y\), None\)"),
+    # a traceback from backward() in sync, a misleading message in async
+    ("pairs", "frozen", r"the model has nothing to train: all 2 of its parameter tensors are "
+                        r"frozen \(requires_grad=False\)"),
+    ("pairs", "Listed", r"the model has nothing to train: it has no parameters;.*nn.ModuleList"),
+])
+def test_user_data_and_models_that_cannot_train(dataset, model, message, user_spec):
+    spec = model if model == "mlp" else user_spec(model)
+    with pytest.raises((ConfigError, DataError), match=message):
+        checked_workload(dataset=user_spec(dataset), model=spec)
+
+
+def test_a_sparse_label_of_2_40_in_an_npz_file_names_the_classifier_width(tmp_path):
+    from hvdtrain.workload import workload_from_config
+
+    path = save_npz(tmp_path / "huge.npz", np.arange(100) % 2 * 2**40)
+    workload = workload_from_config(Config.from_overrides(
+        {"dataset": "npz", "data_path": path, "sparse_labels": True}).validate())
+    with pytest.raises(ConfigError, match=r"--model mlp: its layers for input 8 and "
+                                          r"1,099,511,627,777 classes do not fit in memory"):
+        workload.build_model()  # was the allocator's traceback
+
+
+def test_fit_refuses_a_model_with_nothing_to_train():
+    import torch
+
+    import hvdtrain
+
+    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+    with pytest.raises(ConfigError, match="model Linear: the model has nothing to train"):
+        hvdtrain.fit(torch.nn.Linear(4, 2).requires_grad_(False), (x, y), epochs=1)
+
+
+def test_tensorboard_on_a_full_disk_stops_with_one_message(tmp_path, monkeypatch):
+    """TensorBoard writes from a thread, which printed its traceback, and the next write raised
+    the same error as a second one; now it is one TrainingError saying what is intact."""
+    import errno
+    import threading
+
+    from tensorboard.compat.tensorflow_stub.io import gfile
+
+    from hvdtrain.loop import TrainingError
+    from hvdtrain.loop.tensorboard import TensorBoardSink
+
+    hooked = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: hooked.append(args))
+    sink = TensorBoardSink(tmp_path, first_step=1)
+    (tmp_path / checkpoint.CHECKPOINT_NAME).write_bytes(b"a checkpoint")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(gfile.io, "open", full_disk)
+    with pytest.raises(TrainingError) as error:
+        sink.record("epoch", {"step": 5, "train_loss": 0.5})
+        sink.record("epoch", {"step": 6, "train_loss": 0.4})
+    assert str(error.value) == (
+        f"could not write TensorBoard events to {tmp_path} (No space left on device); "
+        f"metrics.jsonl holds every line written so far; the last checkpoint "
+        f"{tmp_path / checkpoint.CHECKPOINT_NAME} is intact; free space and continue with "
+        f"--resume {tmp_path}")
+    sink.record("step", {"step": 7, "loss": 0.3})  # the run is stopping: no second error
+    sink.close()  # runs while the error is on its way out: must not replace it
+    assert hooked == []  # no traceback from the writer thread
