@@ -150,6 +150,17 @@ def train(cfg: Config, workload, exiting: bool = False) -> int:
         finished = launch.run(cfg, workload)
     except BaseException as e:
         code = launch.failure_code(e)
+        if code is None and getattr(e, "run_dir", None) is not None:
+            # The user's forward() or dataset (a loader process) raised while training: its
+            # traceback says where, and this line what is left to continue from.
+            import traceback
+
+            from .checkpoint import intact_note
+
+            traceback.print_exc()
+            print(f"hvdtrain: error: training stopped by {type(e).__name__} (traceback above); "
+                  f"{intact_note(e.run_dir, 'fix the cause')}", file=sys.stderr, flush=True)
+            return launch.EXIT_FAILED
         if code is None:
             raise  # a bug: its traceback says where
         if code == EXIT_BAD_INPUT:

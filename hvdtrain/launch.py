@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, intact_note
 from .config import Config, ConfigError
 from .data import DataError
 from .layout import Layout
@@ -110,6 +110,10 @@ def _run_sync(cfg: Config, workload: Workload, model):
     scheme = trainer.scheme
     try:
         trainer.fit()
+    except Exception as e:
+        if failure_code(e) is None:  # the user's forward() or dataset, or a bug: the CLI says
+            e.run_dir = trainer.run_dir  # which checkpoint is intact below the traceback
+        raise
     finally:
         workload.close()
     history, run_dir, preempted = scheme.broadcast_object(
@@ -156,6 +160,8 @@ def _run_async(cfg: Config, workload: Workload, model):
             print(user_traceback, file=sys.stderr, end="", flush=True)
         where = "" if code == EXIT_BAD_INPUT else f" (rank {runtime.rank})"
         message = describe_failure(e) if code else f"{type(e).__name__}: {e}"
+        if code is None and trainer is not None:
+            message += f"; {intact_note(trainer.run_dir, 'fix the cause')}"
         abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
               collective=code == EXIT_BAD_INPUT)
 

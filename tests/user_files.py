@@ -14,6 +14,8 @@ def write(path: Path, source: str) -> Path:
 
 # User code whose data or model cannot train (issue 24): each name is one way it fails.
 CANNOT_TRAIN = """
+import os
+
 import torch
 from torch.utils.data import Dataset
 
@@ -88,4 +90,15 @@ class Listed(torch.nn.Module):  # layers in a plain list are not registered
 
     def forward(self, x):
         return self.layers[0](x)
+
+
+class FailsOnceCheckpointed(torch.nn.Module):  # once the file FAIL_AFTER names exists
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        if os.path.exists(os.environ.get("FAIL_AFTER", "")):
+            raise RuntimeError("the user's forward() failed")
+        return self.linear(x)
 """

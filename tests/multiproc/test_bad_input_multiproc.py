@@ -135,3 +135,17 @@ def test_a_fit_script_without_a_main_guard_and_loader_processes_is_refused(tmp_p
         "\n                 max_steps", "\n                     max_steps"))
     run([sys.executable, str(guarded)], cwd=tmp_path)
     assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_an_exception_in_the_users_forward_says_which_checkpoint_is_intact(tmp_path):
+    code = write(tmp_path / "code.py", CANNOT_TRAIN)
+    run_dir = tmp_path / "run"
+    proc = run(hvdtrain(*T, "--epochs", "3", "--run-dir", str(run_dir), "--dataset",
+                        f"{code}:pairs", "--model", f"{code}:FailsOnceCheckpointed"),
+               check=False, env={"FAIL_AFTER": str(run_dir / "checkpoint.pt")})
+    assert proc.returncode == 1
+    assert "RuntimeError: the user's forward() failed" in proc.stderr  # its traceback stays
+    assert proc.stderr.rstrip().splitlines()[-1] == (
+        f"hvdtrain: error: training stopped by RuntimeError (traceback above); the last "
+        f"checkpoint {run_dir / 'checkpoint.pt'} is intact; fix the cause and continue with "
+        f"--resume {run_dir}")
