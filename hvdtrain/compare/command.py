@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import sys
 import time
@@ -129,6 +130,71 @@ def _ints(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
 
 
+# The most processes a run may start per core of this host (per slot of a --hostfile, with
+# --oversubscribe in --launcher-args): beyond that a run times the kernel's scheduler rather
+# than the update schemes, and each process holds its own torch (hundreds of MB), so a mistyped
+# --workers 100000 would start a job that swamps the machine. The demo runs 1.5 a core.
+PROCESSES_PER_CORE = 4
+
+
+def _planned_modes(args) -> list:
+    from . import plan as planning
+
+    try:
+        return planning.modes([m.strip() for m in args.modes.split(",") if m.strip()],
+                              _ints(args.staleness_bounds, "--staleness-bounds"),
+                              _ints(args.backup_workers, "--backup-workers"),
+                              _ints(args.local_steps, "--local-steps"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _hostfile_slots(path: str) -> int | None:
+    """The slots of an mpirun hostfile, None when a host gives none (mpirun then counts that
+    host's cores, which cannot be known from here)."""
+    total = 0
+    for line in Path(path).read_text(errors="replace").splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")]
+        if not slots or not slots[0].isdigit():
+            return None
+        total += int(slots[0])
+    return total
+
+
+def check_processes_fit(args, modes: list) -> None:
+    """Refuse, before anything starts, a run of more processes than the hosts can hold: a
+    real run is ``--workers`` processes, plus one parameter server for the async modes."""
+    server = any(m.is_async for m in modes)
+    processes = args.workers + server
+    who = f"{args.workers} workers" + (" and the parameter server of the async modes"
+                                       if server else "")
+    if args.hostfile:
+        slots = _hostfile_slots(args.hostfile)
+        if slots is None:
+            return
+        # Without --oversubscribe mpirun itself refuses more processes than slots, in each run.
+        oversubscribed = "--oversubscribe" in shlex.split(args.launcher_args)
+        limit = slots * (PROCESSES_PER_CORE if oversubscribed else 1)
+        room = f"the hosts of {args.hostfile} have {slots} slots" + (
+            f" ({PROCESSES_PER_CORE} processes a slot with --oversubscribe)"
+            if oversubscribed else "")
+        more = f"add hosts or slots to {args.hostfile}"
+    else:
+        cores = os.cpu_count() or 1
+        limit = cores * PROCESSES_PER_CORE
+        room = (f"this host has {cores} cores, and more than {PROCESSES_PER_CORE} processes a "
+                f"core would time its scheduler rather than the update schemes")
+        more = "run across more hosts with --hostfile"
+    if processes > limit:
+        raise ConfigError(
+            f"--workers {args.workers}: each run starts {processes} processes ({who}), but "
+            f"{room}, room for {limit}: use --workers {limit - server} or fewer, {more}, or "
+            f"simulate {args.workers} workers in one process with --simulate")
+
+
 def apply_plan(args) -> None:
     """Fill every flag left unset from the named plan."""
     for key, value in PLANS[args.plan].items():
@@ -194,6 +260,8 @@ def validate(args) -> None:
     if args.simulate and (args.hostfile or args.launcher_args):
         raise ConfigError("--simulate runs in this one process: drop --hostfile and "
                           "--launcher-args, or drop --simulate")
+    if not args.simulate:
+        check_processes_fit(args, _planned_modes(args))
     check_writable_folder(args.out, "--out")
     check_train_args(args)
 
@@ -228,13 +296,7 @@ def main(args) -> int:
     from . import plan as planning
 
     validate(args)
-    try:
-        modes = planning.modes([m.strip() for m in args.modes.split(",") if m.strip()],
-                               _ints(args.staleness_bounds, "--staleness-bounds"),
-                               _ints(args.backup_workers, "--backup-workers"),
-                               _ints(args.local_steps, "--local-steps"))
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
+    modes = _planned_modes(args)
     train_args = ["--dataset", args.dataset, "--model", args.model, "--epochs", str(args.epochs),
                   "--checkpoint-every", "0", "--eval-every-steps", str(args.eval_every_steps),
                   # a run ends at its target: the epochs are a budget, not the length of a run

@@ -1,6 +1,8 @@
 """``hvdtrain compare``: the plan, the figures read from logs, the report (in-process; the real
 comparisons that run hvdtrain are in tests/multiproc/test_compare_multiproc.py)."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -174,3 +176,64 @@ def test_async_throughput_counts_what_the_servers_received(tmp_path):
     result = read_result(run, tmp_path / "async", {"status": "ok"}, 0.95)
     assert result.samples_per_sec == pytest.approx(14 * 32 / 2.0)
     assert result.time_to_target is None and result.mean_staleness == pytest.approx(4 / 14)
+
+
+# --- how many processes a run may start (issue 24) ----------------------------------------------
+def compare_args(tmp_path, *flags):
+    from hvdtrain.cli import build_parser
+
+    return build_parser().parse_args(["compare", "--out", str(tmp_path / "out"), *flags])
+
+
+def refusal(tmp_path, *flags) -> str | None:
+    from hvdtrain.compare.command import validate
+    from hvdtrain.config import ConfigError
+
+    try:
+        validate(compare_args(tmp_path, *flags))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def test_more_processes_than_the_host_holds_are_refused_before_anything_starts(
+        tmp_path, monkeypatch, capsys):
+    """compare --workers 100000 launched mpirun -np 100000 --oversubscribe on one host."""
+    from hvdtrain.cli import main
+    from hvdtrain.compare import runner
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # room for 4 processes a core: 8
+
+    def launch(run, *args):
+        raise AssertionError(f"{run.name} was launched with {run.processes} processes")
+    monkeypatch.setattr(runner, "run_one", launch)
+    assert main(["compare", "--workers", "100000", "--out", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err
+    assert ("--workers 100000: each run starts 100001 processes (100000 workers and the parameter "
+            "server of the async modes), but this host has 2 cores") in message
+    assert "use --workers 7 or fewer, run across more hosts with --hostfile, or simulate " \
+           "100000 workers in one process with --simulate" in message
+    # The demo plan has async modes: 7 workers and a server fit, 8 do not; sync alone takes 8.
+    assert refusal(tmp_path, "--workers", "7") is None
+    assert "use --workers 7 or fewer" in refusal(tmp_path, "--workers", "8")
+    assert refusal(tmp_path, "--workers", "8", "--modes", "sync") is None
+    assert "each run starts 9 processes (9 workers)" in refusal(
+        tmp_path, "--workers", "9", "--modes", "sync")
+    assert refusal(tmp_path, "--workers", "100000", "--simulate") is None  # no process starts
+
+
+def test_a_hostfile_holds_as_many_processes_as_its_slots(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    hosts = tmp_path / "hosts"
+    hosts.write_text("# two nodes\nnode-a slots=4\nnode-b  slots=4 max_slots=8  # the second\n")
+    flags = ("--hostfile", str(hosts), "--modes", "sync")
+    assert refusal(tmp_path, *flags, "--workers", "8") is None
+    assert (f"each run starts 9 processes (9 workers), but the hosts of {hosts} have 8 slots, "
+            f"room for 8: use --workers 8 or fewer, add hosts or slots to {hosts}"
+            in refusal(tmp_path, *flags, "--workers", "9"))
+    oversubscribed = (*flags, "--launcher-args=--oversubscribe")
+    assert refusal(tmp_path, *oversubscribed, "--workers", "32") is None
+    assert "room for 32" in refusal(tmp_path, *oversubscribed, "--workers", "33")
+    # A host without slots= gets as many as it has cores, which cannot be known from here.
+    hosts.write_text("node-a\nnode-b slots=4\n")
+    assert refusal(tmp_path, *flags, "--workers", "64") is None
