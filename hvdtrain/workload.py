@@ -9,6 +9,7 @@ A piece named on the command line is a built-in name (``--model mlp``, ``--datas
 
 from __future__ import annotations
 
+import itertools
 import os
 import traceback
 from dataclasses import dataclass, field
@@ -212,6 +213,8 @@ def describe_data(train: Any, test: Any, name: str, where: str,
     check_data(train, where, "the training data")
     if test is not None:
         check_data(test, where, "the test data")
+        if isinstance(test, IterableDataset):
+            test = FirstSamples(test, where)
     input_shape = num_classes = classes_unknown = None
     if isinstance(train, (tuple, list)):
         x, y = train
@@ -297,6 +300,30 @@ def check_data(data: Any, where: str, what: str) -> None:
     if size == 0:
         raise ConfigError(f"{where}: {what} ({type(data).__name__}) holds no samples; "
                           f"{empty_fix}")
+
+
+class FirstSamples(IterableDataset):
+    """A test stream cut at its __len__. An evaluation reads a stream to its end, so an endless
+    one (a generator of fresh samples, say) evaluated forever, deaf to SIGTERM, which is handled
+    between steps; a stream without __len__ has no end to cut at and is refused."""
+
+    def __init__(self, stream: IterableDataset, where: str):
+        try:
+            self.size = len(stream)
+        except TypeError:
+            raise ConfigError(
+                f"{where}: the test data is a stream ({type(stream).__name__}) without __len__, "
+                "so an evaluation cannot tell where it ends (an endless one never would); give "
+                "it __len__ returning the number of test samples (the evaluation reads that "
+                "many), or pass the test split as a map-style Dataset or (x, y) tensors") from None
+        self.stream = stream
+        self.name = type(stream).__name__
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):
+        return itertools.islice(iter(self.stream), self.size)
 
 
 def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
@@ -401,5 +428,8 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
 def batch_source(data: Any, device: torch.device, cfg: Config) -> BatchSource:
     if isinstance(data, (tuple, list)):
         return InMemoryBatches(data[0], data[1], device)
-    return LoaderBatches(data, device, data_workers=cfg.data.data_workers, seed=cfg.run.seed,
-                         stream_steps=cfg.run.max_steps_per_epoch or None)
+    source = LoaderBatches(data, device, data_workers=cfg.data.data_workers, seed=cfg.run.seed,
+                           stream_steps=cfg.run.max_steps_per_epoch or None)
+    if isinstance(data, FirstSamples):
+        source.name = data.name  # messages name the user's class
+    return source

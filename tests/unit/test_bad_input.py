@@ -8,6 +8,8 @@ import types
 
 import numpy as np
 import pytest
+import torch
+import torch.utils.data as torch_data
 from PIL import Image
 from user_files import CANNOT_TRAIN, write
 
@@ -444,3 +446,31 @@ def test_tensorboard_on_a_full_disk_stops_with_one_message(tmp_path, monkeypatch
     sink.record("step", {"step": 7, "loss": 0.3})  # the run is stopping: no second error
     sink.close()  # runs while the error is on its way out: must not replace it
     assert hooked == []  # no traceback from the writer thread
+
+
+class EndlessStream(torch_data.IterableDataset):
+    """Fresh samples for ever, as a generator of synthetic data gives them."""
+
+    def __iter__(self):
+        while True:
+            yield torch.randn(8), 1
+
+
+class EndlessStreamOf20(EndlessStream):
+    def __len__(self):
+        return 20
+
+
+def test_an_endless_test_stream_is_refused_or_cut_at_its_len():
+    # It evaluated for ever, deaf to SIGTERM.
+    from hvdtrain.data.loader import LoaderBatches
+    from hvdtrain.workload import batch_source, describe_data
+
+    train = (torch.randn(64, 8), torch.randint(0, 3, (64,)))
+    with pytest.raises(ConfigError, match=r"the test data is a stream \(EndlessStream\) without "
+                                          r"__len__, so an evaluation cannot tell where it ends"):
+        describe_data(train, EndlessStream(), "data", "--dataset d.py:data")
+    test = describe_data(train, EndlessStreamOf20(), "data", "--dataset d.py:data")["test_data"]
+    source = batch_source(test, torch.device("cpu"), Config())
+    assert isinstance(source, LoaderBatches) and source.name == "EndlessStreamOf20"
+    assert [len(y) for _, y in source.eval_batches(0, 1, 8)] == [8, 8, 4]
