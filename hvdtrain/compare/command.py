@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -248,9 +249,14 @@ def validate(args) -> None:
             raise ConfigError(f"--global-batch {args.global_batch} cannot be split evenly over "
                               f"--workers {args.workers}; use a multiple of {args.workers}")
     given = [x for x in (args.sim_step_ms, args.sim_apply_ms) if x is not None]
-    if min(args.sim_allreduce_ms, args.sim_push_ms, *given) < 0:
+    # nan fails every comparison, so "x < 0" let it through
+    if not all(x >= 0 and math.isfinite(x) for x in (args.sim_allreduce_ms, args.sim_push_ms,
+                                                      *given)):
         raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms and --sim-apply-ms: "
-                          "use 0 or more milliseconds")
+                          "use 0 or more milliseconds (a finite number)")
+    if not (args.run_timeout > 0 and math.isfinite(args.run_timeout)):
+        raise ConfigError(f"--run-timeout: invalid value {args.run_timeout}; use a positive "
+                          "number of seconds, e.g. 300")
     if given and not args.simulate:
         raise ConfigError("--sim-step-ms and --sim-apply-ms time the --simulate plan's workers; "
                           "add --simulate, or drop them")

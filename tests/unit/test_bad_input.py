@@ -192,6 +192,10 @@ def no_runs(monkeypatch):
     (["--train-args", "--staleness 4"], "use --staleness-bounds"),
     (["--train-args", "--batch-size 8 --epoch 3"], "--train-args: unknown flag(s) --epoch"),
     (["--train-args", "--lr -1"], "--train-args: --lr: invalid value -1.0"),
+    (["--run-timeout", "-5"], "--run-timeout: invalid value -5.0; use a positive number of "
+                              "seconds"),  # issue 24: were accepted
+    (["--simulate", "--sim-step-ms", "nan"], "--sim-step-ms and --sim-apply-ms: use 0 or more "
+                                             "milliseconds (a finite number)"),
 ])
 def test_compare_refuses_an_empty_plan_and_train_args_that_override_it(
         argv, message, tmp_path, capsys, no_runs):
