@@ -158,6 +158,11 @@ class Replica:
                     total += stats
         finally:
             self.model.train(was_training)
+        if total is not None and not torch.isfinite(total.loss_sum).all():
+            # NaN in the test data (or a diverged model): argmax over NaN outputs still counted
+            # "correct" samples, and reported an accuracy. NaN sums stay NaN across workers.
+            total.metrics = {name: (float("nan"), count)
+                             for name, (_, count) in total.metrics.items()}
         return total
 
 

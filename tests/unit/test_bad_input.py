@@ -478,3 +478,20 @@ def test_an_endless_test_stream_is_refused_or_cut_at_its_len():
     source = batch_source(test, torch.device("cpu"), Config())
     assert isinstance(source, LoaderBatches) and source.name == "EndlessStreamOf20"
     assert [len(y) for _, y in source.eval_batches(0, 1, 8)] == [8, 8, 4]
+
+
+def test_nan_in_the_test_data_reports_no_accuracy():
+    import math
+
+    from hvdtrain.losses import accuracy
+    from hvdtrain.replica import Objective, Replica
+
+    torch.manual_seed(0)
+    replica = Replica(torch.nn.Linear(8, 3), torch.device("cpu"),
+                      Objective(torch.nn.functional.cross_entropy, {"acc": accuracy}))
+    x, y = torch.randn(16, 8), torch.randint(0, 3, (16,))
+    x[3, 0] = math.nan
+    stats = replica.evaluate([(x[:8], y[:8]), (x[8:], y[8:])])
+    assert math.isnan(stats.loss_sum) and stats.count == 16
+    correct, count = stats.metrics["acc"]
+    assert math.isnan(correct) and count == 16  # argmax over NaN gave a count of "correct" ones
