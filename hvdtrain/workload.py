@@ -242,8 +242,12 @@ def classes_of_labels(labels: list[torch.Tensor], sparse_ok: bool) -> tuple[int 
     otherwise), so implausible ones are not refused here: they are only not offered as
     num_classes, and a model that needs it is told why. Offered, a label of 2**40 made the
     built-in models ask the allocator for a 2**40-wide output layer."""
-    values = torch.cat([t.reshape(-1) for t in labels]).unique()
-    low, high, used = int(values[0]), int(values[-1]), len(values)
+    flat = torch.cat([t.reshape(-1) for t in labels])
+    low, high = (int(v) for v in flat.aminmax())
+    if 0 <= low and high < builtin.MAX_UNUSED_CLASSES:
+        return high + 1, None  # too few classes to be implausible: no need to sort them all
+    values = flat.unique()
+    used = len(values)
     if low < 0:
         return None, (f"the integer targets include negative values (the smallest is {low}), "
                       "so they are not class indices 0..K-1 (renumber them, or pass "
