@@ -71,7 +71,9 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
     options: the command line's options with underscores: ``mode="async"``, ``epochs=8``,
         ``batch_size=16``, ``optimizer="adam"``, ``lr=3e-3``, ``run_dir=...``, ``staleness=2``,
         ``stages=2``, ``data_workers=2``... (``hvdtrain train --help`` lists them all). A bad
-        value raises the same ConfigError, with the same message, as the flag would.
+        value raises the same ConfigError, with the same message, as the flag would. With
+        ``data_workers`` above 0 and a Dataset, call fit under ``if __name__ == "__main__":``:
+        the loader processes import the script again, and fit refuses an unguarded call.
 
     Errors: bad input raises ConfigError (or DataError, CheckpointError) on every rank before
     training. A failure during async training ends the whole MPI job (MPI_Abort, with the
