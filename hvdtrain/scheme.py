@@ -1,7 +1,7 @@
 """The interface between the training loop and an update scheme (sync.HorovodSync,
 ps.client.ParameterServerClient, and the elastic variant of the first).
 
-A scheme implements the seven members marked *required*; everything else is a hook whose default,
+A scheme implements the eight members marked *required*; everything else is a hook whose default,
 written once here, is right for a scheme with a fixed set of processes. The trainer talks to a
 scheme only through this class, so it never branches on the mode.
 """
@@ -40,6 +40,23 @@ class PendingSum:
     def wait(self) -> list[float]:
         assert self._values is not None
         return self._values
+
+
+class BatchFeed:
+    """Pieces of the epochs' sync plan handed to this worker one at a time by the job (async
+    training: a fast worker takes more of them), instead of a fixed share per worker. A piece is
+    (epoch, step, part): batch ``step`` of worker ``part``'s share of ``epoch``."""
+
+    num_parts: int  # the workers the plan is cut for
+
+    def next_part(self, epoch: int) -> tuple[int, int, int] | None:
+        """The next piece to read while ``epoch`` is under way; None when the epoch's pieces
+        are all handed out (or training is over)."""
+        raise NotImplementedError
+
+    def part_trained(self) -> tuple[int, int, int] | None:
+        """After a step: the piece it trained."""
+        raise NotImplementedError
 
 
 class UpdateScheme:
@@ -81,6 +98,19 @@ class UpdateScheme:
         raise NotImplementedError
 
     # --- hooks with defaults ------------------------------------------------------------------
+    def batch_feed(self, steps_per_epoch: int, epochs: int, lookahead: int) -> BatchFeed | None:
+        """Where this worker's batches come from: None for its own fixed share of every epoch
+        (every worker runs the same steps: sync, lock-step rounds); else a feed of pieces the
+        job hands out (async). Called before start(), only for a source that can read any
+        batch on its own; ``lookahead``: batches the source reads ahead of training."""
+        return None
+
+    @property
+    def steps_agree(self) -> bool:
+        """Whether every worker runs the same steps, so that per-step figures (step lines) can
+        be summed across workers; without it a step line is this worker's own."""
+        return True
+
     def main_decides(self, decide: Callable[[], T]) -> T:
         """``decide()`` as worker 0 computes it, known to every worker: rank 0 reads files and
         the others learn its answer, so a bad file stops all ranks alike instead of hanging

@@ -47,7 +47,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -58,6 +58,7 @@ from ..loop.evaluator import EVAL_BATCH
 from ..loop.hooks import TrainingError
 from ..optim import build_optimizer, learning_rate, set_learning_rate
 from ..precision import Precision
+from ..ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
 from ..ps.protocol import (bsp_quorum, chunk_bounds, chunk_elements, delay_compensate,
                            may_proceed, staleness_lr_factor)
 from ..ps.shard_optimizer import ShardOptimizer
@@ -313,9 +314,18 @@ class _Worker:
     pulled_version: int = 0               # async: the server's version it last received
     optimizer: ShardOptimizer | None = None  # local SGD: its own optimizer state
     started: float = 0.0                  # virtual time its current step began
+    piece: tuple[int, int, int] | None = None  # async: the piece of the job's plan it holds
+    slot: int = NO_SLOT                   # ... and its slot number
+    position: int = 0                     # ... the job's global step after its last piece
+    _pieces: list = field(default_factory=list)  # ... fed to its batch source
+    _piece_batches: Iterator | None = None
+    _seeded_epoch: int = -1
 
     def next_batch(self):
-        """The batch a real worker of this rank trains on at its next step."""
+        """The batch a real worker of this rank trains on at its next step: its own share's
+        next one, or under async the piece of the job's plan it was handed (ps/dispatch.py)."""
+        if self.piece is not None:
+            return self._piece_batch()
         per_epoch = self.plan.steps_per_epoch
         if self.steps % per_epoch == 0:  # an epoch begins; the plan seeds torch as a real one does
             self.batches = self.plan.batches(Progress(epoch=self.steps // per_epoch,
@@ -323,6 +333,20 @@ class _Worker:
                                                       workers=self.plan.num_workers))
             self.rng = torch.get_rng_state()
         return next(self.batches)
+
+    def _piece_batch(self):
+        epoch, step, _ = self.piece
+        if epoch != self._seeded_epoch:  # as EpochPlan.batches seeds a real worker's epoch
+            self.plan.seed_epoch(epoch)
+            self.rng, self._seeded_epoch = torch.get_rng_state(), epoch
+        if self._piece_batches is None:
+            run = self.plan.run
+            pieces = iter(lambda: self._pieces.pop(0), None)  # read lazily, one at a time
+            self._piece_batches = self.plan.source.part_batches(pieces, self.plan.num_workers,
+                                                                run.batch_size, run.seed)
+        self._pieces.append(self.piece)
+        self.position = max(self.position, epoch * self.plan.steps_per_epoch + step + 1)
+        return next(self._piece_batches)
 
 
 @dataclass(slots=True)
@@ -599,6 +623,10 @@ class _ServerRun:
         self.lr_scale = float(sim.num_workers - self.mode.backup_workers) if self.mode.bsp \
             else 1.0
         self.events: list[tuple[float, float, int, int]] = []
+        # Without lock-step rounds the job's plan is handed out to whoever asks, as server 0
+        # does (ps/dispatch.py); rounds keep each worker's own share (client.batch_feed).
+        self.dispatcher = None if self.mode.bsp else BatchDispatcher(SlotPlan(
+            sim.steps_per_epoch, sim.num_workers, cfg.run.epochs))
 
     def run(self) -> None:
         for w in self.sim.workers:
@@ -635,7 +663,10 @@ class _ServerRun:
         start = at
         if not first:
             start += self.sim._delay(w, w.steps - 1, at - w.started)
-        if w.steps == self.sim.total_steps:
+        if self.dispatcher is not None and first:
+            self._hand_out(w)
+        if (w.slot == NO_SLOT if self.dispatcher is not None else
+                w.steps == self.sim.total_steps):
             self._schedule(start, w, self.DONE)
             return
         start += self.timing.loop_seconds  # the loop's time before the update begins
@@ -644,11 +675,18 @@ class _ServerRun:
                        self.ARRIVE)
 
     # --- the server's side ------------------------------------------------------------------------
+    def _hand_out(self, w: _Worker) -> None:
+        w.slot = self.dispatcher.take(w.rank)
+        w.piece = None if w.slot == NO_SLOT else self.dispatcher.plan.locate(w.slot)
+
     def _arrive(self, w: _Worker, at: float) -> None:
-        step = w.steps
+        # The worker's schedule, in its header: its own steps, or the job's position (async).
+        lr = self.sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
         grad = self.sim._gradient(w, w.params)
         self.clocks[w.rank] = w.steps
-        lr = self.sim._lr(step, self.lr_scale)  # the worker's own schedule, in its header
+        if self.dispatcher is not None:  # server 0 takes the push's slot, hands out the next
+            self.dispatcher.complete(w.slot)
+            self._hand_out(w)
         if self.mode.bsp:
             self._arrive_in_round(w, at, grad, lr)
         else:

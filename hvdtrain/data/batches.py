@@ -16,6 +16,28 @@ from typing import Any
 import torch
 
 
+class PartRows:
+    """The sample rows of (epoch, step, part) pieces, with each epoch's permutation computed
+    once per part and kept for two epochs (a resumed run may finish an earlier epoch's pieces
+    while the next one is under way)."""
+
+    def __init__(self, num_samples: int, batch_size: int, num_parts: int, seed: int):
+        self.args = (num_samples, batch_size, num_parts, seed)
+        self._rows: dict[tuple[int, int], Any] = {}
+
+    def of(self, epoch: int, step: int, part: int) -> list[int]:
+        from .builtin import epoch_batches
+
+        rows = self._rows.get((epoch, part))
+        if rows is None:
+            num_samples, batch_size, num_parts, seed = self.args
+            for key in [k for k in self._rows if k[0] < epoch - 1]:
+                del self._rows[key]
+            rows = self._rows[(epoch, part)] = epoch_batches(num_samples, batch_size, part,
+                                                              num_parts, epoch, seed)
+        return rows[step].tolist()
+
+
 def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:
     """Move a tensor, or tensors nested in tuples, lists and dicts, to `device`. Anything else
     (numbers, strings) comes back as it is."""
@@ -54,6 +76,26 @@ class BatchSource(ABC):
                       seed: int, first_step: int, steps: int) -> Iterator[tuple[Any, Any]]:
         """This worker's batches (x, y) for steps first_step..steps-1 of the epoch, on
         self.device: exactly steps - first_step of them."""
+
+    def part_batches(self, parts: Iterator[tuple[int, int, int]], num_parts: int,
+                     batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
+        """Batches of pieces of the sync plan handed out one at a time (async training's global
+        plan, ps/dispatch.py): for each (epoch, step, part) from ``parts``, batch ``step`` of
+        worker ``part``'s share of that epoch, as train_batches(epoch, part, num_parts, ...)
+        would give it. ``parts`` is read lazily: the next piece may not be known yet. Only a
+        source with random access can do this (see random_access)."""
+        raise NotImplementedError(f"{type(self).__name__} reads its samples in order only")
+
+    @property
+    def random_access(self) -> bool:
+        """Whether part_batches works: any batch of any epoch can be read on its own."""
+        return type(self).part_batches is not BatchSource.part_batches
+
+    @property
+    def lookahead(self) -> int:
+        """How many batches this source reads ahead of the one being trained (loader
+        processes' prefetch), so that pieces handed out one at a time arrive in time."""
+        return 0
 
     @abstractmethod
     def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[tuple[Any, Any]]:

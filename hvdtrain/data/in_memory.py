@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import torch
 
-from .batches import BatchSource
+from .batches import BatchSource, PartRows
 from .builtin import epoch_batches, eval_shard
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -37,6 +37,13 @@ class InMemoryBatches(BatchSource):
         rows = epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
         index = torch.from_numpy(rows[first_step:steps]).to(self.device)  # one copy per epoch
         for idx in index:
+            yield self.x[idx], self.y[idx]
+
+    def part_batches(self, parts: Iterator[tuple[int, int, int]], num_parts: int,
+                     batch_size: int, seed: int) -> Iterator[Batch]:
+        rows = PartRows(self.num_samples, batch_size, num_parts, seed)
+        for epoch, step, part in parts:
+            idx = torch.tensor(rows.of(epoch, step, part), device=self.device)
             yield self.x[idx], self.y[idx]
 
     def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[Batch]:

@@ -40,7 +40,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_in
 from torch.utils.data import default_collate
 
 from ..config import ConfigError
-from .batches import BatchSource, to_device
+from .batches import BatchSource, PartRows, to_device
 from .builtin import DataError, epoch_batches, eval_shard
 
 
@@ -123,6 +123,23 @@ class LoaderBatches(BatchSource):
             f"{num_workers} workers); every worker must get the same number of steps in an "
             "epoch, or Horovod hangs: lower --max-steps-per-epoch, or fix the dataset's __len__ "
             "to the number of samples it really yields")
+
+    def part_batches(self, parts: Iterator[tuple[int, int, int]], num_parts: int,
+                     batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
+        if self.is_stream:  # no batch of a stream can be read without the ones before it
+            raise NotImplementedError(f"{self.name} is a stream: it is read in order only")
+        rows = PartRows(self.num_samples, batch_size, num_parts, seed)
+        # Read lazily by the batch sampler, in this process, as the loader asks for batches.
+        self._batches.batches = (rows.of(*piece) for piece in parts)
+        yield from self._iterate()
+
+    @property
+    def random_access(self) -> bool:
+        return not self.is_stream
+
+    @property
+    def lookahead(self) -> int:
+        return 2 * self.data_workers  # the DataLoader's default prefetch_factor per process
 
     def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[tuple[Any, Any]]:
         if not self.is_stream:

@@ -214,10 +214,13 @@ class Checkpointer:
         return decision["resume"]
 
     # --- cadence --------------------------------------------------------------------------------
-    def step_done(self, progress: Progress, steps_per_epoch: int) -> None:
+    def step_done(self, before: int, progress: Progress, steps_per_epoch: int) -> None:
+        """After a step from global step ``before`` to ``progress.global_step`` (more than one
+        for an async worker, whose steps skip the others')."""
         every = self.run.checkpoint_steps
         # The epoch's last step is left to epoch_done, which writes its own checkpoint.
-        if every and progress.global_step % every == 0 and progress.step < steps_per_epoch:
+        if every and progress.global_step // every > before // every and \
+                progress.step < steps_per_epoch:
             self.save(progress)
 
     def epoch_done(self, progress: Progress, last: bool = False) -> None:

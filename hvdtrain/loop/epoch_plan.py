@@ -1,6 +1,8 @@
 """Which batches this worker trains on in each epoch: the number of steps every worker runs,
 the first step after a resume, the seeding that makes a resume replay exactly, and the
-rescaling of a position inside an epoch to another number of workers."""
+rescaling of a position inside an epoch to another number of workers. Under async training the
+job hands the epoch's batches out one at a time instead (scheme.BatchFeed): then an epoch ends
+when its batches are used up, whoever trained them, and the position is the job's."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import torch
 
 from ..config import ConfigError, RunConfig
 from ..data.batches import BatchSource
-from ..scheme import Progress
+from ..scheme import BatchFeed, Progress
 
 
 class EpochPlan:
@@ -19,6 +21,7 @@ class EpochPlan:
         self.source = source
         self.worker, self.num_workers = 0, 1
         self.steps_per_epoch = 0
+        self.feed: BatchFeed | None = None
 
     def bind_world(self, worker: int, num_workers: int) -> None:
         run = self.run
@@ -44,11 +47,37 @@ class EpochPlan:
                                 progress.step * progress.workers // self.num_workers)
         progress.workers = self.num_workers
 
-    def batches(self, progress: Progress) -> Iterator[tuple[Any, Any]]:
-        """This worker's batches for the rest of the epoch under way."""
+    def seed_epoch(self, epoch: int) -> None:
         # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on a resume
         # from an epoch's end (from inside one, the replay starts at the epoch's first step).
-        torch.manual_seed(self.run.seed * 100_003 + progress.epoch * 1009 + self.worker)
+        torch.manual_seed(self.run.seed * 100_003 + epoch * 1009 + self.worker)
+
+    def use_feed(self, feed: BatchFeed | None) -> None:
+        self.feed = feed
+
+    def batches(self, progress: Progress) -> Iterator[tuple[Any, Any]]:
+        """This worker's batches for the rest of the epoch under way."""
+        self.seed_epoch(progress.epoch)
+        if self.feed is not None:
+            return self.source.part_batches(self._pieces(self.feed, progress.epoch),
+                                            self.feed.num_parts, self.run.batch_size,
+                                            self.run.seed)
         return self.source.train_batches(progress.epoch, self.worker, self.num_workers,
                                          self.run.batch_size, self.run.seed,
                                          first_step=progress.step, steps=self.steps_per_epoch)
+
+    @staticmethod
+    def _pieces(feed: BatchFeed, epoch: int) -> Iterator[tuple[int, int, int]]:
+        while (piece := feed.next_part(epoch)) is not None:
+            yield piece
+
+    def advance(self, progress: Progress) -> None:
+        """After a step: one step further, or, with a feed, at the job's position of the
+        piece just trained (a fast worker's steps skip the pieces others trained)."""
+        if self.feed is None:
+            progress.step, progress.global_step = progress.step + 1, progress.global_step + 1
+            return
+        piece = self.feed.part_trained()
+        if piece is not None and piece[0] == progress.epoch:  # not an earlier epoch's leftover
+            progress.step = piece[1] + 1
+            progress.global_step = progress.epoch * self.steps_per_epoch + progress.step

@@ -23,10 +23,12 @@ class Evaluator:
         """Every --eval-every epochs, and always after the last."""
         return (epoch + 1) % self.run.eval_every == 0 or epoch + 1 == self.run.epochs
 
-    def due_at_step(self, global_step: int, end_of_epoch: bool, epoch: int) -> bool:
-        """Every --eval-every-steps steps, except where the epoch's own evaluation follows."""
+    def due_at_step(self, before: int, global_step: int, end_of_epoch: bool, epoch: int) -> bool:
+        """Every --eval-every-steps steps (once a step from ``before`` to ``global_step``
+        passed a multiple: an async worker's steps skip the others'), except where the epoch's
+        own evaluation follows."""
         every = self.run.eval_every_steps
-        if not every or global_step % every:
+        if not every or global_step // every <= before // every:
             return False
         return not (end_of_epoch and self.due(epoch))
 

@@ -111,6 +111,7 @@ class RunLog:
         # number of the sum_later it waits for (-1: none, an eval line).
         self._pending: list[tuple[PendingSum, dict[str, Any], int]] = []
         self._posted = 0  # sum_later calls so far
+        self._last_step_line = -1  # the global step of the last step line (async)
 
     # --- the file -------------------------------------------------------------------------------
     def open(self, path: Path, append: bool, header: dict[str, Any], global_step: int = 0) -> None:
@@ -167,8 +168,16 @@ class RunLog:
         t = self.totals
         t.add(loss * stats.count, stats)
         if self.log_steps:
-            self._post([loss * stats.count, stats.count],
-                       {"type": "step", "epoch": epoch + 1, "step": global_step, "lr": lr})
+            values = [loss * stats.count, stats.count]
+            record = {"type": "step", "epoch": epoch + 1, "step": global_step, "lr": lr}
+            if self.scheme.steps_agree:
+                self._post(values, record)
+            elif global_step > self._last_step_line:
+                # Async workers train unequal shares of a global step: worker 0's own figures,
+                # no sum to wait for, once per global step it reached (the step axis stays
+                # increasing where it trained two pieces of one step).
+                self._last_step_line = global_step
+                self._pending.append((PendingSum(values), record, -1))
         if self.bar.enabled:
             self.bar.update((time.perf_counter() - t.started) / t.steps, t.running())
         if self._pending:

@@ -100,6 +100,10 @@ class Trainer:
         return self.history
 
     def _fit(self) -> None:
+        if self.plan.source.random_access:
+            self.plan.use_feed(self.scheme.batch_feed(self.plan.steps_per_epoch,
+                                                      self.cfg.run.epochs,
+                                                      self.plan.source.lookahead))
         state, self.progress = self.checkpointer.restore(self.num_workers)
         self.scheme.start(state, resuming=self.checkpointer.resumed_from is not None)
         if self.is_main:
@@ -172,12 +176,13 @@ class Trainer:
             done = StepResult(p, loss, time.perf_counter() - started)
             for hook in self.hooks:
                 hook.after_step(done)
-            p.step, p.global_step = p.step + 1, p.global_step + 1
+            before = p.global_step
+            self.plan.advance(p)
             self.scheme.step_done(p)
-            self.checkpointer.step_done(p, self.plan.steps_per_epoch)
+            self.checkpointer.step_done(before, p, self.plan.steps_per_epoch)
             self.log.step(epoch, p.global_step, lr, loss, stats)
-            if self.evaluator.due_at_step(p.global_step, p.step == self.plan.steps_per_epoch,
-                                          epoch):
+            if self.evaluator.due_at_step(before, p.global_step,
+                                          p.step == self.plan.steps_per_epoch, epoch):
                 test, wall_seconds, train_seconds = self._timed_evaluation()
                 self.log.evaluation(epoch, p.global_step, test, wall_seconds, train_seconds)
                 self.target.evaluated(test, p.global_step)

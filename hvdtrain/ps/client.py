@@ -19,12 +19,13 @@ import torch
 from ..config import Config
 from ..replica import BatchStats, Replica
 from ..runtime import Runtime
-from ..scheme import PendingSum, UpdateScheme
+from ..scheme import BatchFeed, PendingSum, UpdateScheme
 from ..precision import PushGate
 from .device_copies import copies_for
-from .protocol import (HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology,
-                       check_backup_workers, chunk_bounds, chunk_elements, make_header,
-                       shard_bounds)
+from .dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
+from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
+                       Tag, Topology, check_backup_workers, chunk_bounds, chunk_elements,
+                       make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 
@@ -82,6 +83,8 @@ class ParameterServerClient(UpdateScheme):
         self._told_to_stop = False  # a server's STOP arrived
         self._debt = 0.0  # --eval-pauses-workers: seconds to sleep for an evaluation's pause
         self._stops_received = False
+        self.feed: _SlotFeed | None = None  # the job's batches, handed out by server 0
+        self._slot_word = np.zeros(1, dtype=np.int64)
 
     @property
     def lr_scale(self) -> float:
@@ -94,6 +97,37 @@ class ParameterServerClient(UpdateScheme):
 
     def workers(self) -> tuple[int, int]:
         return self.worker_rank, self.topology.num_workers
+
+    def batch_feed(self, steps_per_epoch: int, epochs: int, lookahead: int) -> BatchFeed | None:
+        """Progress is the job's (ps/dispatch.py): server 0 hands out the epochs' batches as
+        the workers ask, so a fast worker takes more of them and an epoch ends when its
+        batches are used up. Lock-step rounds (--bsp, backup workers) keep a fixed share per
+        worker: every round takes one batch of each worker anyway, and a round with backup
+        workers drops the late ones' batches by design."""
+        if self.cfg.ps.bsp:
+            return None
+        plan = SlotPlan(steps_per_epoch, self.topology.num_workers, epochs)
+        # One slot ahead of what the source reads ahead: the next one arrives with each push's
+        # reply, so the worker never waits for the hand-out.
+        self.feed = _SlotFeed(SlotQueue(plan), depth=1 + lookahead, fetch=self._request_slots)
+        return self.feed
+
+    @property
+    def steps_agree(self) -> bool:
+        return self.feed is None
+
+    def _request_slots(self, count: int) -> None:
+        """Ask server 0 for ``count`` more slots and wait for them (at the start, and whenever
+        the source reads further ahead than the replies have brought)."""
+        leader = self.routes[0][0]
+        self.comm.Send(make_header(Kind.SLOTS, clock=self.clock, size=count,
+                                   worker=self.worker_rank), dest=leader, tag=Tag.REQUEST)
+        slots = np.empty(count, dtype=np.int64)
+        wait_any(self.MPI, [self.comm.Irecv(slots, source=leader, tag=Tag.SLOT)],
+                 self.cfg.ps.timeout_s, lambda: (
+                     f"worker {self.worker_rank}: parameter server 0 handed out no batch"))
+        for slot in slots:
+            self.feed.queue.receive(int(slot))
 
     @property
     def eval_partition(self) -> tuple[int, int] | None:
@@ -169,8 +203,9 @@ class ParameterServerClient(UpdateScheme):
                 own[name].copy_(value)
         if self.is_main:
             flags = HAS_STATE if server_state else 0
-            headers = [self.comm.Isend(make_header(Kind.INIT, size=total, flags=flags),
-                                       dest=server, tag=Tag.REQUEST) for server, _ in self.routes]
+            headers = [self.comm.Isend(make_header(Kind.INIT, size=total, flags=flags | (
+                HAS_PLAN if self.feed is not None and i == 0 else 0)), dest=server,
+                tag=Tag.REQUEST) for i, (server, _) in enumerate(self.routes)]
         # Collective with the servers on this host, which create it on receiving the INIT header
         # (that is how they learn the model's size).
         self.host = HostWindow(self.comm, 4 * total, self.cfg.ps.shared_memory)
@@ -185,8 +220,26 @@ class ParameterServerClient(UpdateScheme):
         if self.is_main:
             self.MPI.Request.Waitall(headers)
             self._send_init_payload(server_state)
+            if self.feed is not None:
+                self._send_plan(state)
         self.pull()
         self._started = True
+
+    def _send_plan(self, state: dict[str, Any] | None) -> None:
+        """Server 0 gets the job's batch plan: a checkpoint's position in it, or, from a
+        checkpoint written without one (lock-step rounds, an older version), the start of the
+        checkpoint's step."""
+        plan = self.feed.queue.plan
+        position = (state.get("server_state") or {}).get("dispatch") if state else None
+        if position is None and state is not None:
+            position = {"plan": plan.as_list(), "outstanding": [],
+                        "next": plan.first_slot(state["epoch"], state.get("step", 0))}
+        if position is not None:
+            note = BatchDispatcher(plan).load_state_dict(position)  # as server 0 will
+            if note:
+                print(f"hvdtrain: warning: {note}", flush=True)
+        self.comm.send({"plan": plan.as_list(), "state": position}, dest=self.routes[0][0],
+                       tag=Tag.INFO)
 
     def _send_init_payload(self, server_state: dict[str, Any] | None) -> None:
         params = self.params_flat.numpy()
@@ -293,11 +346,17 @@ class ParameterServerClient(UpdateScheme):
                     requests.append(self.comm.Irecv(self._ready[k:k + 1], source=server,
                                                     tag=Tag.READY))
                     copies.append((a, b, *shared))
+        slot = self.feed.queue.current() if self.feed and kind == Kind.PUSH else NO_SLOT
+        if slot != NO_SLOT:  # server 0 sends the next slot before the reply
+            requests.append(self.comm.Irecv(self._slot_word, source=self.routes[0][0],
+                                            tag=Tag.SLOT))
+            copies.append(None)
         flags = (WANT_PARAMS if want_params else 0) | \
             (WANTS_STOP if self._wants_stop and kind == Kind.PUSH else 0) | \
-            (NO_GRADIENT if kind == Kind.PUSH and not send_grads else 0)
+            (NO_GRADIENT if kind == Kind.PUSH and not send_grads else 0) | \
+            (WANT_SLOT if slot != NO_SLOT else 0)
         header = make_header(kind, clock=self.clock, lr=lr, size=size, flags=flags,
-                             worker=self.worker_rank)
+                             worker=self.worker_rank, slot=slot)
         # Chunk numbers run over self._chunks: server by server, as gradients_to_host copies them.
         first_chunk = np.cumsum([0] + [len(chunks) for _, chunks in self.routes])
         if send_grads:
@@ -326,6 +385,8 @@ class ParameterServerClient(UpdateScheme):
                     self.host.sync()
                     params[a:b] = shard[a - first:b - first]
                 self.copies.parameters_to_device(a, b)
+        if slot != NO_SLOT:
+            self.feed.queue.receive(int(self._slot_word[0]))
         if want_params:
             self.copies.parameters_done()
             for p, view in self._copied:
@@ -346,7 +407,11 @@ class ParameterServerClient(UpdateScheme):
         charges a waiting worker nothing (server._resume)."""
         if not self._started:
             return
-        if self.cfg.ps.eval_pauses_workers:  # nor does a pause charge it: every server
+        bounded = not self.cfg.ps.bsp and self.cfg.ps.staleness != float("inf")
+        # nor does a pause charge it, nor a staleness bound hold the others back for its clock
+        # (the job's batches are not shared out evenly, so a worker meeting the others at an
+        # epoch's end may be behind them): every server
+        if self.cfg.ps.eval_pauses_workers or bounded:
             self._tell_servers(Kind.IDLE)
         elif self.backup_workers:
             leader = self.routes[0][0]
@@ -443,9 +508,11 @@ class ParameterServerClient(UpdateScheme):
             return {}
         vectors: dict[str, np.ndarray] = {}
         meta: dict[str, Any] = {}
+        dispatch = None
         self._exchange(Kind.SAVE, lr=0.0, want_params=True, send_grads=False)
         for server, chunks in self.routes:
             meta = self.comm.recv(source=server, tag=Tag.INFO)
+            dispatch = meta.get("dispatch", dispatch)  # server 0's
             for name in meta["vectors"]:
                 vector = vectors.setdefault(name, np.empty(self.params_flat.numel(), np.float32))
                 for a, b in chunks:
@@ -457,7 +524,8 @@ class ParameterServerClient(UpdateScheme):
                                  "scalars": meta.get("scalars", {}),
                                  "clocks": meta.get("clocks", []),
                                  "version": meta.get("version", 0),
-                                 "staleness_histogram": meta.get("staleness", {})}}
+                                 "staleness_histogram": meta.get("staleness", {}),
+                                 **({"dispatch": dispatch} if dispatch else {})}}
 
     def close(self) -> dict[str, Any] | None:
         """Tell the servers this worker is done; worker 0 collects their final statistics."""
@@ -473,7 +541,9 @@ class ParameterServerClient(UpdateScheme):
                 "pushes_applied": stats[0]["pushes_applied"],
                 "pushes_made_by_workers": stats[0]["pushes_made_by_workers"],
                 "samples": stats[0]["samples"],
-                "samples_per_sec": stats[0]["samples_per_sec"]}
+                "samples_per_sec": stats[0]["samples_per_sec"],
+                **{k: stats[0][k] for k in ("batches_completed", "batches_per_worker",
+                                            "batches_left") if k in stats[0]}}
 
 
 class _PendingAllreduce(PendingSum):
@@ -494,3 +564,22 @@ class _PendingAllreduce(PendingSum):
                 f"worker {self.worker}: the other workers never reported the epoch's metrics"))
             self.done = True
         return self.result.tolist()
+
+
+class _SlotFeed(BatchFeed):
+    """The trainer's view of the slots server 0 hands this worker (scheme.BatchFeed)."""
+
+    def __init__(self, queue: SlotQueue, depth: int, fetch):
+        self.queue = queue
+        self.num_parts = queue.plan.num_parts
+        self.depth = depth  # slots this worker holds ahead: 1 + what its source reads ahead
+        self.fetch = fetch
+
+    def next_part(self, epoch: int) -> tuple[int, int, int] | None:
+        q = self.queue
+        if not q.queued and not q.exhausted:
+            self.fetch(max(1, self.depth - len(q.training)))
+        return q.next_of_epoch(epoch)
+
+    def part_trained(self) -> tuple[int, int, int] | None:
+        return self.queue.trained()

@@ -36,6 +36,7 @@ class Tag(IntEnum):
     VERDICT = 19   # --backup-workers: a round's members, server 0 -> the other servers
     DEBT = 20      # float64, server 0 -> a worker, before a reply: seconds it computed during an
                    # evaluation's pause, which it then sleeps (--eval-pauses-workers)
+    SLOT = 21      # int64 slots of the job's batch plan, server 0 -> a worker (ps/dispatch.py)
 
 
 class Kind(IntEnum):
@@ -54,25 +55,31 @@ class Kind(IntEnum):
                # workers' replies until its RESUME, and server 0 charges each of them the time
                # it computed meanwhile (Tag.DEBT); no reply
     RESUME = 10
+    SLOTS = 11  # worker -> server 0: hand me `size` batch slots (Tag.SLOT replies, NO_SLOT when
+                # none is left)
 
 
 # Header words: the request kind; the worker's clock (pushes made, this one included); its learning
-# rate as float64 bits; flags; a size (parameter count for INIT, batch samples for PUSH); and the
-# sending worker's index.
-HEADER_LEN = 6
-H_KIND, H_CLOCK, H_LR, H_FLAGS, H_SIZE, H_WORKER = range(HEADER_LEN)
+# rate as float64 bits; flags; a size (parameter count for INIT, batch samples for PUSH, slots
+# asked for by SLOTS); the sending worker's index; and, on a PUSH with WANT_SLOT, the batch slot
+# whose gradient it carries.
+HEADER_LEN = 7
+H_KIND, H_CLOCK, H_LR, H_FLAGS, H_SIZE, H_WORKER, H_SLOT = range(HEADER_LEN)
 WANT_PARAMS = 1
 HAS_STATE = 2
 WANTS_STOP = 4  # on a PUSH: this worker got a stop signal (loop/preemption.py)
 NO_GRADIENT = 8  # on a PUSH: no gradient follows (an fp16 step that overflowed was skipped);
                  # it counts for the clocks and rounds, and changes no parameter
+WANT_SLOT = 16  # on a PUSH: it trained slot H_SLOT of the job's batch plan; server 0 marks it
+               # done and hands out the next (one Tag.SLOT word, sent before any reply)
+HAS_PLAN = 32  # on INIT to server 0: the job's batch plan follows (a pickled dict, Tag.INFO)
 
 
 def make_header(kind: Kind, clock: int = 0, lr: float = 0.0, flags: int = 0, size: int = 0,
-                worker: int = 0) -> np.ndarray:
+                worker: int = 0, slot: int = -1) -> np.ndarray:
     header = np.zeros(HEADER_LEN, dtype=np.int64)
     header[H_KIND], header[H_CLOCK], header[H_FLAGS] = kind, clock, flags
-    header[H_SIZE], header[H_WORKER] = size, worker
+    header[H_SIZE], header[H_WORKER], header[H_SLOT] = size, worker, slot
     header[H_LR] = lr_to_word(lr)
     return header
 

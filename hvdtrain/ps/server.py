@@ -41,13 +41,15 @@ import numpy as np
 import torch
 
 from ..config import Config
-from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_WORKER, HAS_STATE, HEADER_LEN,
-                       NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology, chunk_bounds,
+from .dispatch import BatchDispatcher, SlotPlan
+from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_SLOT, H_WORKER, HAS_PLAN,
+                       HAS_STATE, HEADER_LEN, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP,
+                       Kind, Tag, Topology, chunk_bounds,
                        bsp_quorum, check_backup_workers, chunk_elements, delay_compensate,
                        make_header, may_proceed, shard_bounds, staleness_lr_factor, word_to_lr)
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
-from .waiting import wait_any
+from .waiting import StuckError, wait_any
 
 
 def peak_rss_bytes() -> int:
@@ -134,6 +136,11 @@ class ParameterServer:
         self.arrived: dict[int, tuple[bool, bool, float]] = {}  # ... pushes awaiting one
         self.backups: dict[int, np.ndarray] = {}           # DC-ASGD: params each worker last pulled
         self.stopping = False     # a worker got a stop signal: every worker stops after its step
+        self.dispatcher: BatchDispatcher | None = None  # server 0: the job's batch plan
+        self.finished_pushing: set[int] = set()  # ... workers whose batches are all used up
+        self.last_heard = [time.perf_counter()] * self.num_workers  # each worker's last request
+        self._silence_checked = 0.0
+        self.slot_word = np.zeros(1, dtype=np.int64)
         self.round_stops = False  # BSP: a push of this round asked to stop
 
     # --- set-up --------------------------------------------------------------------------------
@@ -167,6 +174,11 @@ class ParameterServer:
             self.comm.Recv(params[a:b], source=0, tag=Tag.PARAMS)
         if self.header[H_FLAGS] & HAS_STATE:
             self._recv_state(source=0)
+        if self.header[H_FLAGS] & HAS_PLAN:
+            plan = self.comm.recv(source=0, tag=Tag.INFO)
+            self.dispatcher = BatchDispatcher(SlotPlan(*plan["plan"]))
+            if plan.get("state"):
+                self.dispatcher.load_state_dict(plan["state"])
         for w in range(self.num_workers):
             self.pulled_version[w] = self.push_version[w] = self.version
 
@@ -187,7 +199,10 @@ class ParameterServer:
                     self._begin_stop()
             self._next_request(status)
             t0 = time.perf_counter()
+            if status.Get_source() < self.num_workers:  # not a verdict from server 0
+                self.last_heard[status.Get_source()] = t0
             active -= self._handle(status.Get_source(), t0)
+            self._check_silence(t0)
             self.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
         self.comm.send(stats, dest=0, tag=Tag.INFO)
@@ -202,6 +217,8 @@ class ParameterServer:
             # it stops computing here, its reply held: how long it computed in the pause
             self.computed_in_pause.setdefault(worker, now - self.pause_started)
         if kind == Kind.PUSH:
+            if self.header[H_FLAGS] & WANT_SLOT and self.dispatcher is not None:
+                self._hand_out_after(worker, int(self.header[H_SLOT]))
             self.samples_received += int(self.header[H_SIZE])
             if self.first_push is None:
                 self.first_push = now
@@ -213,6 +230,11 @@ class ParameterServer:
             self.last_push = time.perf_counter()
         elif kind == Kind.PULL:
             self._send_params(worker)
+        elif kind == Kind.SLOTS:
+            slots = np.array([self.dispatcher.take(worker)
+                              for _ in range(int(self.header[H_SIZE]))], dtype=np.int64)
+            self.comm.Send(slots, dest=worker, tag=Tag.SLOT)
+            self._note_finished_pushing(worker)
         elif kind == Kind.SAVE:
             self._send_params(worker)
             self._send_state(worker)
@@ -233,6 +255,49 @@ class ParameterServer:
         else:
             raise RuntimeError(f"parameter server got unknown request kind {kind} from {worker}")
         return False
+
+    # --- the job's batch plan (server 0) ---------------------------------------------------------
+    def _hand_out_after(self, worker: int, trained: int) -> None:
+        """A push carried slot ``trained``: it is done, and the worker gets its next slot now,
+        before the reply, which may be held (a staleness bound, a pause)."""
+        self.dispatcher.complete(trained)
+        self.slot_word[0] = self.dispatcher.take(worker)
+        self.comm.Send(self.slot_word, dest=worker, tag=Tag.SLOT)
+        self._note_finished_pushing(worker)
+
+    def _note_finished_pushing(self, worker: int) -> None:
+        if self.dispatcher.finished_pushing(worker) and worker not in self.finished_pushing:
+            self.finished_pushing.add(worker)
+            self._release_pending()  # nobody waits for its clock any more
+
+    def _bound_clocks(self) -> list[float]:
+        """The clocks a staleness bound compares: a worker that will push no more (its batches
+        are used up), or none until the others meet it (idle in a collective of workers), is as
+        good as done, or the others would wait for it forever."""
+        return [math.inf if w in self.finished_pushing or w in self.idle else c
+                for w, c in enumerate(self.clocks)]
+
+    def _check_silence(self, now: float) -> None:
+        """End the job when one worker has sent nothing for --timeout-s while the others go on
+        (stopped, or hung in its own code): a wait for *any* request never notices it while
+        the others push. A worker that waits on the servers (a held reply, a round, a pause)
+        or on the other workers (idle, done, its batches used up) is silent by design."""
+        timeout = self.cfg.ps.timeout_s
+        if not timeout or self.stopping or self.paused_by is not None or \
+                now - self._silence_checked < 1.0:
+            return
+        self._silence_checked = now
+        for w, heard in enumerate(self.last_heard):
+            if now - heard <= timeout or math.isinf(self.clocks[w]) or w in self.pending or \
+                    w in self.held or w in self.idle or w in self.finished_pushing or \
+                    w in self.arrived:
+                continue
+            raise StuckError(
+                f"parameter server {self.index}: worker {w} (rank {w}) sent nothing for "
+                f"{now - heard:.0f} s while the other workers trained (its pushes so far: "
+                f"{int(self.clocks[w])}); it has stopped or hangs (waited {timeout:g} s, "
+                "--timeout-s). Raise --timeout-s if a worker may pause this long (a long "
+                "evaluation or checkpoint on worker 0).")
 
     def _next_request(self, status) -> None:
         """Receive the next request header from any worker, or raise StuckError."""
@@ -273,7 +338,8 @@ class ParameterServer:
         if wants_stop:
             self._begin_stop()
         # Once stopping, nobody waits for a worker that may already have stopped.
-        reply_now = self.stopping or may_proceed(clock, self.clocks, self.staleness_bound)
+        reply_now = self.stopping or may_proceed(clock, self._bound_clocks(),
+                                                 self.staleness_bound)
         if not has_gradient:  # the clock moved on; the parameters did not
             if reply_now:
                 self._reply(worker, want_params)
@@ -536,7 +602,7 @@ class ParameterServer:
                 self._finish_round()
             return
         for worker, want in list(self.pending.items()):
-            if self.stopping or may_proceed(self.clocks[worker], self.clocks,
+            if self.stopping or may_proceed(self.clocks[worker], self._bound_clocks(),
                                             self.staleness_bound):
                 del self.pending[worker]
                 self._reply(worker, want)
@@ -549,7 +615,9 @@ class ParameterServer:
         self.comm.send({"vectors": vectors, "scalars": self.optimizer.scalars(),
                         "clocks": [c if not math.isinf(c) else -1 for c in self.clocks],
                         "version": self.version,
-                        "staleness": dict(self.staleness)}, dest=dest, tag=Tag.INFO)
+                        "staleness": dict(self.staleness),
+                        **({"dispatch": self.dispatcher.state_dict()} if self.dispatcher else {})},
+                       dest=dest, tag=Tag.INFO)
         for name in vectors:
             vector = self.optimizer.vectors[name].numpy()
             for a, b in self.chunks:
@@ -584,5 +652,6 @@ class ParameterServer:
                 **({"mean_lr_factor": round(self.lr_factor_sum / max(1, sum(
                     self.staleness.values())), 6)} if self.staleness_lr else {}),
                 "staleness_histogram": {int(k): int(v) for k, v in sorted(self.staleness.items())},
+                **(self.dispatcher.statistics() if self.dispatcher else {}),
                 "busy_seconds": round(self.busy_seconds, 3),
                 "wall_seconds": round(time.perf_counter() - self.started, 3)}

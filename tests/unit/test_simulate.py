@@ -80,11 +80,13 @@ def test_a_straggler_stretches_the_update_but_not_the_loop_around_it():
                        straggler="3x", timing=timing)
     assert local.round_seconds == pytest.approx([4 * (0.02 + 0.3)] * 2)
     slow_async = simulation(ASYNC, 2, *steps(1, 4), straggler="3x", timing=timing)
-    # worker 1: the loop, the update, then twice the update asleep; worker 0 never sleeps
+    # worker 1: the loop, the update, then twice the update asleep; worker 0 never sleeps. The
+    # job's 8 batches go to whoever asks (pushes at .12 .12 .24 .36 .44 .48 hand out the last
+    # six): the fast worker trains 5, the straggler 3.
     assert [p.time for p in slow_async.pushes if p.worker == 1] == pytest.approx(
-        [0.12 + 0.32 * k for k in range(4)])
+        [0.12 + 0.32 * k for k in range(3)])
     assert [p.time for p in slow_async.pushes if p.worker == 0] == pytest.approx(
-        [0.12 * (k + 1) for k in range(4)])
+        [0.12 * (k + 1) for k in range(5)])
 
 
 def expected_staleness(order: list[int], workers: int) -> dict[int, int]:
@@ -98,12 +100,31 @@ def expected_staleness(order: list[int], workers: int) -> dict[int, int]:
     return hist
 
 
+def handed_out(push_times: list[list[float]], batches: int) -> list[int]:
+    """How many of the job's ``batches`` each worker trains when every worker holds one from
+    the start and each push, in time order, hands the next one to its worker (ps/dispatch.py)."""
+    left = batches - len(push_times)
+    trained, running = [0] * len(push_times), set(range(len(push_times)))
+    for _, w in sorted((t, w) for w, times in enumerate(push_times) for t in times):
+        if w in running:
+            trained[w] += 1
+            if left:
+                left -= 1
+            else:
+                running.discard(w)
+    return trained
+
+
 def test_async_with_a_3x_straggler_the_fast_worker_takes_three_steps_per_slow_one():
     per_worker = 10
     sim = simulation(ASYNC, 2, *steps(1, per_worker), straggler="3x")
     # Steps of 1 s; the straggler sleeps 2 s after each of its own: it pushes at 1, 4, 7, ...
-    fast = [1.0 + k for k in range(per_worker)]
-    slow = [1.0 + 3 * k for k in range(per_worker)]
+    # The job's 20 batches go to whoever asks next, so the fast worker trains more of them.
+    n_fast, n_slow = handed_out([[1.0 + k for k in range(20)], [1.0 + 3 * k for k in range(20)]],
+                                2 * per_worker)
+    assert (n_fast, n_slow) == (14, 6)
+    fast = [1.0 + k for k in range(n_fast)]
+    slow = [1.0 + 3 * k for k in range(n_slow)]
     assert [p.time for p in sim.pushes if p.worker == 0] == fast
     assert [p.time for p in sim.pushes if p.worker == 1] == slow
     # The server applies them in time order (pushes at the same time in either order).
@@ -129,13 +150,19 @@ def test_async_workers_sleep_the_draws_of_their_own_steps():
     model, per_worker = parse_straggler("exp:50ms"), 8
     sim = simulation(ASYNC, 2, *steps(1, per_worker), straggler="exp:50ms", seed=5,
                      timing=Timing(step_seconds=0.1))
+    schedules = []
     for w in range(2):
         expected, t = [], 0.0
-        for k in range(per_worker):
+        for k in range(2 * per_worker):
             t += 0.1
             expected.append(t)
             t += model.delay(w, 2, k, 0.1, 5)
-        assert [p.time for p in sim.pushes if p.worker == w] == pytest.approx(expected)
+        schedules.append(expected)
+    trained = handed_out(schedules, 2 * per_worker)  # the job's batches, to whoever asks
+    assert len(sim.pushes) == 2 * per_worker
+    for w in range(2):
+        assert [p.time for p in sim.pushes if p.worker == w] == pytest.approx(
+            schedules[w][:trained[w]])
 
 
 def test_a_single_server_saturates():

@@ -1,0 +1,164 @@
+"""Async training's epochs belong to the job, not to each worker: one global plan of batch slots,
+handed out by server 0 as the workers ask for them. Pure arithmetic, no MPI (ps/server.py sends,
+ps/client.py receives).
+
+The plan is the sync plan cut into its pieces. Epoch e of the sync plan has ``steps_per_epoch``
+global steps of ``num_parts`` batches each (builtin.epoch_batches: step s of part w is batch s
+of worker w's share). Slot ``k`` of epoch e is (step k // num_parts, part k % num_parts), and
+slots are numbered across epochs: ``e * slots_per_epoch + k``. Whoever asks next gets the next
+slot, so a fast worker takes more batches than a slow one, every sample is still used once per
+epoch, and an epoch ends when its slots are used up, whoever computed them (TF's
+ParameterServerStrategy with a shared dataset, Downpour's and MXNet's global data queue).
+
+A slot is *outstanding* from the moment it is handed out until the push that carries its
+gradient arrives. A checkpoint records the next slot to hand out and the outstanding ones; a
+resume hands the outstanding ones out again first, so every slot's gradient is applied once,
+whether the run was interrupted or not (up to the pushes in flight at the checkpoint, within one
+round, as for any asynchronous checkpoint).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any
+
+NO_SLOT = -1  # on the wire: none left, training is over
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    steps_per_epoch: int  # global steps per epoch
+    num_parts: int        # batches per global step: the workers the plan is cut for
+    epochs: int
+
+    @property
+    def slots_per_epoch(self) -> int:
+        return self.steps_per_epoch * self.num_parts
+
+    @property
+    def total(self) -> int:
+        return self.slots_per_epoch * self.epochs
+
+    def locate(self, slot: int) -> tuple[int, int, int]:
+        """(epoch, step, part) of a global slot number."""
+        epoch, k = divmod(slot, self.slots_per_epoch)
+        step, part = divmod(k, self.num_parts)
+        return epoch, step, part
+
+    def first_slot(self, epoch: int, step: int) -> int:
+        return epoch * self.slots_per_epoch + step * self.num_parts
+
+    def as_list(self) -> list[int]:
+        return [self.steps_per_epoch, self.num_parts, self.epochs]
+
+
+class BatchDispatcher:
+    """Server 0's side: hands out slots in order, outstanding ones of a resumed run first."""
+
+    def __init__(self, plan: SlotPlan):
+        self.plan = plan
+        self.next = 0                        # the next fresh slot
+        self.redo: deque[int] = deque()      # outstanding at the checkpoint: handed out first
+        self.outstanding: dict[int, int] = {}  # slot -> worker: handed out, push not arrived
+        self.told_none: set[int] = set()     # workers told NO_SLOT
+        self.completed = 0                   # pushes that carried a slot, in this run
+        self.handed_to: Counter = Counter()  # worker -> slots handed out, for the statistics
+
+    def take(self, worker: int) -> int:
+        if self.redo:
+            slot = self.redo.popleft()
+        elif self.next < self.plan.total:
+            slot, self.next = self.next, self.next + 1
+        else:
+            self.told_none.add(worker)
+            return NO_SLOT
+        self.outstanding[slot] = worker
+        self.handed_to[worker] += 1
+        return slot
+
+    def complete(self, slot: int) -> None:
+        if self.outstanding.pop(slot, None) is not None:  # once; anything else is ignored
+            self.completed += 1
+
+    def finished_pushing(self, worker: int) -> bool:
+        """Whether ``worker`` will push no more: told NO_SLOT, and its last slot's push came.
+        Then nobody may wait for its clock (a staleness bound would wait forever)."""
+        return worker in self.told_none and worker not in self.outstanding.values()
+
+    @property
+    def finished(self) -> bool:
+        return not self.redo and not self.outstanding and self.next >= self.plan.total
+
+    def lowest_undone(self) -> int:
+        """The first slot whose gradient has not arrived (plan.total once all have)."""
+        return min([*self.redo, *self.outstanding, self.next])
+
+    # --- checkpoint --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.as_list(), "next": self.next,
+                "outstanding": sorted({*self.redo, *self.outstanding})}
+
+    def load_state_dict(self, state: dict[str, Any]) -> str | None:
+        """Continue a checkpoint's plan. Returns a note when it was cut for another number of
+        workers or steps per epoch: then the position is carried over as a share of the
+        epoch (as a sync resume with another world size does) and the outstanding slots,
+        which name batches of the old cut, are not handed out again."""
+        steps, parts, _ = state["plan"]
+        if (steps, parts) == (self.plan.steps_per_epoch, self.plan.num_parts):
+            self.next = min(int(state["next"]), self.plan.total)
+            self.redo = deque(s for s in state["outstanding"] if s < self.plan.total)
+            return None
+        old = SlotPlan(steps, parts, state["plan"][2])
+        undone = min([int(state["next"]), *state["outstanding"]])
+        epoch, step, _ = old.locate(undone)
+        step = min(self.plan.steps_per_epoch, step * parts // self.plan.num_parts)
+        self.next = min(self.plan.first_slot(epoch, step), self.plan.total)
+        self.redo.clear()
+        return (f"the checkpoint's async batch plan was cut for {parts} worker(s) and {steps} "
+                f"steps per epoch, this run's for {self.plan.num_parts} and "
+                f"{self.plan.steps_per_epoch}: continuing at epoch {epoch + 1}, step {step + 1}, "
+                f"and the {len(state['outstanding'])} batch(es) outstanding at the checkpoint "
+                "are not trained again")
+
+    def statistics(self) -> dict[str, Any]:
+        return {"batches_completed": self.completed,
+                "batches_per_worker": {int(w): int(n) for w, n in sorted(self.handed_to.items())},
+                "batches_left": self.plan.total - self.lowest_undone()}
+
+
+class SlotQueue:
+    """A worker's side: the slots handed to it and not yet trained, in the order it trains them
+    (the DataLoader may read a few ahead of training, so ``training`` keeps the order too)."""
+
+    def __init__(self, plan: SlotPlan):
+        self.plan = plan
+        self.queued: deque[int] = deque()    # handed to this worker, batch not yet read
+        self.training: deque[int] = deque()  # batch read (maybe prefetched), push not yet made
+        self.exhausted = False               # the dispatcher said NO_SLOT
+
+    def receive(self, slot: int) -> None:
+        if slot == NO_SLOT:
+            self.exhausted = True
+        else:
+            self.queued.append(slot)
+
+    def next_of_epoch(self, epoch: int) -> tuple[int, int, int] | None:
+        """The next slot to read while epoch ``epoch`` is under way, as (epoch, step, part), or
+        None when the queue's next slot belongs to a later epoch or none is left. A slot of an
+        earlier epoch (outstanding when a resumed run's checkpoint was written) counts."""
+        if not self.queued:
+            return None
+        located = self.plan.locate(self.queued[0])
+        if located[0] > epoch:
+            return None
+        self.training.append(self.queued.popleft())
+        return located
+
+    def current(self) -> int:
+        """The slot of the batch being trained now (whose push comes next)."""
+        return self.training[0] if self.training else NO_SLOT
+
+    def trained(self) -> tuple[int, int, int] | None:
+        """The current batch's push is made: its (epoch, step, part)."""
+        return self.plan.locate(self.training.popleft()) if self.training else None

@@ -1,0 +1,144 @@
+"""The job's batch plan under async training (ps/dispatch.py): every slot handed out once per
+run, an epoch's pieces together are the sync plan's batches, and a checkpoint's position resumes
+to exactly the slots not yet trained."""
+
+import random
+
+import numpy as np
+import pytest
+
+from hvdtrain.data.builtin import epoch_batches
+from hvdtrain.data.in_memory import InMemoryBatches
+from hvdtrain.loop.epoch_plan import EpochPlan
+from hvdtrain.config import RunConfig
+from hvdtrain.ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
+from hvdtrain.scheme import BatchFeed, Progress
+
+
+def test_slot_numbers_cover_the_sync_plan():
+    plan = SlotPlan(steps_per_epoch=5, num_parts=3, epochs=2)
+    assert plan.total == 30
+    assert plan.locate(0) == (0, 0, 0) and plan.locate(4) == (0, 1, 1)
+    assert plan.locate(15) == (1, 0, 0) and plan.locate(29) == (1, 4, 2)
+    assert plan.first_slot(1, 2) == 21
+
+
+def _run(dispatcher, speeds, rng, stop_after=None):
+    """Workers of the given relative speeds take and train slots until none is left (or until
+    ``stop_after`` slots were trained); returns the slots trained, in order, per worker."""
+    trained = {w: [] for w in range(len(speeds))}
+    held = {w: dispatcher.take(w) for w in range(len(speeds))}  # one ahead, as a worker holds
+    count = 0
+    while any(s != NO_SLOT for s in held.values()):
+        w = rng.choices(range(len(speeds)), weights=speeds)[0]
+        if held[w] == NO_SLOT:
+            continue
+        slot = held[w]
+        dispatcher.complete(slot)
+        trained[w].append(slot)
+        held[w] = dispatcher.take(w)
+        count += 1
+        if stop_after is not None and count == stop_after:
+            break
+    return trained
+
+
+def test_fast_worker_takes_more_and_every_slot_is_trained_once():
+    plan = SlotPlan(steps_per_epoch=20, num_parts=3, epochs=3)
+    d = BatchDispatcher(plan)
+    trained = _run(d, [1.0, 1.0, 0.25], random.Random(0))
+    every = sorted(s for slots in trained.values() for s in slots)
+    assert every == list(range(plan.total))
+    assert len(trained[2]) < len(trained[0]) / 2  # the slow worker got far fewer
+    assert d.finished and d.lowest_undone() == plan.total
+    assert all(d.finished_pushing(w) for w in range(3))
+
+
+def test_resume_trains_exactly_the_slots_not_yet_trained():
+    plan = SlotPlan(steps_per_epoch=10, num_parts=2, epochs=4)
+    rng = random.Random(1)
+    first = BatchDispatcher(plan)
+    before = _run(first, [1.0, 0.3], rng, stop_after=37)
+    state = first.state_dict()
+    assert len(state["outstanding"]) == 2  # each worker held one slot it never trained
+    resumed = BatchDispatcher(plan)
+    assert resumed.load_state_dict(state) is None
+    after = _run(resumed, [1.0, 0.3], rng)
+    slots = sorted(s for part in (before, after) for w in part for s in part[w])
+    assert slots == list(range(plan.total))  # none skipped, none twice
+
+
+def test_resume_with_another_cut_keeps_the_epoch_position():
+    old = SlotPlan(steps_per_epoch=10, num_parts=2, epochs=4)
+    d = BatchDispatcher(old)
+    d.next = old.first_slot(2, 6)
+    new = BatchDispatcher(SlotPlan(steps_per_epoch=5, num_parts=4, epochs=4))
+    note = new.load_state_dict(d.state_dict())
+    assert "2 worker(s)" in note and "4" in note
+    assert new.plan.locate(new.take(0)) == (2, 3, 0)  # 6 steps of 2 = 3 steps of 4
+
+
+def test_a_worker_told_none_has_finished_only_after_its_last_push():
+    d = BatchDispatcher(SlotPlan(steps_per_epoch=1, num_parts=2, epochs=1))
+    a, b = d.take(0), d.take(0)
+    assert d.take(1) == NO_SLOT and d.finished_pushing(1)
+    assert d.take(0) == NO_SLOT and not d.finished_pushing(0)
+    d.complete(a)
+    d.complete(b)
+    assert d.finished_pushing(0)
+
+
+def test_queue_ends_an_epoch_at_the_next_epochs_slot():
+    plan = SlotPlan(steps_per_epoch=2, num_parts=2, epochs=2)
+    q = SlotQueue(plan)
+    for slot in (3, 4):
+        q.receive(slot)
+    assert q.next_of_epoch(0) == (0, 1, 1)
+    assert q.next_of_epoch(0) is None  # slot 4 is epoch 1's
+    assert q.current() == 3 and q.trained() == (0, 1, 1) and q.current() == NO_SLOT
+    assert q.next_of_epoch(1) == (1, 0, 0)
+    q.receive(NO_SLOT)
+    assert q.exhausted and q.next_of_epoch(1) is None
+
+
+class _ListFeed(BatchFeed):
+    def __init__(self, plan, slots):
+        self.queue, self.num_parts = SlotQueue(plan), plan.num_parts
+        for s in slots:
+            self.queue.receive(s)
+
+    def next_part(self, epoch):
+        return self.queue.next_of_epoch(epoch)
+
+    def part_trained(self):
+        return self.queue.trained()
+
+
+def test_pieces_are_the_sync_plans_batches_and_progress_is_the_jobs():
+    x = np.arange(40, dtype=np.float32).reshape(40, 1)
+    source = InMemoryBatches(__import__("torch").from_numpy(x),
+                             __import__("torch").arange(40))
+    run = RunConfig(batch_size=4, epochs=1, seed=3)
+    plan = EpochPlan(run, source)
+    plan.bind_world(0, 2)
+    assert plan.steps_per_epoch == 5
+    slots = SlotPlan(5, 2, 1)
+    plan.use_feed(_ListFeed(slots, [1, 4, 7]))
+    p = Progress()
+    got = []
+    for _, y in plan.batches(p):
+        got.append(y.tolist())
+        plan.advance(p)
+        got.append((p.step, p.global_step))
+    rows = [epoch_batches(40, 4, w, 2, 0, 3) for w in range(2)]
+    assert got == [rows[1][0].tolist(), (1, 1), rows[0][2].tolist(), (3, 3),
+                   rows[1][3].tolist(), (4, 4)]
+
+
+@pytest.mark.parametrize("before,after,due", [(3, 4, True), (4, 5, False), (2, 6, True),
+                                              (4, 7, False), (7, 8, True)])
+def test_step_cadence_counts_multiples_passed(before, after, due):
+    from hvdtrain.loop.evaluator import Evaluator
+
+    ev = Evaluator(RunConfig(eval_every_steps=4, epochs=10), None, None, [])
+    assert ev.due_at_step(before, after, False, 0) is due
