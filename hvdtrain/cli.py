@@ -55,6 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_flags(train)
     from .compare.command import add_parser as add_compare
     add_compare(commands)
+    from .requeue import add_parser as add_run
+    add_run(commands)
     return parser
 
 
@@ -125,6 +127,9 @@ def fail(message: str, code: int, user_traceback: str | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)  # argparse exits with 2 on an unknown flag
+    if args.command == "run":
+        from .requeue import main as run_launcher
+        return run_launcher(args)
     if args.command == "compare":
         from .compare.command import main as compare
         try:
@@ -170,10 +175,30 @@ def train(cfg: Config, workload, exiting: bool = False) -> int:
     if exiting:  # training is over: a late signal must not turn a finished run into a kill
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-    if finished.preempted:
-        return EXIT_PREEMPTED  # the trainer printed where it stopped and how to continue
+    if finished.preempted:  # the trainer printed where it stopped and how to continue
+        return 0 if _record_preemption() else EXIT_PREEMPTED
     report(finished.trainer)
     return 0
+
+
+def _record_preemption() -> bool:
+    """Under `hvdtrain run` (requeue.py): record that this rank stopped after the checkpoint, in
+    the file it names; True if recorded. Such a rank exits 0, and `hvdtrain run` exits 75 for
+    the job: mpirun answers a rank's 75 with an abort (a wait of twice its sigkill timeout, then
+    1 if it got a SIGTERM), horovodrun with a traceback and 1. A rank that cannot write the file
+    (on another host) exits 75 as before, so a stop is never lost. Every rank returns only after
+    rank 0 has written the checkpoint (the result is broadcast)."""
+    from .requeue import PREEMPTED_FILE_ENV
+
+    path = os.environ.get(PREEMPTED_FILE_ENV)
+    if not path:
+        return False
+    try:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+    except OSError:
+        return False
+    return True
 
 
 def report(trainer) -> None:

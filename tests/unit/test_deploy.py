@@ -149,7 +149,7 @@ def test_mpirun_gets_time_for_the_checkpoint_before_kubernetes_kills_it(name):
     # long again later; the pod must outlive both, or the checkpoint is lost.
     pod = launcher_pods()[name]
     container = pod["containers"][0]
-    assert container["command"][0] == "mpirun"
+    assert "mpirun" in container["command"][:3]  # after `hvdtrain run` in the one-node Job
     env = {e["name"]: e["value"] for e in container.get("env", [])}
     timeout = int(env["OMPI_MCA_odls_base_sigkill_timeout"])
     assert timeout >= 30  # one step plus a checkpoint write
@@ -181,6 +181,8 @@ def test_kubernetes_retries_a_preempted_run_without_counting_it_as_a_failure():
     assert first_matching_action(rules, exit_code=1) == "Count"  # a real failure: backoffLimit
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--auto-resume" in command
+    # A SIGTERM to the pod's first process: mpirun alone exits 1, `hvdtrain run` 75 (issue 24).
+    assert command[:3] == ["hvdtrain", "run", "mpirun"]
 
     # MPIJob has no per-exit-code rule; its ExitCode policy would make 75 final (1-127: permanent).
     for name in ("mpijob-sync.yaml", "mpijob-async.yaml"):
