@@ -25,12 +25,18 @@ Streams (``IterableDataset``): the split rule
 With data_workers > 0 the loader processes start with forkserver (a fork after MPI has started
 can crash or hang; Horovod's examples use forkserver too) and persist across epochs: what changes
 per iteration (the batch sampler's batches, the stream's plan) is read at each iteration's start.
+They end with the training process, however it ends (_end_with_trainer).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 import pickle
+import select
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -211,7 +217,8 @@ class LoaderBatches(BatchSource):
         if workers:
             # Horovod: fork after MPI has started can crash or hang; forkserver starts clean.
             _forkserver_preloads_torch()
-            options.update(multiprocessing_context="forkserver", persistent_workers=True)
+            options.update(multiprocessing_context="forkserver", persistent_workers=True,
+                           worker_init_fn=functools.partial(_end_with_trainer, os.getpid()))
         if self.is_stream:
             return DataLoader(self._stream, batch_size=None, **options)  # batches come whole
         return DataLoader(self.dataset, batch_sampler=self._batches, **options)
@@ -283,6 +290,39 @@ def _pair(batch: Any, name: str) -> tuple[Any, Any]:
         raise DataError(f"{name}: a sample must be a pair (input, target), but it gives {kind}; "
                         "return (x, y) from __getitem__ or __iter__")
     return batch[0], batch[1]
+
+
+def _end_with_trainer(trainer: int, worker_id: int) -> None:
+    """worker_init_fn: end this loader process as soon as the training process ``trainer`` has
+    ended, however it ended (SIGKILL, the stall watchdog's os._exit, MPI_Abort). Nothing else
+    does: a loader process is the forkserver's child, so PR_SET_PDEATHSIG (which fires when the
+    parent dies) and torch's own watchdog (which checks the parent's PID) watch the forkserver,
+    and the forkserver and the resource tracker live while any loader process holds their pipes.
+    All of them stayed under PID 1 holding their memory; ending the loader processes ends the
+    other two, each of which exits when the last holder of its pipe is gone."""
+    try:
+        handle = os.pidfd_open(trainer)  # readable once the process has exited (Linux 5.3)
+    except ProcessLookupError:
+        os._exit(0)  # the trainer ended before this process started
+    except (AttributeError, OSError):  # no pidfd on this system: poll the PID instead
+        handle = None
+    threading.Thread(target=_exit_when_ended, args=(trainer, handle), daemon=True,
+                     name="hvdtrain-end-with-trainer").start()
+
+
+def _exit_when_ended(trainer: int, handle: int | None) -> None:
+    if handle is not None:
+        select.select([handle], [], [])
+    else:
+        while True:
+            try:
+                os.kill(trainer, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:
+                pass  # alive, another user's (the PID was reused, or a setuid trainer)
+            time.sleep(1)
+    os._exit(0)  # at once: no batch is wanted any more, and a clean exit could block on queues
 
 
 def _forkserver_preloads_torch() -> None:
