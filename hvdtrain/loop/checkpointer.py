@@ -3,9 +3,11 @@ whether the run continues a checkpoint, reading it on the right processes, and w
 next (every N epochs, every N steps, at the end).
 
 A run folder's checkpoint is only ever replaced by the run that owns it: a fresh run refuses a
---run-dir that holds one unless it continues it (--resume, --auto-resume), and --resume A
---run-dir B refuses a B that holds another run's. Worker 0 decides and reads; the scheme tells
-the others (see UpdateScheme.main_decides), so a bad file stops every rank with the same message.
+--run-dir that holds one unless it continues it (--resume, --auto-resume), --resume A --run-dir B
+refuses a B that holds another run's, and --resume FILE alone (which writes into FILE's folder)
+refuses a FILE that is not that folder's latest checkpoint, such as best.pt. Worker 0 decides and
+reads; the scheme tells the others (see UpdateScheme.main_decides), so a bad file stops every
+rank with the same message.
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ class Checkpointer:
         if run.resume and run.run_dir:
             return self._resume_into_other_folder()
         if run.resume:
+            self._check_resume_is_latest()
             return run.resume
         if not run.run_dir:
             return None
@@ -185,6 +188,32 @@ class Checkpointer:
         if decision and self._is_main():
             print(f"hvdtrain: continuing the checkpoint in {run.run_dir}", flush=True)
         return decision["resume"] if decision else None
+
+    def _check_resume_is_latest(self) -> None:
+        """--resume FILE without --run-dir writes into FILE's folder, which is right only when
+        FILE is that folder's latest checkpoint. Another file there (best.pt, a copy of an older
+        checkpoint) would replace the run's checkpoint.pt and mix a second branch into its log,
+        so it is refused with the command that branches into a new folder. Refused rather than
+        sent to a new default folder: a requeued job repeats its command, and with a new folder
+        each time it would start from FILE again and lose what it trained; with --run-dir NEW,
+        --auto-resume continues NEW's own checkpoint (_resume_into_other_folder)."""
+        run = self.run
+
+        def decide() -> dict[str, str] | None:
+            source = checkpoint.checkpoint_path(run.resume)
+            if not self.path.exists() or source.resolve() == self.path.resolve():
+                return None
+            branch = self.run_dir.with_name(f"{self.run_dir.name}-from-{source.stem}")
+            return {"error": (
+                f"--resume {run.resume}: {source.name} is not the latest checkpoint of "
+                f"{self.run_dir} ({self.path} is), and this run would write into that folder, "
+                f"replacing its checkpoint.pt and mixing a second branch into its log; train "
+                f"from {source.name} in a new folder with --resume {run.resume} --run-dir "
+                f"{branch}, or continue the run itself with --resume {self.run_dir}")}
+
+        decision = self.scheme.main_decides(decide)
+        if decision:
+            raise checkpoint.CheckpointError(decision["error"])
 
     def _resume_into_other_folder(self) -> str:
         """--resume A --run-dir B: B's own checkpoint, when it has one, belongs to the run in B.

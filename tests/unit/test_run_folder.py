@@ -231,6 +231,45 @@ def test_resume_into_another_folder_exits_2_from_the_command_line(tmp_path):
     assert (b / checkpoint.CHECKPOINT_NAME).read_bytes() == before
 
 
+# --- --resume RUN/best.pt (issue 24) -------------------------------------------------------------
+def test_resume_of_best_pt_leaves_the_runs_checkpoint_and_log_alone(tmp_path):
+    """--resume RUN/best.pt wrote into RUN: its checkpoint.pt replaced, a second branch in its
+    log. It is refused, and the command it suggests branches into a new folder."""
+    run_dir = tmp_path / "run"
+    make_trainer(run_dir, epochs=3, keep_best="min:test_acc").fit()  # best.pt: not the last epoch
+    before = {name: (run_dir / name).read_bytes() for name in ("checkpoint.pt", "metrics.jsonl")}
+    best = str(run_dir / "best.pt")
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        make_trainer(run_dir, run_dir=None, epochs=4, lr=0.01, resume=best).fit()
+    branch = tmp_path / "run-from-best"
+    assert (f"--resume {best}: best.pt is not the latest checkpoint of {run_dir}"
+            in str(refused.value))
+    assert f"--resume {best} --run-dir {branch}, or continue the run itself with --resume " \
+           f"{run_dir}" in str(refused.value)
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    assert (run_dir / LOCK_NAME).read_text() == ""  # released on the way out
+    branched = make_trainer(branch, epochs=4, resume=best)  # the suggested command
+    branched.fit()
+    assert same_weights(branched.scheme.started_with[0], checkpoint.load(best))
+    assert checkpoint.load(branch)["epoch"] == 4
+    assert {name: (run_dir / name).read_bytes() for name in before} == before
+    # The folder's own latest checkpoint, named as a file, still continues the run in place.
+    make_trainer(run_dir, run_dir=None, epochs=4, resume=str(run_dir / "checkpoint.pt")).fit()
+    assert checkpoint.load(run_dir)["epoch"] == 4
+
+
+def test_resume_of_best_pt_exits_2_from_the_command_line(tmp_path):
+    run_dir = tmp_path / "run"
+    run(hvdtrain("train", *QUIET, "--keep-best", "test_acc", "--run-dir", str(run_dir)))
+    before = (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes()
+    refused = run(hvdtrain("train", *QUIET, "--epochs", "2", "--resume",
+                           str(run_dir / "best.pt")), check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "best.pt is not the latest checkpoint" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes() == before
+
+
 # --- --resume of a finished run -----------------------------------------------------------------
 def test_resume_with_fewer_epochs_than_the_checkpoint_trained_is_refused(tmp_path):
     make_trainer(tmp_path, epochs=2).fit()
