@@ -74,7 +74,13 @@ def test_residual_net_from_a_file_reaches_95_percent(tmp_path, mode):
     assert "done: test accuracy" in proc.stdout
 
     # BatchNorm's running statistics travelled into the checkpoint, trained: finite, moved
-    # from their initial zeros and ones, and updated once per step of this worker.
+    # from their initial zeros and ones, and updated once per step of this worker (async: the
+    # batches of the job that worker 0 was handed, ps/dispatch.py).
+    steps = 6 * DIGITS_STEPS
+    if mode == "async":
+        [scheme] = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "scheme"]
+        steps = scheme["batches_per_worker"]["0"]
+        assert steps + scheme["batches_per_worker"]["1"] == 2 * 6 * DIGITS_STEPS
     state = checkpoint.load(tmp_path)
     assert state["identity"]["model"] == spec and state["epoch"] == 6
     weights = state["model"]
@@ -85,7 +91,7 @@ def test_residual_net_from_a_file_reaches_95_percent(tmp_path, mode):
         assert torch.isfinite(mean).all() and torch.isfinite(var).all(), bn
         assert mean.abs().max() > 1e-3, f"{bn}.running_mean is still all zero"
         assert (var - 1).abs().max() > 1e-3, f"{bn}.running_var is still all one"
-        assert weights[f"{bn}.num_batches_tracked"].item() == 6 * DIGITS_STEPS, bn
+        assert weights[f"{bn}.num_batches_tracked"].item() == steps, bn
 
     # The checkpoint holds the trained model: the user's class loads it and scores >= 95 %.
     # (Not exactly the logged test_acc: each worker scored its half of the test split with its
