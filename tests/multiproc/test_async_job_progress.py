@@ -9,7 +9,7 @@ import time
 import pytest
 
 from hvdtrain.metrics import read_jsonl
-from launch import hvdtrain, launcher_env, mpirun, run
+from launch import REPO, hvdtrain, launcher_env, mpirun, run
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]
@@ -105,3 +105,31 @@ def test_a_silent_worker_ends_the_job_while_the_others_still_train(tmp_path):
     assert "worker 1 (rank 1) sent nothing for" in proc.stderr, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert len(_records(tmp_path, "epoch")) < 200  # it did not wait for the end of training
+
+
+@pytest.mark.parametrize("dataset,loader_flags", [
+    # A map-style Dataset read ahead by 2 loader processes per worker: each holds that many
+    # batches ahead, which are handed out to it before it trains them.
+    ("digits", ["--data-workers", "2"]),
+    # A stream is read in order, so each worker keeps its own share of it.
+    ("digits_stream", ["--dataset-args", '{"sized": true}']),
+])
+def test_a_users_dataset_trains_every_batch_of_the_jobs_epochs(tmp_path, dataset, loader_flags):
+    epochs = 3
+    proc = run(mpirun(3, *hvdtrain("train", *QUIET, "--mode", "async", "--epochs", str(epochs),
+                                   "--straggler", "3x", "--dataset",
+                                   f"tests/helpers/user/user_data.py:{dataset}", *loader_flags,
+                                   "--run-dir", str(tmp_path))),
+               cwd=REPO, timeout=240)
+    assert "Traceback" not in proc.stderr
+    header = _records(tmp_path, "header")[0]
+    per_epoch = header["steps_per_epoch"] * 2 * 32
+    assert [r["samples"] for r in _records(tmp_path, "epoch")] == [per_epoch] * epochs
+    summary = _records(tmp_path, "scheme")[0]
+    assert summary["pushes_applied"] == _total_slots(tmp_path, epochs)
+    if dataset == "digits":
+        assert summary["batches_completed"] == _total_slots(tmp_path, epochs)
+        per_worker = summary["batches_per_worker"]
+        assert per_worker["0"] > per_worker["1"], per_worker
+    else:
+        assert "batches_per_worker" not in summary

@@ -85,19 +85,21 @@ def test_sigterm_to_mpirun_checkpoints_the_step_and_auto_resume_ends_with_the_sa
 
 
 @pytest.mark.parametrize("mode,np,extra", [
-    ("sync", 2, []),
-    # Each worker stops after its own step; the fast worker 0 may have finished its epochs by
-    # then, and its checkpoint is its last one.
-    ("async", 3, []),
-    ("async", 3, ["--staleness", "0"]),  # a worker held back for a stopped one is let go
+    ("sync", 2, ["--straggler", "30ms"]),
+    # Each worker stops after its own step. Unbounded, the job's batches go to whoever asks
+    # (ps/dispatch.py), so one slow worker would leave the fast one to finish in a second:
+    # every worker is slowed instead.
+    ("async", 3, ["--straggler", "exp:30ms"]),
+    # a worker held back for a stopped one is let go
+    ("async", 3, ["--staleness", "0", "--straggler", "30ms"]),
 ])
 def test_sigusr1_exits_75_for_a_requeue_and_the_resumed_run_finishes(tmp_path, mode, np, extra):
     # Slurm's --signal=USR1@T; mpirun forwards SIGUSR1 at once and then reports the ranks' exit
-    # code, which the sbatch script turns into a requeue. About 8 s of training: the slow
-    # worker takes 6 epochs x 45 steps x 30 ms.
+    # code, which the sbatch script turns into a requeue. About 8 s of training: 6 epochs x 45
+    # steps x 30 ms.
     run_dir = tmp_path / "run"
     command = mpirun(np, *hvdtrain("train", *QUIET, "--mode", mode, *extra, "--epochs", "6",
-                                   "--batch-size", "16", "--straggler", "30ms",
+                                   "--batch-size", "16",
                                    "--run-dir", str(run_dir), "--auto-resume"))
     code, out, err = _signal_mid_epoch(command, run_dir, signal.SIGUSR1, after_seconds=2.5)
     assert code == PREEMPTED, out + err
