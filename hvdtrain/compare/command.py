@@ -77,8 +77,9 @@ def add_parser(commands) -> None:
     p.add_argument("--target", type=float, default=0.95, help="test accuracy to reach")
     p.add_argument("--epochs", type=int, default=None, help="the budget of every run")
     p.add_argument("--eval-every-steps", type=int, default=None,
-                   help="evaluate every N steps of worker 0, which times the target to within "
-                        "N steps (0: at epoch ends only)")
+                   help="evaluate every N global steps (async: of the job, as worker 0 sees "
+                        "them), which times the target to within N steps (0: at epoch ends "
+                        "only)")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--model", default=None)
     p.add_argument("--train-args", default=None,
@@ -491,7 +492,7 @@ def _run_plan(args, out: Path, runs, modes) -> int:
               if args.simulate and args.global_batch else "")
     description = (f"Plan {args.plan}: {args.workers} workers, {args.dataset}/{args.model}, "
                    f"{args.epochs} epochs, seeds 0..{args.seeds - 1}, an evaluation every "
-                   f"{args.eval_every_steps} steps of worker 0; each mode with hvdtrain's "
+                   f"{args.eval_every_steps} global steps; each mode with hvdtrain's "
                    "defaults (the async learning rate is not scaled by the number of workers, "
                    f"sync's is); {where}"
                    f"{' with ' + args.launcher_args if args.launcher_args else ''}{shared}. "
