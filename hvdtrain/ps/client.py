@@ -455,6 +455,8 @@ class ParameterServerClient(UpdateScheme):
         evaluates, and charge each of them the time it computed meanwhile, which it then
         sleeps (_receive_debt): as if the job froze, so that nobody trains during an
         evaluation, as in sync mode."""
+        if self._started and self.eval_partition is not None:
+            self._tell_servers(Kind.QUIET)  # a long evaluation is no hang (server._check_silence)
         if not (self.cfg.ps.eval_pauses_workers and self._started and
                 self.eval_partition is not None):
             yield
@@ -517,6 +519,7 @@ class ParameterServerClient(UpdateScheme):
                 vector = vectors.setdefault(name, np.empty(self.params_flat.numel(), np.float32))
                 for a, b in chunks:
                     self.comm.Recv(vector[a:b], source=server, tag=Tag.STATE)
+        self._tell_servers(Kind.QUIET)  # the write follows: no hang however long it takes
         model_state = {k: v.clone() for k, v in self.replica.model.state_dict().items()}
         scale = self.replica.precision.state_dict()
         return {"model": model_state, **({"grad_scaler": scale} if scale is not None else {}),

@@ -57,6 +57,8 @@ class Kind(IntEnum):
     RESUME = 10
     SLOTS = 11  # worker -> server 0: hand me `size` batch slots (Tag.SLOT replies, NO_SLOT when
                 # none is left)
+    QUIET = 12  # worker -> every server: busy with its own work (an evaluation, a checkpoint
+                # write) until its next push, so its silence is no sign of a hang; no reply
 
 
 # Header words: the request kind; the worker's clock (pushes made, this one included); its learning

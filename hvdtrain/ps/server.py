@@ -140,6 +140,7 @@ class ParameterServer:
         self.finished_pushing: set[int] = set()  # ... workers whose batches are all used up
         self.last_heard = [time.perf_counter()] * self.num_workers  # each worker's last request
         self._silence_checked = 0.0
+        self.quiet: set[int] = set()  # workers busy with their own work until their next push
         self.slot_word = np.zeros(1, dtype=np.int64)
         self.round_stops = False  # BSP: a push of this round asked to stop
 
@@ -201,6 +202,8 @@ class ParameterServer:
             t0 = time.perf_counter()
             if status.Get_source() < self.num_workers:  # not a verdict from server 0
                 self.last_heard[status.Get_source()] = t0
+                if self.header[H_KIND] == Kind.PUSH:  # back to training
+                    self.quiet.discard(status.Get_source())
             active -= self._handle(status.Get_source(), t0)
             self._check_silence(t0)
             self.busy_seconds += time.perf_counter() - t0
@@ -230,6 +233,8 @@ class ParameterServer:
             self.last_push = time.perf_counter()
         elif kind == Kind.PULL:
             self._send_params(worker)
+        elif kind == Kind.QUIET:
+            self.quiet.add(worker)
         elif kind == Kind.SLOTS:
             slots = np.array([self.dispatcher.take(worker)
                               for _ in range(int(self.header[H_SIZE]))], dtype=np.int64)
@@ -280,8 +285,9 @@ class ParameterServer:
     def _check_silence(self, now: float) -> None:
         """End the job when one worker has sent nothing for --timeout-s while the others go on
         (stopped, or hung in its own code): a wait for *any* request never notices it while
-        the others push. A worker that waits on the servers (a held reply, a round, a pause)
-        or on the other workers (idle, done, its batches used up) is silent by design."""
+        the others push. A worker that waits on the servers (a held reply, a round, a pause),
+        on the other workers (idle, done, its batches used up), or that said it is busy with
+        its own work (QUIET: worker 0 evaluating or writing a checkpoint) is silent by design."""
         timeout = self.cfg.ps.timeout_s
         if not timeout or self.stopping or self.paused_by is not None or \
                 now - self._silence_checked < 1.0:
@@ -290,14 +296,14 @@ class ParameterServer:
         for w, heard in enumerate(self.last_heard):
             if now - heard <= timeout or math.isinf(self.clocks[w]) or w in self.pending or \
                     w in self.held or w in self.idle or w in self.finished_pushing or \
-                    w in self.arrived:
+                    w in self.arrived or w in self.quiet:
                 continue
             raise StuckError(
                 f"parameter server {self.index}: worker {w} (rank {w}) sent nothing for "
                 f"{now - heard:.0f} s while the other workers trained (its pushes so far: "
                 f"{int(self.clocks[w])}); it has stopped or hangs (waited {timeout:g} s, "
-                "--timeout-s). Raise --timeout-s if a worker may pause this long (a long "
-                "evaluation or checkpoint on worker 0).")
+                "--timeout-s). Raise --timeout-s if a worker's own code may pause this long "
+                "between two steps.")
 
     def _next_request(self, status) -> None:
         """Receive the next request header from any worker, or raise StuckError."""

@@ -133,3 +133,18 @@ def test_a_users_dataset_trains_every_batch_of_the_jobs_epochs(tmp_path, dataset
         assert per_worker["0"] > per_worker["1"], per_worker
     else:
         assert "batches_per_worker" not in summary
+
+
+def test_an_evaluation_longer_than_the_timeout_is_no_silence(tmp_path):
+    # Worker 0's first evaluation (after epoch 50) takes 3 s while worker 1 trains on; its
+    # silence is its own work (it says so, Kind.QUIET), not a hang, so the servers' --timeout-s 2
+    # does not end the job. (The waits at the end are for worker 0's last evaluation, which is
+    # fast here: --timeout-s must exceed it, as --stall-timeout-s does in sync.)
+    proc = run(mpirun(3, *hvdtrain("train", *QUIET, "--mode", "async", "--epochs", "100",
+                                   "--eval-every", "50", "--checkpoint-every", "50",
+                                   "--model", "tests/helpers/user/slow_eval_model.py:build",
+                                   "--model-args", '{"eval_sleep": 3, "once": true}',
+                                   "--timeout-s", "2", "--run-dir", str(tmp_path))),
+               cwd=REPO, timeout=240)
+    assert "sent nothing" not in proc.stderr
+    assert len(_records(tmp_path, "epoch")) == 100

@@ -7,8 +7,9 @@ import torch
 
 
 class SlowEvalMLP(torch.nn.Module):
-    def __init__(self, input_shape, num_classes):
+    def __init__(self, input_shape, num_classes, eval_sleep=0.2, once=False):
         super().__init__()
+        self.eval_sleep, self.once = eval_sleep, once
         features = 1
         for size in input_shape:
             features *= size
@@ -17,9 +18,11 @@ class SlowEvalMLP(torch.nn.Module):
 
     def forward(self, x):
         if not self.training and not torch.is_grad_enabled():
-            time.sleep(0.2)  # per evaluation batch
+            time.sleep(self.eval_sleep)  # per evaluation batch
+            if self.once:  # only the first evaluation batch is slow
+                self.eval_sleep = 0.0
         return self.net(x)
 
 
-def build(input_shape, num_classes):
-    return SlowEvalMLP(input_shape, num_classes)
+def build(input_shape, num_classes, eval_sleep=0.2, once=False):
+    return SlowEvalMLP(input_shape, num_classes, eval_sleep, once)
