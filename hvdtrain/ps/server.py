@@ -138,7 +138,7 @@ class ParameterServer:
         self.stopping = False     # a worker got a stop signal: every worker stops after its step
         self.dispatcher: BatchDispatcher | None = None  # server 0: the job's batch plan
         self.finished_pushing: set[int] = set()  # ... workers whose batches are all used up
-        self.last_heard = [time.perf_counter()] * self.num_workers  # each worker's last request
+        self.last_heard: list[float] = []  # each worker's last request (from INIT on)
         self._silence_checked = 0.0
         self.quiet: set[int] = set()  # workers busy with their own work until their next push
         self.slot_word = np.zeros(1, dtype=np.int64)
@@ -182,6 +182,9 @@ class ParameterServer:
                 self.dispatcher.load_state_dict(plan["state"])
         for w in range(self.num_workers):
             self.pulled_version[w] = self.push_version[w] = self.version
+        # Silence counts from here, however long worker 0 took to start (reading a large
+        # checkpoint while the others wait for it).
+        self.last_heard = [time.perf_counter()] * self.num_workers
 
     # --- the loop ------------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
