@@ -71,6 +71,13 @@ class EpochPlan:
         while (piece := feed.next_part(epoch)) is not None:
             yield piece
 
+    def finish_epoch(self, progress: Progress) -> None:
+        """The epoch under way is done. With a feed the job's position is its end, whoever
+        trained its last batches (this worker's last one may be earlier in it)."""
+        if self.feed is not None:
+            progress.global_step = (progress.epoch + 1) * self.steps_per_epoch
+        progress.epoch, progress.step = progress.epoch + 1, 0
+
     def advance(self, progress: Progress) -> None:
         """After a step: one step further, or, with a feed, at the job's position of the
         piece just trained (a fast worker's steps skip the pieces others trained)."""

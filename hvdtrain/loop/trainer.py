@@ -201,7 +201,7 @@ class Trainer:
             test, wall_seconds, train_seconds = self._timed_evaluation()
         else:
             test, (wall_seconds, train_seconds) = None, self._clock()
-        p.epoch, p.step = epoch + 1, 0
+        self.plan.finish_epoch(p)
         # train_seconds is rounded as the epoch line rounds wall_seconds (to 1 ms), so that
         # train_seconds <= wall_seconds holds in the log as it does here.
         self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test, wall_seconds,

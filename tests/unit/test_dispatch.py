@@ -133,6 +133,8 @@ def test_pieces_are_the_sync_plans_batches_and_progress_is_the_jobs():
     rows = [epoch_batches(40, 4, w, 2, 0, 3) for w in range(2)]
     assert got == [rows[1][0].tolist(), (1, 1), rows[0][2].tolist(), (3, 3),
                    rows[1][3].tolist(), (4, 4)]
+    plan.finish_epoch(p)  # another worker trained step 5's pieces: the epoch's end all the same
+    assert (p.epoch, p.step, p.global_step) == (1, 0, 5)
 
 
 @pytest.mark.parametrize("before,after,due", [(3, 4, True), (4, 5, False), (2, 6, True),
