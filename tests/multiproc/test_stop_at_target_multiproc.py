@@ -34,7 +34,8 @@ def test_the_evaluation_that_reaches_the_target_stops_every_worker(tmp_path, mod
                               f"{TARGET:g} at step {reached['step']}")
     assert stop["target"] == f"test_acc>={TARGET}"
     # The stop agreement takes a step or two: the next push, or the vote read one step later.
-    assert 0 <= stop["step"] - reached["step"] <= 3, (stop, reached)
+    # Async steps are the job's (ps/dispatch.py): the other worker's batches meanwhile count.
+    assert 0 <= stop["step"] - reached["step"] <= (3 if mode == "sync" else 8), (stop, reached)
     # (an epoch line rounds its train_seconds to 1 ms, the stop line to 0.1 ms)
     assert reached["train_seconds"] - 1e-3 <= stop["train_seconds"] < reached["train_seconds"] + 2
     assert stop["train_seconds"] <= stop["wall_seconds"]
