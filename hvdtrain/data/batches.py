@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from .builtin import epoch_batches
+
 
 class PartRows:
     """The sample rows of (epoch, step, part) pieces, with each epoch's permutation computed
@@ -26,8 +28,6 @@ class PartRows:
         self._rows: dict[tuple[int, int], Any] = {}
 
     def of(self, epoch: int, step: int, part: int) -> list[int]:
-        from .builtin import epoch_batches
-
         rows = self._rows.get((epoch, part))
         if rows is None:
             num_samples, batch_size, num_parts, seed = self.args

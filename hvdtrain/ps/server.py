@@ -141,7 +141,6 @@ class ParameterServer:
         self.last_heard: list[float] = []  # each worker's last request (from INIT on)
         self._silence_checked = 0.0
         self.quiet: set[int] = set()  # workers busy with their own work until their next push
-        self.slot_word = np.zeros(1, dtype=np.int64)
         self.round_stops = False  # BSP: a push of this round asked to stop
 
     # --- set-up --------------------------------------------------------------------------------
@@ -239,10 +238,7 @@ class ParameterServer:
         elif kind == Kind.QUIET:
             self.quiet.add(worker)
         elif kind == Kind.SLOTS:
-            slots = np.array([self.dispatcher.take(worker)
-                              for _ in range(int(self.header[H_SIZE]))], dtype=np.int64)
-            self.comm.Send(slots, dest=worker, tag=Tag.SLOT)
-            self._note_finished_pushing(worker)
+            self._hand_out(worker, int(self.header[H_SIZE]))
         elif kind == Kind.SAVE:
             self._send_params(worker)
             self._send_state(worker)
@@ -269,11 +265,12 @@ class ParameterServer:
         """A push carried slot ``trained``: it is done, and the worker gets its next slot now,
         before the reply, which may be held (a staleness bound, a pause)."""
         self.dispatcher.complete(trained)
-        self.slot_word[0] = self.dispatcher.take(worker)
-        self.comm.Send(self.slot_word, dest=worker, tag=Tag.SLOT)
-        self._note_finished_pushing(worker)
+        self._hand_out(worker, 1)
 
-    def _note_finished_pushing(self, worker: int) -> None:
+    def _hand_out(self, worker: int, count: int) -> None:
+        """Send ``worker`` its next ``count`` slots (NO_SLOT for each one not left)."""
+        slots = np.array([self.dispatcher.take(worker) for _ in range(count)], dtype=np.int64)
+        self.comm.Send(slots, dest=worker, tag=Tag.SLOT)
         if self.dispatcher.finished_pushing(worker) and worker not in self.finished_pushing:
             self.finished_pushing.add(worker)
             self._release_pending()  # nobody waits for its clock any more
@@ -610,9 +607,9 @@ class ParameterServer:
                     self.is_leader or not self.backup_workers):
                 self._finish_round()
             return
+        clocks = self._bound_clocks()  # replies move no clock: once for all held workers
         for worker, want in list(self.pending.items()):
-            if self.stopping or may_proceed(self.clocks[worker], self._bound_clocks(),
-                                            self.staleness_bound):
+            if self.stopping or may_proceed(self.clocks[worker], clocks, self.staleness_bound):
                 del self.pending[worker]
                 self._reply(worker, want)
 
