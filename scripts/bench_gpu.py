@@ -47,7 +47,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from hvdtrain.metrics import read_jsonl  # noqa: E402
+from hvdtrain.run_output import read_jsonl  # noqa: E402
 from launching import BIN, launch_env  # noqa: E402
 
 MODES = ("sync", "async")

@@ -37,7 +37,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from hvdtrain.metrics import read_jsonl  # noqa: E402
+from hvdtrain.run_output import read_jsonl  # noqa: E402
 from launching import BIN, run  # noqa: E402
 
 MODES = ("sync", "async")

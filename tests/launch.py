@@ -98,7 +98,7 @@ def pid_of_rank(run_dir: Path, rank_variable: str, rank: int) -> int | None:
 
 def records(run_dir: Path, kind: str) -> list[dict]:
     """The lines of a run's metrics.jsonl of one type ("epoch", "step", "scheme"...)."""
-    from hvdtrain.metrics import read_jsonl
+    from hvdtrain.run_output import read_jsonl
 
     return [r for r in read_jsonl(Path(run_dir) / "metrics.jsonl") if r["type"] == kind]
 

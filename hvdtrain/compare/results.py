@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..metrics import read_jsonl
+from ..run_output import read_jsonl
 from .plan import PlannedRun
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checkpoint import CHECKPOINT_NAME
-from ..metrics import JsonlLog, LogWriteError, ProgressBar
+from ..run_output import JsonlLog, LogWriteError, ProgressBar
 from ..replica import BatchStats
 from ..scheme import PendingSum, UpdateScheme
 from .hooks import TrainingError

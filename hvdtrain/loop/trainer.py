@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from ..config import Config
-from ..metrics import package_versions
+from ..run_output import package_versions
 from ..models import count_parameters
 from ..optim import learning_rate
 from ..replica import Replica

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import REPO, hvdtrain, launcher_env, mpirun, run
 
 pytestmark = pytest.mark.multiproc

@@ -45,7 +45,7 @@ def test_user_data_and_models_that_cannot_train_exit_2(tmp_path, dataset, model,
 
 
 # The files the run writes share one disk, which fills after a given number of writes: the JSONL
-# log's through os.write (hvdtrain.metrics), TensorBoard's event file's through its own io.open.
+# log's through os.write (hvdtrain.run_output), TensorBoard's event file's through its own io.open.
 # Counted in writes, not bytes, so that where it fills does not depend on the length of the paths
 # in the log's header.
 FULL_DISK_COMMAND = """
@@ -60,9 +60,9 @@ def take(n):
     return n
 
 
-from hvdtrain import metrics
+from hvdtrain import run_output
 real_write = os.write
-metrics.os.write = lambda fd, data: real_write(fd, bytes(data[:take(len(data))]))
+run_output.os.write = lambda fd, data: real_write(fd, bytes(data[:take(len(data))]))
 
 from tensorboard.compat.tensorflow_stub.io import gfile
 real_open = gfile.io.open

@@ -5,7 +5,7 @@ in tests/unit/test_compile.py)."""
 import pytest
 import torch
 
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, run
 
 pytestmark = pytest.mark.multiproc

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hvdtrain import checkpoint
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import BIN, hvdtrain, launcher_env, pid_of_rank, wait_for_checkpoint
 
 pytestmark = pytest.mark.multiproc

@@ -3,7 +3,7 @@ training time (evaluations excluded), in sync and async mode."""
 
 import pytest
 
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc

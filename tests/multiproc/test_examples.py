@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import REPO, horovodrun, mpirun, run
 
 pytestmark = pytest.mark.multiproc

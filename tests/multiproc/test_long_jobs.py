@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import horovodrun, hvdtrain, launcher_env, mpirun, pid_of_rank, run
 
 pytestmark = pytest.mark.multiproc

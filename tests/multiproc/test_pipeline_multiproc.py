@@ -16,7 +16,7 @@ HYBRID = ["--no-progress", "--seed", "1", "--stages", "2", "--devices", "cpu,cpu
 
 
 def _records(run_dir, kind):
-    from hvdtrain.metrics import read_jsonl
+    from hvdtrain.run_output import read_jsonl
     return [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == kind]
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from hvdtrain.run_lock import LOCK_NAME
 from launch import (BIN, REPO, hvdtrain, launcher_env, mpirun, pid_of_rank, run,
                     wait_for_checkpoint)

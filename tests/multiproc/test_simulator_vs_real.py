@@ -32,7 +32,7 @@ from hvdtrain.compare.plan import Mode
 from hvdtrain.compare.results import curve, time_to_target
 from hvdtrain.compare.simulate import Timing, simulate_run
 from hvdtrain.compare.stats import bootstrap_ci
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, run
 
 pytestmark = pytest.mark.multiproc

@@ -6,7 +6,7 @@ that never reaches it trains all its epochs."""
 import pytest
 
 from hvdtrain import checkpoint
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc

@@ -4,7 +4,7 @@ itself is unit-tested in tests/unit/test_stragglers.py)."""
 import pytest
 
 from hvdtrain.stragglers import parse_straggler
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, run
 
 pytestmark = pytest.mark.multiproc

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import BIN, REPO, final_model, horovodrun, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc

@@ -4,7 +4,7 @@ parameter server's staleness histogram."""
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, run
 
 pytestmark = pytest.mark.multiproc

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from hvdtrain.user_code import resolve_callable
 from launch import REPO, horovodrun, hvdtrain, mpirun, run
 

@@ -10,7 +10,7 @@ import torch
 from hvdtrain import checkpoint
 from hvdtrain.config import Config, ConfigError, parse_metric_goal
 from hvdtrain.losses import accuracy
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from test_trainer import make_trainer
 
 

@@ -15,7 +15,7 @@ import pytest
 from hvdtrain import checkpoint, metrics
 from hvdtrain.loop import TrainingError
 from hvdtrain.loop.run_log import RunLog
-from hvdtrain.metrics import JsonlLog, LogWriteError, read_jsonl
+from hvdtrain.run_output import JsonlLog, LogWriteError, read_jsonl
 
 from launch import hvdtrain, launcher_env, run
 
@@ -63,7 +63,7 @@ def test_a_real_file_size_limit_leaves_only_whole_lines(tmp_path):
     # does with ENOSPC. In a child process: the limit would also hold pytest's own files.
     child = textwrap.dedent("""
         import resource, signal, sys
-        from hvdtrain.metrics import JsonlLog, LogWriteError
+        from hvdtrain.run_output import JsonlLog, LogWriteError
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process
         log = JsonlLog(sys.argv[1], append=True)

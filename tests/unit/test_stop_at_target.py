@@ -10,7 +10,7 @@ from hvdtrain import checkpoint
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.config import Config, ConfigError, RunConfig, parse_stop_at
 from hvdtrain.loop.target import TargetStop
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from test_trainer import make_trainer
 
 

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from hvdtrain.cli import main
 from hvdtrain.loop.tensorboard import TensorBoardSink
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from test_trainer import CrashAt, make_trainer
 
 

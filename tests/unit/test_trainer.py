@@ -10,7 +10,7 @@ from hvdtrain import checkpoint
 from hvdtrain.config import Config
 from hvdtrain.loop import StepHook, Trainer, TrainingError
 from hvdtrain.loop.epoch_plan import EpochPlan
-from hvdtrain.metrics import read_jsonl
+from hvdtrain.run_output import read_jsonl
 from hvdtrain.replica import Replica
 from hvdtrain.runtime import Runtime
 from hvdtrain.scheme import Progress, UpdateScheme
