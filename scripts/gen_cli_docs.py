@@ -99,7 +99,7 @@ def _help_and_default(action: argparse.Action) -> tuple[str, str | None]:
     if "%" in help:
         params = {k: v for k, v in vars(action).items() if v is not argparse.SUPPRESS}
         help = help % params
-    written = re.search(r"\s*\(default: (.*)\)$", help)
+    written = re.search(r"\s*\(default: ([^()]*)\)$", help)
     if written:
         return _sentence(help[:written.start()]), written.group(1)
     if action.default is argparse.SUPPRESS or not action.option_strings:
