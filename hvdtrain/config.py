@@ -132,9 +132,8 @@ class OptimConfig:
     lr_schedule: str = _opt("constant", "after warmup: constant, or cosine decay to 0",
                             choices=("constant", "cosine"))
     clip_grad_norm: float = _opt(0.0, "clip the gradient to this total L2 norm before each "
-                                 "update (0: no clipping). Sync: the averaged gradient, so every "
-                                 "rank applies the same update; async: each worker's gradient "
-                                 "before it is pushed; a pipeline: one norm over all stages")
+                                 "update (0: no clipping): sync the averaged one, async each "
+                                 "worker's own; see docs/gpu.md")
 
     def validate(self) -> None:
         o = self
@@ -237,36 +236,23 @@ class PSConfig:
 
     num_servers: int = _opt(1, "server processes; the last S ranks serve, the others train")
     staleness: float = _opt(math.inf, "SSP bound: no worker may be more than this many pushes "
-                            "ahead of the slowest; 0 is lock-step, inf fully asynchronous. "
-                            "Unbounded by default, as in MXNet dist_async: with --pull-every 1 "
-                            "each gradient is about workers-1 updates stale anyway, and a bound "
-                            "only adds waiting when a worker straggles", infinite_ok=True)
+                            "ahead of the slowest; 0 is lock-step, inf (as in MXNet "
+                            "dist_async) fully asynchronous; see docs/async.md",
+                            infinite_ok=True)
     pull_every: int = _opt(1, "pull fresh parameters after every k-th push")
     bsp: bool = _opt(False, "lock-step averaging through the server: each round's gradients "
                      "are averaged and applied once, like sync training")
     backup_workers: int = _opt(0, "--bsp with b backup workers (Chen et al. 2016): each round "
-                               "closes as soon as N-b workers have pushed, averages and applies "
-                               "those gradients, and drops the later ones (computed on older "
-                               "parameters), whose workers continue from the new parameters; "
-                               "the learning rate scales by N-b. With --num-servers > 1, server "
-                               "0 decides each round for every shard, so all shards take the "
-                               "same workers' gradients (unlike TensorFlow's "
-                               "SyncReplicasOptimizer, which decides per variable). 0: plain "
-                               "--bsp")
+                               "applies the first N-b gradients and drops the later ones; the "
+                               "learning rate scales by N-b. 0: plain --bsp; see docs/async.md")
     dc_lambda: float = _opt(0.0, "delay compensation (DC-ASGD, Zheng et al. 2017): "
                             "g + lambda*g*g*(w_now - w_pulled); 0 disables, ~0.04 is typical")
     staleness_lr: bool = _opt(False, "staleness-aware learning rate (Zhang et al. 2016): the "
                               "server scales the step of a gradient computed s updates ago by "
                               "1/max(1, s)")
-    eval_pauses_workers: bool = _opt(False, "while worker 0 evaluates, the servers hold the "
-                                     "other workers' replies, so no worker trains during an "
-                                     "evaluation, as in sync mode; what they computed during "
-                                     "the evaluation (a step under way) they then sleep, as if "
-                                     "the job had frozen. Off, the others train on "
-                                     "while worker 0 evaluates: more throughput, but a time to "
-                                     "target read on worker 0's training clock (evaluations "
-                                     "left out) then counts their extra steps for free; "
-                                     "hvdtrain compare turns it on")
+    eval_pauses_workers: bool = _opt(False, "while worker 0 evaluates, no other worker trains, "
+                                     "as in sync mode, so that a time to target counts no free "
+                                     "steps; hvdtrain compare turns it on; see docs/async.md")
     chunk_mb: float = _opt(1.0, "gradient and parameter messages travel in chunks of this many "
                            "MiB, so the server updates one chunk while the next is in flight")
     timeout_s: float = _opt(300.0, "seconds of silence from a process (a worker that sends "
