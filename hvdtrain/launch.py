@@ -25,11 +25,10 @@ import torch
 from .checkpoint import CheckpointError, intact_note
 from .config import Config, ConfigError
 from .data import DataError
+from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from .layout import Layout
 from .workload import Workload
 
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
 BAD_INPUT = (ConfigError, DataError, CheckpointError)
 
 
