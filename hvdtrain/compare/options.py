@@ -227,12 +227,11 @@ class CompareConfig:
                 raise ConfigError(f"--global-batch {self.global_batch} cannot be split evenly "
                                   f"over --workers {self.workers}; use a multiple of "
                                   f"{self.workers}")
-        for name in SIM_FIGURES:
-            value = getattr(self, name)
-            # nan fails every comparison, so "value < 0" would let it through
-            if value is not None and not (value >= 0 and math.isfinite(value)):
-                raise ConfigError(f"--{name.replace('_', '-')}: invalid value {value}; use 0 or "
-                                  "more milliseconds (a finite number)")
+        figures = [getattr(self, name) for name in SIM_FIGURES]
+        # nan fails every comparison, so "value < 0" would let it through
+        if not all(x >= 0 and math.isfinite(x) for x in figures if x is not None):
+            raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms and "
+                              "--sim-apply-ms: use 0 or more milliseconds (a finite number)")
         given = self.sim_step_ms is not None or self.sim_apply_ms is not None
         if given and not self.simulate:
             raise ConfigError("--sim-step-ms and --sim-apply-ms time the --simulate plan's "
