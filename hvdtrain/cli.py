@@ -1,6 +1,7 @@
 """``hvdtrain train ...``: flags and config files in, a trained model and a metrics log out.
 
-Flags are generated from the dataclasses in config.py, so every option is documented once.
+Flags are generated from the dataclasses in config.py (train_flags.py), so every option is
+documented once.
 Bad input (a wrong flag, an impossible value, a missing dataset or checkpoint) exits with code 2
 and a message that names the fix, before any rank starts communicating.
 """
@@ -8,98 +9,37 @@ and a message that names the fix, before any rank starts communicating.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import signal
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
 from . import __version__
-from .config import SECTIONS, Config, ConfigError, load_config_file
+from .config import Config, ConfigError
 from .data import DataError
-
-EXIT_BAD_INPUT = 2
-EXIT_PREEMPTED = 75  # loop/preemption.py: stopped by SIGTERM/SIGUSR1/SIGINT with a checkpoint
-
-
-def _builtin_models():
-    from .models import MODELS
-    return MODELS
-
-
-def _builtin_datasets():
-    from .workload import BUILTIN_DATASETS
-    return BUILTIN_DATASETS
-
-
-def _builtin_losses():
-    from .losses import LOSSES
-    return LOSSES
-
-
-BUILTIN_NAMES = {"model": _builtin_models, "dataset": _builtin_datasets, "loss": _builtin_losses}
+from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED
+from .train_flags import config_from_args, train_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False on every parser: argparse would otherwise take --epoch for --epochs, and
     # a later flag that shares the prefix would silently change what an old command line means.
+    # The train flags come from train_flags.py, which compare parses its --train-args with too.
     parser = argparse.ArgumentParser(
         prog="hvdtrain", allow_abbrev=False,
         description="Distributed PyTorch training: sync (Horovod) or async (parameter server).")
     parser.add_argument("--version", action="version", version=f"hvdtrain {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    train = commands.add_parser(
+    commands.add_parser(
         "train", help="train a model",
         description="Train a model. Launch with horovodrun -np N, mpirun -np N, or on its own.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    add_train_flags(train)
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
+        parents=[train_parser()])
     from .compare.command import add_parser as add_compare
     add_compare(commands)
     from .requeue import add_parser as add_run
     add_run(commands)
     return parser
-
-
-def add_train_flags(parser: argparse.ArgumentParser) -> None:
-    """--config and one flag per option; compare uses them to read its --train-args too."""
-    parser.add_argument("--config", default=argparse.SUPPRESS,
-                        help="TOML or YAML file of options; flags given here override it")
-    for section, klass in SECTIONS.items():
-        group = parser.add_argument_group(section, klass.__doc__)
-        for f in dataclasses.fields(klass):
-            add_flag(group, f)
-
-
-def add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    flag = "--" + f.name.replace("_", "-")
-    # SUPPRESS keeps unset flags out of the namespace, so a config file's values are not
-    # overwritten by defaults; the dataclass holds the defaults.
-    help = f.metadata["help"]
-    if f.name in BUILTIN_NAMES:  # from the registries, so a @register'ed model shows up here
-        help += f"; built in: {', '.join(sorted(BUILTIN_NAMES[f.name]()))}"
-    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{help} (default: {_show_default(default)})"}
-    if isinstance(default, bool):
-        kwargs["action"] = argparse.BooleanOptionalAction
-    else:
-        kwargs["metavar"] = f.name.upper()
-        if f.metadata.get("choices"):
-            kwargs["choices"] = f.metadata["choices"]
-            kwargs["metavar"] = "{" + ",".join(f.metadata["choices"]) + "}"
-    group.add_argument(flag, **kwargs)
-
-
-def _show_default(value: Any) -> str:
-    if isinstance(value, tuple):
-        return ",".join(map(str, value))
-    return str(value)
-
-
-def config_from_args(args: argparse.Namespace) -> Config:
-    values = load_config_file(args.config) if getattr(args, "config", None) else {}
-    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
-    return Config.from_overrides(values).validate()
 
 
 def rank_from_environment() -> int:
@@ -165,7 +105,7 @@ def train(cfg: Config, workload, exiting: bool = False) -> int:
             traceback.print_exc()
             print(f"hvdtrain: error: training stopped by {type(e).__name__} (traceback above); "
                   f"{intact_note(e.run_dir, 'fix the cause')}", file=sys.stderr, flush=True)
-            return launch.EXIT_FAILED
+            return EXIT_FAILED
         if code is None:
             raise  # a bug: its traceback says where
         if code == EXIT_BAD_INPUT:

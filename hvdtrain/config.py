@@ -662,6 +662,13 @@ def load_config_file(path: str) -> dict[str, Any]:
     Keys may sit at the top level or under a section named like the dataclasses
     (``[optim]``, ``[run]``...). Dashes and underscores are interchangeable.
     """
+    raw = _parse_config_text(path, _read_config_text(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config: {path} must hold a table of options, not {type(raw).__name__}")
+    return _flat_options(raw, path)
+
+
+def _read_config_text(path: str) -> str:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"--config: {path} is a folder; pass the path of a .toml or .yaml "
@@ -669,7 +676,7 @@ def load_config_file(path: str) -> dict[str, Any]:
     if not p.is_file():
         raise ConfigError(f"--config: file {path} not found; pass the path of a .toml or .yaml file")
     try:
-        text = p.read_text(encoding="utf-8")  # TOML is UTF-8 by definition; YAML files in practice
+        return p.read_text(encoding="utf-8")  # TOML is UTF-8 by definition; YAML files in practice
     except UnicodeDecodeError as e:
         bad = e.object[e.start:e.start + 1]
         raise ConfigError(f"--config: {path} is not UTF-8 text (byte {e.start} is {bad!r}); "
@@ -677,26 +684,31 @@ def load_config_file(path: str) -> dict[str, Any]:
     except OSError as e:
         raise ConfigError(f"--config: cannot read {path} ({e.strerror}); check its "
                           "permissions") from None
+
+
+def _parse_config_text(path: str, text: str) -> Any:
+    """The file's content as TOML or YAML, by its suffix."""
     try:
-        if p.suffix == ".toml":
+        if Path(path).suffix == ".toml":
             try:
                 import tomllib
             except ModuleNotFoundError:  # Python 3.10
                 import tomli as tomllib
-            raw = tomllib.loads(text)
-        elif p.suffix in (".yaml", ".yml"):
+            return tomllib.loads(text)
+        if Path(path).suffix in (".yaml", ".yml"):
             import yaml
-            raw = yaml.safe_load(text) or {}
-        else:
-            raise ConfigError(f"--config: {path} must end in .toml, .yaml or .yml")
+            return yaml.safe_load(text) or {}
+        raise ConfigError(f"--config: {path} must end in .toml, .yaml or .yml")
     except ConfigError:
         raise
     except RecursionError:  # tomllib and yaml parse nested tables recursively
         raise ConfigError(too_deep(f"--config: {path}")) from None
     except Exception as e:  # the parsers' own error types differ; all mean "fix the file"
         raise ConfigError(f"--config: cannot parse {path}: {e}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"--config: {path} must hold a table of options, not {type(raw).__name__}")
+
+
+def _flat_options(raw: dict, path: str) -> dict[str, Any]:
+    """The file's options as flat pairs, each known and in its own section (or at the top)."""
     owners = field_owners()
     flat: dict[str, Any] = {}
     misplaced = []

@@ -25,11 +25,10 @@ import torch
 from .checkpoint import CheckpointError, intact_note
 from .config import Config, ConfigError
 from .data import DataError
+from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from .layout import Layout
 from .workload import Workload
 
-EXIT_BAD_INPUT = 2
-EXIT_FAILED = 1
 BAD_INPUT = (ConfigError, DataError, CheckpointError)
 
 
@@ -124,7 +123,10 @@ def _run_sync(cfg: Config, workload: Workload, model):
 def _run_async(cfg: Config, workload: Workload, model):
     from .runtime import start_mpi
 
-    runtime = start_mpi(cfg.run, cfg.ps.num_servers)
+    def is_server(rank: int, world_size: int) -> bool:  # the job's one rank layout
+        return Layout.job_topology(cfg, world_size).is_server(rank)
+
+    runtime = start_mpi(cfg.run, is_server)
     # The same on every rank: errors need no abort. A worker's local rank and size count this
     # host's workers, whose pipeline stages take its GPUs; servers hold no stages.
     layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)

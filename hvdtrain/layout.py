@@ -11,37 +11,79 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config, ConfigError
-from .ps.protocol import Topology, check_backup_workers
+from .ps.protocol import check_backup_workers
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Which ranks serve and which train, in an async job: with N processes and S servers,
+    ranks 0..N-S-1 are workers and the last S ranks are servers, so rank 0 is worker 0, the
+    process that logs and checkpoints. An impossible split fails on construction."""
+
+    world_size: int
+    num_servers: int
+
+    def __post_init__(self):
+        if self.num_servers < 1:
+            raise ConfigError(f"--num-servers: invalid value {self.num_servers}; "
+                              "use at least 1 server")
+        if self.num_servers >= self.world_size:
+            raise ConfigError(
+                f"--num-servers {self.num_servers} with {self.world_size} process(es) leaves "
+                f"{self.world_size} - {self.num_servers} = {self.world_size - self.num_servers} "
+                f"workers; async mode needs at least one worker: launch at least "
+                f"{self.num_servers + 1} processes (mpirun -np {self.num_servers + 1} ...) or "
+                "lower --num-servers")
+
+    @property
+    def num_workers(self) -> int:
+        return self.world_size - self.num_servers
+
+    def is_server(self, rank: int) -> bool:
+        return rank >= self.num_workers
+
+    def server_ranks(self) -> list[int]:
+        return list(range(self.num_workers, self.world_size))
+
+    def worker_ranks(self) -> list[int]:
+        return list(range(self.num_workers))
+
+    def server_index(self, rank: int) -> int:
+        return rank - self.num_workers
 
 
 @dataclass(frozen=True)
 class Layout:
     world_size: int
-    num_servers: int                # 0 in sync mode: every process trains
+    topology: Topology | None       # the parameter servers' rank layout; None in sync mode
     stage_devices: tuple[str, ...]  # this rank's pipeline stages, in order; () without a split
+
+    @staticmethod
+    def job_topology(cfg: Config, world_size: int) -> Topology | None:
+        """The job's rank layout, None in sync mode (every process trains). Checked here, on
+        every rank alike, before a server and a worker disagree over MPI."""
+        if cfg.run.mode != "async":
+            return None
+        topology = Topology(world_size, cfg.ps.num_servers)  # at least one worker is left
+        check_backup_workers(cfg.ps.backup_workers, topology.num_workers)
+        return topology
 
     @classmethod
     def build(cls, cfg: Config, world_size: int, local_rank: int, local_size: int,
               gpu_count: int | None = None) -> "Layout":
-        servers = cfg.ps.num_servers if cfg.run.mode == "async" else 0
-        if servers:
-            topology = Topology(world_size, servers)  # checks that at least one worker is left
-            # here, on every rank alike, before a server and a worker disagree over MPI
-            check_backup_workers(cfg.ps.backup_workers, topology.num_workers)
+        topology = cls.job_topology(cfg, world_size)
         devices: tuple[str, ...] = ()
         if cfg.pipeline.stages > 1:
             if gpu_count is None:
                 gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
             devices = tuple(assign_devices(cfg.pipeline.devices, cfg.pipeline.stages, local_rank,
                                            local_size, gpu_count))
-        return cls(world_size, servers, devices)
+        return cls(world_size, topology, devices)
 
     @property
-    def topology(self) -> Topology:
-        """The parameter server's rank layout (async mode)."""
-        if not self.num_servers:
-            raise ConfigError("a sync job has no parameter servers")
-        return Topology(self.world_size, self.num_servers)
+    def num_servers(self) -> int:
+        """0 in sync mode: every process trains."""
+        return self.topology.num_servers if self.topology else 0
 
 
 def assign_devices(spec: str, stages: int, local_rank: int, local_size: int,

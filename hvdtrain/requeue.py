@@ -40,7 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from .loop.preemption import EXIT_PREEMPTED, STOP_SIGNALS
+from .exit_codes import EXIT_BAD_INPUT, EXIT_PREEMPTED
+from .loop.preemption import STOP_SIGNALS
 
 PREEMPTED_FILE_ENV = "HVDTRAIN_PREEMPTED_FILE"
 SIGKILL_TIMEOUT_ENV = "OMPI_MCA_odls_base_sigkill_timeout"
@@ -66,7 +67,7 @@ def main(args) -> int:
     if not command:
         print("hvdtrain run: give the command to run, e.g. hvdtrain run mpirun -np 2 hvdtrain "
               "train --run-dir RUN --auto-resume", file=sys.stderr, flush=True)
-        return 2
+        return EXIT_BAD_INPUT
     with tempfile.TemporaryDirectory(prefix="hvdtrain-run-") as folder:
         record = Path(folder) / "preempted"
         env = {**os.environ, PREEMPTED_FILE_ENV: str(record)}
@@ -78,7 +79,7 @@ def main(args) -> int:
             print(f"hvdtrain run: cannot start {command[0]} ({e.strerror or e}); give a "
                   "launcher on PATH, e.g. hvdtrain run mpirun -np 2 hvdtrain train",
                   file=sys.stderr, flush=True)
-            return 2
+            return EXIT_BAD_INPUT
         code = _supervise(launcher, record)
         if record.exists():
             print(f"hvdtrain run: the job stopped after its checkpoint; exit {EXIT_PREEMPTED} "

@@ -6,6 +6,7 @@ A single process with no launcher is a world of size 1 and goes through the same
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -81,9 +82,10 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
     return runtime
 
 
-def start_mpi(run: RunConfig, num_servers: int) -> Runtime:
+def start_mpi(run: RunConfig, is_server: Callable[[int, int], bool]) -> Runtime:
     """MPI through mpi4py, for the parameter server (async mode). mpi4py asks for
     MPI_THREAD_MULTIPLE, which Horovod also wants should both live in one process.
+    ``is_server(rank, world_size)``: whether that rank serves (the job's Topology, layout.py).
 
     Servers stay on the CPU. A worker's local rank counts the workers on its host only, so that
     the workers take GPUs 0, 1, ... however the servers are placed among them."""
@@ -93,19 +95,17 @@ def start_mpi(run: RunConfig, num_servers: int) -> Runtime:
                           "launch with mpirun -np N, or horovodrun --mpi -np N")
     from mpi4py import MPI
 
-    from .ps.protocol import Topology
-
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
-    is_server = Topology(size, num_servers).is_server(rank)  # an impossible split fails everywhere
+    serves = is_server(rank, size)  # an impossible split fails everywhere
     if run.device.startswith("cuda") and not torch.cuda.is_available():
         pick_device(run.device, 0)  # the same message on every rank, servers included
     node = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this host
-    peers = node.Split(int(is_server), rank)        # ... that have this rank's role
+    peers = node.Split(int(serves), rank)           # ... that have this rank's role
     local_rank, local_size, host_size = peers.Get_rank(), peers.Get_size(), node.Get_size()
     peers.Free()
     node.Free()
-    device = torch.device("cpu") if is_server else pick_device(run.device, local_rank)
+    device = torch.device("cpu") if serves else pick_device(run.device, local_rank)
     runtime = Runtime(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
                       device=device, launcher=launcher)
     configure_torch(run, host_size)  # every process on the host shares its cores

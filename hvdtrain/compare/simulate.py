@@ -38,7 +38,6 @@ a DONE or a dropped gradient costs the server no time; the simulator computes on
 
 from __future__ import annotations
 
-import argparse
 import heapq
 import math
 import re
@@ -260,18 +259,9 @@ class _Setup:
 def config_from_train_args(train_args: Sequence[str], overrides: dict) -> Config:
     """The Config that ``hvdtrain train TRAIN_ARGS`` builds, with ``overrides`` (flag names with
     underscores) set on top. ConfigError for flags that train does not take."""
-    from ..cli import add_train_flags, config_from_args
+    from ..train_flags import config_from_args, parse_train_flags
 
-    parser = argparse.ArgumentParser(prog="hvdtrain train", add_help=False, allow_abbrev=False,
-                                     exit_on_error=False)
-    add_train_flags(parser)
-    try:
-        given, unknown = parser.parse_known_args(list(train_args))
-    except (argparse.ArgumentError, ValueError) as e:
-        raise ConfigError(f"train flags: {e}") from None
-    if unknown:
-        raise ConfigError(f"train flags: unknown flag(s) {' '.join(unknown)}; see "
-                          "hvdtrain train --help")
+    given = parse_train_flags(train_args, "train flags")
     for name, value in overrides.items():
         setattr(given, name, value)
     given.data_workers = 0  # dozens of virtual workers must not each start loader processes

@@ -14,9 +14,8 @@ import os
 import signal
 import threading
 
-# EX_TEMPFAIL of sysexits.h, "try again later": the Slurm script and the Kubernetes Job's
-# podFailurePolicy in deploy/ requeue the job on it.
-EXIT_PREEMPTED = 75
+from ..exit_codes import EXIT_PREEMPTED
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..config import Config
+from ..layout import Topology
 from ..replica import BatchStats, Replica
 from ..runtime import Runtime
 from ..scheme import BatchFeed, PendingSum, UpdateScheme
@@ -24,7 +25,7 @@ from ..precision import PushGate
 from .device_copies import copies_for
 from .dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
 from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
-                       Tag, Topology, check_backup_workers, chunk_bounds, chunk_elements,
+                       Tag, check_backup_workers, chunk_bounds, chunk_elements,
                        make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
@@ -326,11 +327,32 @@ class ParameterServerClient(UpdateScheme):
         first, then the header and gradient chunks, then wait for everything. A chunk from a
         server on this host arrives as a READY word and is copied out of the shared window as
         soon as it is announced, while the server updates the next one."""
-        params, grads = self.params_flat.numpy(), self.grads_flat.numpy()
-        requests, copies = [], []  # copies[i]: the parameters [a, b) that requests[i] brings
-        ready = iter(range(len(self._ready)))
         if want_params:
             self.copies.before_parameters()
+        # copies[i]: the parameters [a, b) that requests[i] brings, None for other messages
+        requests, copies = self._post_replies(want_params)
+        slot = self.feed.queue.current() if self.feed and kind == Kind.PUSH else NO_SLOT
+        if slot != NO_SLOT:  # server 0 sends the next slot before the reply
+            requests.append(self.comm.Irecv(self._slot_word, source=self.routes[0][0],
+                                            tag=Tag.SLOT))
+            copies.append(None)
+        header = self._header(kind, lr, size, want_params, send_grads, slot)
+        sends = self._send_request(header, send_grads)
+        requests, copies = requests + sends, copies + [None] * len(sends)
+        self._complete(kind, requests, copies)
+        if slot != NO_SLOT:
+            self.feed.queue.receive(int(self._slot_word[0]))
+        if want_params:
+            self.copies.parameters_done()
+            for p, view in self._copied:
+                p.data.copy_(view.view_as(p))
+
+    def _post_replies(self, want_params: bool) -> tuple[list, list]:
+        """The receives of every server's reply: its ACK, or its parameter chunks (READY words
+        from a server on this host); (requests, the parameters each brings)."""
+        params = self.params_flat.numpy()
+        requests, copies = [], []
+        ready = iter(range(len(self._ready)))
         for i, (server, chunks) in enumerate(self.routes):
             if not want_params:
                 requests.append(self.comm.Irecv(self._ack[i], source=server, tag=Tag.ACK))
@@ -346,17 +368,22 @@ class ParameterServerClient(UpdateScheme):
                     requests.append(self.comm.Irecv(self._ready[k:k + 1], source=server,
                                                     tag=Tag.READY))
                     copies.append((a, b, *shared))
-        slot = self.feed.queue.current() if self.feed and kind == Kind.PUSH else NO_SLOT
-        if slot != NO_SLOT:  # server 0 sends the next slot before the reply
-            requests.append(self.comm.Irecv(self._slot_word, source=self.routes[0][0],
-                                            tag=Tag.SLOT))
-            copies.append(None)
+        return requests, copies
+
+    def _header(self, kind: Kind, lr: float, size: int, want_params: bool, send_grads: bool,
+                slot: int) -> np.ndarray:
         flags = (WANT_PARAMS if want_params else 0) | \
             (WANTS_STOP if self._wants_stop and kind == Kind.PUSH else 0) | \
             (NO_GRADIENT if kind == Kind.PUSH and not send_grads else 0) | \
             (WANT_SLOT if slot != NO_SLOT else 0)
-        header = make_header(kind, clock=self.clock, lr=lr, size=size, flags=flags,
-                             worker=self.worker_rank, slot=slot)
+        return make_header(kind, clock=self.clock, lr=lr, size=size, flags=flags,
+                           worker=self.worker_rank, slot=slot)
+
+    def _send_request(self, header: np.ndarray, send_grads: bool) -> list:
+        """The header to every server, then the gradient chunks (in place in the shared window
+        for a server on this host); the sends still in flight."""
+        grads = self.grads_flat.numpy()
+        sends = []
         # Chunk numbers run over self._chunks: server by server, as gradients_to_host copies them.
         first_chunk = np.cumsum([0] + [len(chunks) for _, chunks in self.routes])
         if send_grads:
@@ -370,8 +397,12 @@ class ParameterServerClient(UpdateScheme):
             if send_grads and server not in self.shared_params:
                 for n, (a, b) in enumerate(chunks, start=first):
                     self.copies.wait_gradient(n)  # the copies of later chunks go on meanwhile
-                    requests.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
-                    copies.append(None)
+                    sends.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
+        return sends
+
+    def _complete(self, kind: Kind, requests: list, copies: list) -> None:
+        """Wait for every request; copy each parameter chunk to the device as it arrives."""
+        params = self.params_flat.numpy()
         while True:
             index = wait_any(self.MPI, requests, self.cfg.ps.timeout_s, lambda: (
                 f"worker {self.worker_rank}: no reply from the parameter server to its "
@@ -385,12 +416,6 @@ class ParameterServerClient(UpdateScheme):
                     self.host.sync()
                     params[a:b] = shard[a - first:b - first]
                 self.copies.parameters_to_device(a, b)
-        if slot != NO_SLOT:
-            self.feed.queue.receive(int(self._slot_word[0]))
-        if want_params:
-            self.copies.parameters_done()
-            for p, view in self._copied:
-                p.data.copy_(view.view_as(p))
 
     def _flatten_copied(self) -> None:
         """After the model's non-float32 parameters changed (a checkpoint), refresh the buffer."""

@@ -8,15 +8,13 @@ dictionaries (statistics, checkpoint metadata) do. Between a server and a worker
 the tensors stay in an MPI shared-memory window (``shared_memory.py``) and only the header and a
 READY word per updated chunk travel as messages.
 
-Rank layout: with N processes and S servers, ranks 0..N-S-1 are workers and the last S ranks are
-servers, so rank 0 is worker 0, the process that logs and checkpoints.
+The rank layout, which ranks serve and which train, is layout.py's Topology.
 """
 
 from __future__ import annotations
 
 import math
 import struct
-from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
@@ -93,41 +91,6 @@ def lr_to_word(lr: float) -> int:
 
 def word_to_lr(word: int) -> float:
     return struct.unpack("<d", struct.pack("<q", int(word)))[0]
-
-
-# --- topology --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Topology:
-    world_size: int
-    num_servers: int
-
-    def __post_init__(self):
-        if self.num_servers < 1:
-            raise ConfigError(f"--num-servers: invalid value {self.num_servers}; "
-                              "use at least 1 server")
-        if self.num_servers >= self.world_size:
-            raise ConfigError(
-                f"--num-servers {self.num_servers} with {self.world_size} process(es) leaves "
-                f"{self.world_size} - {self.num_servers} = {self.world_size - self.num_servers} "
-                f"workers; async mode needs at least one worker: launch at least "
-                f"{self.num_servers + 1} processes (mpirun -np {self.num_servers + 1} ...) or "
-                "lower --num-servers")
-
-    @property
-    def num_workers(self) -> int:
-        return self.world_size - self.num_servers
-
-    def is_server(self, rank: int) -> bool:
-        return rank >= self.num_workers
-
-    def server_ranks(self) -> list[int]:
-        return list(range(self.num_workers, self.world_size))
-
-    def worker_ranks(self) -> list[int]:
-        return list(range(self.num_workers))
-
-    def server_index(self, rank: int) -> int:
-        return rank - self.num_workers
 
 
 # --- shards and chunks -----------------------------------------------------------------------

@@ -41,10 +41,11 @@ import numpy as np
 import torch
 
 from ..config import Config
+from ..layout import Topology
 from .dispatch import BatchDispatcher, SlotPlan
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_SLOT, H_WORKER, HAS_PLAN,
                        HAS_STATE, HEADER_LEN, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP,
-                       Kind, Tag, Topology, chunk_bounds,
+                       Kind, Tag, chunk_bounds,
                        bsp_quorum, check_backup_workers, chunk_elements, delay_compensate,
                        make_header, may_proceed, shard_bounds, staleness_lr_factor, word_to_lr)
 from .shard_optimizer import ShardOptimizer

@@ -28,7 +28,7 @@ args = parser.parse_args()
 from mpi4py import MPI  # noqa: E402  (after argparse: --help needs no MPI)
 
 from hvdtrain.ps.client import ParameterServerClient  # noqa: E402
-from hvdtrain.ps.protocol import Topology  # noqa: E402
+from hvdtrain.layout import Topology  # noqa: E402
 from hvdtrain.ps.server import ParameterServer  # noqa: E402
 from hvdtrain.runtime import Runtime  # noqa: E402
 

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from hvdtrain.config import Config, ConfigError
+from hvdtrain.layout import Topology
 from hvdtrain.ps import server as server_module
-from hvdtrain.ps.protocol import (NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology,
+from hvdtrain.ps.protocol import (NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag,
                                   bsp_quorum, check_backup_workers, make_header, shard_bounds)
 
 REPLIES = (Tag.READY, Tag.PARAMS, Tag.ACK)

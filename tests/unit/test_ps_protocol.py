@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from hvdtrain.config import ConfigError
+from hvdtrain.layout import Topology
 from hvdtrain.ps.protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_WORKER, HEADER_LEN,
-                                  WANT_PARAMS, Kind, Tag, Topology, chunk_bounds, chunk_elements,
+                                  WANT_PARAMS, Kind, Tag, chunk_bounds, chunk_elements,
                                   delay_compensate, make_header, may_proceed, shard_bounds,
                                   word_to_lr)
 

@@ -1,0 +1,330 @@
+"""Every option of ``hvdtrain compare``, as one documented dataclass.
+
+Each field's ``metadata["help"]`` is its documentation and also its ``--flag`` help text, as in
+config.py for ``hvdtrain train``. A CompareConfig is built from the parsed flags in one place
+(:meth:`CompareConfig.from_args`); fields left unset take the named plan's values, and the whole
+set is checked on construction, before any run starts, with a message that names the flag and
+the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..config import ConfigError, check_writable_folder
+from ..stragglers import parse_straggler
+from ..train_flags import config_from_args, parse_train_flags
+from . import plan as planning
+
+# What the plan sets on every run's command line, and the compare flag to use instead: given in
+# --train-args too, the later flag would silently win and the runs would no longer be the plan.
+PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seeds",
+           "straggler": "--stragglers", "bsp": "--modes backup", "backup_workers":
+           "--backup-workers", "local_steps": "--local-steps", "staleness_lr": "--modes async-slr",
+           "dc_lambda": "--modes dcasgd", "eval_every_steps": "compare's own --eval-every-steps",
+           "run_dir": "--out (each run writes into OUT/runs/NAME)",
+           "num_servers": "--workers (each async run has one server besides the workers)",
+           "dataset": "compare's own --dataset", "model": "compare's own --model",
+           "epochs": "compare's own --epochs"}
+
+# The named plans. demo: what `make demo` runs in about five minutes on two cores: a wide CNN
+# on digits (~1.3M parameters, ~40 ms a step on one core), so that training, not start-up, is
+# most of each run and sync needs about 10 s to 95% under the condition that separates the
+# schemes; 5 seeds; 12 epochs are the budget of runs that stop at the target; its async mode
+# is async-slr, the fastest async variant of the full plan under 3x, and the one that still
+# reaches 95% with 8 simulated workers, where plain async does not. full: every mode
+# and straggler condition on the same workload, for docs/comparison.md. Flags given on the
+# command line win.
+WORKLOAD = dict(model="cnn", train_args="--channels 256,512", epochs=12, eval_every_steps=4)
+PLANS = {
+    "demo": dict(modes="sync,async-slr,backup", stragglers="3x", seeds=5, **WORKLOAD),
+    "full": dict(modes="sync,local,async,ssp,async-slr,dcasgd,backup",
+                 stragglers="none,3x,3x@0.3,exp:30ms,pareto:30ms", seeds=5, **WORKLOAD),
+}
+
+# The most processes a run may start per core of this host (per slot of a --hostfile, with
+# --oversubscribe in --launcher-args): beyond that a run times the kernel's scheduler rather
+# than the update schemes, and each process holds its own torch (hundreds of MB), so a mistyped
+# --workers 100000 would start a job that swamps the machine. The demo runs 1.5 a core.
+PROCESSES_PER_CORE = 4
+
+# The --sim-*-ms flags: milliseconds on the simulated cluster's virtual clock.
+SIM_FIGURES = ("sim_allreduce_ms", "sim_push_ms", "sim_step_ms", "sim_apply_ms")
+
+
+def _opt(default: Any, help: str, type: type | None = None, choices: tuple | None = None) -> Any:
+    """A field whose metadata carries its help text, its flag's type (the default's when not
+    given; None for a switch) and its allowed values."""
+    if type is None and not isinstance(default, bool):
+        type = default.__class__
+    return field(default=default, metadata={"help": help, "type": type, "choices": choices})
+
+
+def _plans_help() -> str:
+    return ("the defaults of --modes, --stragglers, --seeds, --epochs, --model, --train-args and "
+            "--eval-every-steps: " + "; ".join(
+                f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+                for name, values in PLANS.items()))
+
+
+@dataclass
+class CompareConfig:
+    """What is compared (the plan), how its runs are launched, and the simulated cluster that
+    can stand in for them. None: the named --plan's value."""
+
+    # --- the plan: modes, conditions, seeds, each run's workload and budget
+    plan: str = _opt("demo", _plans_help(), choices=tuple(sorted(PLANS)))
+    modes: str | None = _opt(None, "any of sync; local (local SGD, one mode per --local-steps); "
+                             "async (no staleness bound); ssp (one mode per --staleness-bounds); "
+                             "backup (sync through the server with backup workers, one mode per "
+                             "--backup-workers); async-slr (the staleness-aware learning rate); "
+                             "dcasgd (delay compensation)", type=str)
+    staleness_bounds: str = _opt("2", "SSP bounds, one run set per bound")
+    backup_workers: str = _opt("1", "backup workers of the backup mode, one run set per number")
+    local_steps: str = _opt("4", "steps between model averages of the local mode, one run set "
+                            "per number")
+    seeds: int | None = _opt(None, "seeds per mode (0, 1, ...)", type=int)
+    stragglers: str | None = _opt(None, "straggler conditions (see hvdtrain train --help, "
+                                  "--straggler): none; the last worker slowed, 3x or 50ms; one "
+                                  "random worker slowed at a step with a probability, 3x@0.1; "
+                                  "every worker waiting a random delay, exp:50ms or pareto:50ms",
+                                  type=str)
+    target: float = _opt(0.95, "test accuracy to reach")
+    epochs: int | None = _opt(None, "the budget of every run", type=int)
+    eval_every_steps: int | None = _opt(None, "evaluate every N global steps (async: of the job, "
+                                        "as worker 0 sees them), which times the target to "
+                                        "within N steps (0: at epoch ends only)", type=int)
+    dataset: str = _opt("digits", "the --dataset of every run (see hvdtrain train --help)")
+    model: str | None = _opt(None, "the --model of every run (see hvdtrain train --help)",
+                             type=str)
+    train_args: str | None = _opt(None, "more hvdtrain train flags for every run, e.g. "
+                                  "'--batch-size 64'", type=str)
+    # --- the real runs: processes, hosts, where they write
+    workers: int = _opt(2, "training processes in every run")
+    out: str = _opt("runs/compare", "folder for the runs, report and plots")
+    hostfile: str | None = _opt(None, "run every run across the hosts of this mpirun hostfile",
+                                type=str)
+    launcher_args: str = _opt("", "more mpirun flags for every run, given with '=' since they "
+                              "start with a dash: --launcher-args='--mca btl_tcp_if_include eth0 "
+                              "-x LD_LIBRARY_PATH'")
+    run_timeout: float = _opt(300, "seconds before a run is stopped and recorded as failed",
+                              type=float)
+    force: bool = _opt(False, "run again even the finished runs")
+    # --- the simulated cluster (--simulate) and the sweep over workers
+    simulate: bool = _opt(False, "run the plan on a simulated cluster instead of launching it: "
+                          "real gradients of the real model and data in this one process, on a "
+                          "virtual clock where each worker's step takes the compute time "
+                          "measured here plus the straggler's draws (compare/simulate.py); e.g. "
+                          "--workers 64")
+    sweep_workers: str = _opt("", "also simulate the plan's modes and stragglers at these numbers "
+                              "of workers, e.g. 2,8,32,64, with --sweep-seeds seeds: a table and "
+                              "sweep.png of time to target against workers")
+    sweep_seeds: int = _opt(2, "seeds per point of the sweep")
+    global_batch: int | None = _opt(None, "simulated runs (--simulate, --sweep-workers): the "
+                                    "samples of one global step, split evenly over the workers, "
+                                    "each worker's --lr scaled with its share (strong scaling: "
+                                    "every N trains on the same global batches). Default: the "
+                                    "sweep shares --batch-size x --workers; --simulate gives "
+                                    "each worker --batch-size (weak scaling), which with many "
+                                    "workers leaves few steps per epoch", type=int)
+    sim_allreduce_ms: float = _opt(0.0, "simulated runs: milliseconds of each average over the "
+                                   "workers (Timing.allreduce_seconds), charged once per round "
+                                   "of sync and once per model average of local SGD, in series "
+                                   "with the slowest worker's step; 0: an ideal network (one "
+                                   "process cannot measure it; calibrate it from real runs)")
+    sim_push_ms: float = _opt(0.0, "simulated async: milliseconds of each push and pull")
+    sim_step_ms: float | None = _opt(None, "--simulate: milliseconds of one worker's forward and "
+                                     "backward pass, instead of the figure measured in this "
+                                     "process, which drifts with the machine's load; give the "
+                                     "figure an earlier run printed to compare invocations on "
+                                     "one clock (default: measured)", type=float)
+    sim_apply_ms: float | None = _opt(None, "--simulate: milliseconds of the server's update "
+                                      "with one gradient (default: measured)", type=float)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> CompareConfig:
+        """The options of ``hvdtrain compare``'s parsed flags, checked."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+    def __post_init__(self) -> None:
+        for key, value in PLANS[self.plan].items():  # fill every option left unset
+            if getattr(self, key) is None:
+                setattr(self, key, value)
+        self._check_plan()
+        self._check_launch()
+        self._check_simulation()
+        if not self.simulate:
+            check_processes_fit(self, self.planned_modes())
+        check_writable_folder(self.out, "--out")
+        check_train_args(self)
+
+    def planned_modes(self) -> list[planning.Mode]:
+        try:
+            return planning.modes([m.strip() for m in self.modes.split(",") if m.strip()],
+                                  ints(self.staleness_bounds, "--staleness-bounds"),
+                                  ints(self.backup_workers, "--backup-workers"),
+                                  ints(self.local_steps, "--local-steps"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
+    def sim_seconds(self, name: str) -> float | None:
+        """A --sim-*-ms figure in seconds (None: measure it)."""
+        ms = getattr(self, f"sim_{name}_ms")
+        return None if ms is None else ms / 1000
+
+    def _check_plan(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"--workers: invalid value {self.workers}; use 1 or more")
+        if self.seeds < 1:
+            raise ConfigError(f"--seeds: invalid value {self.seeds}; use 1 or more")
+        if not 0 < self.target <= 1:
+            raise ConfigError(f"--target: invalid value {self.target}; use an accuracy in (0, 1]")
+        if self.epochs < 1:
+            raise ConfigError(f"--epochs: invalid value {self.epochs}; use 1 or more")
+        if self.eval_every_steps < 0:
+            raise ConfigError(f"--eval-every-steps: invalid value {self.eval_every_steps}; use 0 "
+                              "or more")
+        for s in self.stragglers.split(","):
+            try:
+                parse_straggler(s)
+            except ValueError as e:
+                raise ConfigError(f"--stragglers: invalid condition {s!r}; {e}") from None
+        if any(b < 0 for b in ints(self.staleness_bounds, "--staleness-bounds")):
+            raise ConfigError("--staleness-bounds: bounds must be 0 or more")
+        if any(not 0 <= b < self.workers for b in ints(self.backup_workers, "--backup-workers")):
+            raise ConfigError(f"--backup-workers: each number must be 0 to {self.workers - 1} "
+                              f"(fewer than the {self.workers} workers)")
+        if any(h < 1 for h in ints(self.local_steps, "--local-steps")):
+            raise ConfigError("--local-steps: each number must be 1 or more")
+
+    def _check_launch(self) -> None:
+        if self.hostfile is not None and not Path(self.hostfile).is_file():
+            raise ConfigError(f"--hostfile: {self.hostfile} is not a file; give an mpirun "
+                              "hostfile (one 'HOST slots=N' line per host)")
+        try:
+            shlex.split(self.launcher_args)
+        except ValueError as e:
+            raise ConfigError(f"--launcher-args: {e}") from None
+        if not (self.run_timeout > 0 and math.isfinite(self.run_timeout)):
+            raise ConfigError(f"--run-timeout: invalid value {self.run_timeout}; use a positive "
+                              "number of seconds, e.g. 300")
+
+    def _check_simulation(self) -> None:
+        sweep = ints(self.sweep_workers, "--sweep-workers")
+        if any(n < 1 for n in sweep) or self.sweep_seeds < 1:
+            raise ConfigError("--sweep-workers and --sweep-seeds: use whole numbers of 1 or more")
+        if self.global_batch is not None:
+            if self.global_batch < 1:
+                raise ConfigError(f"--global-batch: invalid value {self.global_batch}; use a "
+                                  "number of samples, 1 or more")
+            if self.simulate and self.global_batch % self.workers:
+                raise ConfigError(f"--global-batch {self.global_batch} cannot be split evenly "
+                                  f"over --workers {self.workers}; use a multiple of "
+                                  f"{self.workers}")
+        figures = [getattr(self, name) for name in SIM_FIGURES]
+        # nan fails every comparison, so "value < 0" would let it through
+        if not all(x >= 0 and math.isfinite(x) for x in figures if x is not None):
+            raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms and "
+                              "--sim-apply-ms: use 0 or more milliseconds (a finite number)")
+        given = self.sim_step_ms is not None or self.sim_apply_ms is not None
+        if given and not self.simulate:
+            raise ConfigError("--sim-step-ms and --sim-apply-ms time the --simulate plan's "
+                              "workers; add --simulate, or drop them")
+        if given and self.sweep_workers.strip():
+            raise ConfigError("--sim-step-ms and --sim-apply-ms fix the --simulate plan's "
+                              "figures, but --sweep-workers measures each N's own batch; drop "
+                              "one of them")
+        if self.simulate and (self.hostfile or self.launcher_args):
+            raise ConfigError("--simulate runs in this one process: drop --hostfile and "
+                              "--launcher-args, or drop --simulate")
+
+
+def add_compare_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per CompareConfig field, its help the field's."""
+    for f in fields(CompareConfig):
+        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata["help"]}
+        if f.metadata["type"] is None:
+            kwargs["action"] = "store_true"
+        else:
+            kwargs["type"] = f.metadata["type"]
+        if f.metadata["choices"]:
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
+
+
+def ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
+
+
+def _hostfile_slots(path: str) -> int | None:
+    """The slots of an mpirun hostfile, None when a host gives none (mpirun then counts that
+    host's cores, which cannot be known from here)."""
+    total = 0
+    for line in Path(path).read_text(errors="replace").splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words:
+            continue
+        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")]
+        if not slots or not slots[0].isdigit():
+            return None
+        total += int(slots[0])
+    return total
+
+
+def check_processes_fit(cfg: CompareConfig, modes: list) -> None:
+    """Refuse, before anything starts, a run of more processes than the hosts can hold: a
+    real run is ``--workers`` processes, plus one parameter server for the async modes."""
+    server = any(m.is_async for m in modes)
+    processes = cfg.workers + server
+    who = f"{cfg.workers} workers" + (" and the parameter server of the async modes"
+                                      if server else "")
+    if cfg.hostfile:
+        slots = _hostfile_slots(cfg.hostfile)
+        if slots is None:
+            return
+        # Without --oversubscribe mpirun itself refuses more processes than slots, in each run.
+        oversubscribed = "--oversubscribe" in shlex.split(cfg.launcher_args)
+        limit = slots * (PROCESSES_PER_CORE if oversubscribed else 1)
+        room = f"the hosts of {cfg.hostfile} have {slots} slots" + (
+            f" ({PROCESSES_PER_CORE} processes a slot with --oversubscribe)"
+            if oversubscribed else "")
+        more = f"add hosts or slots to {cfg.hostfile}"
+    else:
+        cores = os.cpu_count() or 1
+        limit = cores * PROCESSES_PER_CORE
+        room = (f"this host has {cores} cores, and more than {PROCESSES_PER_CORE} processes a "
+                f"core would time its scheduler rather than the update schemes")
+        more = "run across more hosts with --hostfile"
+    if processes > limit:
+        raise ConfigError(
+            f"--workers {cfg.workers}: each run starts {processes} processes ({who}), but "
+            f"{room}, room for {limit}: use --workers {limit - server} or fewer, {more}, or "
+            f"simulate {cfg.workers} workers in one process with --simulate")
+
+
+def check_train_args(cfg: CompareConfig) -> None:
+    """--train-args must be valid train flags that leave alone what the plan sets; checked here
+    so that a mistake is one message, not every run failing the same way."""
+    try:
+        argv = shlex.split(cfg.train_args)
+    except ValueError as e:  # an unclosed quote
+        raise ConfigError(f"--train-args: {e}") from None
+    given = parse_train_flags(argv, "--train-args")
+    for name, instead in PLANNED.items():
+        if name in vars(given):
+            raise ConfigError(f"--train-args: --{name.replace('_', '-')} is set by the plan for "
+                              f"each run; use {instead}")
+    given.dataset, given.model, given.epochs = cfg.dataset, cfg.model, cfg.epochs
+    try:
+        config_from_args(given)
+    except ConfigError as e:
+        raise ConfigError(f"--train-args: {e}") from None

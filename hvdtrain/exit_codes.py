@@ -1,0 +1,9 @@
+"""The exit codes of hvdtrain's commands, defined once: launchers, deploy/'s Slurm and Kubernetes
+files and the tests read them."""
+
+EXIT_FAILED = 1     # training failed (a NaN loss, a stuck peer, Horovod gave up) or a run failed
+EXIT_BAD_INPUT = 2  # a wrong flag or value, a missing dataset or checkpoint: argparse's code too
+# EX_TEMPFAIL of sysexits.h, "try again later": stopped by SIGTERM/SIGUSR1/SIGINT after a
+# checkpoint (loop/preemption.py); the Slurm script and the Kubernetes Job's podFailurePolicy in
+# deploy/ requeue the job on it.
+EXIT_PREEMPTED = 75

@@ -1,0 +1,95 @@
+"""``hvdtrain train``'s flags, built from the dataclasses in config.py so that every option is
+documented once: one parser for the command line (cli.py) and for the train flags that
+``hvdtrain compare`` hands its runs (compare/), and the Config they make."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Sequence
+
+from .config import SECTIONS, Config, ConfigError, load_config_file
+
+
+def _builtin_models():
+    from .models import MODELS
+    return MODELS
+
+
+def _builtin_datasets():
+    from .workload import BUILTIN_DATASETS
+    return BUILTIN_DATASETS
+
+
+def _builtin_losses():
+    from .losses import LOSSES
+    return LOSSES
+
+
+BUILTIN_NAMES = {"model": _builtin_models, "dataset": _builtin_datasets, "loss": _builtin_losses}
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """--config and one flag per option, without -h: the `hvdtrain train` command takes it as
+    its parent, and :func:`parse_train_flags` parses with it. exit_on_error=False: a caller
+    that is not the command line gets an error to report, not an exit."""
+    # allow_abbrev=False: argparse would otherwise take --epoch for --epochs, and a later flag
+    # that shares the prefix would silently change what an old command line means.
+    parser = argparse.ArgumentParser(prog="hvdtrain train", add_help=False, allow_abbrev=False,
+                                     exit_on_error=False)
+    add_train_flags(parser)
+    return parser
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=argparse.SUPPRESS,
+                        help="TOML or YAML file of options; flags given here override it")
+    for section, klass in SECTIONS.items():
+        group = parser.add_argument_group(section, klass.__doc__)
+        for f in dataclasses.fields(klass):
+            add_flag(group, f)
+
+
+def add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    flag = "--" + f.name.replace("_", "-")
+    # SUPPRESS keeps unset flags out of the namespace, so a config file's values are not
+    # overwritten by defaults; the dataclass holds the defaults.
+    help = f.metadata["help"]
+    if f.name in BUILTIN_NAMES:  # from the registries, so a @register'ed model shows up here
+        help += f"; built in: {', '.join(sorted(BUILTIN_NAMES[f.name]()))}"
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
+                              "help": f"{help} (default: {_show_default(default)})"}
+    if isinstance(default, bool):
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["metavar"] = f.name.upper()
+        if f.metadata.get("choices"):
+            kwargs["choices"] = f.metadata["choices"]
+            kwargs["metavar"] = "{" + ",".join(f.metadata["choices"]) + "}"
+    group.add_argument(flag, **kwargs)
+
+
+def _show_default(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def parse_train_flags(argv: Sequence[str], flag: str) -> argparse.Namespace:
+    """The flags given in ``argv`` (unset ones absent); ConfigError, its message starting with
+    ``flag`` (where the flags came from), for a flag or value that train does not take."""
+    try:
+        given, unknown = train_parser().parse_known_args(list(argv))
+    except (argparse.ArgumentError, ValueError) as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    if unknown:
+        raise ConfigError(f"{flag}: unknown flag(s) {' '.join(unknown)}; see "
+                          "hvdtrain train --help")
+    return given
+
+
+def config_from_args(args: argparse.Namespace) -> Config:
+    values = load_config_file(args.config) if getattr(args, "config", None) else {}
+    values.update({k: v for k, v in vars(args).items() if k not in ("command", "config")})
+    return Config.from_overrides(values).validate()

@@ -1,0 +1,44 @@
+"""compare's options are one documented dataclass (compare/options.py): a flag per field, the
+plan's values for what is left unset, checks on construction."""
+
+from dataclasses import fields
+
+import pytest
+
+from hvdtrain.cli import build_parser
+from hvdtrain.compare import command
+from hvdtrain.compare.options import PLANS, CompareConfig
+from hvdtrain.config import ConfigError
+
+
+def options(tmp_path, *flags) -> CompareConfig:
+    return command.validate(build_parser().parse_args(
+        ["compare", "--out", str(tmp_path / "out"), *flags]))
+
+
+def test_every_option_is_documented_and_has_its_flag(tmp_path):
+    help = build_parser()._subparsers._group_actions[0].choices["compare"].format_help()
+    for f in fields(CompareConfig):
+        assert len(f.metadata["help"]) > 20, f.name
+        assert "--" + f.name.replace("_", "-") in help, f.name
+
+
+def test_the_plan_fills_what_the_flags_leave_unset(tmp_path):
+    cfg = options(tmp_path, "--plan", "full", "--seeds", "2", "--workers", "3")
+    assert cfg.seeds == 2 and cfg.workers == 3
+    assert cfg.modes == PLANS["full"]["modes"] and cfg.epochs == PLANS["full"]["epochs"]
+    assert [m.name for m in cfg.planned_modes()][:2] == ["sync", "local4"]
+
+
+def test_sim_allreduce_ms_is_checked_and_sets_the_simulated_allreduce(tmp_path):
+    for bad in ("nan", "inf", "-1"):
+        with pytest.raises(ConfigError, match="--sim-allreduce-ms, .* use 0 or more "
+                                              "milliseconds"):
+            options(tmp_path, "--simulate", "--sim-allreduce-ms", bad)
+    assert options(tmp_path, "--simulate").sim_seconds("allreduce") == 0.0  # an ideal network
+    cfg = options(tmp_path, "--simulate", "--sim-allreduce-ms", "50", "--sim-step-ms", "10",
+                  "--sim-apply-ms", "1")
+    timing = command._simulation_timing(cfg, [])  # all figures given: nothing is measured
+    assert timing.allreduce_seconds == pytest.approx(0.05)
+    assert timing.step_seconds == pytest.approx(0.01)
+    assert timing.apply_seconds == pytest.approx(0.001)
