@@ -19,7 +19,7 @@ from ..metrics import ProgressBar, package_versions
 from ..models import count_parameters
 from ..replica import BatchStats
 from ..scheme import PendingSum, Progress, UpdateScheme
-from .sinks import Sink, SinkFactory, close_all, jsonl_only
+from .sinks import Sink, SinkFactory, close_all, default_sinks
 
 
 @dataclass
@@ -97,7 +97,7 @@ def means(vector: list[float], names: list[str]) -> tuple[float, dict[str, float
 class RunLog:
     def __init__(self, epochs: int, scheme: UpdateScheme, metric_names: list[str],
                  is_main: bool, progress_bar: bool, log_steps: bool,
-                 sinks: SinkFactory = jsonl_only):
+                 sinks: SinkFactory = default_sinks):
         self.epochs = epochs
         self.is_main = is_main
         self.scheme = scheme

@@ -56,15 +56,11 @@ class JsonlSink:
         self.log.close()
 
 
-def jsonl_only(run_dir: Path, append: bool, first_step: int | None = None) -> list[Sink]:
-    return [JsonlSink(run_dir / LOG_NAME, append)]
-
-
 def build_sinks(run: RunConfig, run_dir: Path, append: bool,
                 first_step: int | None = None) -> list[Sink]:
     """The sinks that ``run`` asks for, in ``run_dir``. first_step: the first global step this
     run writes (a resumed run repeats those after its checkpoint), None where unknown."""
-    sinks = jsonl_only(run_dir, append)
+    sinks: list[Sink] = [JsonlSink(run_dir / LOG_NAME, append)]
     try:
         if run.tensorboard:
             from .tensorboard import TensorBoardSink  # imports torch's writer: only when asked for
@@ -73,6 +69,11 @@ def build_sinks(run: RunConfig, run_dir: Path, append: bool,
         close_all(sinks)
         raise
     return sinks
+
+
+def default_sinks(run_dir: Path, append: bool, first_step: int | None = None) -> list[Sink]:
+    """Those of a run with the default options."""
+    return build_sinks(RunConfig(), run_dir, append, first_step)
 
 
 def close_all(sinks: list[Sink]) -> None:
