@@ -109,12 +109,19 @@ class Stopping(StepHook):
         if self.scheme.end_of_training():
             self._agreed(at_step=False)
 
+    def decide_before_epochs(self) -> Verdict:
+        """Where the epochs start (again, after an elastic reset): a resumed run whose patience
+        ran out stops at once."""
+        if not self.verdict.stop and self.best.stop_reason:
+            self.verdict = Verdict(EARLY_STOP, self.best.stop_reason)
+        return self.verdict
+
     def decide_at_epoch_end(self, progress: Progress, num_workers: int) -> Verdict:
-        """After an epoch and its evaluation (also where the epochs start: a resumed run whose
-        patience ran out). A target stops every worker here without a word where every worker
-        scored the evaluation (sync: all received the same sums); where worker 0 judged alone
-        (async), it tells the others through the next step's agreement. A target or patience
-        reached by the last epoch is no early stop: the run ends there anyway."""
+        """After an epoch and its evaluation. A target stops every worker here without a word
+        where every worker scored the evaluation (sync: all received the same sums); where
+        worker 0 judged alone (async), it tells the others through the next step's agreement.
+        A target or patience reached by the last epoch is no early stop: the run ends there
+        anyway. A target wins over patience that ran out at the same evaluation."""
         if self.verdict.stop:
             return self.verdict
         partition = self.scheme.eval_partition

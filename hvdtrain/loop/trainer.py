@@ -110,7 +110,7 @@ class Trainer:
         self.log.follow_main(self.is_main, self.run_dir, self.progress.global_step)
         self.plan.rescale(self.progress)
         self.best.start(self.progress)
-        verdict = self.stopping.decide_at_epoch_end(self.progress, self.num_workers)  # resumed
+        verdict = self.stopping.decide_before_epochs()
         while self.progress.epoch < self.cfg.run.epochs and not verdict.stop:
             verdict = self._train_epoch()
             if verdict.at_step:

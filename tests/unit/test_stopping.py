@@ -139,6 +139,15 @@ def test_patience_that_ran_out_stops_after_the_epoch():
         EARLY_STOP, "test_acc has not improved in 2 evaluations", False, False)
 
 
+def test_where_the_epochs_start_only_patience_that_ran_out_stops():
+    s = stopping(Scheme(partition=(1, 2)))
+    s.evaluated(REACHED, 8)  # (an elastic reset after a step evaluation): the agreement stops it
+    assert not s.decide_before_epochs().stop and s.decide_at_step().at_step
+    s = stopping()
+    s.best.stop_reason = "test_acc has not improved in 3 evaluations"  # read from the checkpoint
+    assert s.decide_before_epochs().why == EARLY_STOP
+
+
 def test_a_target_wins_over_patience_at_the_same_epoch_end():
     s = stopping(Scheme(partition=(0, 1)))
     s.best.stop_reason = "test_loss has not improved in 2 evaluations"
