@@ -95,7 +95,7 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
         checkpoint_path=finished.trainer.checkpointer.path if finished.trainer else (
             run_dir / "checkpoint.pt" if run_dir else None),
         model=finished.trainer.replica.model if finished.trainer else None,
-        preempted=finished.preempted)
+        preempted=finished.verdict.preempted)
 
 
 def _check_main_guard(cfg: Config, *datasets: Any) -> None:

@@ -115,7 +115,7 @@ def train(cfg: Config, workload, exiting: bool = False) -> int:
     if exiting:  # training is over: a late signal must not turn a finished run into a kill
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, signal.SIG_IGN)
-    if finished.preempted:  # the trainer printed where it stopped and how to continue
+    if finished.verdict.requeue:  # the trainer printed where it stopped and how to continue
         return 0 if _record_preemption() else EXIT_PREEMPTED
     report(finished.trainer)
     return 0
@@ -144,8 +144,8 @@ def _record_preemption() -> bool:
 def report(trainer) -> None:
     if trainer is None or not trainer.is_main:
         return
-    if trainer.target_stop:  # the last complete epoch line may be far behind (async)
-        print(f"done: reached the target ({trainer.target_stop}); log "
+    if trainer.stopping.verdict.target:  # the last complete epoch line may be far behind (async)
+        print(f"done: reached the target ({trainer.stopping.verdict.target}); log "
               f"{trainer.run_dir / 'metrics.jsonl'}, checkpoint {trainer.checkpointer.path}",
               flush=True)
         return

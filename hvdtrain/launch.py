@@ -67,7 +67,7 @@ class Finished:
     history: list = field(default_factory=list)  # loop.EpochResult per epoch
     run_dir: Path | None = None
     trainer: Any = None  # this process's loop.Trainer; None on a parameter server
-    preempted: str | None = None  # the stop signal that ended training early (exit 75)
+    verdict: Any = None  # loop.stopping.Verdict: whether, where and why training stopped early
 
 
 def run(cfg: Config, workload: Workload) -> Finished:
@@ -115,9 +115,9 @@ def _run_sync(cfg: Config, workload: Workload, model):
         raise
     finally:
         workload.close()
-    history, run_dir, preempted = scheme.broadcast_object(
-        (trainer.history, trainer.run_dir, trainer.preempted))
-    return Finished(history, run_dir, trainer, preempted)
+    history, run_dir, verdict = scheme.broadcast_object(
+        (trainer.history, trainer.run_dir, trainer.stopping.verdict))
+    return Finished(history, run_dir, trainer, verdict)
 
 
 def _run_async(cfg: Config, workload: Workload, model):
@@ -149,10 +149,10 @@ def _run_async(cfg: Config, workload: Workload, model):
             trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
             trainer.fit()
             workload.close()
-        history, run_dir, preempted = world.bcast(
-            (trainer.history, trainer.run_dir, trainer.preempted) if runtime.rank == 0 else None,
-            root=0)
-        return Finished(history, run_dir, trainer, preempted)
+        history, run_dir, verdict = world.bcast(
+            (trainer.history, trainer.run_dir, trainer.stopping.verdict) if runtime.rank == 0
+            else None, root=0)
+        return Finished(history, run_dir, trainer, verdict)
     except BaseException as e:  # never leave the other ranks waiting for this one
         code = failure_code(e)
         if code is None:

@@ -420,7 +420,7 @@ class Simulation:
         torch.set_rng_state(w.rng)
         grad, loss_sum, count = self.setup.model.gradient(x, y, clip)
         w.rng = torch.get_rng_state()
-        if not math.isfinite(loss_sum):  # where a real run's FiniteLossGuard ends it
+        if not math.isfinite(loss_sum):  # where a real run's stopping component ends it (its loss guard)
             per_epoch = self.steps_per_epoch
             raise TrainingError(f"loss became {loss_sum / count} on worker {w.rank} at epoch "
                                 f"{w.steps // per_epoch + 1}, step {w.steps % per_epoch + 1} "

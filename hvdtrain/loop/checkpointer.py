@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from .. import checkpoint
 from ..config import Config, ConfigError
+from ..models import count_parameters
 from ..run_lock import FolderLock
 from ..scheme import Progress, UpdateScheme
 from .hooks import TrainingError
@@ -46,6 +47,12 @@ def make_fresh_folder(folder: Path) -> Path:
         except FileExistsError:
             n += 1
             candidate = folder.with_name(f"{folder.name}-{n}")
+
+
+def run_identity(cfg: Config, workload, model) -> dict[str, Any]:
+    """What must match for a checkpoint to be loadable into this run."""
+    return {"mode": cfg.run.mode, "model": workload.name, **workload.identity(),
+            "num_parameters": count_parameters(model), "optimizer": cfg.optim.optimizer}
 
 
 class Checkpointer:

@@ -12,7 +12,7 @@ import torch
 
 from ..config import ConfigError, RunConfig
 from ..data.batches import BatchSource
-from ..scheme import BatchFeed, Progress
+from ..scheme import BatchFeed, Progress, UpdateScheme
 
 
 class EpochPlan:
@@ -54,6 +54,13 @@ class EpochPlan:
 
     def use_feed(self, feed: BatchFeed | None) -> None:
         self.feed = feed
+
+    def ask_for_feed(self, scheme: UpdateScheme) -> None:
+        """Where the data can be read in any order, the scheme may hand out the batches instead
+        (UpdateScheme.batch_feed)."""
+        if self.source.random_access:
+            self.use_feed(scheme.batch_feed(self.steps_per_epoch, self.run.epochs,
+                                            self.source.lookahead))
 
     def batches(self, progress: Progress) -> Iterator[tuple[Any, Any]]:
         """This worker's batches for the rest of the epoch under way."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..config import RunConfig
 from ..data.batches import BatchSource
 from ..scheme import UpdateScheme
+from .clock import TrainingClock
 from .run_log import EpochTotals, means
 
 EVAL_BATCH = 1024
@@ -31,6 +32,13 @@ class Evaluator:
         if not every or global_step // every <= before // every:
             return False
         return not (end_of_epoch and self.due(epoch))
+
+    def timed(self, clock: TrainingClock):
+        """(test figures, wall seconds when evaluated, training seconds by then), on ``clock``.
+        Inside scheme.evaluating(), nobody trains off that clock: waiting for a straggler is
+        training time."""
+        with self.scheme.evaluating():
+            return clock.timed(self.evaluate)
 
     def evaluate(self) -> tuple[float, dict[str, float | None]] | None:
         """(test loss, each metric) over the whole test split, or None where nothing is scored."""

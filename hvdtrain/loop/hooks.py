@@ -1,9 +1,9 @@
-"""Things that happen after every step, kept out of the loop: the straggler sleep and the
-finite-loss guard today; the next features (clipping reports, early stopping) add hooks here."""
+"""Things that happen after every step, kept out of the loop: the straggler sleep here, and the
+finite-loss guard of the stopping component (stopping.py); the next features (clipping reports)
+add hooks here."""
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -53,16 +53,5 @@ class Straggler(StepHook):
                 time.sleep(seconds)
 
 
-class FiniteLossGuard(StepHook):
-    """Stop at the first NaN or infinite loss, before it reaches a checkpoint."""
-
-    def after_step(self, step: StepResult) -> None:
-        if not math.isfinite(step.loss):
-            p = step.progress
-            raise TrainingError(f"loss became {step.loss} at epoch {p.epoch + 1}, step "
-                                f"{p.step + 1} (global step {p.global_step + 1}); lower --lr or "
-                                "check the data. The last checkpoint is kept unchanged.")
-
-
 def default_hooks(run: RunConfig) -> list[StepHook]:
-    return [Straggler(run.straggler, run.seed), FiniteLossGuard()]
+    return [Straggler(run.straggler, run.seed)]

@@ -1,5 +1,6 @@
 """What a run shows and records, on the main process: the progress bar, the epoch summary line,
-the JSONL log, and (with --log-steps) a line per step.
+and the log's lines (a header, then epoch, eval, stop and scheme lines, and with --log-steps a
+line per step), which go to the sinks of sinks.py: metrics.jsonl, and what else the run asks for.
 
 Figures are sums across workers. The async scheme sums them without blocking (a fast worker
 must not wait for a slow one's epoch), so a line is written once every worker has reported that
@@ -13,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..checkpoint import CHECKPOINT_NAME
-from ..run_output import JsonlLog, LogWriteError, ProgressBar
+from ..config import Config
+from ..run_output import ProgressBar, package_versions
+from ..models import count_parameters
 from ..replica import BatchStats
-from ..scheme import PendingSum, UpdateScheme
-from .hooks import TrainingError
-from .tensorboard import TensorBoardSink
+from ..scheme import PendingSum, Progress, UpdateScheme
+from .sinks import Sink, SinkFactory, close_all, default_sinks
 
 
 @dataclass
@@ -95,15 +96,15 @@ def means(vector: list[float], names: list[str]) -> tuple[float, dict[str, float
 
 class RunLog:
     def __init__(self, epochs: int, scheme: UpdateScheme, metric_names: list[str],
-                 is_main: bool, progress_bar: bool, log_steps: bool, tensorboard: bool = False):
+                 is_main: bool, progress_bar: bool, log_steps: bool,
+                 sinks: SinkFactory = default_sinks):
         self.epochs = epochs
         self.is_main = is_main
         self.scheme = scheme
         self.names = metric_names
         self.log_steps = log_steps
-        self.jsonl: JsonlLog | None = None
-        self.wants_tensorboard = tensorboard
-        self.tensorboard: TensorBoardSink | None = None
+        self.make_sinks = sinks  # sinks.build_sinks for the run's config
+        self.sinks: list[Sink] = []  # open on the main process only
         self.bar = ProgressBar(enabled=is_main and progress_bar)
         self.history: list[EpochResult] = []
         self.totals = EpochTotals(metric_names)
@@ -113,50 +114,35 @@ class RunLog:
         self._posted = 0  # sum_later calls so far
         self._last_step_line = -1  # the global step of the last step line (async)
 
-    # --- the file -------------------------------------------------------------------------------
-    def open(self, path: Path, append: bool, header: dict[str, Any], global_step: int = 0) -> None:
-        """global_step: where the run starts (a resumed run's checkpoint)."""
-        self.jsonl = JsonlLog(path, append=append)
-        self._write_line("header", header)
-        if self.wants_tensorboard:
-            self.tensorboard = TensorBoardSink(path.parent, first_step=global_step + 1)
+    # --- the sinks ------------------------------------------------------------------------------
+    def open(self, run_dir: Path, append: bool, header: dict[str, Any], global_step: int = 0,
+             announce: bool = False) -> None:
+        """global_step: where the run starts (a resumed run's checkpoint); announce: print what
+        runs where (run_header)."""
+        self.sinks = self.make_sinks(run_dir, append, global_step + 1)
+        self.write("header", **header)
+        if announce:
+            print(opening_line(header, run_dir), flush=True)
 
-    def follow_main(self, is_main: bool, path: Path, global_step: int | None = None) -> None:
+    def follow_main(self, is_main: bool, run_dir: Path, global_step: int | None = None) -> None:
         """After an elastic reset that lost rank 0, the new rank 0 continues the log (elastic
         requires a shared --run-dir), and a process that is no longer rank 0 stops writing."""
         self.is_main = is_main
-        if is_main and self.jsonl is None:
-            self.jsonl = JsonlLog(path, append=True)
-            if self.wants_tensorboard:
-                self.tensorboard = TensorBoardSink(
-                    path.parent, first_step=None if global_step is None else global_step + 1)
+        if is_main and not self.sinks:
+            self.sinks = self.make_sinks(run_dir, True,
+                                         None if global_step is None else global_step + 1)
             print(f"hvdtrain: this process is rank 0 now; it continues the log and the "
-                  f"checkpoints in {path.parent}", flush=True)
-        elif not is_main and self.jsonl is not None:
+                  f"checkpoints in {run_dir}", flush=True)
+        elif not is_main and self.sinks:
             self.close()
 
     def write(self, kind: str, **fields: Any) -> None:
-        if self.jsonl:
-            self._write_line(kind, fields)
-        if self.tensorboard:
-            self.tensorboard.record(kind, fields)
-
-    def _write_line(self, kind: str, fields: dict[str, Any]) -> None:
-        try:
-            self.jsonl.write(kind, **fields)
-        except LogWriteError as e:  # full disk, quota, lost mount: stop the way a checkpoint does
-            ckpt = self.jsonl.path.parent / CHECKPOINT_NAME
-            kept = (f"the last checkpoint {ckpt} is intact; free space and continue with "
-                    f"--resume {ckpt.parent}" if ckpt.exists() else "no checkpoint was written yet")
-            raise TrainingError(f"{e}; {kept}") from None
+        for sink in self.sinks:
+            sink.record(kind, fields)
 
     def close(self) -> None:
-        if self.jsonl:
-            self.jsonl.close()
-            self.jsonl = None
-        if self.tensorboard:
-            self.tensorboard.close()
-            self.tensorboard = None
+        sinks, self.sinks = self.sinks, []
+        close_all(sinks)
 
     # --- the epoch ------------------------------------------------------------------------------
     def start_epoch(self, epoch: int, steps: int) -> None:
@@ -234,6 +220,15 @@ class RunLog:
             else:
                 self._finish_epoch(values, record)
 
+    def finish(self, stopped_unevenly: bool) -> None:
+        """Where the epochs end: every line written, or with stopped_unevenly (the workers
+        agreed to stop after a step, and async ones may have stopped at different steps) those
+        that every worker added its share to (drain)."""
+        if stopped_unevenly:
+            self.drain()  # async: a worker that stopped sooner never adds its share
+        else:
+            self.flush(wait=True)
+
     def drain(self) -> None:
         """After a stop: write the lines whose sums every worker posted. An async worker that
         stopped early never adds its share to the later lines of the others, so those step and
@@ -283,3 +278,21 @@ def summary_line(result: EpochResult, epochs: int) -> str:
         parts += [f"test_{k}: {v:.4f}" for k, v in result.test_metrics.items() if v is not None]
     parts += [f"{result.samples_per_sec:,.0f} samples/s", f"lr: {result.lr:.4g}"]
     return " - ".join(parts)
+
+
+def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_per_epoch: int,
+               progress: Progress) -> dict[str, Any]:
+    """The log's first line: what runs where, and from which step."""
+    return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
+                launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
+                dataset=workload.describe(), model=workload.name,
+                num_parameters=count_parameters(replica.model), steps_per_epoch=steps_per_epoch,
+                resumed_from_epoch=progress.epoch, resumed_from_step=progress.step)
+
+
+def opening_line(header: dict[str, Any], run_dir: Path) -> str:
+    """What the main process prints as a run starts, from its header."""
+    return (f"hvdtrain: {header['config']['run']['mode']} training of {header['model']} "
+            f"({header['num_parameters']:,} parameters) on {header['dataset']}; "
+            f"{header['num_workers']} worker(s), launcher: {header['launcher']}, device: "
+            f"{header['device']}; logging to {run_dir}")

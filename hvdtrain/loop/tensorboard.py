@@ -1,4 +1,5 @@
-"""TensorBoard event files beside metrics.jsonl (``--tensorboard``), fed by the run log.
+"""TensorBoard event files beside metrics.jsonl (``--tensorboard``): a sink of the run log
+(sinks.py).
 
 Every line the run log writes becomes TensorBoard data at the run's global step, so the curves of
 a resumed run continue those of its first attempt. Tags are ``<line type>/<field>``, except that
@@ -30,8 +31,8 @@ def tag(kind: str, key: str) -> str:
 
 
 class TensorBoardSink:
-    """Writes the run log's step, epoch and scheme lines into event files in ``run_dir``. Only
-    the main process makes one, as it does the JSONL log.
+    """Writes the run log's step, epoch and scheme lines into event files in ``run_dir``; the
+    header, which describes the run, holds no figure to plot. Only the main process makes one.
 
     A write that fails (a full disk, a quota, a lost mount) stops the run as a failed write to
     metrics.jsonl does: a TrainingError saying what is intact. TensorBoard writes from a thread
@@ -55,7 +56,7 @@ class TensorBoardSink:
         self.step = first_step - 1 if first_step else 0  # the step of a line that has none
 
     def record(self, kind: str, fields: dict[str, Any]) -> None:
-        if self.failed:
+        if self.failed or kind == "header":
             return
         try:
             self._record(kind, fields)

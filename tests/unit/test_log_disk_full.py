@@ -86,7 +86,7 @@ def test_a_real_file_size_limit_leaves_only_whole_lines(tmp_path):
 
 def test_the_run_log_stops_training_with_what_is_intact(tmp_path, monkeypatch):
     log = RunLog(1, None, [], is_main=True, progress_bar=False, log_steps=True)
-    log.open(tmp_path / "metrics.jsonl", append=False, header={"config": {}})
+    log.open(tmp_path, append=False, header={"config": {}})
     _disk_with_room_for(monkeypatch, 10)
     with pytest.raises(TrainingError, match="no checkpoint was written yet"):
         log.write("step", step=1, loss=0.5)

@@ -47,7 +47,7 @@ class SlowSums(UpdateScheme):
 def test_drain_writes_the_held_evaluations_and_leaves_out_the_unsummed_lines(tmp_path, capsys):
     log = RunLog(epochs=3, scheme=NeverSummed(), metric_names=["acc"], is_main=True,
                  progress_bar=False, log_steps=False)
-    log.open(tmp_path / "metrics.jsonl", append=False, header={})
+    log.open(tmp_path, append=False, header={})
     log.evaluation(0, 4, (1.5, {"acc": 0.5}), wall_seconds=0.2, train_seconds=0.1)  # written now
     log.end_epoch(0, 8, 0.1, 2, None, 0.4, {})  # waits for the other worker's epoch sums
     log.evaluation(1, 12, (0.5, {"acc": 0.96}), wall_seconds=0.7, train_seconds=0.5)  # held
@@ -67,7 +67,7 @@ def test_drain_waits_for_the_sums_every_worker_posted_and_no_others(tmp_path, ca
     scheme = SlowSums()
     log = RunLog(epochs=3, scheme=scheme, metric_names=["acc"], is_main=True,
                  progress_bar=False, log_steps=False)
-    log.open(tmp_path / "metrics.jsonl", append=False, header={})
+    log.open(tmp_path, append=False, header={})
     log.end_epoch(0, 8, 0.1, 2, (1.0, {"acc": 0.7}), 0.4, {"train_seconds": 0.3})
     log.end_epoch(1, 16, 0.1, 2, (0.4, {"acc": 0.97}), 0.9, {"train_seconds": 0.6})
     log.drain()

@@ -472,7 +472,7 @@ def test_a_run_that_stops_at_the_target_ends_at_the_evaluation_that_reached_it(m
 
 
 def test_a_diverging_run_fails_as_a_real_one_would():
-    # A real worker's FiniteLossGuard ends the job at the first infinite or NaN loss.
+    # A real worker's loss guard (loop/stopping.py) ends the job at the first infinite or NaN loss.
     result = simulate_run(ASYNC, 2, "", 0, [*DIGITS, "--epochs", "1", "--lr", "1e10",
                                             "--warmup-epochs", "0"], 0.9, Timing(0.01))
     assert result.status == "failed" and "loss became" in result.reason

@@ -71,7 +71,7 @@ def test_an_epoch_evaluation_that_reaches_the_target_ends_the_run_after_its_epoc
     trainer = make_trainer(tmp_path / "run", epochs=8, checkpoint_every=0, stop_at=target)
     history = trainer.fit()
     assert [e.epoch for e in history] == list(range(1, reached["epoch"] + 1))
-    assert trainer.preempted is None  # exit 0, not 75
+    assert trainer.stopping.verdict.preempted is None  # exit 0, not 75
     saved = checkpoint.load(tmp_path / "run")  # written despite --checkpoint-every 0
     assert (saved["epoch"], saved["step"]) == (reached["epoch"], 0)
     epoch_line = lines(tmp_path / "run", "epoch")[-1]
@@ -101,7 +101,7 @@ def test_a_step_evaluation_that_reaches_the_target_stops_at_that_step(tmp_path, 
 
     trainer = make_trainer(tmp_path / "run", **options, stop_at=target)
     trainer.fit()
-    assert trainer.preempted is None
+    assert trainer.stopping.verdict.preempted is None
     evals = lines(tmp_path / "run", "eval")
     assert evals[-1]["step"] == reached["step"] and evals[-1][metric] == reached[metric]
     [stop] = lines(tmp_path / "run", "stop")
@@ -123,11 +123,12 @@ def test_a_stop_signal_at_the_same_step_wins(tmp_path):
     class SignalWithTheTarget:  # SIGTERM lands just as the target is reached
         @property
         def received(self):
-            return "SIGTERM" if trainer.target.reached else None
+            return "SIGTERM" if trainer.stopping.target.reached else None
 
-    trainer.signals = SignalWithTheTarget()
+    trainer.stopping.signals = SignalWithTheTarget()
     trainer.fit()
-    assert trainer.preempted == "SIGTERM" and trainer.target_stop is None  # exit 75, requeued
+    verdict = trainer.stopping.verdict
+    assert verdict.preempted == "SIGTERM" and verdict.target is None  # exit 75, requeued
     [stop] = lines(tmp_path, "stop")
     assert stop["reason"] == "preempted: SIGTERM"
 
@@ -135,7 +136,7 @@ def test_a_stop_signal_at_the_same_step_wins(tmp_path):
 def test_a_target_never_reached_trains_every_epoch(tmp_path):
     trainer = make_trainer(tmp_path, epochs=2, eval_every_steps=4, stop_at="test_acc>=1.5")
     assert [e.epoch for e in trainer.fit()] == [1, 2]
-    assert trainer.preempted is None and trainer.target_stop is None
+    assert trainer.stopping.verdict.preempted is None and trainer.stopping.verdict.target is None
     assert lines(tmp_path, "stop") == []
 
 
@@ -145,5 +146,5 @@ def test_a_target_reached_by_the_last_evaluation_is_no_early_stop(tmp_path):
     assert first["test_acc"] < last["test_acc"]
     trainer = make_trainer(tmp_path / "run", epochs=2, stop_at=f"test_acc>={last['test_acc']}")
     assert [e.epoch for e in trainer.fit()] == [1, 2]
-    assert trainer.target.reached is not None and trainer.target_stop is None
+    assert trainer.stopping.target.reached is not None and trainer.stopping.verdict.target is None
     assert lines(tmp_path / "run", "stop") == []

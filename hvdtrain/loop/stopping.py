@@ -1,0 +1,179 @@
+"""Whether a run stops before its epochs are done: one component, one verdict.
+
+Four things can end a run early, and each decides through this object:
+
+    signal           SIGTERM/SIGUSR1/SIGINT (preemption.py): a step checkpoint, exit 75 (requeue)
+    target           --stop-at reached (target.py): exit 0
+    early stop       --early-stop-patience ran out (best.py): after the epoch, exit 0
+    non-finite loss  a NaN or infinite loss: the TrainingError that ends the run, no checkpoint
+
+The trainer asks it after every step (decide_at_step: the stop agreement of the update scheme,
+so that every worker stops at a step they all agree on) and after every epoch
+(decide_at_epoch_end); the loss guard runs as a step hook. The verdict is what code outside
+the loop reads (launch.Finished, the CLI's exit code and closing line, api.FitResult).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config import RunConfig
+from ..scheme import Progress, UpdateScheme
+from .best import BestTracker
+from .checkpointer import Checkpointer
+from .clock import TrainingClock
+from .hooks import StepHook, StepResult, TrainingError
+from .preemption import StopSignals, process_signals
+from .run_log import RunLog
+from .target import TargetStop
+
+SIGNAL = "signal"
+TARGET = "target"
+EARLY_STOP = "early stop"
+NON_FINITE_LOSS = "non-finite loss"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Verdict() goes on. Picklable: worker 0's is given to every rank (launch.py)."""
+
+    why: str | None = None  # SIGNAL, TARGET, EARLY_STOP, NON_FINITE_LOSS; None: no early stop
+    detail: str = ""        # the signal's name, the target as reached, the early-stop reason...
+    at_step: bool = False   # stop after this step (a step checkpoint), else after this epoch
+    # The workers agreed on it after a step (UpdateScheme.agree_to_stop): async workers may stop
+    # at different steps, so the log writes only the lines every worker added its share to.
+    agreed: bool = False
+    clock: tuple[float, float] = (0.0, 0.0)  # (wall, training) seconds when a target stopped it
+
+    @property
+    def stop(self) -> bool:
+        return self.why is not None
+
+    @property
+    def requeue(self) -> bool:
+        """Preempted: the job exits EXIT_PREEMPTED (75) to be requeued; a target or an early
+        stop ends it for good (exit 0), and a non-finite loss raised a TrainingError."""
+        return self.why == SIGNAL
+
+    @property
+    def preempted(self) -> str | None:
+        """The stop signal that ended training early, or None."""
+        return self.detail if self.why == SIGNAL else None
+
+    @property
+    def target(self) -> str | None:
+        """The --stop-at target as it was reached, where it ended the run, or None."""
+        return self.detail if self.why == TARGET else None
+
+
+class Stopping(StepHook):
+    def __init__(self, run: RunConfig, scheme: UpdateScheme, checkpointer: Checkpointer,
+                 best: BestTracker, target: TargetStop, clock: TrainingClock,
+                 signals: StopSignals = process_signals):
+        self.epochs = run.epochs
+        self.scheme, self.checkpointer = scheme, checkpointer
+        self.best, self.target, self.clock = best, target, clock
+        self.signals = signals  # installed by launch.run; unset elsewhere (tests)
+        self.verdict = Verdict()
+
+    # --- the loop's questions -------------------------------------------------------------------
+    def after_step(self, step: StepResult) -> None:
+        """The loss guard, a step hook: a NaN or infinite loss ends the run here, before the
+        step reaches a checkpoint."""
+        if not math.isfinite(step.loss):
+            p = step.progress
+            self.verdict = Verdict(NON_FINITE_LOSS, (
+                f"loss became {step.loss} at epoch {p.epoch + 1}, step {p.step + 1} (global step "
+                f"{p.global_step + 1}); lower --lr or check the data. The last checkpoint is kept "
+                "unchanged."), at_step=True)
+            raise TrainingError(self.verdict.detail)
+
+    def evaluated(self, test: tuple[float, dict[str, float | None]] | None,
+                  global_step: int) -> None:
+        """After any evaluation: whether it reached the --stop-at target (TargetStop)."""
+        self.target.evaluated(test, global_step)
+
+    def decide_at_step(self) -> Verdict:
+        """After every step, collective: stop here if any worker has a stop signal or saw the
+        target reached."""
+        if self.scheme.agree_to_stop(self.signals.received is not None or
+                                     self.target.reached is not None):
+            self._agreed(at_step=True)
+        return self.verdict
+
+    def before_last_evaluation(self) -> None:
+        """Async: a worker that finished its epochs learns whether another one was stopped
+        (UpdateScheme.end_of_training); if so, it stops for the same reason as far as it can
+        tell. Asked before the last evaluation, which stopped nobody."""
+        if self.scheme.end_of_training():
+            self._agreed(at_step=False)
+
+    def decide_before_epochs(self) -> Verdict:
+        """Where the epochs start (again, after an elastic reset): a resumed run whose patience
+        ran out stops at once."""
+        if not self.verdict.stop and self.best.stop_reason:
+            self.verdict = Verdict(EARLY_STOP, self.best.stop_reason)
+        return self.verdict
+
+    def decide_at_epoch_end(self, progress: Progress, num_workers: int) -> Verdict:
+        """After an epoch and its evaluation. A target stops every worker here without a word
+        where every worker scored the evaluation (sync: all received the same sums); where
+        worker 0 judged alone (async), it tells the others through the next step's agreement.
+        A target or patience reached by the last epoch is no early stop: the run ends there
+        anyway. A target wins over patience that ran out at the same evaluation."""
+        if self.verdict.stop:
+            return self.verdict
+        partition = self.scheme.eval_partition
+        if (self.target.reached is not None and progress.epoch < self.epochs
+                and partition is not None and partition[1] == num_workers):
+            self.verdict = Verdict(TARGET, self.target.reached, clock=self.clock.now())
+        elif self.best.stop_reason:
+            self.verdict = Verdict(EARLY_STOP, self.best.stop_reason)
+        return self.verdict
+
+    def _agreed(self, at_step: bool) -> None:
+        """Why this process stops: its own stop signal, else the target that it saw reached,
+        else another worker's signal (or that worker's target: async workers that did not
+        evaluate cannot tell). A signal wins, so that a preempted job is requeued (exit 75); a
+        target ends it for good (exit 0). World rank 0's verdict is the job's (launch.py)."""
+        if self.signals.received is None and self.target.reached is not None:
+            self.verdict = Verdict(TARGET, self.target.reached, at_step, agreed=True,
+                                   clock=self.clock.now())
+        else:
+            self.verdict = Verdict(SIGNAL, self.signals.received or
+                                   "a stop signal on another worker", at_step, agreed=True)
+
+    # --- what the run shows -----------------------------------------------------------------------
+    def report(self, progress: Progress, log: RunLog) -> None:
+        """The "stop" line of the log, and (main process) a line that says what happened."""
+        reports = {SIGNAL: self._report_preemption, TARGET: self._report_target,
+                   EARLY_STOP: self._report_early_stop}
+        if self.verdict.why in reports:
+            reports[self.verdict.why](progress, log)
+
+    def _report_preemption(self, p: Progress, log: RunLog) -> None:
+        where = f"epoch {p.epoch + 1}, step {p.step}" if p.step else f"the end of epoch {p.epoch}"
+        log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.step,
+                  global_step=p.global_step, reason=f"preempted: {self.verdict.detail}")
+        if log.is_main:
+            print(f"hvdtrain: stopped by {self.verdict.detail} after {where} (global step "
+                  f"{p.global_step}); checkpoint {self.checkpointer.path}; continue with "
+                  f"--auto-resume --run-dir {self.checkpointer.run_dir}", flush=True)
+
+    def _report_target(self, p: Progress, log: RunLog) -> None:
+        wall, train = self.verdict.clock
+        # Stamped as the eval lines are (wall time, and training time without the evaluations).
+        log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.global_step,
+                  wall_seconds=round(wall, 4), train_seconds=round(train, 4),
+                  target=self.target.text, reason=f"reached the target: {self.verdict.detail}")
+        if log.is_main:
+            print(f"hvdtrain: reached the target {self.target.text} ({self.verdict.detail}); "
+                  f"stopped after global step {p.global_step}; checkpoint "
+                  f"{self.checkpointer.path}", flush=True)
+
+    def _report_early_stop(self, p: Progress, log: RunLog) -> None:
+        reason = f"stopped early after epoch {p.epoch}: {self.verdict.detail}"
+        log.write("stop", epoch=p.epoch, reason=reason)
+        if log.is_main:
+            print(f"hvdtrain: {reason}; the best model is in {self.best.path}", flush=True)

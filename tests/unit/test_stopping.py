@@ -1,0 +1,217 @@
+"""The stopping component (loop/stopping.py) on its own: each verdict, who wins when two reasons
+meet, what each means for the exit, and the stop line each writes. No trainer, no MPI: a scheme
+that answers the stop agreement as told."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from hvdtrain.config import RunConfig
+from hvdtrain.loop import TrainingError
+from hvdtrain.loop.clock import TrainingClock
+from hvdtrain.loop.hooks import StepResult
+from hvdtrain.loop.stopping import (EARLY_STOP, NON_FINITE_LOSS, SIGNAL, TARGET, Stopping,
+                                    Verdict)
+from hvdtrain.loop.target import TargetStop
+from hvdtrain.scheme import Progress
+
+REACHED = (0.1, {"acc": 0.95})  # an evaluation that reaches test_acc>=0.9
+SHORT = (0.1, {"acc": 0.5})
+
+
+class Scheme:
+    """Two workers. others_stop: another worker has a stop signal (the agreement says stop, and
+    at the end of training another worker was stopped); partition: who scored the evaluation."""
+
+    def __init__(self, others_stop=False, partition=(0, 2)):
+        self.others_stop, self.eval_partition = others_stop, partition
+
+    def agree_to_stop(self, wants):
+        return wants or self.others_stop
+
+    def end_of_training(self):
+        return self.others_stop
+
+
+class Signals:
+    received = None
+
+
+class Best:
+    stop_reason = None
+    path = "run/best.pt"
+
+
+class Checkpointer:
+    path, run_dir = "run/checkpoint.pt", "run"
+
+
+class Log:
+    is_main = True
+
+    def __init__(self):
+        self.lines = []
+
+    def write(self, kind, **fields):
+        self.lines.append((kind, fields))
+
+
+def stopping(scheme=None, epochs=4, stop_at="test_acc>=0.9"):
+    run = RunConfig(epochs=epochs, stop_at=stop_at)
+    clock = TrainingClock()
+    clock.start()
+    return Stopping(run, scheme or Scheme(), Checkpointer(), Best(),
+                    TargetStop(run, ["acc"], has_test_split=True), clock, signals=Signals())
+
+
+def test_nothing_to_stop_for_goes_on():
+    s = stopping()
+    s.evaluated(SHORT, 4)
+    assert s.decide_at_step() == Verdict()
+    assert s.decide_at_epoch_end(Progress(epoch=1), num_workers=2) == Verdict()
+    assert not Verdict().stop and not Verdict().requeue
+
+
+def test_a_signal_stops_at_the_step_and_requeues():
+    s = stopping()
+    s.signals.received = "SIGTERM"
+    verdict = s.decide_at_step()
+    assert (verdict.why, verdict.detail, verdict.at_step, verdict.agreed) == (
+        SIGNAL, "SIGTERM", True, True)
+    assert verdict.stop and verdict.requeue  # exit 75
+    assert (verdict.preempted, verdict.target) == ("SIGTERM", None)
+
+
+def test_another_workers_signal_stops_this_one_too():
+    verdict = stopping(Scheme(others_stop=True)).decide_at_step()
+    assert verdict.preempted == "a stop signal on another worker" and verdict.requeue
+
+
+def test_a_target_reached_at_a_step_stops_there_for_good():
+    s = stopping()
+    s.evaluated(REACHED, 12)
+    verdict = s.decide_at_step()
+    assert (verdict.why, verdict.at_step, verdict.agreed, verdict.requeue) == (
+        TARGET, True, True, False)  # exit 0
+    assert verdict.target == "test_acc 0.95 >= 0.9 at step 12" and verdict.preempted is None
+    wall, train = verdict.clock
+    assert 0 <= train <= wall < 60
+
+
+def test_a_signal_wins_over_a_target_at_the_same_step():
+    s = stopping()
+    s.evaluated(REACHED, 12)
+    s.signals.received = "SIGUSR1"
+    verdict = s.decide_at_step()
+    assert (verdict.why, verdict.preempted, verdict.requeue) == (SIGNAL, "SIGUSR1", True)
+
+
+def test_a_target_every_worker_judged_stops_after_the_epoch_without_an_agreement():
+    s = stopping(Scheme(partition=(1, 2)))  # sync: every worker scored a share
+    s.evaluated(REACHED, 8)
+    verdict = s.decide_at_epoch_end(Progress(epoch=2, global_step=8), num_workers=2)
+    assert (verdict.why, verdict.at_step, verdict.agreed, verdict.requeue) == (
+        TARGET, False, False, False)
+    assert s.decide_at_epoch_end(Progress(epoch=3), num_workers=2) is verdict  # it stays
+
+
+@pytest.mark.parametrize("partition", [(0, 1), None])
+def test_a_target_judged_by_one_worker_waits_for_the_next_steps_agreement(partition):
+    s = stopping(Scheme(partition=partition))  # async: worker 0 scored it all, worker 1 nothing
+    s.evaluated(REACHED if partition else None, 8)
+    assert not s.decide_at_epoch_end(Progress(epoch=2), num_workers=2).stop
+    assert s.decide_at_step().why == (TARGET if partition else None)
+
+
+def test_a_target_at_the_last_epoch_is_no_early_stop():
+    s = stopping(Scheme(partition=(0, 1)), epochs=2)
+    s.evaluated(REACHED, 8)
+    assert not s.decide_at_epoch_end(Progress(epoch=2), num_workers=1).stop
+
+
+def test_patience_that_ran_out_stops_after_the_epoch():
+    s = stopping()
+    s.best.stop_reason = "test_acc has not improved in 2 evaluations"
+    verdict = s.decide_at_epoch_end(Progress(epoch=2), num_workers=2)
+    assert (verdict.why, verdict.detail, verdict.at_step, verdict.requeue) == (
+        EARLY_STOP, "test_acc has not improved in 2 evaluations", False, False)
+
+
+def test_where_the_epochs_start_only_patience_that_ran_out_stops():
+    s = stopping(Scheme(partition=(1, 2)))
+    s.evaluated(REACHED, 8)  # (an elastic reset after a step evaluation): the agreement stops it
+    assert not s.decide_before_epochs().stop and s.decide_at_step().at_step
+    s = stopping()
+    s.best.stop_reason = "test_acc has not improved in 3 evaluations"  # read from the checkpoint
+    assert s.decide_before_epochs().why == EARLY_STOP
+
+
+def test_a_target_wins_over_patience_at_the_same_epoch_end():
+    s = stopping(Scheme(partition=(0, 1)))
+    s.best.stop_reason = "test_loss has not improved in 2 evaluations"
+    s.evaluated(REACHED, 8)
+    assert s.decide_at_epoch_end(Progress(epoch=2), num_workers=1).why == TARGET
+
+
+def test_a_worker_that_finished_learns_another_was_stopped():
+    s = stopping(Scheme(others_stop=True))
+    s.before_last_evaluation()
+    s.evaluated(REACHED, 16)  # the last evaluation stopped nobody
+    verdict = s.decide_at_epoch_end(Progress(epoch=4), num_workers=2)
+    assert (verdict.why, verdict.at_step, verdict.agreed) == (SIGNAL, False, True)
+    alone = stopping()  # nobody else was stopped
+    alone.before_last_evaluation()
+    assert not alone.verdict.stop
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_loss_raises_the_training_error(loss):
+    s = stopping()
+    step = StepResult(Progress(epoch=1, step=2, global_step=14), loss, 0.01)
+    with pytest.raises(TrainingError, match=rf"loss became {loss} at epoch 2, step 3 \(global "
+                                            r"step 15\); lower --lr or check the data"):
+        s.after_step(step)
+    assert (s.verdict.why, s.verdict.at_step, s.verdict.requeue) == (NON_FINITE_LOSS, True, False)
+    s = stopping()
+    s.after_step(StepResult(Progress(), 0.5, 0.01))
+    assert s.verdict == Verdict()
+
+
+def test_the_verdict_travels_to_every_rank():
+    verdict = Verdict(TARGET, "test_acc 0.95 >= 0.9 at step 12", True, True, (1.5, 1.0))
+    assert pickle.loads(pickle.dumps(verdict)) == verdict
+
+
+# --- the stop lines ----------------------------------------------------------------------------
+def test_each_verdict_writes_its_stop_line(capsys):
+    s, log = stopping(), Log()
+    s.signals.received = "SIGTERM"
+    s.decide_at_step()
+    s.report(Progress(epoch=1, step=3, global_step=11), log)
+    assert log.lines == [("stop", {"epoch": 2, "step": 3, "global_step": 11,
+                                   "reason": "preempted: SIGTERM"})]
+    assert ("hvdtrain: stopped by SIGTERM after epoch 2, step 3 (global step 11); checkpoint "
+            "run/checkpoint.pt; continue with --auto-resume --run-dir run") in capsys.readouterr().out
+
+    s, log = stopping(), Log()
+    s.evaluated(REACHED, 12)
+    s.decide_at_step()
+    s.report(Progress(epoch=1, step=4, global_step=12), log)
+    [(kind, fields)] = log.lines
+    assert (fields["epoch"], fields["step"], fields["target"], fields["reason"]) == (
+        2, 12, "test_acc>=0.9", "reached the target: test_acc 0.95 >= 0.9 at step 12")
+    assert fields["train_seconds"] <= fields["wall_seconds"]
+    assert "hvdtrain: reached the target test_acc>=0.9" in capsys.readouterr().out
+
+    s, log = stopping(), Log()
+    s.best.stop_reason = "no better"
+    s.decide_at_epoch_end(Progress(epoch=2), num_workers=2)
+    s.report(Progress(epoch=2), log)
+    assert log.lines == [("stop", {"epoch": 2, "reason": "stopped early after epoch 2: no better"})]
+    assert "the best model is in run/best.pt" in capsys.readouterr().out
+
+    s, log = stopping(), Log()
+    s.report(Progress(epoch=4), log)
+    assert log.lines == [] and capsys.readouterr().out == ""
