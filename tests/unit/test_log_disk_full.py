@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from hvdtrain import checkpoint, metrics
+from hvdtrain import checkpoint, run_output
 from hvdtrain.loop import TrainingError
 from hvdtrain.loop.run_log import RunLog
 from hvdtrain.run_output import JsonlLog, LogWriteError, read_jsonl
@@ -33,7 +33,7 @@ def _disk_with_room_for(monkeypatch, room: int) -> None:
         left[0] -= n
         return n
 
-    monkeypatch.setattr(metrics.os, "write", write)
+    monkeypatch.setattr(run_output.os, "write", write)
 
 
 def _lines_parse(path) -> list[dict]:
