@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config, ConfigError
-from .ps.protocol import Topology, check_backup_workers
+from .ps.protocol import Topology
+from .rules.backup import check_backup_workers
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,12 @@ from ..replica import BatchStats, Replica
 from ..runtime import Runtime
 from ..scheme import BatchFeed, PendingSum, UpdateScheme
 from ..precision import PushGate
+from ..rules.backup import check_backup_workers
+from ..rules.registry import server_rules
 from .device_copies import copies_for
 from .dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
 from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
-                       Tag, Topology, check_backup_workers, chunk_bounds, chunk_elements,
-                       make_header, shard_bounds)
+                       Tag, Topology, chunk_bounds, chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 
@@ -88,12 +89,9 @@ class ParameterServerClient(UpdateScheme):
 
     @property
     def lr_scale(self) -> float:
-        # BSP applies the mean of all workers' gradients, like sync training, so it takes the
-        # same linearly scaled rate; with backup workers a round averages N-b gradients.
-        # Asynchronous updates apply each worker's gradient alone.
-        if self.cfg.ps.bsp:
-            return float(self.topology.num_workers - self.backup_workers)
-        return 1.0
+        # The server's round policy says (rules/bsp.py, rules/ssp.py).
+        num_workers = self.topology.num_workers
+        return server_rules(self.cfg.ps, num_workers).policy.lr_scale(num_workers)
 
     def workers(self) -> tuple[int, int]:
         return self.worker_rank, self.topology.num_workers

@@ -18,8 +18,11 @@ import pytest
 
 from hvdtrain.config import Config, ConfigError
 from hvdtrain.ps import server as server_module
+from hvdtrain.ps import shard as shard_module
 from hvdtrain.ps.protocol import (NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, Topology,
-                                  bsp_quorum, check_backup_workers, make_header, shard_bounds)
+                                  make_header, shard_bounds)
+from hvdtrain.rules.backup import check_backup_workers
+from hvdtrain.rules.bsp import bsp_quorum
 
 REPLIES = (Tag.READY, Tag.PARAMS, Tag.ACK)
 
@@ -61,10 +64,10 @@ class Job:
     plain arrays, as they would in the shared-memory window."""
 
     def __init__(self, monkeypatch, workers: int, backup: int, servers: int = 1, total: int = 6,
-                 seed: int = 0):
+                 seed: int = 0, bsp: bool = True):
         self.topology = Topology(workers + servers, servers)
         cfg = Config()
-        cfg.ps.bsp, cfg.ps.backup_workers, cfg.ps.num_servers = True, backup, servers
+        cfg.ps.bsp, cfg.ps.backup_workers, cfg.ps.num_servers = bsp, backup, servers
         cfg.optim.momentum = 0.0  # plain SGD: p -= lr * mean gradient, easy to recompute
         self.bounds = shard_bounds(total, servers)
         self.segments = {w: np.zeros(total, np.float32) for w in range(workers)}
@@ -85,7 +88,7 @@ class Job:
             def sync(self):
                 pass
 
-        monkeypatch.setattr(server_module, "HostWindow", Window)
+        monkeypatch.setattr(shard_module, "HostWindow", Window)
         monkeypatch.setitem(sys.modules, "mpi4py", SimpleNamespace(MPI=FakeMPI))
         self.outbox: list[tuple[int, Tag]] = []       # server -> worker messages
         self.sent: list[tuple[int, Tag, object]] = []  # ... all of them, with their payloads
@@ -97,7 +100,7 @@ class Job:
         for rank, (a, b) in zip(self.topology.server_ranks(), self.bounds):
             server = server_module.ParameterServer(FakeComm(rank, self), cfg, self.topology)
             server._allocate(total)
-            server.params.numpy()[:] = self.initial[a:b]
+            server.shard.params.numpy()[:] = self.initial[a:b]
             self.servers.append(server)
 
     def post(self, source: int, dest: int, tag: Tag, payload) -> None:
@@ -135,7 +138,7 @@ class Job:
         return replied(self.send(worker, Kind.PUSH, flags=flags, lr=lr))
 
     def params(self, server: int = 0) -> np.ndarray:
-        return self.servers[server].params.numpy().copy()
+        return self.servers[server].shard.params.numpy().copy()
 
 
 def replied(messages) -> set[int]:
@@ -205,7 +208,8 @@ def test_a_round_closes_at_n_minus_b_and_drops_the_late_gradient(monkeypatch):
     assert job.push(2, g[2], lr=lr) == {2}
     np.testing.assert_array_equal(job.params(), after_first.astype(np.float32))
     server = job.servers[0]
-    assert server.dropped_gradients == 1 and server.pulled_version[2] == server.version == 1
+    assert server.stats.dropped_gradients == 1
+    assert server.versions.pulled[2] == server.versions.version == 1
     # Now it is fresh: it joins the next round, which worker 0 closes; worker 1 is late.
     assert job.push(2, g[2], lr=lr) == set()
     assert job.push(0, g[0], lr=lr) == {0, 2}
@@ -237,7 +241,7 @@ def test_a_push_without_gradient_counts_for_the_quorum_but_is_never_dropped(monk
     job = Job(monkeypatch, workers=2, backup=1)
     g = gradients(job)
     assert job.push(0, None) == {0}  # a round of one skipped fp16 step: nothing to apply
-    assert job.servers[0].version == 0
+    assert job.servers[0].versions.version == 0
     assert job.push(1, g[1]) == {1}  # still fresh: the parameters did not change
     assert job.push(0, None) == {0}  # late, but it carries no gradient to drop
     stats = job.servers[0].statistics()
@@ -312,14 +316,15 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
     rounds = defaultdict(list)  # server -> (members in order, rate) of each round it closed
 
     for s, server in enumerate(job.servers):  # every applied gradient must be fresh
-        def checked(original=server._finish_round, s=s, server=server):
+        def checked(original=server.pushes._finish, s=s, server=server):
             for w in server.pending:
-                assert pool[w].version[s] == server.version, (
+                assert pool[w].version[s] == server.versions.version, (
                     f"server {s} applies worker {w}'s gradient computed on version "
-                    f"{pool[w].version[s]}, its parameters are at {server.version}")
-            rounds[s].append((list(server.pending), server.lr if server.round_gradients else None))
+                    f"{pool[w].version[s]}, its parameters are at {server.versions.version}")
+            rounds[s].append((list(server.pending),
+                              server.pushes.lr if server.pushes.round.gradients else None))
             original()
-        server._finish_round = checked
+        server.pushes._finish = checked
 
     def send(worker: Worker, kind: Kind, flags: int = 0, to=ranks):
         header = make_header(kind, clock=1, lr=rnd.choice([0.5, 1.0]), flags=flags,
@@ -338,7 +343,7 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
         for dest, tag in job.handle(rank, source, header):
             if tag in REPLIES:
                 pool[dest].waiting.discard(s)
-                pool[dest].version[s] = job.servers[s].version
+                pool[dest].version[s] = job.servers[s].versions.version
             elif tag == Tag.STOP:
                 pool[dest].stops.add(s)
 
@@ -378,9 +383,11 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
     while not all(p.state == "done" for p in pool) or any(job.queues.values()):
         moves = [("deliver", key) for key, q in job.queues.items() if q]
         moves += [("act", p) for p in pool if can_act(p)]
+        servers_now = [(s.pushes.round.pushes, s.policy.quorum(s.clocks), len(s.verdicts.queue))
+                       for s in job.servers]
         assert moves, (
             f"hang: workers {[(p.index, p.state, sorted(p.waiting)) for p in pool]}, servers "
-            f"{[(s.round_count, s._round_quorum(), len(s.verdicts)) for s in job.servers]}")
+            f"{servers_now}")
         what, arg = rnd.choice(moves)
         deliver(*arg) if what == "deliver" else act(arg)
     assert not any(job.payloads.values())
@@ -416,7 +423,8 @@ def test_shards_that_decided_their_rounds_alone_would_hang(monkeypatch):
 
     def on_its_own(self, *args, **kwargs):
         build(self, *args, **kwargs)
-        self.is_leader, self.followers = True, []
+        self.verdicts.is_leader, self.verdicts.followers = True, []
+        self.verdicts.follows = False
 
     monkeypatch.setattr(server_module.ParameterServer, "__init__", on_its_own)
     hangs = 0
@@ -434,9 +442,8 @@ def test_a_pause_charges_each_worker_the_time_it_computed_during_the_evaluation(
     # (its reply is held), worker 2 is still computing at the end, worker 3 waits for the
     # others (IDLE) all along. As if the job had frozen: worker 1 owes 0.03 s, worker 2 0.2 s
     # (with its next reply), worker 3 nothing; each debt goes out before its reply.
-    job = Job(monkeypatch, workers=4, backup=0)
+    job = Job(monkeypatch, workers=4, backup=0, bsp=False)
     server = job.servers[0]
-    server.bsp = False
     job.send(3, Kind.IDLE, now=0.5)
     job.send(0, Kind.PAUSE, now=1.0)
     job.sent.clear()
@@ -455,7 +462,7 @@ def test_a_pause_charges_each_worker_the_time_it_computed_during_the_evaluation(
     to_2 = [(tag, payload) for dest, tag, payload in job.sent if dest == 2]
     assert to_2[0][0] == Tag.DEBT and to_2[0][1][0] == pytest.approx(0.2)
     assert not [m for m in job.sent if m[0] in (0, 3) and m[1] == Tag.DEBT]
-    assert server.debt_seconds == pytest.approx(0.23)
+    assert server.pauses.debt_seconds == pytest.approx(0.23)
     # the next pause charges anew; a worker's debts are paid once
     job.sent.clear()
     assert replied(job.handle(job.topology.server_ranks()[0], 2, header, now=1.3)) == {2}
