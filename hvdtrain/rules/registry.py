@@ -62,9 +62,11 @@ class Mode:
         Config.validate refuses the same combinations."""
         if not self.is_async:
             return {"mode": "sync", "local_steps": self.local_steps}
-        return {"mode": "async", "staleness": self.staleness, "bsp": self.bsp,
-                "backup_workers": self.backup_workers, "dc_lambda": self.dc_lambda,
-                "staleness_lr": self.staleness_lr}
+        # --bsp rounds have no staleness bound: its flags leave --staleness alone, and so do
+        # these options (the round policy never reads it).
+        return {"mode": "async", **({} if self.bsp else {"staleness": self.staleness}),
+                "bsp": self.bsp, "backup_workers": self.backup_workers,
+                "dc_lambda": self.dc_lambda, "staleness_lr": self.staleness_lr}
 
     def server_rules(self, num_workers: int) -> ServerRules:
         """The rule objects of this mode's parameter server (async modes)."""
