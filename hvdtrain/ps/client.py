@@ -402,7 +402,7 @@ class ParameterServerClient(UpdateScheme):
         would never join, so tell server 0, which decides every shard's rounds, not to count
         on it until its next push. Plain --bsp needs no such message: its workers never drift
         apart. With --eval-pauses-workers every server is told, so that an evaluation's pause
-        charges a waiting worker nothing (server._resume)."""
+        charges a waiting worker nothing (pauses.EvalPauses.resume)."""
         if not self._started:
             return
         bounded = not self.cfg.ps.bsp and self.cfg.ps.staleness != float("inf")
@@ -454,7 +454,7 @@ class ParameterServerClient(UpdateScheme):
         sleeps (_receive_debt): as if the job froze, so that nobody trains during an
         evaluation, as in sync mode."""
         if self._started and self.eval_partition is not None:
-            self._tell_servers(Kind.QUIET)  # a long evaluation is no hang (server._check_silence)
+            self._tell_servers(Kind.QUIET)  # a long evaluation is no hang (silence.py)
         if not (self.cfg.ps.eval_pauses_workers and self._started and
                 self.eval_partition is not None):
             yield
