@@ -15,13 +15,13 @@ class AsyncPushes:
         self.server = server
 
     def on_signal(self) -> None:
-        self.server._begin_stop()
+        self.server.begin_stop()
 
     def push(self, worker: int, lr: float, want_params: bool, wants_stop: bool,
              has_gradient: bool) -> None:
         server = self.server
         if wants_stop:
-            server._begin_stop()
+            server.begin_stop()
         # Once stopping, nobody waits for a worker that may already have stopped.
         reply_now = server.stopping or server.policy.may_reply(server.clocks, worker)
         # Send each chunk back as soon as it is updated (unless the reply is held: a pause).
@@ -30,7 +30,7 @@ class AsyncPushes:
             self._apply(worker, lr, stream)
         if not (has_gradient and stream):
             if reply_now:
-                server._reply(worker, want_params)
+                server.reply(worker, want_params)
             else:
                 server.pending[worker] = want_params
         self.release()
@@ -57,14 +57,14 @@ class AsyncPushes:
         server.versions.updated()
         if stream:
             server.MPI.Request.Waitall(sends)
-            server._mark_pulled(worker)
+            server.mark_pulled(worker)
 
     def release(self) -> None:
         server = self.server
         held = list(server.pending) if server.stopping else \
             server.policy.released(server.clocks, server.pending)
         for worker in held:
-            server._reply(worker, server.pending.pop(worker))
+            server.reply(worker, server.pending.pop(worker))
 
 
 class RoundPushes:
@@ -93,7 +93,7 @@ class RoundPushes:
             return
         if server.policy.is_late(server.versions, worker):
             if wants_stop:  # no round of its own to carry the stop to the others
-                server._begin_stop()
+                server.begin_stop()
             server.verdicts.tell(Kind.DROP, [worker], wants_stop, server.versions.version)
             self._drop_late(worker, want_params, has_gradient)
             return
@@ -110,7 +110,7 @@ class RoundPushes:
         for kind, workers, stop in self.server.verdicts.ready():
             if kind == Kind.DROP:
                 if stop:
-                    self.server._begin_stop()
+                    self.server.begin_stop()
                 want_params, has_gradient, _ = arrived.pop(workers[0])
                 self._drop_late(workers[0], want_params, has_gradient)
                 continue
@@ -137,7 +137,7 @@ class RoundPushes:
         if has_gradient:
             server.shard.discard_gradient(worker)
             server.stats.dropped()
-        server._reply(worker, want_params)
+        server.reply(worker, want_params)
 
     def _finish(self) -> None:
         server = self.server
@@ -150,10 +150,10 @@ class RoundPushes:
             server.versions.updated()
         self.round.clear()
         if self.stops:  # every worker stops after this same round
-            server._begin_stop()
+            server.begin_stop()
         for w, want in sorted(server.pending.items()):
             server.versions.replied_to_push(w)
-            server._reply(w, want)
+            server.reply(w, want)
         server.pending.clear()
 
     def release(self) -> None:

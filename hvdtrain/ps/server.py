@@ -188,7 +188,7 @@ class ParameterServer:
         return (f"parameter server {self.index}: no request from any worker (pushes so far: "
                 f"{clocks}{held}{idle}{self.verdicts.describe()})")
 
-    def _begin_stop(self) -> None:
+    def begin_stop(self) -> None:
         """Tell every worker still training to stop after its current step. Sent before the
         replies that follow, so a worker that has its reply has this message too (Open MPI
         delivers one sender's messages in order)."""
@@ -201,7 +201,7 @@ class ParameterServer:
         self._send_all(self.pauses.release())  # nobody waits for an evaluation once stopping
 
     # --- replies -------------------------------------------------------------------------------
-    def _reply(self, worker: int, want_params: bool) -> None:
+    def reply(self, worker: int, want_params: bool) -> None:
         if self.pauses.holds(worker, self.stopping):
             self.pauses.held[worker] = want_params
             return
@@ -213,13 +213,13 @@ class ParameterServer:
 
     def _send_all(self, replies: dict[int, bool]) -> None:
         for worker, want_params in sorted(replies.items()):
-            self._reply(worker, want_params)
+            self.reply(worker, want_params)
 
     def _send_params(self, worker: int) -> None:
         self.shard.send_all(self.MPI, worker)
-        self._mark_pulled(worker)
+        self.mark_pulled(worker)
 
-    def _mark_pulled(self, worker: int) -> None:
+    def mark_pulled(self, worker: int) -> None:
         self.versions.received(worker)
         self.step.received(worker, self.shard.params.numpy())
 
