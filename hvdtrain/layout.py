@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import Config, ConfigError
-from .ps.protocol import check_backup_workers
+from .rules.backup import check_backup_workers
 
 
 @dataclass(frozen=True)

@@ -2,86 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from dataclasses import dataclass, field
 
-
-@dataclass(frozen=True)
-class Mode:
-    """One row of the comparison: an update scheme and its settings, as ``hvdtrain train``
-    flags. The simulator (simulate.py) reads the same fields, so a mode means one thing in
-    both."""
-
-    name: str                    # sync, local4, async, ssp2, backup1, async-slr, dcasgd, ...
-    scheme: str = "async"        # "sync" (Horovod) or "async" (parameter server)
-    staleness: float = math.inf  # async: the SSP bound; 0 with bsp
-    bsp: bool = False            # async: lock-step rounds through the server
-    backup_workers: int = 0      # bsp: rounds close with the first N-b gradients
-    staleness_lr: bool = False   # async: each step scaled by 1/max(1, staleness)
-    dc_lambda: float = 0.0       # async: DC-ASGD delay compensation
-    local_steps: int = 1         # sync: average the models every H steps (local SGD)
-
-    @property
-    def is_async(self) -> bool:
-        return self.scheme == "async"
-
-    def train_flags(self) -> list[str]:
-        if not self.is_async:
-            return ["--mode", "sync", *(["--local-steps", str(self.local_steps)]
-                                        if self.local_steps != 1 else [])]
-        # Nobody trains while worker 0 evaluates, as in sync mode: the time to target is read
-        # on worker 0's training clock, which leaves the evaluations out.
-        if self.bsp:
-            return ["--mode", "async", "--eval-pauses-workers", "--bsp", "--backup-workers",
-                    str(self.backup_workers)]
-        bound = "inf" if math.isinf(self.staleness) else str(int(self.staleness))
-        flags = ["--mode", "async", "--eval-pauses-workers", "--staleness", bound]
-        if self.staleness_lr:
-            flags.append("--staleness-lr")
-        if self.dc_lambda:
-            flags += ["--dc-lambda", f"{self.dc_lambda:g}"]
-        return flags
-
-
-MODE_NAMES = "sync, local, async, ssp, backup, async-slr, dcasgd"
-DC_LAMBDA = 0.04  # the DC-ASGD strength the comparison uses (Zheng et al. 2017's default range)
-
-
-def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),
-          local_steps: list[int] = (4,)) -> list[Mode]:
-    """The named modes; ``ssp``, ``backup`` and ``local`` expand to one mode per staleness
-    bound, number of backup workers and number of local steps."""
-    out: list[Mode] = []
-    expand = {"ssp": (bounds, "--staleness-bounds", "a bound, e.g. 2"),
-              "backup": (backups, "--backup-workers", "a number, e.g. 1"),
-              "local": (local_steps, "--local-steps", "a number of steps, e.g. 4")}
-    for name in names:
-        if name in expand and not expand[name][0]:
-            _, flag, example = expand[name]
-            raise ValueError(f"{flag}: {name} needs at least {example}")
-        if name == "sync":
-            out.append(Mode("sync", scheme="sync"))
-        elif name == "local":
-            out += [Mode(f"local{h}", scheme="sync", local_steps=h) for h in local_steps]
-        elif name == "async":
-            out.append(Mode("async"))
-        elif name == "ssp":
-            out += [Mode(f"ssp{b}", staleness=float(b)) for b in bounds]
-        elif name == "backup":
-            out += [Mode(f"backup{b}", staleness=0.0, bsp=True, backup_workers=b)
-                    for b in backups]
-        elif name == "async-slr":
-            out.append(Mode("async-slr", staleness_lr=True))
-        elif name == "dcasgd":
-            out.append(Mode("dcasgd", dc_lambda=DC_LAMBDA))
-        else:
-            raise ValueError(f"--modes: unknown mode {name!r}; use any of {MODE_NAMES}")
-    if not out:
-        raise ValueError(f"--modes: no mode given, so the plan is empty; name one or more of "
-                         f"{MODE_NAMES}")
-    return out
+# The modes' names, flags, options and rules have one table: rules/registry.py.
+from ..rules.registry import DC_LAMBDA, MODE_NAMES, Mode, modes  # noqa: F401
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ many workers it saturates as a real one does.
                 as in sync.py a round also ends at an evaluation or an epoch's end, where the
                 optimizer state is averaged too
     async, SSP  an event queue by completion time; the server applies each gradient on arrival
-                at lr; SSP holds back a worker more than s pushes ahead (protocol.may_proceed);
-                --staleness-lr and DC-ASGD as ps/server.py applies them
+                at lr; SSP holds back a worker more than s pushes ahead; --staleness-lr and
+                DC-ASGD: the real server's rule objects (rules/), driven on the virtual clock
     bsp/backup  rounds through the server at lr * (N - b) (ps/client.py); with b backup workers
                 a round closes with the first N-b gradients computed on its parameters, and a
                 later one is dropped, its worker going on from the new parameters
@@ -58,10 +58,13 @@ from ..loop.hooks import TrainingError
 from ..optim import build_optimizer, learning_rate, set_learning_rate
 from ..precision import Precision
 from ..ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
-from ..ps.protocol import (bsp_quorum, chunk_bounds, chunk_elements, delay_compensate,
-                           may_proceed, staleness_lr_factor)
+from ..ps.protocol import chunk_bounds, chunk_elements
 from ..ps.shard_optimizer import ShardOptimizer
 from ..replica import Replica
+from ..rules.accumulator import RoundSum
+from ..rules.clocks import Versions, WorkerClocks
+from ..rules.registry import server_rules
+from ..rules.statistics import RuleStatistics
 from ..scheme import Progress
 from ..stragglers import StragglerModel, _uniform, parse_straggler
 from .plan import Mode
@@ -269,13 +272,8 @@ def config_from_train_args(train_args: Sequence[str], overrides: dict) -> Config
 
 
 def _mode_options(mode: Mode) -> dict:
-    """The Config options a real run of ``mode`` sets (Mode.train_flags), so that
-    Config.validate refuses the same combinations."""
-    if not mode.is_async:
-        return {"mode": "sync", "local_steps": mode.local_steps}
-    return {"mode": "async", "staleness": mode.staleness, "bsp": mode.bsp,
-            "backup_workers": mode.backup_workers, "dc_lambda": mode.dc_lambda,
-            "staleness_lr": mode.staleness_lr}
+    """The Config options a real run of ``mode`` sets (the registry's Mode.config_options)."""
+    return mode.config_options()
 
 
 def _average_into(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -590,32 +588,34 @@ class _ServerRun:
     later, and the server, a queue, takes ``apply_seconds`` per gradient in arrival order.
     The reply carries the weights right after that update (the server streams them back);
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
-    computes its next step on those weights."""
+    computes its next step on those weights.
+
+    What a push does is the real server's rules (rules/registry.server_rules on the run's
+    Config): the same round policy, apply step, round sum and statistics objects."""
 
     ARRIVE, DONE = 0, 1
 
     def __init__(self, sim: Simulation):
         self.sim = sim
-        self.mode = sim.mode
         self.timing = sim.timing
         cfg = sim.setup.cfg
         self.params = sim.setup.model.flat.clone()  # the server's weights
         self.optimizer = ShardOptimizer(self.params, sim.chunks, cfg.optim)
-        self.version = 0
+        rules = server_rules(cfg.ps, sim.num_workers)
+        self.policy, self.step = rules.policy, rules.step
+        self.clocks, self.versions = WorkerClocks(sim.num_workers), Versions(sim.num_workers)
+        self.stats = RuleStatistics(sim.staleness)
+        self.round = RoundSum(self.params.numel()) if self.policy.lock_step else None
+        self.round_lr = 0.0  # the server steps with the last pusher's rate
         self.free_at = 0.0                          # when the server finishes its queue
-        self.clocks: list[float] = [0] * sim.num_workers
-        self.pending: list[_Worker] = []            # replies held back (SSP) or in a round (BSP)
-        self.round_sum = torch.zeros_like(self.params)  # BSP: this round's fresh gradients
-        self.round_count = 0
-        self.round_lr = 0.0
+        self.held: dict[int, _Worker] = {}          # replies held back (SSP) or in a round (BSP)
         # As ps/client.py: a round averages N-b gradients, so it takes N-b times the rate; an
         # asynchronous update applies one worker's gradient alone.
-        self.lr_scale = float(sim.num_workers - self.mode.backup_workers) if self.mode.bsp \
-            else 1.0
+        self.lr_scale = self.policy.lr_scale(sim.num_workers)
         self.events: list[tuple[float, float, int, int]] = []
         # Without lock-step rounds the job's plan is handed out to whoever asks, as server 0
         # does (ps/dispatch.py); rounds keep each worker's own share (client.batch_feed).
-        self.dispatcher = None if self.mode.bsp else BatchDispatcher(SlotPlan(
+        self.dispatcher = None if self.policy.lock_step else BatchDispatcher(SlotPlan(
             sim.steps_per_epoch, sim.num_workers, cfg.run.epochs))
 
     def run(self) -> None:
@@ -649,7 +649,10 @@ class _ServerRun:
         """``w`` receives the server's weights at ``at``, sleeps its delay, starts its next
         step (or is done after its last)."""
         w.params = self.params.clone()
-        w.pulled_version = self.version
+        w.pulled_version = self.versions.version
+        self.versions.received(w.rank)  # every reply here is a push's, with the weights
+        self.versions.replied_to_push(w.rank)
+        self.step.received(w.rank, self.params.numpy())
         start = at
         if not first:
             start += self.sim._delay(w, w.steps - 1, at - w.started)
@@ -668,93 +671,87 @@ class _ServerRun:
     def _hand_out(self, w: _Worker) -> None:
         w.slot = self.dispatcher.take(w.rank)
         w.piece = None if w.slot == NO_SLOT else self.dispatcher.plan.locate(w.slot)
+        if self.dispatcher.finished_pushing(w.rank):  # as server 0: nobody waits for its clock
+            self.clocks.finished.add(w.rank)
 
     def _arrive(self, w: _Worker, at: float) -> None:
         # The worker's schedule, in its header: its own steps, or the job's position (async).
         lr = self.sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
         grad = self.sim._gradient(w, w.params)
-        self.clocks[w.rank] = w.steps
         if self.dispatcher is not None:  # server 0 takes the push's slot, hands out the next
             self.dispatcher.complete(w.slot)
             self._hand_out(w)
-        if self.mode.bsp:
-            self._arrive_in_round(w, at, grad, lr)
+        self.stats.pushed(True)
+        self.clocks.push(w.rank, w.steps)
+        if self.policy.lock_step:
+            self._arrive_in_round(w, at, grad.numpy(), lr)
         else:
-            self._apply_now(w, at, grad, lr)
+            self._apply_now(w, at, grad.numpy(), lr)
             self.sim._maybe_evaluate(self.free_at, self.params)
         self.sim.now = max(self.sim.now, self.free_at)
 
-    def _apply_now(self, w: _Worker, at: float, grad: torch.Tensor, lr: float) -> None:
-        """ps/server.py _push: staleness, --staleness-lr, DC-ASGD, the update, SSP's rule."""
-        reply_now = may_proceed(w.steps, self.clocks, self.mode.staleness)
-        staleness = self.version - w.pulled_version
-        self.sim.staleness[staleness] += 1
-        if self.mode.staleness_lr:
-            lr *= staleness_lr_factor(staleness)
-        if self.mode.dc_lambda:  # w.params: the weights this worker last received
-            with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: see _gradient
-                delay_compensate(grad.numpy(), self.mode.dc_lambda, self.params.numpy(),
-                                 w.params.numpy())
-        _apply(self.optimizer, self.sim.chunks, grad, lr)
-        self.version += 1
+    def _apply_now(self, w: _Worker, at: float, grad: np.ndarray, lr: float) -> None:
+        """ps/pushes.py AsyncPushes: the policy's reply, the apply step (staleness weight,
+        DC-ASGD), the update."""
+        reply_now = self.policy.may_reply(self.clocks, w.rank)
+        staleness = self.versions.staleness(w.rank)
+        lr, factor = self.step.rate(lr, staleness)
+        self.stats.applied(staleness, factor)
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: see _gradient
+            self.step.apply_all(self.optimizer, grad, lr, worker=w.rank)
+        self.versions.updated()
         self.sim._changed = True
         done = self._serve(at, self.timing.apply_seconds)
         self._record(w, done, staleness)
         if reply_now:
             self._reply(w, done)
         else:
-            self.pending.append(w)
+            self.held[w.rank] = w
         self._release(done)
 
     def _release(self, at: float) -> None:
-        """SSP: reply to the held-back workers that may now go on (server._release_pending)."""
-        for w in list(self.pending):
-            if may_proceed(self.clocks[w.rank], self.clocks, self.mode.staleness):
-                self.pending.remove(w)
-                self._reply(w, at)
+        """SSP: reply to the held-back workers that may now go on (AsyncPushes.release)."""
+        for rank in self.policy.released(self.clocks, list(self.held)):
+            self._reply(self.held.pop(rank), at)
 
-    def _arrive_in_round(self, w: _Worker, at: float, grad: torch.Tensor, lr: float) -> None:
+    def _arrive_in_round(self, w: _Worker, at: float, grad: np.ndarray, lr: float) -> None:
         """--bsp: a gradient computed on this round's weights joins the round; one computed on
         older weights (a late backup worker's) is dropped, and its worker goes on at once
         from the current weights."""
-        if w.pulled_version != self.version:
+        if self.policy.is_late(self.versions, w.rank):
             done = self._serve(at, 0.0)
+            self.stats.dropped()
             self._record(w, done, None)
             self._reply(w, done)
             return
         done = self._serve(at, self.timing.apply_seconds)  # adding it into the round's sum
         self._record(w, done, 0)
-        self.round_sum += grad
-        self.round_count += 1
-        self.round_lr = lr  # the server steps with the last pusher's rate
-        self.pending.append(w)
+        self.round.add(0, grad.size, grad)
+        self.round.join(True)
+        self.round_lr = lr
+        self.held[w.rank] = w
         self._maybe_close_round(done)
 
     def _maybe_close_round(self, at: float) -> None:
-        """The round closes with its quorum: all N, the first N-b with backup workers, or
-        every worker still training once fewer are left (ps/server.py _round_quorum)."""
-        running = sum(1 for c in self.clocks if not math.isinf(c))
-        need = bsp_quorum(self.sim.num_workers, self.mode.backup_workers, running)
-        if not self.round_count or self.round_count < need:
+        """The round closes when the policy says (RoundPushes: its quorum of pushes)."""
+        if not self.policy.closes(self.clocks, self.round.pushes):
             return
-        self.round_sum /= self.round_count  # the server's arithmetic: the sum, then the mean
-        _apply(self.optimizer, self.sim.chunks, self.round_sum, self.round_lr)
-        self.sim.staleness[0] += self.round_count  # every gradient of a round is fresh
-        self.version += 1
+        self.stats.round_closed(self.round.gradients)
+        self.step.apply_all(self.optimizer, self.round.mean(), self.round_lr)
+        self.versions.updated()
         self.sim._changed = True
-        self.round_sum.zero_()
-        self.round_count = 0
+        self.round.clear()
         done = self._serve(at, self.timing.apply_seconds)
-        pending, self.pending = self.pending, []
-        for w in pending:
+        held, self.held = self.held, {}
+        for w in held.values():
             self._reply(w, done)
         self.sim._maybe_evaluate(done, self.params)  # the weights change at round ends only
 
     def _done(self, w: _Worker, at: float) -> None:
         """The worker has taken its last step: it no longer holds anyone back."""
-        self.clocks[w.rank] = math.inf
+        self.clocks.done(w.rank)
         served = max(at, self.free_at)
-        if self.mode.bsp:
+        if self.policy.lock_step:
             self._maybe_close_round(served)
         else:
             self._release(served)
@@ -762,7 +759,7 @@ class _ServerRun:
 
     def _record(self, w: _Worker, at: float, staleness: int | None) -> None:
         self.sim.pushes.append(PushRecord(at, w.rank, w.steps, staleness,
-                                          w.steps - min(self.clocks)))
+                                          w.steps - min(self.clocks.clocks)))
 
 
 # --- entry points ---------------------------------------------------------------------------------

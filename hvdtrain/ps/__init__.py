@@ -1,6 +1,8 @@
 """Asynchronous training through a parameter server written with mpi4py.
 
-protocol.py  tags, header layout, shard/chunk arithmetic, the staleness rule (no MPI calls)
-server.py    ParameterServer: applies pushed gradients with a server-side optimizer
+protocol.py  tags, header layout, shard/chunk arithmetic (no MPI calls)
+server.py    ParameterServer: the message loop; what a push does is pushes.py, by the rules of
+             hvdtrain/rules/ (round policy, apply step); shard.py, pauses.py, verdicts.py,
+             silence.py and server_stats.py are its MPI-bound pieces
 client.py    ParameterServerClient: the worker-side update scheme behind the trainer
 """

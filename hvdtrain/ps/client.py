@@ -22,11 +22,12 @@ from ..replica import BatchStats, Replica
 from ..runtime import Runtime
 from ..scheme import BatchFeed, PendingSum, UpdateScheme
 from ..precision import PushGate
+from ..rules.backup import check_backup_workers
+from ..rules.registry import server_rules
 from .device_copies import copies_for
 from .dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
 from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
-                       Tag, check_backup_workers, chunk_bounds, chunk_elements,
-                       make_header, shard_bounds)
+                       Tag, chunk_bounds, chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 
@@ -89,12 +90,9 @@ class ParameterServerClient(UpdateScheme):
 
     @property
     def lr_scale(self) -> float:
-        # BSP applies the mean of all workers' gradients, like sync training, so it takes the
-        # same linearly scaled rate; with backup workers a round averages N-b gradients.
-        # Asynchronous updates apply each worker's gradient alone.
-        if self.cfg.ps.bsp:
-            return float(self.topology.num_workers - self.backup_workers)
-        return 1.0
+        # The server's round policy says (rules/bsp.py, rules/ssp.py).
+        num_workers = self.topology.num_workers
+        return server_rules(self.cfg.ps, num_workers).policy.lr_scale(num_workers)
 
     def workers(self) -> tuple[int, int]:
         return self.worker_rank, self.topology.num_workers
@@ -429,7 +427,7 @@ class ParameterServerClient(UpdateScheme):
         would never join, so tell server 0, which decides every shard's rounds, not to count
         on it until its next push. Plain --bsp needs no such message: its workers never drift
         apart. With --eval-pauses-workers every server is told, so that an evaluation's pause
-        charges a waiting worker nothing (server._resume)."""
+        charges a waiting worker nothing (pauses.EvalPauses.resume)."""
         if not self._started:
             return
         bounded = not self.cfg.ps.bsp and self.cfg.ps.staleness != float("inf")
@@ -481,7 +479,7 @@ class ParameterServerClient(UpdateScheme):
         sleeps (_receive_debt): as if the job froze, so that nobody trains during an
         evaluation, as in sync mode."""
         if self._started and self.eval_partition is not None:
-            self._tell_servers(Kind.QUIET)  # a long evaluation is no hang (server._check_silence)
+            self._tell_servers(Kind.QUIET)  # a long evaluation is no hang (silence.py)
         if not (self.cfg.ps.eval_pauses_workers and self._started and
                 self.eval_partition is not None):
             yield

@@ -1,4 +1,5 @@
-"""The parameter server's wire protocol and the arithmetic behind it, free of MPI calls.
+"""The parameter server's wire protocol and the arithmetic behind it, free of MPI calls. The update
+rules that the server applies live in hvdtrain/rules/.
 
 Every message travels on a private communicator (``COMM_WORLD.Dup()``) with one of the named tags
 below. A request is a fixed header of ``HEADER_LEN`` int64 words; tensors follow as float32
@@ -13,7 +14,6 @@ The rank layout, which ranks serve and which train, is layout.py's Topology.
 
 from __future__ import annotations
 
-import math
 import struct
 from enum import IntEnum
 
@@ -116,46 +116,3 @@ def chunk_bounds(length: int, chunk_elems: int) -> list[tuple[int, int]]:
 
 def chunk_elements(chunk_mb: float) -> int:
     return max(1, int(chunk_mb * 1024 * 1024) // 4)  # float32
-
-
-# --- staleness -------------------------------------------------------------------------------
-def may_proceed(clock: int, clocks: list[float], bound: float) -> bool:
-    """SSP rule (Ho et al. 2013): a worker that has made ``clock`` pushes may start its next step
-    only while it is at most ``bound`` clocks ahead of the slowest worker still running.
-    ``clocks`` holds every worker's count, with ``inf`` for workers that have finished.
-    bound = 0 is lock-step, bound = inf fully asynchronous."""
-    slowest = min(clocks)
-    return math.isinf(slowest) or clock - slowest <= bound
-
-
-def staleness_lr_factor(staleness: int) -> float:
-    """--staleness-lr (Zhang et al. 2016, "Staleness-aware Async-SGD"): a gradient computed
-    ``staleness`` updates ago takes a step of lr / staleness; a fresh one (0 or 1) the full lr."""
-    return 1.0 / max(1, staleness)
-
-
-# --- backup workers --------------------------------------------------------------------------
-def check_backup_workers(backup_workers: int, num_workers: int) -> None:
-    """--backup-workers b needs at least one gradient per round: b < N."""
-    if not 0 <= backup_workers < num_workers:
-        raise ConfigError(
-            f"--backup-workers: invalid value {backup_workers}; this job has {num_workers} "
-            f"worker(s), and each round needs at least one gradient: use at most "
-            f"{num_workers - 1} backup worker(s), or launch more processes")
-
-
-def bsp_quorum(num_workers: int, backup_workers: int, pushing: int) -> int:
-    """Pushes that close a --bsp round: the first N-b (Chen et al. 2016), or all of the
-    ``pushing`` workers (those still running that have not said they are idle) once fewer are
-    left, so the end of training never waits for a worker that will not push again. At least 1."""
-    return max(1, min(num_workers - backup_workers, pushing))
-
-
-# --- delay compensation ----------------------------------------------------------------------
-def delay_compensate(grad: np.ndarray, lam: float, now: np.ndarray, pulled: np.ndarray) -> None:
-    """DC-ASGD (Zheng et al. 2017), in place: g += lambda * g * g * (w_now - w_pulled).
-
-    A gradient computed at the parameters the worker pulled (w_pulled) is corrected towards the
-    gradient at the server's current parameters (w_now), using g*g as a cheap diagonal
-    approximation of the Hessian."""
-    grad += lam * grad * grad * (now - pulled)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hvdtrain.ps.protocol import staleness_lr_factor
+from hvdtrain.rules.staleness_lr import staleness_lr_factor
 from launch import final_model, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc

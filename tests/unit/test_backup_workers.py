@@ -1,150 +1,26 @@
 """--backup-workers (Chen et al. 2016): the parameter server's rounds, driven without MPI.
 
-A real ParameterServer runs here on a fake communicator and a fake shared-memory window (plain
-arrays, every rank on one host), so the tests feed it request headers in an order they choose
-and read off which worker got which reply. The last test lets random schedules of several
+A real ParameterServer runs here on a fake communicator and a fake shared-memory window
+(tests/fake_ps.py), so the tests feed it request headers in an order they choose and read off
+which worker got which reply. The last test lets random schedules of several
 workers and servers run to the end, checking that no schedule hangs and that no applied
 gradient was computed on old parameters."""
 
 from __future__ import annotations
 
 import random
-import sys
-from collections import defaultdict, deque
-from types import SimpleNamespace
+from collections import defaultdict
 
 import numpy as np
 import pytest
 
+from fake_ps import REPLIES, Job, replied, stopped
 from hvdtrain.config import Config, ConfigError
 from hvdtrain.layout import Topology
 from hvdtrain.ps import server as server_module
-from hvdtrain.ps.protocol import (NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag,
-                                  bsp_quorum, check_backup_workers, make_header, shard_bounds)
-
-REPLIES = (Tag.READY, Tag.PARAMS, Tag.ACK)
-
-
-class FakeMPI:
-    """What the server touches of mpi4py.MPI outside its receive loop."""
-
-    class Request:
-        @staticmethod
-        def Waitall(requests):
-            pass
-
-
-class FakeComm:
-    """A server's communicator: messages to workers land in the job's outbox as (destination,
-    tag); messages to other servers wait in the job's queues until the test delivers them."""
-
-    def __init__(self, rank: int, job: "Job"):
-        self.rank, self.job = rank, job
-
-    def Get_rank(self):
-        return self.rank
-
-    def Send(self, buf, dest, tag):
-        self.job.post(self.rank, dest, tag, np.array(buf, copy=True))
-
-    Isend = Send
-
-    def send(self, obj, dest, tag):
-        self.job.post(self.rank, dest, tag, obj)
-
-    def Recv(self, buf, source, tag):
-        assert tag == Tag.VERDICT, "every rank shares the host: only verdicts are messages"
-        buf[:] = self.job.payloads[self.rank, source].popleft()
-
-
-class Job:
-    """S real servers for N workers; each worker's gradient and each server's shard live in
-    plain arrays, as they would in the shared-memory window."""
-
-    def __init__(self, monkeypatch, workers: int, backup: int, servers: int = 1, total: int = 6,
-                 seed: int = 0):
-        self.topology = Topology(workers + servers, servers)
-        cfg = Config()
-        cfg.ps.bsp, cfg.ps.backup_workers, cfg.ps.num_servers = True, backup, servers
-        cfg.optim.momentum = 0.0  # plain SGD: p -= lr * mean gradient, easy to recompute
-        self.bounds = shard_bounds(total, servers)
-        self.segments = {w: np.zeros(total, np.float32) for w in range(workers)}
-        for rank, (a, b) in zip(self.topology.server_ranks(), self.bounds):
-            self.segments[rank] = np.zeros(b - a, np.float32)
-        segments = self.segments
-
-        class Window:  # HostWindow with every rank on this host
-            def __init__(self, comm, nbytes, enabled=True):
-                pass
-
-            def shares_host(self, rank):
-                return True
-
-            def segment(self, rank):
-                return segments[rank]
-
-            def sync(self):
-                pass
-
-        monkeypatch.setattr(server_module, "HostWindow", Window)
-        monkeypatch.setitem(sys.modules, "mpi4py", SimpleNamespace(MPI=FakeMPI))
-        self.outbox: list[tuple[int, Tag]] = []       # server -> worker messages
-        self.sent: list[tuple[int, Tag, object]] = []  # ... all of them, with their payloads
-        self.queues = defaultdict(deque)  # (server rank, sender rank) -> headers in flight
-        self.payloads = defaultdict(deque)  # (server rank, sender rank) -> VERDICT payloads
-        self.servers = []
-        rng = np.random.default_rng(seed)
-        self.initial = rng.standard_normal(total).astype(np.float32)
-        for rank, (a, b) in zip(self.topology.server_ranks(), self.bounds):
-            server = server_module.ParameterServer(FakeComm(rank, self), cfg, self.topology)
-            server._allocate(total)
-            server.params.numpy()[:] = self.initial[a:b]
-            self.servers.append(server)
-
-    def post(self, source: int, dest: int, tag: Tag, payload) -> None:
-        if not self.topology.is_server(dest):
-            self.outbox.append((dest, tag))
-            self.sent.append((dest, tag, payload))
-        elif tag == Tag.REQUEST:
-            self.queues[dest, source].append(payload)
-        else:
-            self.payloads[dest, source].append(payload)
-
-    def handle(self, rank: int, source: int, header: np.ndarray,
-               now: float = 0.0) -> list[tuple[int, Tag]]:
-        """Server ``rank`` serves one request (at time ``now``); returns what it sent the
-        workers meanwhile."""
-        self.outbox.clear()
-        server = self.servers[self.topology.server_index(rank)]
-        server.header[:] = header
-        server._handle(source, now)
-        return list(self.outbox)
-
-    def send(self, worker: int, kind: Kind, flags: int = 0, lr: float = 1.0,
-             now: float = 0.0) -> list[tuple[int, Tag]]:
-        """One request to server 0, served at once."""
-        header = make_header(kind, clock=1, lr=lr, flags=flags, worker=worker)
-        return self.handle(self.topology.server_ranks()[0], worker, header, now)
-
-    def push(self, worker: int, gradient: np.ndarray | None = None, flags: int = WANT_PARAMS,
-             lr: float = 1.0) -> set[int]:
-        """A push to the one server; the workers that got a reply."""
-        if gradient is None:
-            flags |= NO_GRADIENT
-        else:
-            self.segments[worker][:] = gradient
-        return replied(self.send(worker, Kind.PUSH, flags=flags, lr=lr))
-
-    def params(self, server: int = 0) -> np.ndarray:
-        return self.servers[server].params.numpy().copy()
-
-
-def replied(messages) -> set[int]:
-    return {dest for dest, tag in messages if tag in REPLIES}
-
-
-def stopped(messages) -> set[int]:
-    return {dest for dest, tag in messages if tag == Tag.STOP}
+from hvdtrain.ps.protocol import NO_GRADIENT, WANT_PARAMS, WANTS_STOP, Kind, Tag, make_header
+from hvdtrain.rules.backup import check_backup_workers
+from hvdtrain.rules.bsp import bsp_quorum
 
 
 def gradients(job: Job, seed: int = 1) -> list[np.ndarray]:
@@ -206,7 +82,8 @@ def test_a_round_closes_at_n_minus_b_and_drops_the_late_gradient(monkeypatch):
     assert job.push(2, g[2], lr=lr) == {2}
     np.testing.assert_array_equal(job.params(), after_first.astype(np.float32))
     server = job.servers[0]
-    assert server.dropped_gradients == 1 and server.pulled_version[2] == server.version == 1
+    assert server.stats.dropped_gradients == 1
+    assert server.versions.pulled[2] == server.versions.version == 1
     # Now it is fresh: it joins the next round, which worker 0 closes; worker 1 is late.
     assert job.push(2, g[2], lr=lr) == set()
     assert job.push(0, g[0], lr=lr) == {0, 2}
@@ -238,7 +115,7 @@ def test_a_push_without_gradient_counts_for_the_quorum_but_is_never_dropped(monk
     job = Job(monkeypatch, workers=2, backup=1)
     g = gradients(job)
     assert job.push(0, None) == {0}  # a round of one skipped fp16 step: nothing to apply
-    assert job.servers[0].version == 0
+    assert job.servers[0].versions.version == 0
     assert job.push(1, g[1]) == {1}  # still fresh: the parameters did not change
     assert job.push(0, None) == {0}  # late, but it carries no gradient to drop
     stats = job.servers[0].statistics()
@@ -313,14 +190,15 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
     rounds = defaultdict(list)  # server -> (members in order, rate) of each round it closed
 
     for s, server in enumerate(job.servers):  # every applied gradient must be fresh
-        def checked(original=server._finish_round, s=s, server=server):
+        def checked(original=server.pushes._finish, s=s, server=server):
             for w in server.pending:
-                assert pool[w].version[s] == server.version, (
+                assert pool[w].version[s] == server.versions.version, (
                     f"server {s} applies worker {w}'s gradient computed on version "
-                    f"{pool[w].version[s]}, its parameters are at {server.version}")
-            rounds[s].append((list(server.pending), server.lr if server.round_gradients else None))
+                    f"{pool[w].version[s]}, its parameters are at {server.versions.version}")
+            rounds[s].append((list(server.pending),
+                              server.pushes.lr if server.pushes.round.gradients else None))
             original()
-        server._finish_round = checked
+        server.pushes._finish = checked
 
     def send(worker: Worker, kind: Kind, flags: int = 0, to=ranks):
         header = make_header(kind, clock=1, lr=rnd.choice([0.5, 1.0]), flags=flags,
@@ -339,7 +217,7 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
         for dest, tag in job.handle(rank, source, header):
             if tag in REPLIES:
                 pool[dest].waiting.discard(s)
-                pool[dest].version[s] = job.servers[s].version
+                pool[dest].version[s] = job.servers[s].versions.version
             elif tag == Tag.STOP:
                 pool[dest].stops.add(s)
 
@@ -379,9 +257,11 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
     while not all(p.state == "done" for p in pool) or any(job.queues.values()):
         moves = [("deliver", key) for key, q in job.queues.items() if q]
         moves += [("act", p) for p in pool if can_act(p)]
+        servers_now = [(s.pushes.round.pushes, s.policy.quorum(s.clocks), len(s.verdicts.queue))
+                       for s in job.servers]
         assert moves, (
             f"hang: workers {[(p.index, p.state, sorted(p.waiting)) for p in pool]}, servers "
-            f"{[(s.round_count, s._round_quorum(), len(s.verdicts)) for s in job.servers]}")
+            f"{servers_now}")
         what, arg = rnd.choice(moves)
         deliver(*arg) if what == "deliver" else act(arg)
     assert not any(job.payloads.values())
@@ -417,7 +297,8 @@ def test_shards_that_decided_their_rounds_alone_would_hang(monkeypatch):
 
     def on_its_own(self, *args, **kwargs):
         build(self, *args, **kwargs)
-        self.is_leader, self.followers = True, []
+        self.verdicts.is_leader, self.verdicts.followers = True, []
+        self.verdicts.follows = False
 
     monkeypatch.setattr(server_module.ParameterServer, "__init__", on_its_own)
     hangs = 0
@@ -435,9 +316,8 @@ def test_a_pause_charges_each_worker_the_time_it_computed_during_the_evaluation(
     # (its reply is held), worker 2 is still computing at the end, worker 3 waits for the
     # others (IDLE) all along. As if the job had frozen: worker 1 owes 0.03 s, worker 2 0.2 s
     # (with its next reply), worker 3 nothing; each debt goes out before its reply.
-    job = Job(monkeypatch, workers=4, backup=0)
+    job = Job(monkeypatch, workers=4, backup=0, bsp=False)
     server = job.servers[0]
-    server.bsp = False
     job.send(3, Kind.IDLE, now=0.5)
     job.send(0, Kind.PAUSE, now=1.0)
     job.sent.clear()
@@ -456,7 +336,7 @@ def test_a_pause_charges_each_worker_the_time_it_computed_during_the_evaluation(
     to_2 = [(tag, payload) for dest, tag, payload in job.sent if dest == 2]
     assert to_2[0][0] == Tag.DEBT and to_2[0][1][0] == pytest.approx(0.2)
     assert not [m for m in job.sent if m[0] in (0, 3) and m[1] == Tag.DEBT]
-    assert server.debt_seconds == pytest.approx(0.23)
+    assert server.pauses.debt_seconds == pytest.approx(0.23)
     # the next pause charges anew; a worker's debts are paid once
     job.sent.clear()
     assert replied(job.handle(job.topology.server_ranks()[0], 2, header, now=1.3)) == {2}

@@ -9,8 +9,9 @@ from hvdtrain.config import ConfigError
 from hvdtrain.layout import Topology
 from hvdtrain.ps.protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_WORKER, HEADER_LEN,
                                   WANT_PARAMS, Kind, Tag, chunk_bounds, chunk_elements,
-                                  delay_compensate, make_header, may_proceed, shard_bounds,
-                                  word_to_lr)
+                                  make_header, shard_bounds, word_to_lr)
+from hvdtrain.rules.dc_asgd import delay_compensate
+from hvdtrain.rules.ssp import may_proceed
 
 
 @pytest.mark.parametrize("total, servers", [(10, 1), (10, 3), (7, 7), (1_000_003, 4)])

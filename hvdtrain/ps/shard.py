@@ -1,0 +1,100 @@
+"""A server's shard of the flattened parameters, and the chunks it moves: gradients in, updated
+parameters out, optimizer state to and from a checkpoint.
+
+Workers on the server's host share its memory (``shared_memory.HostWindow``): the update reads
+their gradient in place and they copy each updated chunk out of the shard themselves, so the
+server's core spends a push on the update alone. Like the workers of Hogwild and of any
+asynchronous PS, a worker copying chunk i may see it half-way through another worker's update
+of it: every element is either the old or the new value. Lock-step rounds (``--bsp``) never
+write while anyone reads; with ``--backup-workers`` a round may close while a worker left out of
+it still copies the last parameters, but the gradient that worker computes on them is then late
+by construction (the version moved on) and is dropped."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..config import Config
+from .protocol import Tag, chunk_bounds, chunk_elements, shard_bounds
+from .shard_optimizer import ShardOptimizer
+from .shared_memory import HostWindow
+
+
+class Shard:
+    def __init__(self, comm, cfg: Config, index: int, num_servers: int, num_workers: int,
+                 total: int, copy_gradients: bool):
+        self.comm = comm
+        start, end = shard_bounds(total, num_servers)[index]
+        # Collective with every worker on this host, which create it right after sending INIT.
+        self.host = HostWindow(comm, 4 * (end - start), cfg.ps.shared_memory)
+        if self.host.shares_host(comm.Get_rank()):
+            self.params = torch.from_numpy(self.host.segment(comm.Get_rank()))
+        else:
+            self.params = torch.zeros(end - start, dtype=torch.float32)
+        self.shared_grads = {w: self.host.segment(w)[start:end] for w in range(num_workers)
+                             if self.host.shares_host(w)}  # worker -> its gradient, this shard
+        self.chunks = chunk_bounds(end - start, chunk_elements(cfg.ps.chunk_mb))
+        self.ready_words = np.arange(len(self.chunks), dtype=np.int64)  # READY payloads
+        # Chunk i is updated as soon as it has arrived. The update rules are elementwise, so
+        # chunked application is the same arithmetic as one step over the whole shard.
+        self.optimizer = ShardOptimizer(self.params, self.chunks, cfg.optim)
+        self.grad_buffer = np.empty(max(b - a for a, b in self.chunks), dtype=np.float32)
+        self.copy_gradients = copy_gradients  # the apply step rewrites them (DC-ASGD)
+
+    def gradient_chunk(self, worker: int, a: int, b: int) -> np.ndarray:
+        shared = self.shared_grads.get(worker)
+        if shared is None:
+            grad = self.grad_buffer[: b - a]
+            self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
+            return grad
+        if self.copy_gradients:  # a correction rewrites it: work on a copy, not the worker's
+            grad = self.grad_buffer[: b - a]
+            grad[:] = shared[a:b]
+            return grad
+        return shared[a:b]
+
+    def discard_gradient(self, worker: int) -> None:
+        """A dropped gradient: take its chunks off the wire, if it travels on one."""
+        if worker not in self.shared_grads:
+            for a, b in self.chunks:
+                self.gradient_chunk(worker, a, b)
+
+    def send_chunk(self, worker: int, chunk: int):
+        """Start handing chunk ``chunk`` of the parameters to ``worker``; returns the request."""
+        if worker in self.shared_grads:  # same host: the worker copies it out of the window
+            self.host.sync()
+            return self.comm.Isend(self.ready_words[chunk:chunk + 1], dest=worker, tag=Tag.READY)
+        a, b = self.chunks[chunk]
+        return self.comm.Isend(self.params.numpy()[a:b], dest=worker, tag=Tag.PARAMS)
+
+    def send_all(self, MPI, worker: int) -> None:
+        MPI.Request.Waitall([self.send_chunk(worker, i) for i in range(len(self.chunks))])
+
+    def receive_params(self, source: int) -> None:
+        params = self.params.numpy()
+        for a, b in self.chunks:
+            self.comm.Recv(params[a:b], source=source, tag=Tag.PARAMS)
+
+    # --- checkpoint state ----------------------------------------------------------------------
+    def send_state(self, dest: int, extra: dict) -> None:
+        """Optimizer state as named per-element vectors (momentum_buffer for SGD, exp_avg and
+        exp_avg_sq for Adam) plus scalars, so a checkpoint does not depend on the shard layout;
+        ``extra`` (clocks, version, ...) goes with the scalars."""
+        vectors = sorted(self.optimizer.vectors)
+        self.comm.send({"vectors": vectors, "scalars": self.optimizer.scalars(), **extra},
+                       dest=dest, tag=Tag.INFO)
+        for name in vectors:
+            vector = self.optimizer.vectors[name].numpy()
+            for a, b in self.chunks:
+                self.comm.Send(vector[a:b], dest=dest, tag=Tag.STATE)
+
+    def receive_state(self, source: int) -> dict:
+        """The optimizer state that send_state sent; returns its metadata."""
+        meta = self.comm.recv(source=source, tag=Tag.INFO)
+        vectors = {name: torch.empty_like(self.params) for name in meta["vectors"]}
+        for name in meta["vectors"]:
+            for a, b in self.chunks:
+                self.comm.Recv(vectors[name].numpy()[a:b], source=source, tag=Tag.STATE)
+        self.optimizer.load(vectors, meta["scalars"])
+        return meta
