@@ -22,6 +22,8 @@ class Mode:
     staleness_lr: bool = False   # async: each step scaled by 1/max(1, staleness)
     dc_lambda: float = 0.0       # async: DC-ASGD delay compensation
     local_steps: int = 1         # sync: average the models every H steps (local SGD)
+    outer_lr: float = 0.0        # local SGD: DiLoCo's outer Nesterov step (0: plain averaging)
+    outer_momentum: float = 0.0  # DiLoCo: the outer step's momentum
 
     @property
     def is_async(self) -> bool:
@@ -29,8 +31,10 @@ class Mode:
 
     def train_flags(self) -> list[str]:
         if not self.is_async:
+            outer = (["--outer-lr", f"{self.outer_lr:g}", "--outer-momentum",
+                      f"{self.outer_momentum:g}"] if self.outer_lr else [])
             return ["--mode", "sync", *(["--local-steps", str(self.local_steps)]
-                                        if self.local_steps != 1 else [])]
+                                        if self.local_steps != 1 else []), *outer]
         # Nobody trains while worker 0 evaluates, as in sync mode: the time to target is read
         # on worker 0's training clock, which leaves the evaluations out.
         if self.bsp:
@@ -45,18 +49,21 @@ class Mode:
         return flags
 
 
-MODE_NAMES = "sync, local, async, ssp, backup, async-slr, dcasgd"
+MODE_NAMES = "sync, local, diloco, async, ssp, backup, async-slr, dcasgd"
 DC_LAMBDA = 0.04  # the DC-ASGD strength the comparison uses (Zheng et al. 2017's default range)
+DILOCO_OUTER_LR = 0.7        # DiLoCo's outer step as in Douillard et al. 2023
+DILOCO_OUTER_MOMENTUM = 0.9
 
 
 def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),
           local_steps: list[int] = (4,)) -> list[Mode]:
-    """The named modes; ``ssp``, ``backup`` and ``local`` expand to one mode per staleness
-    bound, number of backup workers and number of local steps."""
+    """The named modes; ``ssp``, ``backup`` and ``local`` (and ``diloco``) expand to one mode
+    per staleness bound, number of backup workers and number of local steps."""
     out: list[Mode] = []
     expand = {"ssp": (bounds, "--staleness-bounds", "a bound, e.g. 2"),
               "backup": (backups, "--backup-workers", "a number, e.g. 1"),
-              "local": (local_steps, "--local-steps", "a number of steps, e.g. 4")}
+              "local": (local_steps, "--local-steps", "a number of steps, e.g. 4"),
+              "diloco": (local_steps, "--local-steps", "a number of steps, e.g. 4")}
     for name in names:
         if name in expand and not expand[name][0]:
             _, flag, example = expand[name]
@@ -65,6 +72,9 @@ def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),
             out.append(Mode("sync", scheme="sync"))
         elif name == "local":
             out += [Mode(f"local{h}", scheme="sync", local_steps=h) for h in local_steps]
+        elif name == "diloco":
+            out += [Mode(f"diloco{h}", scheme="sync", local_steps=h, outer_lr=DILOCO_OUTER_LR,
+                         outer_momentum=DILOCO_OUTER_MOMENTUM) for h in local_steps]
         elif name == "async":
             out.append(Mode("async"))
         elif name == "ssp":
