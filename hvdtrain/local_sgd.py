@@ -47,9 +47,17 @@ class LocalSGDSync(HorovodSync):
         self._rounds = 0            # averaging rounds for this epoch's log line
         self._rounds_total = 0
 
-    # lr_scale stays sync's (N): with plain SGD, averaging the parameters after every step is
-    # w - lr * mean_i(g_i), exactly the averaged-gradient step of --local-steps 1 at the same lr;
-    # larger H only averages less often.
+    @property
+    def lr_scale(self) -> float:
+        """Sync's N over the rule's gain. Plain local SGD keeps sync's N: with plain SGD,
+        averaging the parameters after every step is w - lr * mean_i(g_i), exactly the
+        averaged-gradient step of --local-steps 1 at the same lr; larger H only averages less
+        often. DiLoCo's outer step multiplies a round's averaged progress by lr / (1 - m) once
+        its momentum has built up (7 with the paper's 0.7 and 0.9), so its inner rate is divided
+        by that, and the combined update again moves at sync's rate: at outer lr 1 and momentum
+        0, where DiLoCo is plain averaging, both agree. (Unscaled, --lr 0.05 with momentum
+        0.9 inner steps diverges on digits.)"""
+        return super().lr_scale / self.rule.gain
 
     def attach(self, replica: Replica) -> None:
         self.replica = replica

@@ -19,6 +19,10 @@ class RoundRule:
     """Local SGD: the workers average their parameters and every worker continues from the
     mean. It keeps no state between rounds."""
 
+    #: How many times the averaged progress of a round the step to the next start is, once
+    #: any momentum has built up: 1 for plain averaging.
+    gain = 1.0
+
     def sent(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors a round averages across workers: the parameters themselves, averaged in
         place (so the result is bit for bit the allreduce of the parameters)."""
@@ -45,6 +49,9 @@ class OuterNesterov(RoundRule):
     next start. With lr 1 and no momentum this is plain averaging: start - (start - mean)."""
 
     def __init__(self, params: list[torch.Tensor], lr: float, momentum: float):
+        # A steady pseudo-gradient d builds the momentum buffer up to d / (1 - m), and Nesterov
+        # steps d + m * d / (1 - m) = d / (1 - m) times lr: 7 times d with the paper's 0.7, 0.9.
+        self.gain = lr / (1 - momentum)
         self.start = [p.detach().clone() for p in params]
         # torch refuses Nesterov without momentum; with momentum 0 it is plain outer SGD anyway.
         self.optimizer = torch.optim.SGD(self.start, lr=lr, momentum=momentum,
