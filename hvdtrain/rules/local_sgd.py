@@ -10,6 +10,7 @@ is the same element by element.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -76,8 +77,10 @@ class OuterNesterov(RoundRule):
 
     def state_dict(self) -> dict[str, Any]:
         """The round's start parameters and the outer optimizer's state (its momentum)."""
+        # Copies: torch's state_dict hands out the live momentum buffers, and a rule loaded
+        # from it in the same process would step them as its own.
         return {"start": [s.detach().clone() for s in self.start],
-                "optimizer": self.optimizer.state_dict()}
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """None (a checkpoint of plain local SGD or of sync): no momentum yet."""
