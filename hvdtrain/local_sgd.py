@@ -57,7 +57,7 @@ class LocalSGDSync(HorovodSync):
         by that, and the combined update again moves at sync's rate: at outer lr 1 and momentum
         0, where DiLoCo is plain averaging, both agree. (Unscaled, --lr 0.05 with momentum
         0.9 inner steps diverges on digits.)"""
-        return super().lr_scale / self.rule.gain
+        return self.rule.inner_lr_scale(super().lr_scale)
 
     def attach(self, replica: Replica) -> None:
         self.replica = replica

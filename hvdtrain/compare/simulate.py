@@ -542,17 +542,19 @@ class Simulation:
         (an evaluation, an epoch's end), and at epoch ends the optimizer state is averaged too.
         The rate is sync's (lr * N): with H = 1 this is sync training, step for step. What a
         round averages, and where the workers go on from, is the real scheme's rule
-        (rules/local_sgd.py): the parameters, or DiLoCo's pseudo-gradients and outer step."""
+        (rules/local_sgd.py): the parameters, or DiLoCo's pseudo-gradients and outer step,
+        whose workers' rate the rule scales as local_sgd.py does."""
         cfg = self.setup.cfg
         for w in self.workers:
             w.params = self.setup.model.flat.clone()
             w.optimizer = ShardOptimizer(w.params, self.chunks, cfg.optim)
         rule = round_rule([self.setup.model.flat], cfg.sync.outer_lr, cfg.sync.outer_momentum)
+        scale = rule.inner_lr_scale(self.num_workers)
         step = 0
         while step < self.total_steps:
             epoch_end = (step // self.steps_per_epoch + 1) * self.steps_per_epoch
             end = min(step + self.mode.local_steps, epoch_end, self._next_due(step))
-            busy = [self._local_steps(w, range(step, end)) for w in self.workers]
+            busy = [self._local_steps(w, range(step, end), scale) for w in self.workers]
             average = self._round(rule)
             if end == epoch_end:
                 for name in self.workers[0].optimizer.vectors:  # momentum, Adam's moments
@@ -574,13 +576,13 @@ class Simulation:
             w.params.copy_(average)
         return average
 
-    def _local_steps(self, w: _Worker, steps: range) -> float:
+    def _local_steps(self, w: _Worker, steps: range, lr_scale: float) -> float:
         """Worker ``w``'s optimizer steps on its own weights; returns the seconds they took."""
         seconds = 0.0
         own = self.timing.step_seconds
         for step in steps:
             grad = self._gradient(w, w.params)
-            _apply(w.optimizer, self.chunks, grad, self._lr(step, self.num_workers))
+            _apply(w.optimizer, self.chunks, grad, self._lr(step, lr_scale))
             seconds += self.timing.loop_seconds + own + self._delay(w, step, own)
         return seconds
 

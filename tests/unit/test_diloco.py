@@ -237,3 +237,30 @@ def test_simulated_diloco_with_outer_lr_1_and_no_momentum_is_local_sgd():
     outer = simulate(Mode("d", scheme="sync", local_steps=4, outer_lr=1.0), *flags)
     plain = simulate(Mode("local4", scheme="sync", local_steps=4), *flags)
     assert torch.allclose(outer.final_parameters, plain.final_parameters, atol=1e-6)
+
+
+def test_simulated_diloco_steps_its_workers_at_sync_rate_over_the_gain():
+    # One worker, one round of 2 plain SGD steps, outer lr 0.5 without momentum (gain 0.5): the
+    # worker steps at lr * 1 / 0.5, and the outer step goes half of the way it moved.
+    from hvdtrain.config import DataConfig
+    from hvdtrain.data.builtin import load_dataset
+    from test_simulate import batch_gradient, digits_model, shards
+    from test_simulate import flat as flat_model
+
+    batch, seed, lr = 16, 1, 0.05
+    sim = Simulation(Mode("d", scheme="sync", local_steps=2, outer_lr=0.5), 1, "", seed,
+                     [*DIGITS, "--batch-size", str(batch), "--epochs", "1",
+                      "--max-steps-per-epoch", "2", "--warmup-epochs", "0", "--momentum", "0"],
+                     0.9, Timing(step_seconds=1.0))
+    sim.run()
+    data = load_dataset(DataConfig())
+    model = digits_model(seed)
+    start = flat_model(model)
+    [shard] = shards(1, 0, seed, len(data.x_train))
+    for step in range(2):
+        grads = batch_gradient(model, data, shard, step, batch)
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads):
+                p -= lr / 0.5 * g
+    expected = start - 0.5 * (start - flat_model(model))
+    assert torch.allclose(sim.final_parameters, expected, atol=1e-6)
