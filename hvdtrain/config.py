@@ -173,7 +173,10 @@ class SyncConfig:
                            "them (the round's start minus their parameters), and an outer SGD "
                            "with this learning rate (and --outer-momentum, Nesterov) steps the "
                            "round's start with it; 0.7 in the paper. 0: plain local SGD, the "
-                           "parameters averaged. The outer momentum is checkpointed")
+                           "parameters averaged. The outer step multiplies a round's progress "
+                           "by LR / (1 - M) once its momentum has built up, so the workers' "
+                           "rate (--lr times N under --lr-scaling linear) is divided by that. "
+                           "The outer momentum is checkpointed")
     outer_momentum: float = _opt(0.0, "--outer-lr: Nesterov momentum of the outer SGD, in "
                                  "[0, 1); 0.9 in the paper. 0: plain outer SGD")
     fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
