@@ -167,6 +167,17 @@ class SyncConfig:
                             "ends and checkpoints, where the model is also averaged whatever "
                             "the step count; --clip-grad-norm and the fp16 loss scale then "
                             "apply to each worker's own gradient")
+    outer_lr: float = _opt(0.0, "DiLoCo (Douillard et al. 2023) on top of --local-steps H: "
+                           "every H steps the workers average how far their inner steps moved "
+                           "them (the round's start minus their parameters), and an outer SGD "
+                           "with this learning rate (and --outer-momentum, Nesterov) steps the "
+                           "round's start with it; 0.7 in the paper. 0: plain local SGD, the "
+                           "parameters averaged. The outer step multiplies a round's progress "
+                           "by LR / (1 - M) once its momentum has built up, so the workers' "
+                           "rate (--lr times N under --lr-scaling linear) is divided by that. "
+                           "The outer momentum is checkpointed")
+    outer_momentum: float = _opt(0.0, "--outer-lr: Nesterov momentum of the outer SGD, in "
+                                 "[0, 1); 0.9 in the paper. 0: plain outer SGD")
     fusion_threshold_mb: float = _opt(64.0, "Horovod tensor fusion buffer in MiB "
                                       "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
     elastic: bool = _opt(False, "Horovod elastic training: survive lost workers and take in new "
@@ -205,6 +216,24 @@ class SyncConfig:
                  "averages, e.g. 4")
         if s.local_steps > 1:
             s._check_local_sgd()
+        s._check_outer_step()
+
+    def _check_outer_step(self) -> None:
+        """DiLoCo's outer optimizer: a positive rate over the rounds of --local-steps H > 1."""
+        _require(math.isfinite(self.outer_lr) and self.outer_lr >= 0, "--outer-lr",
+                 self.outer_lr, "use a positive outer learning rate, e.g. 0.7 (DiLoCo), or "
+                 "leave it out for plain local SGD")
+        _require(0 <= self.outer_momentum < 1, "--outer-momentum", self.outer_momentum,
+                 "use a value in [0, 1), e.g. 0.9")
+        if self.outer_momentum and not self.outer_lr:
+            raise ConfigError("--outer-momentum is the momentum of DiLoCo's outer step, which "
+                              "--outer-lr turns on: add --outer-lr (e.g. 0.7) and --local-steps "
+                              "H, or drop --outer-momentum")
+        if self.outer_lr and self.local_steps == 1:
+            raise ConfigError(f"--outer-lr {self.outer_lr:g} steps the average of rounds of "
+                              "local steps, and --local-steps 1 has none (every gradient is "
+                              "averaged); add --local-steps H with H > 1, e.g. 8, or drop "
+                              "--outer-lr")
 
     def _check_local_sgd(self) -> None:
         """Options that mean nothing, or have no correct form, when each worker steps on its

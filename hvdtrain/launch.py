@@ -89,7 +89,7 @@ def run(cfg: Config, workload: Workload) -> Finished:
 def prepare_sync(cfg: Config, workload: Workload, model):
     """A sync trainer, Horovod started, nothing trained yet (benchmarks drive it by hand)."""
     from .runtime import start_horovod
-    from .sync import ElasticHorovodSync, HorovodSync, to_sync_batchnorm
+    from .sync import to_sync_batchnorm
 
     runtime = start_horovod(cfg.run, cfg.sync)
     layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
@@ -100,8 +100,19 @@ def prepare_sync(cfg: Config, workload: Workload, model):
                               "(on CPUs every rank's BatchNorm statistics are averaged before "
                               "each evaluation and checkpoint) or train on GPUs")
         model = to_sync_batchnorm(model)
-    scheme = (ElasticHorovodSync if cfg.sync.elastic else HorovodSync)(cfg, runtime)
+    scheme = _sync_scheme(cfg)(cfg, runtime)
     return _build_trainer(cfg, runtime, layout, scheme, workload, model)
+
+
+def _sync_scheme(cfg: Config) -> type:
+    """Elastic Horovod, local SGD / DiLoCo (--local-steps H > 1), or plain Horovod sync.
+    Config.validate refuses --elastic with --local-steps H > 1."""
+    from .local_sgd import LocalSGDSync
+    from .sync import ElasticHorovodSync, HorovodSync
+
+    if cfg.sync.elastic:
+        return ElasticHorovodSync
+    return LocalSGDSync if cfg.sync.local_steps > 1 else HorovodSync
 
 
 def _run_sync(cfg: Config, workload: Workload, model):

@@ -5,9 +5,8 @@ replica.py and the loop in trainer.py. This is the Horovod recipe, wrapped rathe
 ``hvd.DistributedOptimizer`` around the optimizer, parameters broadcast from rank 0 at the start,
 and optimizer state broadcast from rank 0 after a resume.
 
-``--local-steps H`` (H > 1) is local SGD (Lin et al. 2020, "Don't use large mini-batches, use
-local SGD"): no wrapper, each worker steps its own optimizer on its own gradients, and every H
-steps the workers average their parameters (and BatchNorm statistics) with one allreduce.
+``--local-steps H`` (H > 1), local SGD and DiLoCo, is its own scheme built on this one
+(local_sgd.py).
 """
 
 from __future__ import annotations
@@ -45,18 +44,7 @@ def to_sync_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
 
 
 class HorovodSync(UpdateScheme):
-    """The sync update scheme: every step is one allreduce of every worker's gradients, or with
-    ``--local-steps H`` one allreduce of the parameters every H steps (local SGD).
-
-    Local SGD keeps the optimizer state (momentum buffers, Adam moments) local between averaging
-    rounds, as Lin et al. and most implementations do: averaging it every round would double the
-    traffic. Wherever something reads "the model" (an evaluation, a checkpoint, the end of
-    training or of an epoch) a round is completed early, so the model is the same on every rank;
-    at epoch ends and checkpoints the optimizer state is averaged too, so a checkpoint holds the
-    state every rank continues with. A resume from an epoch checkpoint therefore continues
-    exactly as an uninterrupted run; a step or preemption checkpoint ends its round early, which
-    an uninterrupted run without that checkpoint does not (one extra average).
-    """
+    """The sync update scheme: every step is one allreduce of every worker's gradients."""
 
     def __init__(self, cfg: Config, runtime: Runtime):
         import horovod.torch as hvd
@@ -65,12 +53,6 @@ class HorovodSync(UpdateScheme):
         self.cfg = cfg
         self.runtime = runtime
         self.accumulation = cfg.sync.backward_passes_per_step
-        self.local_steps = cfg.sync.local_steps
-        self.local_sgd = self.local_steps > 1  # 1: today's DistributedOptimizer path, untouched
-        self._unaveraged_steps = 0  # local steps whose updates the ranks do not share yet
-        self._state_apart = False   # optimizer state stepped apart since it was last averaged
-        self._rounds = 0            # averaging rounds for this epoch's log line
-        self._rounds_total = 0
         self.replica: Replica | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._stop_vote = None  # the handle of the stop vote started at the previous step
@@ -81,12 +63,7 @@ class HorovodSync(UpdateScheme):
 
     @property
     def lr_scale(self) -> float:
-        """How many times one worker's learning rate the combined update can take.
-
-        Local SGD keeps the same scale: with plain SGD, averaging the parameters after every step
-        is w - lr * mean_i(g_i), exactly the averaged-gradient step of --local-steps 1 at the
-        same lr; so H = 1 of the local path and the DistributedOptimizer path agree, and larger
-        H only averages less often."""
+        """How many times one worker's learning rate the combined update can take."""
         if self.cfg.sync.reduce_op == "adasum":
             # Adasum adds orthogonal gradients instead of averaging them, so it needs no scaling
             # across hosts; on GPUs with NCCL it still averages within a host (Horovod docs).
@@ -97,10 +74,6 @@ class HorovodSync(UpdateScheme):
     def attach(self, replica: Replica) -> None:
         hvd = self.hvd
         self.replica = replica
-        if self.local_sgd:
-            # Local SGD: the worker's own optimizer, no allreduce per step (_average_replicas).
-            self.optimizer = build_optimizer(replica.parameters(), self.cfg.optim)
-            return
         compression = hvd.Compression.fp16 if self.cfg.sync.compression == "fp16" else hvd.Compression.none
         op = hvd.Adasum if self.cfg.sync.reduce_op == "adasum" else hvd.Average
         optimizer = build_optimizer(replica.parameters(), self.cfg.optim)
@@ -121,9 +94,15 @@ class HorovodSync(UpdateScheme):
         parts = [self.replica.forward_backward(xs, ys, grad_scale=1.0 / self.accumulation)
                  for xs, ys in zip(split_batch(x, self.accumulation),
                                    split_batch(y, self.accumulation))]
-        if self.local_sgd:
-            self._local_step()
-        elif self.replica.precision.needs_synchronized_gradients:
+        self._update()
+        stats = parts[0]
+        for part in parts[1:]:
+            stats += part
+        return stats
+
+    def _update(self) -> None:
+        """The optimizer step once the step's backward passes are done."""
+        if self.replica.precision.needs_synchronized_gradients:
             # Horovod with a loss scale or clipping: wait for the averaged gradient, then unscale,
             # clip and step it without allreducing again (the order of Horovod's AMP example).
             # Every rank holds the same average, so every rank skips an overflowed step alike.
@@ -132,97 +111,16 @@ class HorovodSync(UpdateScheme):
                 self.replica.update(self.optimizer)
         else:
             self.optimizer.step()
-        stats = parts[0]
-        for part in parts[1:]:
-            stats += part
-        return stats
-
-    # --- local SGD --------------------------------------------------------------------------------
-    def _local_step(self) -> None:
-        """This worker's own update (loss scale and clipping act on its own gradient; under fp16
-        each rank keeps its own scale), then the round's average every H steps."""
-        self.replica.update(self.optimizer)
-        self._unaveraged_steps += 1
-        self._state_apart = True
-        if self._unaveraged_steps == self.local_steps:
-            self._average_replicas()
-
-    def _average_replicas(self) -> None:
-        """Collective: average the parameters and floating-point buffers (BatchNorm running
-        statistics) across ranks, if any local step has moved them apart since the last round.
-        Every rank counts the same steps, so every rank joins the same rounds."""
-        if not self._unaveraged_steps:
-            return
-        model = self.replica.model
-        tensors = [(f"param.{name}", p.data) for name, p in model.named_parameters()]
-        tensors += [(f"buffer.{name}", b) for name, b in model.named_buffers()
-                    if b.is_floating_point()]
-        self._average_in_place(tensors)
-        self._unaveraged_steps = 0
-        self._rounds += 1
-        self._rounds_total += 1
-
-    def _average_optimizer_state(self) -> None:
-        """Collective: average the optimizer's floating-point state (momentum buffers, Adam
-        moments), at epoch ends and checkpoints only (see the class docstring). Step counters
-        stay as they are. Under fp16 a rank whose every step so far overflowed has no state yet;
-        the ranks then keep theirs rather than wait on tensors that one of them lacks."""
-        if not self._state_apart:
-            return
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]
-        tensors = [(f"optim.{i}.{key}", value)
-                   for i, param in enumerate(params)
-                   for key, value in sorted(self.optimizer.state.get(param, {}).items())
-                   if torch.is_tensor(value) and value.is_floating_point() and key != "step"]
-        counts = self.hvd.allgather(torch.tensor([len(tensors)]), name="hvdtrain.optim.count")
-        if int(counts.min()) == int(counts.max()):
-            self._average_in_place(tensors)
-        self._state_apart = False
-
-    def _average_in_place(self, tensors: list[tuple[str, torch.Tensor]]) -> None:
-        # Horovod: all started before any is awaited, so tensor fusion packs them into few
-        # allreduces; one tensor at a time, since a pipelined replica spans devices.
-        hvd = self.hvd
-        with torch.no_grad():
-            handles = [hvd.allreduce_async_(t, op=hvd.Average, name=f"hvdtrain.local_sgd.{name}")
-                       for name, t in tensors]
-            for handle in handles:
-                hvd.synchronize(handle)
 
     def _share_model(self) -> None:
         """Collective: make the model the same on every rank before it is read as the model."""
-        if self.local_sgd:
-            self._average_replicas()  # the buffers come with the parameters
-        else:
-            self.average_buffers()
+        self.average_buffers()
 
     def _share_everything(self) -> None:
-        """Collective, at epoch ends and checkpoints: the model and the optimizer state."""
+        """Collective, at checkpoints (and, for schemes that step apart, epoch ends): what every
+        rank continues with. Here every rank already holds the same parameters and optimizer
+        state; only the BatchNorm statistics differ."""
         self._share_model()
-        if self.local_sgd:
-            self._average_optimizer_state()
-
-    def epoch_done(self, progress: Progress) -> None:
-        # Every epoch ends on a full average, whether or not it was evaluated or checkpointed
-        # (those average on their own, earlier), so the result does not depend on
-        # --eval-every or --checkpoint-every, and a resume from an epoch checkpoint is exact.
-        if self.local_sgd:
-            self._share_everything()
-
-    def take_epoch_metrics(self) -> dict:
-        if not self.local_sgd:
-            return {}
-        # This runs before the epoch's checkpoint; if no evaluation has averaged yet, the round
-        # that closes the epoch is still ahead (epoch_done) and is counted here, in its epoch.
-        closing = int(self._unaveraged_steps > 0)
-        rounds, self._rounds = self._rounds + closing, -closing
-        return {"averaging_rounds": rounds}
-
-    def close(self) -> dict[str, Any] | None:
-        # Horovod shuts down at interpreter exit: an explicit hvd.shutdown() can race it.
-        if not self.local_sgd:
-            return None
-        return {"local_steps": self.local_steps, "averaging_rounds": self._rounds_total}
 
     def agree_to_stop(self, wants: bool) -> bool:
         """Horovod: every rank's stop flag is summed in the background, started at one step and
@@ -242,8 +140,6 @@ class HorovodSync(UpdateScheme):
         if self._stop_vote is not None:  # the last step's vote: no rank reads it any more
             self.hvd.synchronize(self._stop_vote)
             self._stop_vote = None
-        if self.local_sgd:  # the last round may be shorter than H steps
-            self._share_everything()
         return False  # every rank trained every step: a late signal has nothing left to stop
 
     # --- collectives the trainer needs, without knowing Horovod -----------------------------
@@ -277,7 +173,7 @@ class HorovodSync(UpdateScheme):
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        self._share_everything()  # local SGD: a round ends early, so every rank saves alike
+        self._share_everything()  # every rank saves alike
         state = {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict()}
         scale = self.replica.precision.state_dict()
         return {**state, "grad_scaler": scale} if scale is not None else state

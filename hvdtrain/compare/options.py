@@ -27,7 +27,9 @@ from . import plan as planning
 PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seeds",
            "straggler": "--stragglers", "bsp": "--modes backup", "backup_workers":
            "--backup-workers", "local_steps": "--local-steps", "staleness_lr": "--modes async-slr",
-           "dc_lambda": "--modes dcasgd", "eval_every_steps": "compare's own --eval-every-steps",
+           "dc_lambda": "--modes dcasgd", "outer_lr": "--modes diloco",
+           "outer_momentum": "--modes diloco",
+           "eval_every_steps": "compare's own --eval-every-steps",
            "run_dir": "--out (each run writes into OUT/runs/NAME)",
            "num_servers": "--workers (each async run has one server besides the workers)",
            "dataset": "compare's own --dataset", "model": "compare's own --model",
@@ -81,14 +83,15 @@ class CompareConfig:
     # --- the plan: modes, conditions, seeds, each run's workload and budget
     plan: str = _opt("demo", _plans_help(), choices=tuple(sorted(PLANS)))
     modes: str | None = _opt(None, "any of sync; local (local SGD, one mode per --local-steps); "
-                             "async (no staleness bound); ssp (one mode per --staleness-bounds); "
+                             "diloco (local SGD with DiLoCo's outer Nesterov step, outer lr 0.7, "
+                             "momentum 0.9, one mode per --local-steps); async (no staleness bound); ssp (one mode per --staleness-bounds); "
                              "backup (sync through the server with backup workers, one mode per "
                              "--backup-workers); async-slr (the staleness-aware learning rate); "
                              "dcasgd (delay compensation)", type=str)
     staleness_bounds: str = _opt("2", "SSP bounds, one run set per bound")
     backup_workers: str = _opt("1", "backup workers of the backup mode, one run set per number")
-    local_steps: str = _opt("4", "steps between model averages of the local mode, one run set "
-                            "per number")
+    local_steps: str = _opt("4", "steps between model averages of the local and diloco modes, "
+                            "one run set per number")
     seeds: int | None = _opt(None, "seeds per mode (0, 1, ...)", type=int)
     stragglers: str | None = _opt(None, "straggler conditions (see hvdtrain train --help, "
                                   "--straggler): none; the last worker slowed, 3x or 50ms; one "

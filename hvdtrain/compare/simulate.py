@@ -16,6 +16,8 @@ many workers it saturates as a real one does.
     local H     each worker takes H optimizer steps of its own, then the models are averaged;
                 as in sync.py a round also ends at an evaluation or an epoch's end, where the
                 optimizer state is averaged too
+    diloco H    local H whose rounds average the pseudo-gradients and take DiLoCo's outer
+                Nesterov step (rules/local_sgd.py, as local_sgd.py does)
     async, SSP  an event queue by completion time; the server applies each gradient on arrival
                 at lr; SSP holds back a worker more than s pushes ahead; --staleness-lr and
                 DC-ASGD: the real server's rule objects (rules/), driven on the virtual clock
@@ -63,6 +65,7 @@ from ..ps.shard_optimizer import ShardOptimizer
 from ..replica import Replica
 from ..rules.accumulator import RoundSum
 from ..rules.clocks import Versions, WorkerClocks
+from ..rules.local_sgd import RoundRule, round_rule
 from ..rules.registry import server_rules
 from ..rules.statistics import RuleStatistics
 from ..scheme import Progress
@@ -524,17 +527,22 @@ class Simulation:
         H steps the models are averaged (an allreduce); a round ends when the slowest worker
         has taken its steps. As in sync.py a round also ends early wherever the model is read
         (an evaluation, an epoch's end), and at epoch ends the optimizer state is averaged too.
-        The rate is sync's (lr * N): with H = 1 this is sync training, step for step."""
+        The rate is sync's (lr * N): with H = 1 this is sync training, step for step. What a
+        round averages, and where the workers go on from, is the real scheme's rule
+        (rules/local_sgd.py): the parameters, or DiLoCo's pseudo-gradients and outer step,
+        whose workers' rate the rule scales as local_sgd.py does."""
         cfg = self.setup.cfg
         for w in self.workers:
             w.params = self.setup.model.flat.clone()
             w.optimizer = ShardOptimizer(w.params, self.chunks, cfg.optim)
+        rule = round_rule([self.setup.model.flat], cfg.sync.outer_lr, cfg.sync.outer_momentum)
+        scale = rule.inner_lr_scale(self.num_workers)
         step = 0
         while step < self.total_steps:
             epoch_end = (step // self.steps_per_epoch + 1) * self.steps_per_epoch
             end = min(step + self.mode.local_steps, epoch_end, self._next_due(step))
-            busy = [self._local_steps(w, range(step, end)) for w in self.workers]
-            average = _average_into([w.params for w in self.workers])
+            busy = [self._local_steps(w, range(step, end), scale) for w in self.workers]
+            average = self._round(rule)
             if end == epoch_end:
                 for name in self.workers[0].optimizer.vectors:  # momentum, Adam's moments
                     _average_into([w.optimizer.vectors[name] for w in self.workers])
@@ -546,13 +554,22 @@ class Simulation:
             self._maybe_evaluate(self.now, average)
         self._finish(self.workers[0].params)
 
-    def _local_steps(self, w: _Worker, steps: range) -> float:
+    def _round(self, rule: RoundRule) -> torch.Tensor:
+        """One averaging round of ``rule`` over the workers' flat parameters, as an allreduce of
+        what each worker sends; every worker goes on from the result, which is returned."""
+        [average] = rule.merged([_average_into([rule.sent([w.params])[0]
+                                                for w in self.workers])])
+        for w in self.workers:
+            w.params.copy_(average)
+        return average
+
+    def _local_steps(self, w: _Worker, steps: range, lr_scale: float) -> float:
         """Worker ``w``'s optimizer steps on its own weights; returns the seconds they took."""
         seconds = 0.0
         own = self.timing.step_seconds
         for step in steps:
             grad = self._gradient(w, w.params)
-            _apply(w.optimizer, self.chunks, grad, self._lr(step, self.num_workers))
+            _apply(w.optimizer, self.chunks, grad, self._lr(step, lr_scale))
             seconds += self.timing.loop_seconds + own + self._delay(w, step, own)
         return seconds
 

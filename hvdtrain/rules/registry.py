@@ -20,6 +20,8 @@ from .ssp import StalenessBound
 from .staleness_lr import StalenessWeight
 
 DC_LAMBDA = 0.04  # the DC-ASGD strength the comparison uses (Zheng et al. 2017's default range)
+DILOCO_OUTER_LR = 0.7        # DiLoCo's outer step as in Douillard et al. 2023
+DILOCO_OUTER_MOMENTUM = 0.9
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class Mode:
     """One row of the comparison: an update scheme and its settings, as ``hvdtrain train``
     flags. The simulator reads the same fields, so a mode means one thing in both."""
 
-    name: str                    # sync, local4, async, ssp2, backup1, async-slr, dcasgd, ...
+    name: str                    # sync, local4, diloco8, async, ssp2, backup1, async-slr, dcasgd, ...
     scheme: str = "async"        # "sync" (Horovod) or "async" (parameter server)
     staleness: float = math.inf  # async: the SSP bound; 0 with bsp
     bsp: bool = False            # async: lock-step rounds through the server
@@ -35,6 +37,8 @@ class Mode:
     staleness_lr: bool = False   # async: each step scaled by 1/max(1, staleness)
     dc_lambda: float = 0.0       # async: DC-ASGD delay compensation
     local_steps: int = 1         # sync: average the models every H steps (local SGD)
+    outer_lr: float = 0.0        # local SGD: DiLoCo's outer Nesterov step (0: plain averaging)
+    outer_momentum: float = 0.0  # DiLoCo: the outer step's momentum
 
     @property
     def is_async(self) -> bool:
@@ -42,8 +46,10 @@ class Mode:
 
     def train_flags(self) -> list[str]:
         if not self.is_async:
+            outer = (["--outer-lr", f"{self.outer_lr:g}", "--outer-momentum",
+                      f"{self.outer_momentum:g}"] if self.outer_lr else [])
             return ["--mode", "sync", *(["--local-steps", str(self.local_steps)]
-                                        if self.local_steps != 1 else [])]
+                                        if self.local_steps != 1 else []), *outer]
         # Nobody trains while worker 0 evaluates, as in sync mode: the time to target is read
         # on worker 0's training clock, which leaves the evaluations out.
         if self.bsp:
@@ -61,7 +67,8 @@ class Mode:
         """The Config options (flag names with underscores) that train_flags set, so that
         Config.validate refuses the same combinations."""
         if not self.is_async:
-            return {"mode": "sync", "local_steps": self.local_steps}
+            return {"mode": "sync", "local_steps": self.local_steps, "outer_lr": self.outer_lr,
+                    "outer_momentum": self.outer_momentum}
         # --bsp rounds have no staleness bound: its flags leave --staleness alone, and so do
         # these options (the round policy never reads it).
         return {"mode": "async", **({} if self.bsp else {"staleness": self.staleness}),
@@ -87,6 +94,10 @@ FAMILIES: dict[str, Family] = {
     "sync": Family(lambda: Mode("sync", scheme="sync")),
     "local": Family(lambda h: Mode(f"local{h}", scheme="sync", local_steps=h),
                     ("local_steps", "--local-steps", "a number of steps, e.g. 4")),
+    "diloco": Family(lambda h: Mode(f"diloco{h}", scheme="sync", local_steps=h,
+                                    outer_lr=DILOCO_OUTER_LR,
+                                    outer_momentum=DILOCO_OUTER_MOMENTUM),
+                     ("local_steps", "--local-steps", "a number of steps, e.g. 4")),
     "async": Family(lambda: Mode("async")),
     "ssp": Family(lambda s: Mode(f"ssp{s}", staleness=float(s)),
                   ("bounds", "--staleness-bounds", "a bound, e.g. 2")),
@@ -100,8 +111,8 @@ MODE_NAMES = ", ".join(FAMILIES)
 
 def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),
           local_steps: list[int] = (4,)) -> list[Mode]:
-    """The named modes; ``ssp``, ``backup`` and ``local`` expand to one mode per staleness
-    bound, number of backup workers and number of local steps."""
+    """The named modes; ``ssp``, ``backup``, ``local`` and ``diloco`` expand to one mode per
+    staleness bound, number of backup workers and number of local steps."""
     lists = {"bounds": bounds, "backups": backups, "local_steps": local_steps}
     out: list[Mode] = []
     for name in names:

@@ -1,4 +1,4 @@
-"""--local-steps (local SGD in sync mode): the options it refuses, and when HorovodSync averages,
+"""--local-steps (local SGD in sync mode): the options it refuses, and when LocalSGDSync averages,
 checked in one process against a stand-in for Horovod that records each collective.
 tests/multiproc/test_local_sgd_multiproc.py checks the arithmetic across real ranks."""
 
@@ -82,11 +82,11 @@ class RecordingHorovod:
 
 
 def local_sgd_scheme(local_steps: int, optimizer: str = "adam"):
-    from hvdtrain.sync import HorovodSync
+    from hvdtrain.local_sgd import LocalSGDSync
 
     cfg = Config.from_overrides({"local_steps": local_steps, "optimizer": optimizer,
                                  "lr": 0.01}).validate()
-    scheme = HorovodSync(cfg, runtime=None)
+    scheme = LocalSGDSync(cfg, runtime=None)
     scheme.hvd = hvd = RecordingHorovod()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6),

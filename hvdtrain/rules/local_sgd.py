@@ -1,0 +1,102 @@
+"""What a local SGD round does with the workers' parameters: plain averaging (Lin et al. 2020)
+or DiLoCo's outer step (Douillard et al. 2023).
+
+Pure arithmetic on lists of tensors, with no collective in it: the caller averages what
+:meth:`RoundRule.sent` returns across the workers (an allreduce in the real scheme, a mean over
+virtual workers in the simulator), then every worker continues from :meth:`RoundRule.merged`.
+The real scheme passes one tensor per parameter, the simulator one flat vector; the arithmetic
+is the same element by element.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+
+class RoundRule:
+    """Local SGD: the workers average their parameters and every worker continues from the
+    mean. It keeps no state between rounds."""
+
+    #: How many times the averaged progress of a round the step to the next start is, once
+    #: any momentum has built up: 1 for plain averaging.
+    gain = 1.0
+
+    def inner_lr_scale(self, sync_scale: float) -> float:
+        """The workers' learning-rate scale, given sync's (N): divided by the gain, so that the
+        combined update moves at sync's rate (see LocalSGDSync.lr_scale)."""
+        return sync_scale / self.gain
+
+    def sent(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The tensors a round averages across workers: the parameters themselves, averaged in
+        place (so the result is bit for bit the allreduce of the parameters)."""
+        return local
+
+    def merged(self, averaged: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters every worker continues from, given the average of what was sent."""
+        return averaged
+
+    def restart(self, params: list[torch.Tensor]) -> None:
+        """The workers (re)start from ``params``: the start of training or of a resume."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        pass
+
+
+class OuterNesterov(RoundRule):
+    """DiLoCo's round: the workers average the pseudo-gradient ``start - local`` (how far their
+    inner steps moved them from the round's start), and an outer SGD with Nesterov momentum,
+    torch's own optimizer, steps the start parameters with it; the result is every worker's
+    next start. With lr 1 and no momentum this is plain averaging: start - (start - mean)."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, momentum: float):
+        # A steady pseudo-gradient d builds the momentum buffer up to d / (1 - m), and Nesterov
+        # steps d + m * d / (1 - m) = d / (1 - m) times lr: 7 times d with the paper's 0.7, 0.9.
+        self.gain = lr / (1 - momentum)
+        self.start = [p.detach().clone() for p in params]
+        # torch refuses Nesterov without momentum; with momentum 0 it is plain outer SGD anyway.
+        self.optimizer = torch.optim.SGD(self.start, lr=lr, momentum=momentum,
+                                         nesterov=momentum > 0)
+
+    def sent(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [s - p for s, p in zip(self.start, local)]
+
+    def merged(self, averaged: list[torch.Tensor]) -> list[torch.Tensor]:
+        for start, delta in zip(self.start, averaged):
+            start.grad = delta
+        self.optimizer.step()
+        for start in self.start:
+            start.grad = None
+        return self.start
+
+    def restart(self, params: list[torch.Tensor]) -> None:
+        with torch.no_grad():
+            for start, p in zip(self.start, params):
+                start.copy_(p)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The round's start parameters and the outer optimizer's state (its momentum)."""
+        # Copies: torch's state_dict hands out the live momentum buffers, and a rule loaded
+        # from it in the same process would step them as its own.
+        return {"start": [s.detach().clone() for s in self.start],
+                "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        """None (a checkpoint of plain local SGD or of sync): no momentum yet."""
+        if not state:
+            return
+        self.restart(state["start"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def round_rule(params: list[torch.Tensor], outer_lr: float, outer_momentum: float) -> RoundRule:
+    """The rule of --outer-lr/--outer-momentum: DiLoCo with an outer lr, else plain averaging."""
+    if outer_lr > 0:
+        return OuterNesterov(params, outer_lr, outer_momentum)
+    return RoundRule()
