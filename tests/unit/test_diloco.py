@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hvdtrain.cli import build_parser, config_from_args
-from hvdtrain.compare.plan import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, Mode, modes
+from hvdtrain.rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, Mode, modes
 from hvdtrain.compare.simulate import Simulation, Timing
 from hvdtrain.config import Config, ConfigError
 from hvdtrain.replica import Replica

@@ -18,9 +18,9 @@ ALL = modes(list(FAMILIES), bounds=[2], backups=[1], local_steps=[4])
 
 
 def test_the_table_names_every_mode_of_the_comparison():
-    assert MODE_NAMES == "sync, local, async, ssp, backup, async-slr, dcasgd"
-    assert [m.name for m in ALL] == ["sync", "local4", "async", "ssp2", "backup1", "async-slr",
-                                     "dcasgd"]
+    assert MODE_NAMES == "sync, local, diloco, async, ssp, backup, async-slr, dcasgd"
+    assert [m.name for m in ALL] == ["sync", "local4", "diloco4", "async", "ssp2", "backup1",
+                                     "async-slr", "dcasgd"]
 
 
 @pytest.mark.parametrize("mode", ALL, ids=[m.name for m in ALL])
@@ -30,7 +30,7 @@ def test_a_mode_s_flags_set_its_config_options(mode):
     options = mode.config_options()
     assert cfg.run.mode == options.pop("mode")
     for name, value in options.items():
-        section = cfg.sync if name == "local_steps" else cfg.ps
+        section = cfg.sync if name in ("local_steps", "outer_lr", "outer_momentum") else cfg.ps
         assert getattr(section, name) == value, name
 
 
