@@ -146,7 +146,7 @@ class UpdateScheme:
         evaluation, and the training clock (which leaves evaluations out) would lose it; waited
         for before, it counts as training, as the next step would have counted it. Async with
         --eval-pauses-workers: the others stop at their next push, and sleep afterwards what
-        they computed meanwhile (ps/server.py _resume)."""
+        they computed meanwhile (ps/pauses.py EvalPauses.resume)."""
         return contextlib.nullcontext()
 
     def run(self, loop: Callable[[], None], progress: Progress) -> None:
