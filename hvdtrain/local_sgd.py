@@ -152,6 +152,18 @@ class LocalSGDSync(HorovodSync):
         self._share_everything()  # the last round may be shorter than H steps
         return False
 
+    def _warn_of_early_rounds(self) -> None:
+        """An evaluation inside a round ends it early; under DiLoCo each early round is one
+        more outer momentum step, which changes training (simulated on digits: evaluations
+        every 4 steps of H = 8 left DiLoCo at 0.78 test accuracy, against 0.95 every 8)."""
+        every = self.cfg.run.eval_every_steps
+        if self.cfg.sync.outer_lr and every and every % self.local_steps and \
+                self.runtime.rank == 0:
+            print(f"hvdtrain: warning: --eval-every-steps {every} is not a multiple of "
+                  f"--local-steps {self.local_steps}: every evaluation inside a DiLoCo round "
+                  "ends the round early with an extra outer momentum step, which slows "
+                  f"training; use a multiple of {self.local_steps}", flush=True)
+
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()  # ends the round: the rule's start is the shared model
@@ -162,6 +174,7 @@ class LocalSGDSync(HorovodSync):
         """As sync's start; then the rule starts its first round from the shared parameters,
         and on resume takes rank 0's outer state (DiLoCo: the same on every rank when saved)."""
         super().start(state, resuming)
+        self._warn_of_early_rounds()
         self.rule.restart(self._params())
         if resuming:
             outer = state.get("outer") if state is not None else None

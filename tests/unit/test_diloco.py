@@ -4,16 +4,17 @@ process, and the simulator's use of the same rule. tests/multiproc/test_diloco_m
 trains it across real ranks."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hvdtrain.cli import build_parser, config_from_args
-from hvdtrain.rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, Mode, modes
 from hvdtrain.compare.simulate import Simulation, Timing
 from hvdtrain.config import Config, ConfigError
 from hvdtrain.replica import Replica
 from hvdtrain.rules.local_sgd import OuterNesterov, RoundRule, round_rule
+from hvdtrain.rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, Mode, modes
 
 from test_local_sgd import RecordingHorovod, take_steps
 
@@ -264,3 +265,15 @@ def test_simulated_diloco_steps_its_workers_at_sync_rate_over_the_gain():
                 p -= lr / 0.5 * g
     expected = start - 0.5 * (start - flat_model(model))
     assert torch.allclose(sim.final_parameters, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("every, warned", [(4, True), (16, False), (0, False)])
+def test_evaluations_inside_a_round_are_warned_of(every, warned, capsys):
+    """Each evaluation inside a DiLoCo round ends it with an extra outer momentum step."""
+    scheme, _ = diloco_scheme(local_steps=8)
+    scheme.cfg.run.eval_every_steps = every
+    scheme.runtime = SimpleNamespace(rank=0)
+    scheme._warn_of_early_rounds()
+    out = capsys.readouterr().out
+    assert ("--eval-every-steps 4 is not a multiple of --local-steps 8" in out) == warned
+    assert bool(out) == warned
