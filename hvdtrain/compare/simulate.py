@@ -23,7 +23,9 @@ many workers it saturates as a real one does.
                 DC-ASGD: the real server's rule objects (rules/), driven on the virtual clock
     bsp/backup  rounds through the server at lr * (N - b) (ps/client.py); with b backup workers
                 a round closes with the first N-b gradients computed on its parameters, and a
-                later one is dropped, its worker going on from the new parameters
+                later one is dropped, its worker going on from the new parameters. Plain bsp
+                keeps each worker's own share; with backup workers the job's batches go to
+                whoever asks, as under async (the round policy's fixed_shares)
 
 Evaluations fall where a real run's do (the ends of epochs, --eval-every-steps), on the whole
 test split, and take no virtual time. A global step, the step of the curves, is every worker's
@@ -305,7 +307,7 @@ class _Worker:
     pulled_version: int = 0               # async: the server's version it last received
     optimizer: ShardOptimizer | None = None  # local SGD: its own optimizer state
     started: float = 0.0                  # virtual time its current step began
-    piece: tuple[int, int, int] | None = None  # async: the piece of the job's plan it holds
+    piece: tuple[int, int, int] | None = None  # the job's batches: the piece of the plan it holds
     slot: int = NO_SLOT                   # ... and its slot number
     position: int = 0                     # ... the job's global step after its last piece
     _pieces: list = field(default_factory=list)  # ... fed to its batch source
@@ -314,7 +316,8 @@ class _Worker:
 
     def next_batch(self):
         """The batch a real worker of this rank trains on at its next step: its own share's
-        next one, or under async the piece of the job's plan it was handed (ps/dispatch.py)."""
+        next one, or the piece of the job's plan it was handed (async, backup workers:
+        ps/dispatch.py)."""
         if self.piece is not None:
             return self._piece_batch()
         per_epoch = self.plan.steps_per_epoch
@@ -349,6 +352,8 @@ class PushRecord:
     clock: int             # the worker's pushes, this one included
     staleness: int | None  # None: dropped (a late backup worker's gradient)
     ahead: float           # clock minus the slowest running worker's clock (SSP bounds it)
+    slot: int = NO_SLOT    # the batch of the job's plan it carried (ps/dispatch.py); NO_SLOT
+                           # under fixed shares: batch clock - 1 of its worker's own share
 
 
 # --- the run --------------------------------------------------------------------------------------
@@ -608,7 +613,8 @@ class _ServerRun:
     computes its next step on those weights.
 
     What a push does is the real server's rules (rules/registry.server_rules on the run's
-    Config): the same round policy, apply step, round sum and statistics objects."""
+    Config): the same round policy, apply step, round sum and statistics objects. The policy
+    also says whether the workers keep fixed shares or take the job's batches (fixed_shares)."""
 
     ARRIVE, DONE = 0, 1
 
@@ -630,9 +636,10 @@ class _ServerRun:
         # asynchronous update applies one worker's gradient alone.
         self.lr_scale = self.policy.lr_scale(sim.num_workers)
         self.events: list[tuple[float, float, int, int]] = []
-        # Without lock-step rounds the job's plan is handed out to whoever asks, as server 0
-        # does (ps/dispatch.py); rounds keep each worker's own share (client.batch_feed).
-        self.dispatcher = None if self.policy.lock_step else BatchDispatcher(SlotPlan(
+        # As client.batch_feed, the round policy says: the job's plan handed out to whoever
+        # asks, as server 0 does (ps/dispatch.py), under async and backup workers; plain --bsp
+        # keeps each worker's own share.
+        self.dispatcher = None if self.policy.fixed_shares else BatchDispatcher(SlotPlan(
             sim.steps_per_epoch, sim.num_workers, cfg.run.epochs))
 
     def run(self) -> None:
@@ -692,22 +699,25 @@ class _ServerRun:
             self.clocks.finished.add(w.rank)
 
     def _arrive(self, w: _Worker, at: float) -> None:
-        # The worker's schedule, in its header: its own steps, or the job's position (async).
+        # The worker's schedule, in its header: its own steps, or the job's position when it
+        # trains the job's batches (async, backup workers).
         lr = self.sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
         grad = self.sim._gradient(w, w.params)
+        slot = w.slot
         if self.dispatcher is not None:  # server 0 takes the push's slot, hands out the next
-            self.dispatcher.complete(w.slot)
+            self.dispatcher.complete(slot)
             self._hand_out(w)
         self.stats.pushed(True)
         self.clocks.push(w.rank, w.steps)
         if self.policy.lock_step:
-            self._arrive_in_round(w, at, grad.numpy(), lr)
+            self._arrive_in_round(w, at, grad.numpy(), lr, slot)
         else:
-            self._apply_now(w, at, grad.numpy(), lr)
+            self._apply_now(w, at, grad.numpy(), lr, slot)
             self.sim._maybe_evaluate(self.free_at, self.params)
         self.sim.now = max(self.sim.now, self.free_at)
 
-    def _apply_now(self, w: _Worker, at: float, grad: np.ndarray, lr: float) -> None:
+    def _apply_now(self, w: _Worker, at: float, grad: np.ndarray, lr: float,
+                   slot: int) -> None:
         """ps/pushes.py AsyncPushes: the policy's reply, the apply step (staleness weight,
         DC-ASGD), the update."""
         reply_now = self.policy.may_reply(self.clocks, w.rank)
@@ -719,7 +729,7 @@ class _ServerRun:
         self.versions.updated()
         self.sim._changed = True
         done = self._serve(at, self.timing.apply_seconds)
-        self._record(w, done, staleness)
+        self._record(w, done, staleness, slot)
         if reply_now:
             self._reply(w, done)
         else:
@@ -731,18 +741,19 @@ class _ServerRun:
         for rank in self.policy.released(self.clocks, list(self.held)):
             self._reply(self.held.pop(rank), at)
 
-    def _arrive_in_round(self, w: _Worker, at: float, grad: np.ndarray, lr: float) -> None:
+    def _arrive_in_round(self, w: _Worker, at: float, grad: np.ndarray, lr: float,
+                         slot: int) -> None:
         """--bsp: a gradient computed on this round's weights joins the round; one computed on
         older weights (a late backup worker's) is dropped, and its worker goes on at once
         from the current weights."""
         if self.policy.is_late(self.versions, w.rank):
             done = self._serve(at, 0.0)
             self.stats.dropped()
-            self._record(w, done, None)
+            self._record(w, done, None, slot)
             self._reply(w, done)
             return
         done = self._serve(at, self.timing.apply_seconds)  # adding it into the round's sum
-        self._record(w, done, 0)
+        self._record(w, done, 0, slot)
         self.round.add(0, grad.size, grad)
         self.round.join(True)
         self.round_lr = lr
@@ -774,9 +785,9 @@ class _ServerRun:
             self._release(served)
         self.sim.now = max(self.sim.now, at, self.free_at)
 
-    def _record(self, w: _Worker, at: float, staleness: int | None) -> None:
+    def _record(self, w: _Worker, at: float, staleness: int | None, slot: int) -> None:
         self.sim.pushes.append(PushRecord(at, w.rank, w.steps, staleness,
-                                          w.steps - min(self.clocks.clocks)))
+                                          w.steps - min(self.clocks.clocks), slot))
 
 
 # --- entry points ---------------------------------------------------------------------------------

@@ -100,12 +100,14 @@ class ParameterServerClient(UpdateScheme):
     def batch_feed(self, steps_per_epoch: int, epochs: int, lookahead: int) -> BatchFeed | None:
         """Progress is the job's (ps/dispatch.py): server 0 hands out the epochs' batches as
         the workers ask, so a fast worker takes more of them and an epoch ends when its
-        batches are used up. Lock-step rounds (--bsp, backup workers) keep a fixed share per
-        worker: every round takes one batch of each worker anyway, and a round with backup
-        workers drops the late ones' batches by design."""
-        if self.cfg.ps.bsp:
+        batches are used up. The round policy says where that holds (its ``fixed_shares``):
+        plain --bsp keeps a fixed share per worker, as every round takes one batch of each;
+        backup workers take the job's batches, or a straggler whose gradients are dropped
+        would train most of its share alone at the end (issue 25)."""
+        num_workers = self.topology.num_workers
+        if server_rules(self.cfg.ps, num_workers).policy.fixed_shares:
             return None
-        plan = SlotPlan(steps_per_epoch, self.topology.num_workers, epochs)
+        plan = SlotPlan(steps_per_epoch, num_workers, epochs)
         # One slot ahead of what the source reads ahead: the next one arrives with each push's
         # reply, so the worker never waits for the hand-out.
         self.feed = _SlotFeed(SlotQueue(plan), depth=1 + lookahead, fetch=self._request_slots)

@@ -24,6 +24,11 @@ def check_backup_workers(backup_workers: int, num_workers: int) -> None:
 class BackupWorkers(LockStepRounds):
     """Rounds of the first N-b fresh pushes; a late push's gradient does not count."""
 
+    # The job's batches go to whoever asks (ps/dispatch.py), as under async. With a fixed share
+    # the straggler, whose gradients are dropped, would still hold most of its share when the
+    # others finish, and train it alone in rounds of one gradient at lr x (N-b) (issue 25).
+    fixed_shares = False
+
     def __init__(self, num_workers: int, backup_workers: int):
         check_backup_workers(backup_workers, num_workers)
         super().__init__(num_workers)

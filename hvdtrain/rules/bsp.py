@@ -20,6 +20,9 @@ class LockStepRounds:
 
     lock_step = True  # gradients are summed into rounds (accumulator.RoundSum)
     backup_workers = 0
+    # Each worker trains a fixed share of every epoch rather than the job's batches from server
+    # 0 (ps/dispatch.py): every round takes one batch of each worker anyway.
+    fixed_shares = True
 
     def __init__(self, num_workers: int):
         self.num_workers = num_workers

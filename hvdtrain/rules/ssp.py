@@ -24,6 +24,7 @@ class StalenessBound:
     it, and a held one goes once the slowest has caught up."""
 
     lock_step = False  # gradients are applied on arrival, not summed into rounds
+    fixed_shares = False  # the job's batches go to whoever asks (ps/dispatch.py)
 
     def __init__(self, bound: float):
         self.bound = bound

@@ -48,6 +48,17 @@ def test_a_straggler_is_left_out_of_the_rounds_and_nothing_stale_is_applied(tmp_
     assert epochs[-1]["test_loss"] < math.log(10)  # below a uniform guess over 10 classes
 
 
+def test_the_straggler_takes_the_jobs_batches_and_trains_none_alone_at_the_end(tmp_path):
+    # 3 workers + 1 server, the last one 3x slower. With a fixed share it still held most of
+    # its batches when the fast workers finished and trained them alone, in dozens of rounds
+    # of one gradient at lr x (N-b) (issue 25); from server 0's plan all run out together.
+    run(mpirun(4, *hvdtrain("train", *QUIET, *BACKUP, "--straggler", "3x", "--epochs", "2",
+                            "--run-dir", str(tmp_path))))
+    (stats,) = servers(tmp_path)
+    assert stats["gradients_per_round"].get("1", 0) <= 1, stats["gradients_per_round"]
+    assert stats["batches_left"] == 0, stats["batches_per_worker"]
+
+
 def test_zero_backup_workers_is_plain_bsp(tmp_path):
     flags = [*QUIET, "--mode", "async", "--bsp", "--epochs", "1", "--max-steps-per-epoch", "8"]
     run(mpirun(3, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "bsp"))))

@@ -1,7 +1,9 @@
 """rules/bsp.py, rules/backup.py and rules/accumulator.py: when a round closes, which pushes are
-late, and what the round averages, without a server."""
+late, what the round averages, and whose workers keep fixed shares, without a server."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pytest
@@ -11,6 +13,8 @@ from hvdtrain.rules.accumulator import RoundSum
 from hvdtrain.rules.backup import BackupWorkers
 from hvdtrain.rules.bsp import LockStepRounds
 from hvdtrain.rules.clocks import Versions, WorkerClocks
+from hvdtrain.rules.registry import Mode, server_rules
+from hvdtrain.rules.ssp import StalenessBound
 
 
 def test_plain_bsp_waits_for_every_running_worker():
@@ -68,3 +72,15 @@ def test_the_round_averages_the_gradients_that_came():
     assert (total.pushes, total.gradients) == (0, 0) and not total.total.any()
     total.join(False)
     assert total.mean() is None  # nothing to apply
+
+
+def test_only_plain_lock_step_rounds_keep_a_fixed_share_per_worker():
+    # Every plain --bsp round takes one batch of each worker. With backup workers a straggler's
+    # dropped gradients would leave it most of a fixed share to train alone at the end (issue
+    # 25), so they, like async workers, take the job's batches (ps/dispatch.py).
+    assert LockStepRounds(3).fixed_shares
+    assert not BackupWorkers(3, 1).fixed_shares
+    assert not StalenessBound(math.inf).fixed_shares and not StalenessBound(2).fixed_shares
+    for backups, fixed in ((0, True), (1, False)):  # what the client and the simulator ask
+        ps = Mode("m", staleness=0.0, bsp=True, backup_workers=backups)
+        assert server_rules(ps, 3).policy.fixed_shares == fixed

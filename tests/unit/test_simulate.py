@@ -20,6 +20,7 @@ from hvdtrain.compare.simulate import (Simulation, Timing, config_from_train_arg
 from hvdtrain.config import ConfigError, DataConfig, ModelConfig
 from hvdtrain.data.builtin import load_dataset
 from hvdtrain.models import build_model
+from hvdtrain.ps.dispatch import SlotPlan
 from hvdtrain.stragglers import parse_straggler
 
 SYNC = Mode("sync", scheme="sync")
@@ -202,15 +203,23 @@ def test_backup_workers_drop_the_straggler_gradients(workers):
     straggler = workers - 1
     fast_done = max(p.time for p in sim.pushes if p.worker != straggler)
     late = [p for p in sim.pushes if p.worker == straggler]
-    assert len(late) == per_worker  # it takes every step of its budget
-    # Its steps last 3 s (1 s of compute, then 2 s of sleep): a push at t carries a gradient of
-    # the weights it received at t - 3. While the others run, a round has closed since then:
-    # dropped. Once they are done, it alone makes the rounds: applied. (Its first push, at 1 s
-    # with everyone's, may make the first round: all were computed on the initial weights.)
+    # Steps of 1 s; the straggler sleeps 2 s after each of its own: it pushes at 1, 4, 7, ...
+    # (a dropped push is answered at once). The job's batches go to whoever asks next, so it
+    # trains fewer of them than a fixed share would give it.
+    times = [[1.0 + k for k in range(workers * per_worker)]] * (workers - 1)
+    trained = handed_out([*times, [1.0 + 3 * k for k in range(workers * per_worker)]],
+                         workers * per_worker)
+    assert len(late) == trained[straggler] < per_worker
+    assert [p.time for p in late] == [1.0 + 3 * k for k in range(len(late))]
+    # A push at t carries a gradient of the weights it received at t - 3. While the others
+    # run, a round has closed since then: dropped. Only a push computed after they are done
+    # could be applied, in a round of its own, and the job's batches leave it at most one.
+    # (Its first push, at 1 s with everyone's, may make the first round: all were computed
+    # on the initial weights.)
     fresh = [p.time - 3 >= fast_done for p in late[1:]]
     assert [p.staleness == 0 for p in late[1:]] == fresh
     assert [p.staleness is None for p in late[1:]] == [not f for f in fresh]
-    assert 3 <= fresh.count(False) < per_worker
+    assert fresh.count(False) >= 3 and fresh.count(True) <= 1
     applied = sum(1 for p in sim.pushes if p.staleness is not None)
     assert sim.result.staleness_histogram == {0: applied}
     assert sim.result.mean_staleness == 0
@@ -226,6 +235,22 @@ def test_backup_rounds_take_the_first_n_minus_b_and_drop_the_rest():
     assert len(dropped) == per_worker * n - rounds * (n - b)
     assert rounds == per_worker  # every step, one round of N-b; its b late gradients dropped
     assert len(set(dropped)) > 1  # not always the same rank: no shard is left out for good
+
+
+def test_backup_workers_share_the_jobs_batches_so_no_worker_trains_on_alone():
+    # One backup among 3 workers, the last 3x slower: its gradients are dropped while the
+    # others push. With a fixed share per worker it still held two thirds of its batches
+    # when they had finished, and trained them alone in rounds of one gradient at lr x (N-b)
+    # (issue 25: 2 points of test accuracy). From the job's batches, all end together.
+    per_epoch = 12
+    sim = simulation(Mode("backup1", staleness=0.0, bsp=True, backup_workers=1), 3,
+                     *steps(1, per_epoch), straggler="3x")
+    assert len(sim.pushes) == 3 * per_epoch  # the job's batches, each trained once
+    fast_done = max(p.time for p in sim.pushes if p.worker != 2)
+    alone = [p for p in sim.pushes if p.time > fast_done]
+    assert len(alone) <= 1, [(p.worker, p.clock, p.staleness) for p in alone]
+    assert sum(p.worker == 2 for p in sim.pushes) < per_epoch  # the fast ones took more
+    assert sorted(p.slot for p in sim.pushes) == list(range(3 * per_epoch))
 
 
 def test_lock_step_server_rounds_equal_sync_training():
@@ -358,7 +383,8 @@ def test_local_sgd_final_model_equals_an_independent_computation():
 
 def test_backup_rounds_apply_their_gradients_at_n_minus_b_times_the_rate():
     # Two workers, one backup: each round applies the one gradient that came first (the
-    # server's order at a tie is the simulator's draw, read from its record), at lr * (N - b).
+    # server's order at a tie is the simulator's draw, read from its record), at lr * (N - b),
+    # computed on the batch of the job's plan that its push carried.
     n, b, batch, per_epoch, seed, lr = 2, 1, 32, 6, 2, 0.05
     sim = simulation(Mode("backup1", staleness=0.0, bsp=True, backup_workers=b), n,
                      "--batch-size", str(batch), *steps(1, per_epoch), "--warmup-epochs", "0",
@@ -367,9 +393,11 @@ def test_backup_rounds_apply_their_gradients_at_n_minus_b_times_the_rate():
     assert len(applied) == per_epoch
     data = load_dataset(DataConfig())
     model = digits_model(seed)
-    shard = shards(n, 0, seed, len(data.x_train))
+    plan = SlotPlan(per_epoch, n, 1)  # the job's batches, handed out by server 0
     for push in applied:  # a fresh gradient: computed on the weights of the round before
-        grads = batch_gradient(model, data, shard[push.worker], push.clock - 1, batch)
+        epoch, step, part = plan.locate(push.slot)  # batch `step` of part `part`'s share
+        shard = shards(n, epoch, seed, len(data.x_train))[part]
+        grads = batch_gradient(model, data, shard, step, batch)
         with torch.no_grad():
             for p, g in zip(model.parameters(), grads):
                 p -= lr * (n - b) * g
