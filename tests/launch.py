@@ -108,3 +108,17 @@ def final_model(run_dir: Path) -> dict:
     import torch
 
     return torch.load(Path(run_dir) / "checkpoint.pt", weights_only=True)["model"]
+
+
+def ranks_agree_with_checkpoint(dumps: Path, run_dir: Path) -> dict:
+    """Rank 0's and rank 1's final models (tests/helpers/train_and_dump.py wrote them into
+    ``dumps``) are equal to each other and to the run's checkpoint; returns rank 0's."""
+    import torch
+
+    rank0 = torch.load(Path(dumps) / "rank0.pt", weights_only=True)
+    rank1 = torch.load(Path(dumps) / "rank1.pt", weights_only=True)
+    saved = final_model(run_dir)
+    for name, tensor in rank0.items():
+        assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
+        assert torch.equal(tensor, saved[name]), f"{name} differs from the checkpoint"
+    return rank0

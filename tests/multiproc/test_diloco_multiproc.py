@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from launch import REPO, final_model, hvdtrain, mpirun, records, run
+from launch import REPO, final_model, hvdtrain, mpirun, ranks_agree_with_checkpoint, records, run
 
 pytestmark = pytest.mark.multiproc
 HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")
@@ -23,12 +23,7 @@ def test_digits_reaches_95_percent_and_the_ranks_agree(tmp_path):
     assert all(e["averaging_rounds"] == 3 for e in epochs)  # 22 steps per epoch: 8 + 8 + 6
     [scheme] = records(tmp_path / "run", "scheme")
     assert (scheme["local_steps"], scheme["averaging_rounds"]) == (8, 3 * len(epochs))
-    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
-    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
-    saved = final_model(tmp_path / "run")
-    for name, tensor in rank0.items():
-        assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
-        assert torch.equal(tensor, saved[name]), f"{name} differs from the checkpoint"
+    ranks_agree_with_checkpoint(tmp_path, tmp_path / "run")
 
 
 def test_resume_from_an_epoch_checkpoint_continues_exactly(tmp_path):

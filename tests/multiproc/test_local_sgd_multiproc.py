@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.workload import workload_from_config
-from launch import REPO, final_model, hvdtrain, mpirun, records, run
+from launch import REPO, final_model, hvdtrain, mpirun, ranks_agree_with_checkpoint, records, run
 
 pytestmark = pytest.mark.multiproc
 HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")
@@ -63,12 +63,7 @@ def test_ranks_agree_and_match_an_independent_local_sgd(tmp_path):
     flags = [*PLAIN_SGD, "--local-steps", "4"]
     run(mpirun(WORKERS, sys.executable, HELPER, str(tmp_path), *flags,
                "--run-dir", str(tmp_path / "run")))
-    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
-    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
-    saved = final_model(tmp_path / "run")
-    for name, tensor in rank0.items():
-        assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
-        assert torch.equal(tensor, saved[name]), f"{name} differs from the checkpoint"
+    rank0 = ranks_agree_with_checkpoint(tmp_path, tmp_path / "run")
 
     expected = simulate_local_sgd(flags, local_steps=4)
     every_step = simulate_local_sgd(flags, local_steps=1)

@@ -16,7 +16,7 @@ from hvdtrain.replica import Replica
 from hvdtrain.rules.local_sgd import OuterNesterov, RoundRule, round_rule
 from hvdtrain.rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, Mode, modes
 
-from test_local_sgd import RecordingHorovod, take_steps
+from test_local_sgd import RecordingHorovod, local_sgd_scheme, take_steps
 
 
 def mean(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -117,18 +117,8 @@ def test_bad_outer_settings_are_refused_with_the_fix(flags, message):
 
 # --- the scheme, in one process -------------------------------------------------------------
 def diloco_scheme(local_steps: int = 4, outer_lr: float = 0.7, outer_momentum: float = 0.9):
-    from hvdtrain.local_sgd import LocalSGDSync
-
-    cfg = Config.from_overrides({"local_steps": local_steps, "outer_lr": outer_lr,
-                                 "outer_momentum": outer_momentum, "optimizer": "sgd",
-                                 "lr": 0.05}).validate()
-    scheme = LocalSGDSync(cfg, runtime=None)
-    scheme.hvd = hvd = RecordingHorovod()
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6),
-                                torch.nn.Linear(6, 3))
-    scheme.attach(Replica(model, torch.device("cpu")))
-    return scheme, hvd
+    return local_sgd_scheme(local_steps, optimizer="sgd", lr=0.05, outer_lr=outer_lr,
+                            outer_momentum=outer_momentum)
 
 
 def flat(scheme) -> torch.Tensor:

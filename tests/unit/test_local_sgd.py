@@ -81,11 +81,13 @@ class RecordingHorovod:
         return names
 
 
-def local_sgd_scheme(local_steps: int, optimizer: str = "adam"):
+def local_sgd_scheme(local_steps: int, optimizer: str = "adam", lr: float = 0.01, **options):
+    """A LocalSGDSync on a small model with a recording stand-in for Horovod; ``options`` are
+    further Config overrides (DiLoCo's outer_lr, outer_momentum)."""
     from hvdtrain.local_sgd import LocalSGDSync
 
     cfg = Config.from_overrides({"local_steps": local_steps, "optimizer": optimizer,
-                                 "lr": 0.01}).validate()
+                                 "lr": lr, **options}).validate()
     scheme = LocalSGDSync(cfg, runtime=None)
     scheme.hvd = hvd = RecordingHorovod()
     torch.manual_seed(0)
