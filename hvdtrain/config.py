@@ -402,7 +402,13 @@ class RunConfig:
                           "3x@0.1 or 50ms@0.1 (at each step, with probability 0.1, one random "
                           "worker is slowed so); exp:50ms or pareto:50ms (every worker waits a "
                           "random delay with mean 50 ms at each step: exponential, or Pareto "
-                          "with shape 1.5, heavy-tailed). Random draws follow --seed")
+                          "with shape 1.5, heavy-tailed). Random draws follow --seed. A factor "
+                          "stretches the worker's compute in proportion to its samples, as a "
+                          "slower device does (--balance can remove it); a fixed delay is a "
+                          "cost per step that no batch share removes")
+    slow_rank_factor: float = _opt(1.5, "warn, once per epoch, about a worker whose median "
+                                   "compute time per step is this many times the median of "
+                                   "the others' (naming its rank, host and PID); 0: never warn")
 
     def validate(self) -> None:
         r = self
@@ -419,6 +425,8 @@ class RunConfig:
         _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
                  "use 0 (at epoch ends only) or a positive number of steps")
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        _require(r.slow_rank_factor == 0 or r.slow_rank_factor > 1, "--slow-rank-factor",
+                 r.slow_rank_factor, "use 0 (never warn) or a factor above 1, e.g. 1.5")
         _require(0 <= r.seed <= MAX_SEED, "--seed", r.seed, SEED_RANGE)
         if r.tensorboard:
             import importlib.util

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .replica import BatchStats, Replica
+
+if TYPE_CHECKING:
+    from .loop.step_times import RankStepTimes
 
 T = TypeVar("T")
 
@@ -170,6 +173,19 @@ class UpdateScheme:
 
     def epoch_done(self, progress: Progress) -> None:
         """After every epoch's checkpoint."""
+
+    def take_wait_seconds(self) -> float:
+        """Seconds of the last step spent waiting for the other workers (in the collective, or
+        for the server's reply), then 0 until the next step; the rest of the step is this
+        worker's compute (loop/step_times.py). A scheme with nothing to wait for keeps 0."""
+        return 0.0
+
+    def step_times_measured(self, times: RankStepTimes, epoch: int) -> dict | None:
+        """An epoch's step times of every worker (loop/step_times.py) and the epoch (from 1), on
+        each worker that took part in the epoch line's sum, once the sum is in: in sync at the
+        epoch's end, on every rank alike, before the next epoch's batches are planned. What it
+        returns (a dict, or None) goes into the epoch line."""
+        return None
 
     def take_epoch_metrics(self) -> dict:
         """Figures of the scheme's own for this epoch's log line (a GPU worker's copies); then

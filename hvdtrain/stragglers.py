@@ -58,13 +58,19 @@ class StragglerModel:
         return min(int(_uniform("who", seed, global_step) * num_workers), num_workers - 1)
 
     def delay(self, worker: int, num_workers: int, global_step: int, step_seconds: float,
-              seed: int) -> float:
-        """Seconds ``worker`` waits after ``global_step`` (counted from 0), which took
-        ``step_seconds``. The same arguments give the same answer, in any process."""
+              seed: int, work: float = 1.0) -> float:
+        """Seconds ``worker`` waits after ``global_step`` (counted from 0), which computed for
+        ``step_seconds`` on ``work`` times --batch-size samples. The same arguments give the
+        same answer, in any process.
+
+        A factor is a slower device: its extra time is in proportion to the samples it computes
+        (``(factor - 1) * step_seconds * work``), so a worker given a smaller share of the
+        global batch (--balance) waits less. A fixed delay (``50ms``) is a cost per step, such
+        as a slow link, that no share of the batch removes."""
         if self.kind in ("last", "random"):
             if self.slowed_worker(num_workers, global_step, seed) != worker:
                 return 0.0
-            return (self.factor - 1) * step_seconds + self.seconds
+            return (self.factor - 1) * step_seconds * work + self.seconds
         if self.kind in ("exp", "pareto"):
             u = _uniform(self.kind, seed, worker, global_step)
             if self.kind == "exp":

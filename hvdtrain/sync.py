@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from typing import Any, Callable, TypeVar
 
 import torch
@@ -56,6 +57,7 @@ class HorovodSync(UpdateScheme):
         self.replica: Replica | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._stop_vote = None  # the handle of the stop vote started at the previous step
+        self._waited = 0.0  # seconds the last step waited for the allreduce (take_wait_seconds)
 
     @property
     def stall_timeout_s(self) -> float:
@@ -94,11 +96,19 @@ class HorovodSync(UpdateScheme):
         parts = [self.replica.forward_backward(xs, ys, grad_scale=1.0 / self.accumulation)
                  for xs, ys in zip(split_batch(x, self.accumulation),
                                    split_batch(y, self.accumulation))]
+        # Horovod allreduces in the background as backward produces gradients; the optimizer
+        # step waits for the results, so its time is the wait for the other ranks.
+        started = time.perf_counter()
         self._update()
+        self._waited = time.perf_counter() - started
         stats = parts[0]
         for part in parts[1:]:
             stats += part
         return stats
+
+    def take_wait_seconds(self) -> float:
+        waited, self._waited = self._waited, 0.0
+        return waited
 
     def _update(self) -> None:
         """The optimizer step once the step's backward passes are done."""

@@ -5,7 +5,7 @@ add hooks here."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..config import RunConfig
 from ..stragglers import parse_straggler
@@ -20,7 +20,12 @@ class TrainingError(RuntimeError):
 class StepResult:
     progress: Progress  # before the step is counted: progress.step steps of the epoch are done
     loss: float         # this worker's mean loss over the batch
-    seconds: float      # how long the step took
+    seconds: float      # how long the step computed: its time less its wait for the others
+    samples: int = 0    # samples it trained (--balance gives unequal shares); 0: --batch-size
+    waited: float = 0.0  # how long it waited for the others (scheme.take_wait_seconds)
+    # when the step started (time.perf_counter), so that a hook after the straggler's sleep
+    # can tell the step's whole time
+    started: float = field(default_factory=time.perf_counter)
 
 
 class StepHook:
@@ -35,11 +40,14 @@ class StepHook:
 
 class Straggler(StepHook):
     """--straggler: sleep after a step as long as the straggler model says this worker waits,
-    to study slow workers (the model and its draws are in stragglers.StragglerModel)."""
+    to study slow workers (the model and its draws are in stragglers.StragglerModel). It is
+    given the step's compute time, without the wait for the others, so that a factor stretches
+    the worker's own work, as a slower device's would."""
 
-    def __init__(self, spec: str, seed: int = 0):
+    def __init__(self, spec: str, seed: int = 0, batch_size: int = 0):
         self.model = parse_straggler(spec)
         self.seed = seed  # --seed: the random forms draw from (seed, worker, global step)
+        self.batch_size = batch_size  # the share a factor's time is given for
         self.worker, self.num_workers = 0, 1
 
     def bind_world(self, worker: int, num_workers: int) -> None:
@@ -48,10 +56,15 @@ class Straggler(StepHook):
     def after_step(self, step: StepResult) -> None:
         if self.model.active:
             seconds = self.model.delay(self.worker, self.num_workers, step.progress.global_step,
-                                       step.seconds, self.seed)
+                                       step.seconds, self.seed, self._work(step.samples))
             if seconds > 0:
                 time.sleep(seconds)
 
 
+    def _work(self, samples: int) -> float:
+        """The step's samples over --batch-size: a factor stretches the work done."""
+        return samples / self.batch_size if samples and self.batch_size else 1.0
+
+
 def default_hooks(run: RunConfig) -> list[StepHook]:
-    return [Straggler(run.straggler, run.seed)]
+    return [Straggler(run.straggler, run.seed, run.batch_size)]

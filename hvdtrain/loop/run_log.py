@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..config import Config
 from ..run_output import ProgressBar, package_versions
@@ -20,6 +20,7 @@ from ..models import count_parameters
 from ..replica import BatchStats
 from ..scheme import PendingSum, Progress, UpdateScheme
 from .sinks import Sink, SinkFactory, close_all, default_sinks
+from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, StepTimer, table
 
 
 @dataclass
@@ -97,7 +98,8 @@ def means(vector: list[float], names: list[str]) -> tuple[float, dict[str, float
 class RunLog:
     def __init__(self, epochs: int, scheme: UpdateScheme, metric_names: list[str],
                  is_main: bool, progress_bar: bool, log_steps: bool,
-                 sinks: SinkFactory = default_sinks):
+                 sinks: SinkFactory = default_sinks, timer: StepTimer | None = None,
+                 step_times_listeners: list[Callable[[RankStepTimes, int], dict | None]] = ()):
         self.epochs = epochs
         self.is_main = is_main
         self.scheme = scheme
@@ -108,6 +110,14 @@ class RunLog:
         self.bar = ProgressBar(enabled=is_main and progress_bar)
         self.history: list[EpochResult] = []
         self.totals = EpochTotals(metric_names)
+        # This worker's step times (a hook of the trainer's), summed with the epoch line; the
+        # listeners are called with each epoch's step times of every worker (and the epoch, from
+        # 1), on every worker that gets the epoch line's sum: the slow-rank check, then the
+        # scheme (UpdateScheme.step_times_measured). What one returns (a dict, or None) goes
+        # into the epoch line.
+        self.timer = timer or StepTimer()
+        self.step_times_listeners = [*step_times_listeners,
+                                     *([scheme.step_times_measured] if scheme else [])]
         # Lines waiting for their sums across workers, in the order written, each with the
         # number of the sum_later it waits for (-1: none, an eval line).
         self._pending: list[tuple[PendingSum, dict[str, Any], int]] = []
@@ -147,6 +157,7 @@ class RunLog:
     # --- the epoch ------------------------------------------------------------------------------
     def start_epoch(self, epoch: int, steps: int) -> None:
         self.totals = EpochTotals(self.names)
+        self.timer.start_epoch()
         self.bar.start_epoch(epoch + 1, self.epochs, steps)
 
     def step(self, epoch: int, global_step: int, lr: float, loss: float,
@@ -177,7 +188,9 @@ class RunLog:
         record = {"type": "epoch", "epoch": epoch + 1, "step": global_step, "lr": lr,
                   "workers": workers, "seconds": seconds, "wall_seconds": wall_seconds,
                   "test": test, "extra": extra}
-        self._post(self.totals.as_vector(seconds), record)
+        worker, num_workers = self.scheme.workers()
+        self._post(self.totals.as_vector(seconds) + self.timer.vector(worker, num_workers),
+                   {**record, "step_time_workers": num_workers})
         self.flush()
 
     def evaluation(self, epoch: int, global_step: int,
@@ -254,6 +267,7 @@ class RunLog:
 
     def _finish_epoch(self, values: list[float], record: dict[str, Any]) -> None:
         train_loss, train_metrics = means(values, self.names)
+        step_times, noted = self._step_times(values, record)
         test_loss, test_metrics = (record["test"] if record["test"]
                                    else (None, {name: None for name in self.names}))
         result = EpochResult(record["epoch"], train_loss, test_loss, record["seconds"],
@@ -267,7 +281,20 @@ class RunLog:
                    workers=record["workers"], samples=int(values[1]),
                    train_loss=rec.pop("train_loss"),
                    **{k: v for k, v in rec.items() if k not in ("epoch", "lr")},
-                   **record["extra"])
+                   **record["extra"], step_times=step_times.as_record(), **noted)
+
+    def _step_times(self, values: list[float],
+                    record: dict[str, Any]) -> tuple[RankStepTimes, dict[str, Any]]:
+        """The epoch's step times by worker, from the slots after the totals (EpochTotals),
+        and what the listeners add to the epoch line; they hear of them before the line is
+        written, so that a warning comes before it."""
+        workers = record["step_time_workers"]
+        first = len(values) - len(STEP_TIME_FIELDS) * workers
+        times = table(values[first:], workers)
+        noted: dict[str, Any] = {}
+        for listener in self.step_times_listeners:
+            noted.update(listener(times, record["epoch"]) or {})
+        return times, noted
 
 
 def summary_line(result: EpochResult, epochs: int) -> str:

@@ -31,6 +31,8 @@ from .evaluator import Evaluator
 from .hooks import StepResult, default_hooks
 from .run_log import EpochResult, RunLog, run_header
 from .sinks import build_sinks
+from .slow_ranks import SlowRankCheck
+from .step_times import StepTimer
 from .stopping import Stopping, Verdict
 from .target import TargetStop
 from .watchdog import StallWatchdog
@@ -52,10 +54,12 @@ class Trainer:
         self.clock = TrainingClock()
         self.stopping = Stopping(run, scheme, self.checkpointer, self.best,
                                  TargetStop(run, names, has_test), self.clock)
-        self.hooks = [*default_hooks(run), self.stopping]  # its loss guard
+        self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(run, runtime.rank)
+        self.hooks = [*default_hooks(run), self.stopping, slow_ranks, self.step_timer]
         self._bind_world()
         self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
-                          partial(build_sinks, run))
+                          partial(build_sinks, run), self.step_timer, [slow_ranks])
+        self.history: list[EpochResult] = self.log.history  # the epochs' results, in order
         self.progress = Progress(workers=self.num_workers)
         # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.
         self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size,
@@ -68,10 +72,6 @@ class Trainer:
         self.plan.bind_world(self.worker_rank, self.num_workers)
         for hook in self.hooks:
             hook.bind_world(self.worker_rank, self.num_workers)
-
-    @property
-    def history(self) -> list[EpochResult]:
-        return self.log.history
 
     # --- the run --------------------------------------------------------------------------------
     def fit(self) -> list[EpochResult]:
@@ -141,8 +141,9 @@ class Trainer:
         started = time.perf_counter()
         stats = self.scheme.step(x, y, lr)
         loss = stats.loss_sum.item() / stats.count
-        done = StepResult(p, loss, time.perf_counter() - started)
-        for hook in self.hooks:
+        waited = self.scheme.take_wait_seconds()
+        done = StepResult(p, loss, time.perf_counter() - started - waited, stats.count, waited)
+        for hook in self.hooks:  # the last, the step timer, counts the straggler's delay too
             hook.after_step(done)
         before = p.global_step
         self.plan.advance(p)

@@ -68,6 +68,7 @@ class ParameterServerClient(UpdateScheme):
         self.worker_rank = worker_comm.Get_rank()
         self.is_main = self.worker_rank == 0
         self.pull_every = cfg.ps.pull_every
+        self._waited = 0.0  # seconds the last step's push waited (take_wait_seconds)
         self.backup_workers = cfg.ps.backup_workers
         check_backup_workers(self.backup_workers, topology.num_workers)  # as the servers do
         self._started = False  # the servers have their INIT: other requests may follow
@@ -274,14 +275,20 @@ class ParameterServerClient(UpdateScheme):
                 else:
                     view.copy_(p.grad)
             self.copies.gradients_to_host(self._chunks)
+        started = time.perf_counter()  # the push and the reply: the wait for the servers
         self.push(lr, samples=stats.count,
                   want_params=self.clock % self.pull_every == self.pull_every - 1,
                   gradient=finite)
+        self._waited = time.perf_counter() - started
         if self.cfg.ps.eval_pauses_workers:
             self._receive_debt()
         if not self._told_to_stop:
             self._told_to_stop = self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=Tag.STOP)
         return stats
+
+    def take_wait_seconds(self) -> float:
+        waited, self._waited = self._waited, 0.0
+        return waited
 
     def agree_to_stop(self, wants: bool) -> bool:
         """The servers coordinate a stop: this worker's next push carries its signal, and every

@@ -1,0 +1,81 @@
+"""--balance: each worker's share of a fixed global batch, in proportion to its measured speed.
+
+One definition, used by the real run (balance.py, re-planned at epoch ends from the measured
+step times) and by the simulator (compare/simulate.py, mode ``balanced``).
+
+A worker that computed ``samples[i]`` samples per step in ``compute[i]`` seconds per step has a
+throughput of ``samples[i] / compute[i]``; the next shares are the global batch split in
+proportion to those throughputs. If a step's time were proportional to its samples, the next
+steps would take equally long on every worker. Where a step also has a fixed part, the shares
+approach that point over a few re-plans instead, so each re-plan moves only ``damping`` of the
+way (1: all of it), which keeps the shares from swinging. A floor keeps every worker in the
+round, so that its speed is still measured and a device that recovers gets its share back.
+
+Gradients: each worker's mean-loss gradient is weighted by its share of the global batch
+(``gradient_weight``), so that Horovod's average of them is the mean-loss gradient of the
+whole global batch, as one process computes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def equal_shares(global_batch: int, workers: int) -> list[int]:
+    """The shares before anything is measured: the global batch split evenly."""
+    base, extra = divmod(global_batch, workers)
+    return [base + (1 if w < extra else 0) for w in range(workers)]
+
+
+def plan_shares(global_batch: int, samples: Sequence[int], compute: Sequence[float],
+                floor: int = 1, granularity: int = 1, damping: float = 0.5) -> list[int]:
+    """The next shares of ``global_batch`` (each a multiple of ``granularity``, at least
+    ``floor``, adding up to ``global_batch``) from the shares ``samples`` that took ``compute``
+    seconds per step. A worker without a figure (compute 0) keeps its share."""
+    n = len(samples)
+    if n != len(compute) or n == 0:
+        raise ValueError(f"{n} shares but {len(compute)} step times")
+    if global_batch % granularity or global_batch < n * max(floor, granularity):
+        raise ValueError(f"a global batch of {global_batch} cannot give {n} workers at least "
+                         f"{max(floor, granularity)} samples each in multiples of {granularity}")
+    if any(c <= 0 or not math.isfinite(c) for c in compute):
+        return list(samples)
+    speed = [s / c for s, c in zip(samples, compute)]
+    target = [global_batch * v / sum(speed) for v in speed]
+    wanted = [s + damping * (t - s) for s, t in zip(samples, target)]
+    return apportion(global_batch, wanted, floor, granularity)
+
+
+def apportion(total: int, wanted: Sequence[float], floor: int = 1,
+              granularity: int = 1) -> list[int]:
+    """Whole shares, multiples of ``granularity`` and at least ``floor`` (rounded up to one),
+    that add up to ``total`` and are as close to ``wanted`` as the largest remainders allow."""
+    units = total // granularity
+    least = max(1, math.ceil(floor / granularity))
+    scale = sum(wanted)
+    ideal = [units * w / scale for w in wanted]
+    # Raise the workers below the floor to it, and share the rest among the others in
+    # proportion; repeat, since the rest shrinks as workers reach the floor.
+    fixed: dict[int, int] = {}
+    while True:
+        free = [i for i in range(len(ideal)) if i not in fixed]
+        left = units - least * len(fixed)
+        weight = sum(ideal[i] for i in free)
+        share = {i: left * ideal[i] / weight for i in free}
+        low = [i for i in free if share[i] < least]
+        if not low:
+            break
+        for i in low:
+            fixed[i] = least
+    whole = {i: int(v) for i, v in share.items()}
+    for i in sorted(share, key=lambda i: share[i] - whole[i], reverse=True)[
+            :left - sum(whole.values())]:
+        whole[i] += 1
+    return [(fixed.get(i) or whole[i]) * granularity for i in range(len(ideal))]
+
+
+def gradient_weight(share: int, global_batch: int, workers: int) -> float:
+    """What worker's mean-loss gradient is multiplied by, so that the average over ``workers``
+    (Horovod's Average) is the global batch's mean-loss gradient: ``workers * share / global``."""
+    return workers * share / global_batch
