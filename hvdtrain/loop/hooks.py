@@ -23,8 +23,8 @@ class StepResult:
     seconds: float      # how long the step computed: its time less its wait for the others
     samples: int = 0    # samples it trained (--balance gives unequal shares); 0: --batch-size
     waited: float = 0.0  # how long it waited for the others (scheme.take_wait_seconds)
-    # when the step started (time.perf_counter), so that a hook after the straggler's sleep
-    # can tell the step's whole time
+    # when the step started (time.perf_counter), so that the step timer, the last hook, can
+    # tell the step's whole time, the straggler's sleep included
     started: float = field(default_factory=time.perf_counter)
 
 

@@ -9,6 +9,7 @@ an epoch line's ``train_*`` and ``test_*`` fields become ``train/*`` and ``test/
     train/loss  train/acc  test/loss  test/acc  ...      every epoch (each metric of the workload)
     epoch/lr  epoch/samples_per_sec  epoch/epoch_seconds
     scheme/staleness_histogram  scheme/pushes_applied  ... at the end of an async run
+    step_times/compute_p50/worker1  step_times/wait_p90/worker0  ...  every epoch, by worker
 """
 
 from __future__ import annotations
@@ -68,11 +69,21 @@ class TensorBoardSink:
         for key, value in fields.items():
             if key.endswith("_histogram") and isinstance(value, dict) and value:
                 self.histogram(tag(kind, key), value)
+            elif key == "step_times" and isinstance(value, dict):
+                self.per_worker(value)
             elif (isinstance(value, (int, float)) and not isinstance(value, bool)
                   and key not in NOT_PLOTTED):
                 self.writer.add_scalar(tag(kind, key), value, self.step)
         if kind != "step":  # a killed job keeps its epochs; step lines wait for the timed flush
             self.writer.flush()
+
+    def per_worker(self, step_times: dict[str, list]) -> None:
+        """An epoch's step times (loop/step_times.py): a curve per figure and worker, in
+        seconds, so that a slow worker's curve stands apart from the others'."""
+        for name, values in step_times.items():
+            if name not in ("steps", "samples"):
+                for worker, value in enumerate(values):
+                    self.writer.add_scalar(f"step_times/{name}/worker{worker}", value, self.step)
 
     def _stop(self, error: Exception) -> None:
         self.failed = True

@@ -142,7 +142,8 @@ class Trainer:
         stats = self.scheme.step(x, y, lr)
         loss = stats.loss_sum.item() / stats.count
         waited = self.scheme.take_wait_seconds()
-        done = StepResult(p, loss, time.perf_counter() - started - waited, stats.count, waited)
+        done = StepResult(p, loss, time.perf_counter() - started - waited, stats.count, waited,
+                          started)
         for hook in self.hooks:  # the last, the step timer, counts the straggler's delay too
             hook.after_step(done)
         before = p.global_step

@@ -152,7 +152,7 @@ class ParameterServer:
             # Its slot is done; its next one goes out now, before the reply, which may be held.
             self.dispatcher.complete(int(self.header[H_SLOT]))
             self._hand_out(worker, 1)
-        self.load.push(int(self.header[H_SIZE]), now)
+        self.load.push(worker, int(self.header[H_SIZE]), now)
         has_gradient = not flags & NO_GRADIENT
         self.stats.pushed(has_gradient)
         self.clocks.push(worker, int(self.header[H_CLOCK]))

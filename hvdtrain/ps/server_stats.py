@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import resource
 import time
+from collections import deque
 from typing import Any
+
+import numpy as np
 
 
 def peak_rss_bytes() -> int:
@@ -25,8 +28,13 @@ def current_rss_bytes() -> int | None:
 
 
 class ServerLoad:
+    # Each worker's latest push intervals, enough for steady percentiles in bounded memory.
+    INTERVALS_KEPT = 4096
+
     def __init__(self, num_workers: int):
         self.pushes_received = 0
+        self.last_push_of = [None] * num_workers  # when each worker's last push arrived
+        self.intervals = [deque(maxlen=self.INTERVALS_KEPT) for _ in range(num_workers)]
         self.pushes_reported = [0] * num_workers  # each worker's own count, at DONE
         self.samples_received = 0
         self.first_push: float | None = None
@@ -36,8 +44,12 @@ class ServerLoad:
         self.rss_at_start = peak_rss_bytes()  # MPI and torch are loaded, no tensors yet
         self.rss_at_first_push: int | None = None
 
-    def push(self, samples: int, now: float) -> None:
+    def push(self, worker: int, samples: int, now: float) -> None:
         self.pushes_received += 1
+        if self.last_push_of[worker] is not None:
+            # The server's view of the worker's pace: its compute, its link and its waits.
+            self.intervals[worker].append(now - self.last_push_of[worker])
+        self.last_push_of[worker] = now
         self.samples_received += samples
         if self.first_push is None:
             self.first_push = now
@@ -52,6 +64,15 @@ class ServerLoad:
                 "peak_rss_bytes": peak_rss_bytes(), "rss_at_start_bytes": self.rss_at_start,
                 "rss_at_first_push_bytes": self.rss_at_first_push,
                 "rss_at_end_bytes": current_rss_bytes(),
-                "updates": updates, **rules,
+                "updates": updates, **rules, **self.push_intervals(),
                 "busy_seconds": round(self.busy_seconds, 3),
                 "wall_seconds": round(time.perf_counter() - self.started, 3)}
+
+    def push_intervals(self) -> dict[str, list]:
+        """Each worker's p50 and p90 seconds between pushes (None: fewer than two pushes)."""
+        p50, p90 = [], []
+        for kept in self.intervals:
+            low, high = np.percentile(kept, [50, 90]) if kept else (None, None)
+            p50.append(None if low is None else round(float(low), 5))
+            p90.append(None if high is None else round(float(high), 5))
+        return {"push_interval_p50_seconds": p50, "push_interval_p90_seconds": p90}
