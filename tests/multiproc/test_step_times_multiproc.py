@@ -1,0 +1,59 @@
+"""Per-worker step times in real jobs: a sync run names its slow rank, a run without one names
+none, and an async run records each worker's step times and the servers' view of its pushes."""
+
+import re
+import socket
+
+import pytest
+
+from launch import hvdtrain, mpirun, records, run
+
+pytestmark = pytest.mark.multiproc
+
+WARNING = re.compile(r"slow rank (\d+) \(worker (\d+), host (\S+), pid (\d+)\): in epoch (\d+)")
+
+
+def _train(run_dir, *args, np=2):
+    proc = run(mpirun(np, *hvdtrain("train", "--no-progress", "--run-dir", str(run_dir),
+                                    *args)))
+    return proc.stdout + proc.stderr, records(run_dir, "epoch")
+
+
+def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
+    out, epochs = _train(tmp_path / "slow", "--straggler", "3x", "--epochs", "3")
+    warnings = WARNING.findall(out)
+    # One warning per epoch, from rank 1 itself: its own host and PID, no message gathered.
+    assert [(rank, worker, epoch) for rank, worker, _, _, epoch in warnings] == \
+        [("1", "1", "1"), ("1", "1", "2"), ("1", "1", "3")], out
+    assert {host for _, _, host, _, _ in warnings} == {socket.gethostname()}
+    assert "--balance" in out
+    for epoch in epochs:
+        times = epoch["step_times"]
+        assert times["steps"] == [epoch["step"] // epoch["epoch"]] * 2
+        # the straggler computes about 3x as long and waits least; worker 0 waits for it
+        assert times["compute_p50"][1] > 2 * times["compute_p50"][0], times
+        assert times["wait_p50"][0] > times["wait_p50"][1], times
+        assert 2 < epoch["slow_workers"]["1"] < 5 and "0" not in epoch["slow_workers"]
+
+
+def test_no_false_alarm_without_a_straggler(tmp_path):
+    # 89 steps an epoch (--batch-size 8): a median over that many is not one hiccup of the
+    # shared machine's scheduler
+    for attempt in range(3):
+        out, epochs = _train(tmp_path / f"even{attempt}", "--epochs", "3", "--batch-size", "8")
+        assert "slow rank" not in out, out
+        assert all("slow_workers" not in e and len(e["step_times"]["compute_p50"]) == 2
+                   for e in epochs)
+
+
+def test_an_async_run_records_worker_step_times_and_push_intervals(tmp_path):
+    out, epochs = _train(tmp_path / "async", "--mode", "async", "--straggler", "3x",
+                         "--epochs", "3", np=3)
+    assert re.search(r"slow rank \d+ \(worker 1,", out), out
+    last = epochs[-1]["step_times"]
+    assert last["compute_p50"][1] > 2 * last["compute_p50"][0] > 0, last
+    # async hands the batches to whoever asks: the fast worker trains more of them
+    assert last["samples"][0] > last["samples"][1] > 0
+    server = records(tmp_path / "async", "scheme")[0]["servers"][0]
+    p50 = server["push_interval_p50_seconds"]
+    assert len(p50) == 2 and p50[1] > 1.5 * p50[0], server

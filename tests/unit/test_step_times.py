@@ -1,0 +1,134 @@
+"""Per-worker step times (loop/step_times.py), the slow-rank check (loop/slow_ranks.py) and the
+straggler's delay in proportion to a worker's samples (stragglers.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from hvdtrain.cli import build_parser, config_from_args
+from hvdtrain.config import ConfigError
+from hvdtrain.loop import hooks
+from hvdtrain.loop.run_log import RunLog
+from hvdtrain.loop.slow_ranks import SlowRankCheck, slow_workers
+from hvdtrain.loop.step_times import FIELDS, RankStepTimes, StepTimer, table
+from hvdtrain.scheme import PendingSum, Progress, UpdateScheme
+from hvdtrain.stragglers import parse_straggler
+
+
+def _timer(compute, wait, samples=32):
+    timer = StepTimer()
+    for c, w in zip(compute, wait):
+        timer.record(c, w, samples)
+    return timer
+
+
+def test_each_worker_fills_its_own_slots_and_the_sum_is_the_table():
+    fast = _timer([0.001, 0.002, 0.003, 0.004, 0.100], [0.01] * 5)
+    slow = _timer([0.009] * 4, [0.0] * 4, samples=16)
+    summed = [a + b for a, b in zip(fast.vector(0, 2), slow.vector(1, 2))]
+    times = table(summed, 2)
+    assert times.steps == (5, 4) and times.samples == (160, 64)
+    assert times.compute_p50 == pytest.approx((0.003, 0.009))
+    assert times.compute_mean == pytest.approx((0.022, 0.009))
+    assert times.compute_p90[0] == pytest.approx(0.0616)  # numpy's linear interpolation
+    assert times.wait_p50 == pytest.approx((0.01, 0.0))
+    assert RankStepTimes.from_record(json.loads(json.dumps(times.as_record()))) == \
+        RankStepTimes(**{k: tuple(v) for k, v in times.as_record().items()})
+    # a worker that trained nothing in the epoch (async) reports zeros, not an error
+    assert StepTimer().vector(1, 3) == [0.0] * (3 * len(FIELDS))
+
+
+def test_the_timer_counts_the_hooks_before_it_as_compute_and_leaves_out_the_wait():
+    timer = StepTimer()
+    started = time.perf_counter() - 0.05  # the step began 50 ms ago, 20 ms of it waiting
+    timer.after_step(hooks.StepResult(Progress(), 0.5, 0.03, 32, 0.02, started))
+    assert timer.wait == [0.02] and 0.03 <= timer.compute[0] < 0.2 and timer.samples == 32
+
+
+def test_slow_workers_are_named_against_the_median_of_the_others():
+    assert slow_workers((0.001, 0.0031), 1.5) == {1: pytest.approx(3.1)}
+    assert slow_workers((0.001, 0.0012, 0.0011, 0.004), 1.5) == {3: pytest.approx(4 / 1.1)}
+    assert slow_workers((0.001, 0.0014), 1.5) == {}  # noise, not a straggler
+    assert slow_workers((0.001, 0.01), 0) == {} and slow_workers((0.01,), 1.5) == {}
+
+
+def _times(p50):
+    n = len(p50)
+    return RankStepTimes((10,) * n, (320,) * n, tuple(p50), tuple(p50), tuple(p50),
+                         (0.0,) * n, (0.0,) * n)
+
+
+def test_only_the_slow_worker_warns_with_its_rank_host_pid_and_what_to_do(capsys):
+    run = config_from_args(build_parser().parse_args(["train"])).run
+    check = SlowRankCheck(run, rank=3)
+    check.bind_world(1, 2)
+    assert check(_times([0.001, 0.003]), 2) == {"slow_workers": {"1": 3.0}}
+    out = capsys.readouterr().out
+    assert "slow rank 3 (worker 1, host " in out and "pid " in out and "epoch 2" in out
+    assert "3.0x" in out and "--balance" in out and "--backup-workers" in out
+    check.bind_world(0, 2)  # the fast worker only notes it in the epoch line
+    assert check(_times([0.001, 0.003]), 2) == {"slow_workers": {"1": 3.0}}
+    assert capsys.readouterr().out == ""
+    assert check(_times([0.001, 0.0011]), 3) == {}
+
+
+def test_the_slow_rank_factor_is_checked():
+    with pytest.raises(ConfigError, match="--slow-rank-factor: invalid value 0.5; use 0"):
+        config_from_args(build_parser().parse_args(["train", "--slow-rank-factor", "0.5"]))
+    run = config_from_args(build_parser().parse_args(["train", "--slow-rank-factor", "0"])).run
+    check = SlowRankCheck(run, rank=1)
+    check.bind_world(1, 2)
+    assert check(_times([0.001, 0.01]), 1) == {}
+
+
+def test_a_factor_stretches_the_samples_computed_and_a_fixed_delay_does_not():
+    factor, fixed = parse_straggler("3x"), parse_straggler("50ms")
+    assert factor.delay(1, 2, 0, 0.01, 0) == pytest.approx(0.02)
+    assert factor.delay(1, 2, 0, 0.01, 0, work=0.25) == pytest.approx(0.005)
+    assert fixed.delay(1, 2, 0, 0.01, 0, work=0.25) == pytest.approx(0.05)
+
+
+def test_the_straggler_hook_gives_the_model_its_share_of_the_batch(monkeypatch):
+    slept = []
+    monkeypatch.setattr(hooks.time, "sleep", slept.append)
+    hook = hooks.Straggler("3x", seed=0, batch_size=32)
+    hook.bind_world(1, 2)
+    hook.after_step(hooks.StepResult(Progress(), 0.5, 0.01, samples=8))
+    hook.after_step(hooks.StepResult(Progress(), 0.5, 0.01, samples=32))
+    assert slept == [pytest.approx(0.005), pytest.approx(0.02)]
+
+
+class _Summed(UpdateScheme):
+    """Two workers' epoch sums: this worker's vector plus the other's, at once."""
+
+    def __init__(self, other):
+        self.other = other
+        self.heard = []
+
+    def workers(self):
+        return 0, 2
+
+    def sum_later(self, values):
+        return PendingSum([a + b for a, b in zip(values, self.other + [0.0] * len(values))])
+
+    def step_times_measured(self, times, epoch):
+        self.heard.append((times, epoch))
+        return {"batch_shares": [40, 24]}
+
+
+def test_the_epoch_line_carries_every_workers_step_times(tmp_path):
+    other = _timer([0.004] * 3, [0.0] * 3).vector(1, 2)
+    scheme = _Summed([0.0] * 5 + other)  # the other worker's totals: nothing but its times
+    timer = _timer([0.001] * 3, [0.003] * 3)
+    log = RunLog(1, scheme, ["acc"], True, False, False, timer=timer)
+    log.open(tmp_path, append=False, header={})
+    log.end_epoch(0, 3, 0.1, 2, None, 0.1, {})
+    log.close()
+    line = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert line["step_times"]["compute_p50"] == [0.001, 0.004]
+    assert line["step_times"]["steps"] == [3, 3]
+    assert line["batch_shares"] == [40, 24]  # what the scheme noted
+    assert scheme.heard[0][1] == 1 and scheme.heard[0][0].compute_p50 == (0.001, 0.004)
