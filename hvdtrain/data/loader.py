@@ -3,7 +3,9 @@
 Map-style datasets (``__getitem__`` and ``__len__``)
     The DataLoader's batch sampler yields exactly the rows of builtin.epoch_batches for this
     worker, so a map-style dataset gives the same batches as InMemoryBatches over the same
-    tensors, and the global-batch guarantee carries over. Evaluation reads builtin.eval_shard.
+    tensors, and the global-batch guarantee carries over; under --balance, the rows of
+    builtin.share_batches (unequal shares of the same global batches). Evaluation reads
+    builtin.eval_shard.
 
 Streams (``IterableDataset``): the split rule
     Sample i of the stream goes to worker i % num_workers (round-robin). Each worker cuts its
@@ -38,7 +40,7 @@ import select
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -47,7 +49,7 @@ from torch.utils.data import default_collate
 
 from ..config import ConfigError
 from .batches import BatchSource, PartRows, to_device
-from .builtin import DataError, epoch_batches, eval_shard
+from .builtin import DataError, epoch_batches, eval_shard, share_batches
 
 
 class LoaderBatches(BatchSource):
@@ -106,12 +108,16 @@ class LoaderBatches(BatchSource):
 
     # --- batches ---------------------------------------------------------------------------
     def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
-                      seed: int, first_step: int, steps: int) -> Iterator[tuple[Any, Any]]:
+                      seed: int, first_step: int, steps: int,
+                      shares: Sequence[int] | None = None) -> Iterator[tuple[Any, Any]]:
         self._check_steps(first_step, steps, batch_size, num_workers)
+        self._check_shares(shares)
         if first_step == steps:
             return
         if not self.is_stream:
-            rows = epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+            rows = (epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+                    if shares is None else
+                    share_batches(self.num_samples, batch_size, worker, shares, epoch, seed))
             self._batches.batches = rows[first_step:steps].tolist()
             yield from self._iterate()
             return
@@ -141,6 +147,11 @@ class LoaderBatches(BatchSource):
 
     @property
     def random_access(self) -> bool:
+        return not self.is_stream
+
+    @property
+    def takes_shares(self) -> bool:
+        # A stream's split rule deals samples round-robin, one at a time, to equal shares.
         return not self.is_stream
 
     @property
