@@ -38,3 +38,28 @@ def test_unequal_shares_update_as_one_process_on_the_global_batch(tmp_path):
         for key in model:
             worst = (model[key] - other[key]).abs().max().item()
             assert worst < 1e-5, f"{name}: {key} differs by {worst}"
+
+
+def test_a_straggler_gets_a_smaller_share_and_digits_still_learns(tmp_path):
+    run(mpirun(2, *hvdtrain("train", "--straggler", "3x", "--balance", "--epochs", "10",
+                            "--no-progress", "--run-dir", str(tmp_path))))
+    epochs = records(tmp_path, "epoch")
+    shares = [e["batch_shares"] for e in epochs]
+    assert shares[0] == [32, 32], shares  # nothing is measured before the first epoch
+    assert all(sum(s) == 64 and min(s) >= 8 for s in shares), shares  # the floor: 0.25 x 32
+    # Rank 1, the straggler, trains well under half of the global batch once re-planned.
+    later = sorted(s[1] for s in shares[2:])
+    assert later[len(later) // 2] <= 24, shares
+    assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+    assert all(e["samples"] == 64 * 22 for e in epochs)  # every sample of every global batch
+
+
+def test_a_resumed_run_continues_with_the_checkpoints_shares(tmp_path):
+    flags = ["--straggler", "3x", "--balance", "--no-progress", "--run-dir", str(tmp_path)]
+    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "3")))
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["batch_shares"]
+    assert saved == records(tmp_path, "epoch")[-1]["next_batch_shares"] and saved != [32, 32]
+    proc = run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "4", "--resume",
+                                   str(tmp_path))))
+    assert records(tmp_path, "epoch")[-1]["batch_shares"] == saved
+    assert "are not used" not in proc.stdout
