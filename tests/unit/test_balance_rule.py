@@ -190,3 +190,50 @@ def test_what_balance_does_not_compose_with_is_refused(flags, match):
 def test_balance_composes_with_accumulation_and_fp16():
     Config.from_overrides({"balance": True, "backward_passes_per_step": 2,
                            "compression": "fp16"}).validate()
+
+
+# --- the scheme ---------------------------------------------------------------------------------
+def balanced_scheme(monkeypatch, **options):
+    """A BalancedSync for rank 0 of 2, without a launcher (Horovod's size and rank stood in)."""
+    import horovod.torch as hvd
+
+    from hvdtrain.balance import BalancedSync
+
+    monkeypatch.setattr(hvd, "size", lambda: 2)
+    monkeypatch.setattr(hvd, "rank", lambda: 0)
+    cfg = Config.from_overrides({"balance": True, **options}).validate()
+    return BalancedSync(cfg, runtime=None)
+
+
+def times(samples, compute, steps=(22, 22)):
+    from hvdtrain.loop.step_times import RankStepTimes
+
+    return RankStepTimes(steps=steps, samples=tuple(s * n for s, n in zip(samples, steps)),
+                         compute_p50=compute, compute_p90=compute, compute_mean=compute,
+                         wait_p50=(0, 0), wait_p90=(0, 0))
+
+
+def test_the_scheme_replans_at_epoch_ends_and_logs_both_shares(monkeypatch):
+    scheme = balanced_scheme(monkeypatch, balance_damping=1.0)
+    assert scheme.batch_shares() == [32, 32]
+    noted = scheme.step_times_measured(times([32, 32], (0.001, 0.003)), epoch=1)
+    assert noted == {"batch_shares": [32, 32], "next_batch_shares": [48, 16]}
+    assert scheme.batch_shares() == [48, 16]
+    # A very slow worker stops at the floor, a quarter of the equal share.
+    scheme.step_times_measured(times([48, 16], (0.001, 0.1)), epoch=2)
+    assert scheme.batch_shares() == [56, 8]
+
+
+def test_the_scheme_keeps_its_shares_without_figures(monkeypatch):
+    scheme = balanced_scheme(monkeypatch)
+    scheme.shares = [40, 24]
+    scheme.step_times_measured(times([40, 24], (0.001, 0.003), steps=(0, 0)), epoch=3)
+    assert scheme.batch_shares() == [40, 24]
+
+
+def test_shares_are_multiples_of_the_backward_passes(monkeypatch):
+    scheme = balanced_scheme(monkeypatch, backward_passes_per_step=4, balance_floor=0.1,
+                             balance_damping=1.0)
+    scheme.step_times_measured(times([32, 32], (0.001, 0.05)), epoch=1)
+    assert all(s % 4 == 0 for s in scheme.batch_shares()) and min(scheme.batch_shares()) == 4
+    assert scheme._fits([56, 8]) and not scheme._fits([58, 6]) and not scheme._fits([32, 32, 0])

@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""--balance under a persistent straggler: throughput with and without it, in one run.
+
+Runs ``mpirun -np 2 hvdtrain train --straggler 3x`` on digits without and with ``--balance``
+(otherwise the same flags), alternating in rounds (the order flips from round to round) so the
+machine's drift hits both alike. Throughput is the samples trained per second of training time
+(the epoch lines' samples over their train_seconds, which leave evaluations out), counted from
+epoch ``--skip + 1`` on: the first epoch runs at equal shares, as nothing is measured yet, and
+the shares take a re-plan or two to settle. Prints each round's figures, the ratio of the medians
+(balanced over plain), each round's ratio of the epochs' median rates (less sensitive to a burst
+of load from other jobs on a shared machine), and each mode's final test accuracy, as one JSON
+object.
+
+The issue's goal (26): ratio >= 1.6 with test accuracy >= 0.95. The ceiling under a 3x straggler
+with 2 workers is about 2 where compute is proportional to the samples; a step's fixed costs
+(the allreduce, Python) are paid in full by every worker whatever its share.
+
+    python scripts/bench_balance.py [--rounds 3] [--epochs 30] [--skip 2] [--flags "..."]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from launching import BIN, launch_env, run  # noqa: E402
+
+MODES = {"plain": [], "balanced": ["--balance"]}
+
+
+def measure(args: argparse.Namespace, extra: list[str]) -> dict:
+    """One job: its training throughput after the skipped epochs, its shares, its accuracy."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none",
+               str(BIN / "hvdtrain"), "train", "--dataset", "digits", "--straggler",
+               args.straggler, "--epochs", str(args.epochs), "--no-progress",
+               "--checkpoint-every", "0", "--run-dir", run_dir, *shlex.split(args.flags), *extra]
+        run(cmd, env=launch_env(HERE.parent), timeout=600)
+        with open(Path(run_dir) / "metrics.jsonl") as f:
+            epochs = [r for r in map(json.loads, f) if r["type"] == "epoch"]
+    counted, before = epochs[args.skip:], epochs[args.skip - 1] if args.skip else None
+    seconds = counted[-1]["train_seconds"] - (before["train_seconds"] if before else 0.0)
+    rates, last = [], before["train_seconds"] if before else 0.0
+    for e in counted:  # per epoch: robust to a burst of load from other jobs in one epoch
+        rates.append(e["samples"] / max(e["train_seconds"] - last, 1e-9))
+        last = e["train_seconds"]
+    return {"samples_per_sec": sum(e["samples"] for e in counted) / seconds,
+            "median_epoch_rate": statistics.median(rates),
+            "test_acc": epochs[-1]["test_acc"],
+            "last_shares": epochs[-1].get("batch_shares")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--skip", type=int, default=2, help="epochs left out at the start")
+    parser.add_argument("--straggler", default="3x")
+    parser.add_argument("--flags", default="", help="more hvdtrain train flags, for both")
+    args = parser.parse_args()
+
+    results: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    for r in range(args.rounds):
+        order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
+        for mode in order:
+            results[mode].append(measure(args, MODES[mode]))
+        print(f"round {r + 1}: " + ", ".join(
+            f"{m} {results[m][-1]['samples_per_sec']:,.0f} samples/s "
+            f"(acc {results[m][-1]['test_acc']:.4f})" for m in MODES), flush=True)
+    median = {m: statistics.median(x["samples_per_sec"] for x in results[m]) for m in MODES}
+    print(json.dumps({
+        "straggler": args.straggler, "epochs": args.epochs, "skipped_epochs": args.skip,
+        "rounds": args.rounds,
+        "samples_per_sec": {m: [round(x["samples_per_sec"]) for x in results[m]] for m in MODES},
+        "round_ratios": [round(b["samples_per_sec"] / p["samples_per_sec"], 3)
+                         for p, b in zip(results["plain"], results["balanced"])],
+        "ratio_of_medians": round(median["balanced"] / median["plain"], 3),
+        "median_epoch_rate_ratios": [round(b["median_epoch_rate"] / p["median_epoch_rate"], 3)
+                                     for p, b in zip(results["plain"], results["balanced"])],
+        "test_acc": {m: [x["test_acc"] for x in results[m]] for m in MODES},
+        "balanced_last_shares": [x["last_shares"] for x in results["balanced"]],
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
