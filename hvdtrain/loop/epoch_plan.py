@@ -63,9 +63,7 @@ class EpochPlan:
         self.scheme = scheme
         if scheme.batch_shares() is not None and not self.source.takes_shares:
             raise ConfigError(f"--balance: the training data ({self.source.describe()}) cannot "
-                              "be cut into unequal shares of each global batch (a stream is "
-                              "dealt out round-robin in equal shares); give the dataset "
-                              "__getitem__ and __len__, or drop --balance")
+                              "be cut into unequal shares of each global batch; drop --balance")
         if self.source.random_access:
             self.use_feed(scheme.batch_feed(self.steps_per_epoch, self.run.epochs,
                                             self.source.lookahead))

@@ -163,13 +163,38 @@ def test_both_sources_cut_the_shares_and_resume_mid_epoch(make):
 
 class Stream(torch.utils.data.IterableDataset):
     def __iter__(self):
-        x, y = data(64)
+        x, y = data(100)
         return iter(zip(x, y))
 
 
-def test_a_stream_refuses_balance_with_what_to_do():
-    with pytest.raises(ConfigError, match="--balance.*__getitem__ and __len__"):
-        plan_for(LoaderBatches(Stream(), stream_steps=2), 0, [4, 12])
+def stream_batches(worker, shares, first=0, data_workers=0):
+    source = LoaderBatches(Stream(), stream_steps=6, data_workers=data_workers)
+    try:
+        return [y.tolist() for _, y in plan_for(source, worker, shares).batches(
+            Progress(epoch=1, step=first))]
+    finally:
+        source.close()
+
+
+def test_a_stream_cuts_the_same_global_batches_into_the_shares():
+    equal = [stream_batches(w, [8, 8]) for w in range(2)]
+    assert equal[0][0] == list(range(0, 16, 2)) and equal[1][0] == list(range(1, 16, 2))
+    cut = [stream_batches(w, [4, 12]) for w in range(2)]
+    assert [len(b) for b in cut[0]] == [4] * 6 and [len(b) for b in cut[1]] == [12] * 6
+    for step in range(6):
+        assert cut[0][step] + cut[1][step] == equal[0][step] + equal[1][step]
+    assert stream_batches(1, [4, 12], first=4) == cut[1][4:]  # resume mid-epoch
+
+
+class Fixed(InMemoryBatches):
+    @property
+    def takes_shares(self):
+        return False
+
+
+def test_a_source_that_cannot_cut_shares_refuses_balance():
+    with pytest.raises(ConfigError, match="--balance: the training data"):
+        plan_for(Fixed(*data()), 0, [4, 12])
 
 
 # --- the flags ------------------------------------------------------------------------------
@@ -237,3 +262,7 @@ def test_shares_are_multiples_of_the_backward_passes(monkeypatch):
     scheme.step_times_measured(times([32, 32], (0.001, 0.05)), epoch=1)
     assert all(s % 4 == 0 for s in scheme.batch_shares()) and min(scheme.batch_shares()) == 4
     assert scheme._fits([56, 8]) and not scheme._fits([58, 6]) and not scheme._fits([32, 32, 0])
+
+
+def test_a_stream_with_loader_processes_cuts_the_same_shares():
+    assert stream_batches(1, [4, 12], data_workers=2) == stream_batches(1, [4, 12])
