@@ -15,7 +15,13 @@ The issue's goal (26): ratio >= 1.6 with test accuracy >= 0.95. The ceiling unde
 with 2 workers is about 2 where compute is proportional to the samples; a step's fixed costs
 (the allreduce, Python) are paid in full by every worker whatever its share.
 
+With --within-job it runs one job instead, whose epochs alternate between equal shares and the
+balanced ones (scripts/bench/balance_ab.py), and prints each balanced epoch's rate over the mean
+of the plain epochs beside it: on a shared machine whose load swings from minute to minute,
+adjacent epochs see nearly the same load, separate jobs do not.
+
     python scripts/bench_balance.py [--rounds 3] [--epochs 30] [--skip 2] [--flags "..."]
+    python scripts/bench_balance.py --within-job [--epochs 40]
 """
 
 from __future__ import annotations
@@ -57,6 +63,30 @@ def measure(args: argparse.Namespace, extra: list[str]) -> dict:
             "last_shares": epochs[-1].get("batch_shares")}
 
 
+def within_job(args: argparse.Namespace) -> dict:
+    """One job whose epochs alternate plain / balanced (scripts/bench/balance_ab.py): each
+    balanced epoch's rate over the mean of the plain epochs on either side of it."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        cmd = ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", sys.executable,
+               str(HERE / "bench" / "balance_ab.py"), "--dataset", "digits", "--balance",
+               "--straggler", args.straggler, "--epochs", str(args.epochs), "--no-progress",
+               "--checkpoint-every", "0", "--run-dir", run_dir, *shlex.split(args.flags)]
+        run(cmd, env=launch_env(HERE.parent), timeout=600)
+        with open(Path(run_dir) / "metrics.jsonl") as f:
+            epochs = [r for r in map(json.loads, f) if r["type"] == "epoch"]
+    rates, last = [], 0.0
+    for e in epochs:
+        rates.append(e["samples"] / max(e["train_seconds"] - last, 1e-9))
+        last = e["train_seconds"]
+    # Epoch 2 (index 1) is the first balanced one; from index 1 + skip on, with plain on both sides.
+    ratios = [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2)
+              for i in range(1 + args.skip, len(epochs) - 1) if epochs[i]["ab"] == "balanced"]
+    return {"epoch_ratios": [round(r, 3) for r in ratios],
+            "median_ratio": round(statistics.median(ratios), 3),
+            "balanced_shares": [e["batch_shares"] for e in epochs if e["ab"] == "balanced"][-3:],
+            "test_acc": epochs[-1]["test_acc"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,7 +95,12 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=2, help="epochs left out at the start")
     parser.add_argument("--straggler", default="3x")
     parser.add_argument("--flags", default="", help="more hvdtrain train flags, for both")
+    parser.add_argument("--within-job", action="store_true", help="instead, one job whose "
+                        "epochs alternate plain / balanced (less noise on a shared machine)")
     args = parser.parse_args()
+    if args.within_job:
+        print(json.dumps(within_job(args), indent=1))
+        return
 
     results: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for r in range(args.rounds):
