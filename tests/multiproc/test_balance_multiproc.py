@@ -63,3 +63,16 @@ def test_a_resumed_run_continues_with_the_checkpoints_shares(tmp_path):
                                    str(tmp_path))))
     assert records(tmp_path, "epoch")[-1]["batch_shares"] == saved
     assert "are not used" not in proc.stdout
+
+
+def test_balance_composes_with_accumulation_and_fp16_compression(tmp_path):
+    helper = str(REPO / "tests" / "helpers" / "train_and_dump.py")
+    run(mpirun(2, sys.executable, helper, str(tmp_path), "--straggler", "3x", "--balance",
+               "--backward-passes-per-step", "2", "--compression", "fp16", "--epochs", "3",
+               "--no-progress", "--run-dir", str(tmp_path / "run")))
+    shares = [e["next_batch_shares"] for e in records(tmp_path / "run", "epoch")]
+    assert all(s % 2 == 0 for row in shares for s in row) and shares[-1][1] < 32, shares
+    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
+    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+    for name, tensor in rank0.items():
+        assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
