@@ -78,7 +78,8 @@ def within_job(args: argparse.Namespace) -> dict:
     for e in epochs:
         rates.append(e["samples"] / max(e["train_seconds"] - last, 1e-9))
         last = e["train_seconds"]
-    # Epoch 2 (index 1) is the first balanced one; from index 1 + skip on, with plain on both sides.
+    # Epoch 2 (index 1) is the first balanced one; from index 1 + skip on, each with plain
+    # epochs on both sides.
     ratios = [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2)
               for i in range(1 + args.skip, len(epochs) - 1) if epochs[i]["ab"] == "balanced"]
     return {"epoch_ratios": [round(r, 3) for r in ratios],

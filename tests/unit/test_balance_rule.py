@@ -145,7 +145,8 @@ class Rows(torch.utils.data.Dataset):
         return self.x[i], self.y[i]
 
 
-@pytest.mark.parametrize("make", [lambda: InMemoryBatches(*data()), lambda: LoaderBatches(Rows(100))])
+@pytest.mark.parametrize("make", [lambda: InMemoryBatches(*data()),
+                                  lambda: LoaderBatches(Rows(100))])
 def test_both_sources_cut_the_shares_and_resume_mid_epoch(make):
     shares = [4, 12]
     full = [[y.tolist() for _, y in plan_for(make(), w, shares).batches(Progress(epoch=2))]
