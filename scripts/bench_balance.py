@@ -18,7 +18,9 @@ with 2 workers is about 2 where compute is proportional to the samples; a step's
 With --within-job it runs one job instead, whose epochs alternate between equal shares and the
 balanced ones (scripts/bench/balance_ab.py), and prints each balanced epoch's rate over the mean
 of the plain epochs beside it: on a shared machine whose load swings from minute to minute,
-adjacent epochs see nearly the same load, separate jobs do not.
+adjacent epochs see nearly the same load, separate jobs do not. Beside it, the same ratio of
+worker 0's median step (median compute + median wait), which a burst of load that hits a few
+steps of an epoch leaves out.
 
     python scripts/bench_balance.py [--rounds 3] [--epochs 30] [--skip 2] [--flags "..."]
     python scripts/bench_balance.py --within-job [--epochs 40]
@@ -82,8 +84,14 @@ def within_job(args: argparse.Namespace) -> dict:
     # epochs on both sides.
     ratios = [rates[i] / ((rates[i - 1] + rates[i + 1]) / 2)
               for i in range(1 + args.skip, len(epochs) - 1) if epochs[i]["ab"] == "balanced"]
+    # Robust to bursts that hit a few steps: worker 0's median compute + median wait per step.
+    step = [e["step_times"]["compute_p50"][0] + e["step_times"]["wait_p50"][0] for e in epochs]
+    step_ratios = [(step[i - 1] + step[i + 1]) / 2 / step[i]
+                   for i in range(1 + args.skip, len(epochs) - 1) if epochs[i]["ab"] == "balanced"]
     return {"epoch_ratios": [round(r, 3) for r in ratios],
             "median_ratio": round(statistics.median(ratios), 3),
+            "median_step_ratios": [round(r, 3) for r in step_ratios],
+            "median_of_median_step_ratios": round(statistics.median(step_ratios), 3),
             "balanced_shares": [e["batch_shares"] for e in epochs if e["ab"] == "balanced"][-3:],
             "test_acc": epochs[-1]["test_acc"]}
 
