@@ -54,6 +54,8 @@ def apportion(total: int, wanted: Sequence[float], floor: int = 1,
               granularity: int = 1) -> list[int]:
     """Whole shares, multiples of ``granularity`` and at least ``floor`` (rounded up to one),
     that add up to ``total`` and are as close to ``wanted`` as the largest remainders allow."""
+    if not wanted or min(wanted) < 0 or sum(wanted) <= 0:
+        raise ValueError(f"wanted shares {list(wanted)}: need non-negative ones, not all 0")
     units = total // granularity
     least = max(1, math.ceil(floor / granularity))
     scale = sum(wanted)

@@ -72,6 +72,12 @@ def test_apportion_always_adds_up_and_respects_floor_and_granularity(seed):
     assert sum(shares) == total and all(s >= least and s % g == 0 for s in shares), shares
 
 
+def test_apportion_refuses_wanted_shares_it_cannot_scale():
+    for wanted in ([], [0, 0], [-1, 5]):
+        with pytest.raises(ValueError):
+            apportion(64, wanted)
+
+
 def test_gradient_weights_average_to_the_global_mean():
     # Horovod's Average of weight_i * mean_i equals the mean over the union.
     rng = np.random.default_rng(0)
