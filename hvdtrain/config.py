@@ -188,6 +188,21 @@ class SyncConfig:
                                      "most this many steps")
     sync_batchnorm: bool = _opt(False, "turn the model's BatchNorm layers into Horovod's "
                                 "SyncBatchNorm, so batch statistics cover the global batch")
+    balance: bool = _opt(False, "batch shares that follow measured speed: the global batch "
+                         "(--batch-size x workers) stays fixed, and at each epoch's end every "
+                         "worker's share of it for the next epoch is re-planned in proportion to "
+                         "its measured throughput (samples per second of compute), so a slow "
+                         "worker trains fewer samples per step instead of holding the others "
+                         "up. Gradients are weighted by the shares: the update is the global "
+                         "batch's, as with equal shares. See docs/sync.md")
+    balance_floor: float = _opt(0.25, "--balance: the smallest share, as a fraction of the "
+                                "equal share --batch-size (rounded up to whole multiples of "
+                                "--backward-passes-per-step); keeps a slow worker in every step, "
+                                "so its speed is still measured and a recovered one regains its "
+                                "share")
+    balance_damping: float = _opt(0.5, "--balance: how far each re-plan moves the shares toward "
+                                  "the measured speeds, in (0, 1]; 1 all the way, less to keep "
+                                  "them from swinging where step times are noisy")
     stall_timeout_s: float = _opt(300.0, "a rank that makes no progress (no step, evaluation "
                                   "or checkpoint) for this many seconds ends the job with an "
                                   "error naming the rank that stopped, instead of hanging; make "
@@ -217,6 +232,30 @@ class SyncConfig:
         if s.local_steps > 1:
             s._check_local_sgd()
         s._check_outer_step()
+        _require(0 < s.balance_floor <= 1, "--balance-floor", s.balance_floor,
+                 "use a fraction of the equal share in (0, 1], e.g. 0.25")
+        _require(0 < s.balance_damping <= 1, "--balance-damping", s.balance_damping,
+                 "use a value in (0, 1], e.g. 0.5 (1: move all the way at each re-plan)")
+        if s.balance:
+            s._check_balance()
+
+    def _check_balance(self) -> None:
+        """Where unequal shares of a weighted average have no correct form."""
+        if self.reduce_op == "adasum":
+            raise ConfigError("--balance weights each worker's gradient by its share of the "
+                              "global batch and averages them; --reduce-op adasum combines "
+                              "gradients by their directions, not as a weighted average, so the "
+                              "shares would change the update: drop one of them")
+        if self.local_steps > 1:
+            raise ConfigError(f"--balance gives the workers unequal shares of each step's "
+                              f"gradient, and --local-steps {self.local_steps} averages "
+                              "parameters after local steps, where a worker with a smaller share "
+                              "takes noisier steps of the same weight: use --local-steps 1 with "
+                              "--balance, or drop --balance")
+        if self.elastic:
+            raise ConfigError("--balance does not work with --elastic: a reset changes the "
+                              "workers, and with them the shares, in the middle of an epoch; "
+                              "drop one of them")
 
     def _check_outer_step(self) -> None:
         """DiLoCo's outer optimizer: a positive rate over the rounds of --local-steps H > 1."""
@@ -528,6 +567,9 @@ class Config:
                                   "0 dies, the process that becomes rank 0 continues its log and "
                                   "checkpoints there")
         if r.mode == "async":
+            _require(not s.balance, "--balance", s.balance,
+                     "balancing is for --mode sync; async workers already take batches as "
+                     "they are ready, a fast one more of them: drop --balance")
             _require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
                      "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
                      "every worker keeps its own BatchNorm statistics")

@@ -105,13 +105,18 @@ def prepare_sync(cfg: Config, workload: Workload, model):
 
 
 def _sync_scheme(cfg: Config) -> type:
-    """Elastic Horovod, local SGD / DiLoCo (--local-steps H > 1), or plain Horovod sync.
-    Config.validate refuses --elastic with --local-steps H > 1."""
+    """Elastic Horovod, local SGD / DiLoCo (--local-steps H > 1), batch shares that follow
+    speed (--balance), or plain Horovod sync. Config.validate refuses --elastic with
+    --local-steps H > 1, and --balance with either."""
     from .local_sgd import LocalSGDSync
     from .sync import ElasticHorovodSync, HorovodSync
 
     if cfg.sync.elastic:
         return ElasticHorovodSync
+    if cfg.sync.balance:
+        from .balance import BalancedSync
+
+        return BalancedSync
     return LocalSGDSync if cfg.sync.local_steps > 1 else HorovodSync
 
 

@@ -108,6 +108,13 @@ class UpdateScheme:
         batch on its own; ``lookahead``: batches the source reads ahead of training."""
         return None
 
+    def batch_shares(self) -> list[int] | None:
+        """Each worker's samples per step in the epoch about to start (--balance: unequal
+        shares of the global batch, adding up to --batch-size x workers), or None for
+        --batch-size each. Asked by the epoch plan before every epoch, after the previous
+        epoch's step_times_measured; it must be the same on every worker."""
+        return None
+
     @property
     def steps_agree(self) -> bool:
         """Whether every worker runs the same steps, so that per-step figures (step lines) can

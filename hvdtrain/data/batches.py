@@ -10,11 +10,12 @@ process would draw, and every worker runs the same number of steps (uneven steps
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from ..config import ConfigError
 from .builtin import epoch_batches
 
 
@@ -73,9 +74,18 @@ class BatchSource(ABC):
 
     @abstractmethod
     def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
-                      seed: int, first_step: int, steps: int) -> Iterator[tuple[Any, Any]]:
+                      seed: int, first_step: int, steps: int,
+                      shares: Sequence[int] | None = None) -> Iterator[tuple[Any, Any]]:
         """This worker's batches (x, y) for steps first_step..steps-1 of the epoch, on
-        self.device: exactly steps - first_step of them."""
+        self.device: exactly steps - first_step of them. ``shares``: each worker's samples per
+        step (--balance; they add up to batch_size x num_workers), None for batch_size each;
+        only a source whose ``takes_shares`` is true accepts them."""
+
+    @property
+    def takes_shares(self) -> bool:
+        """Whether train_batches can give the workers unequal shares of each global batch
+        (builtin.share_batches), which --balance needs."""
+        return False
 
     def part_batches(self, parts: Iterator[tuple[int, int, int]], num_parts: int,
                      batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:
@@ -114,6 +124,11 @@ class BatchSource(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _check_shares(self, shares: Sequence[int] | None) -> None:
+        if shares is not None and not self.takes_shares:
+            raise ConfigError(f"--balance: {self.describe()} cannot give the workers unequal "
+                              "shares of a batch; drop --balance")
 
     def _check_steps(self, first_step: int, steps: int, batch_size: int,
                      num_workers: int) -> None:

@@ -10,6 +10,7 @@ import gzip
 import zipfile
 import zlib
 from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -253,6 +254,38 @@ def epoch_batches(num_samples: int, batch_size: int, rank: int, world_size: int,
     indices = np.fromiter(iter(sampler), dtype=np.int64)
     steps = len(indices) // batch_size
     return indices[: steps * batch_size].reshape(steps, batch_size)
+
+
+def share_batches(num_samples: int, batch_size: int, worker: int, shares: Sequence[int],
+                  epoch: int, seed: int) -> np.ndarray:
+    """This worker's batches of sample indices for one epoch under unequal shares of the global
+    batch (--balance), shape (steps, shares[worker]).
+
+    At each step the global batch is the one epoch_batches gives the workers together (the
+    batch a single process would draw); laid out as worker 0's equal batch, then worker 1's,
+    and so on, worker w takes the ``shares[w]`` rows after the shares of the workers before it.
+    Equal shares therefore give exactly epoch_batches' rows, and any shares cover every row of
+    the global batch once. The steps are epoch_batches' (the shares add up to the global
+    batch)."""
+    workers = len(shares)
+    if not 0 <= worker < workers or sum(shares) != batch_size * workers or min(shares) < 1:
+        raise ValueError(f"shares {list(shares)} of worker {worker}: need one positive share "
+                         f"per worker adding up to {batch_size} x {workers}")
+    order = _permutation(num_samples, epoch, seed)
+    steps = len(order) // workers // batch_size
+    # Row j of the equal split: worker w's batch is order[j*G + w :: workers][:batch_size].
+    glob = order[: steps * batch_size * workers].reshape(steps, batch_size, workers)
+    by_worker = glob.transpose(0, 2, 1).reshape(steps, batch_size * workers)
+    start = sum(shares[:worker])
+    return np.ascontiguousarray(by_worker[:, start:start + shares[worker]])
+
+
+def _permutation(num_samples: int, epoch: int, seed: int) -> np.ndarray:
+    """The epoch's permutation that epoch_batches deals out (DistributedSampler's)."""
+    sampler = DistributedSampler(range(num_samples), num_replicas=1, rank=0, shuffle=True,
+                                 seed=seed, drop_last=True)
+    sampler.set_epoch(epoch)
+    return np.fromiter(iter(sampler), dtype=np.int64)
 
 
 def eval_shard(num_samples: int, rank: int, world_size: int) -> slice:

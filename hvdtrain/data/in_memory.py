@@ -6,12 +6,12 @@ builtin.epoch_batches, so no loader process competes with the training ranks for
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
 from .batches import BatchSource, PartRows
-from .builtin import epoch_batches, eval_shard
+from .builtin import epoch_batches, eval_shard, share_batches
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -32,12 +32,19 @@ class InMemoryBatches(BatchSource):
         return self.num_samples // num_workers // batch_size  # what epoch_batches drops to
 
     def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
-                      seed: int, first_step: int, steps: int) -> Iterator[Batch]:
+                      seed: int, first_step: int, steps: int,
+                      shares: Sequence[int] | None = None) -> Iterator[Batch]:
         self._check_steps(first_step, steps, batch_size, num_workers)
-        rows = epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+        rows = (epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+                if shares is None else
+                share_batches(self.num_samples, batch_size, worker, shares, epoch, seed))
         index = torch.from_numpy(rows[first_step:steps]).to(self.device)  # one copy per epoch
         for idx in index:
             yield self.x[idx], self.y[idx]
+
+    @property
+    def takes_shares(self) -> bool:
+        return True
 
     def part_batches(self, parts: Iterator[tuple[int, int, int]], num_parts: int,
                      batch_size: int, seed: int) -> Iterator[Batch]:

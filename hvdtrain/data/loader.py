@@ -3,7 +3,9 @@
 Map-style datasets (``__getitem__`` and ``__len__``)
     The DataLoader's batch sampler yields exactly the rows of builtin.epoch_batches for this
     worker, so a map-style dataset gives the same batches as InMemoryBatches over the same
-    tensors, and the global-batch guarantee carries over. Evaluation reads builtin.eval_shard.
+    tensors, and the global-batch guarantee carries over; under --balance, the rows of
+    builtin.share_batches (unequal shares of the same global batches). Evaluation reads
+    builtin.eval_shard.
 
 Streams (``IterableDataset``): the split rule
     Sample i of the stream goes to worker i % num_workers (round-robin). Each worker cuts its
@@ -21,6 +23,9 @@ Streams (``IterableDataset``): the split rule
     trainer's --max-steps-per-epoch) when the dataset has no ``__len__``; a worker whose stream
     ends early raises DataError rather than run fewer steps than the others (which hangs
     Horovod). Evaluation: part p of `parts` takes samples i % parts == p, all of them.
+    Unequal shares (--balance): each worker reads the stream's global batches of B*W samples
+    whole, lays each out as the equal split deals it (worker 0's B samples, then worker 1's...)
+    and takes its share's span of that, as builtin.share_batches does with rows.
 
 With data_workers > 0 the loader processes start with forkserver (a fork after MPI has started
 can crash or hang; Horovod's examples use forkserver too) and persist across epochs: what changes
@@ -38,7 +43,7 @@ import select
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -47,7 +52,7 @@ from torch.utils.data import default_collate
 
 from ..config import ConfigError
 from .batches import BatchSource, PartRows, to_device
-from .builtin import DataError, epoch_batches, eval_shard
+from .builtin import DataError, epoch_batches, eval_shard, share_batches
 
 
 class LoaderBatches(BatchSource):
@@ -106,16 +111,22 @@ class LoaderBatches(BatchSource):
 
     # --- batches ---------------------------------------------------------------------------
     def train_batches(self, epoch: int, worker: int, num_workers: int, batch_size: int,
-                      seed: int, first_step: int, steps: int) -> Iterator[tuple[Any, Any]]:
+                      seed: int, first_step: int, steps: int,
+                      shares: Sequence[int] | None = None) -> Iterator[tuple[Any, Any]]:
         self._check_steps(first_step, steps, batch_size, num_workers)
+        self._check_shares(shares)
         if first_step == steps:
             return
         if not self.is_stream:
-            rows = epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+            rows = (epoch_batches(self.num_samples, batch_size, worker, num_workers, epoch, seed)
+                    if shares is None else
+                    share_batches(self.num_samples, batch_size, worker, shares, epoch, seed))
             self._batches.batches = rows[first_step:steps].tolist()
             yield from self._iterate()
             return
-        self._stream.plan_train(epoch, worker, num_workers, batch_size, first_step, steps)
+        offset = sum(shares[:worker]) if shares is not None else 0
+        self._stream.plan_train(epoch, worker, num_workers, batch_size, first_step, steps,
+                                offset, shares[worker] if shares is not None else 0)
         step = first_step
         for got, batch in self._iterate():
             _check_order(got, step, self.name)
@@ -142,6 +153,10 @@ class LoaderBatches(BatchSource):
     @property
     def random_access(self) -> bool:
         return not self.is_stream
+
+    @property
+    def takes_shares(self) -> bool:
+        return True
 
     @property
     def lookahead(self) -> int:
@@ -240,7 +255,7 @@ class _BatchList(Sampler):
 
 
 # The fields of _StreamShard.plan.
-_EPOCH, _WORKER, _WORKERS, _BATCH_SIZE, _FIRST, _STOP, _TRAIN = range(7)
+_EPOCH, _WORKER, _WORKERS, _BATCH_SIZE, _FIRST, _STOP, _TRAIN, _OFFSET, _SHARE = range(9)
 
 
 class _StreamShard(IterableDataset):
@@ -250,21 +265,27 @@ class _StreamShard(IterableDataset):
 
     def __init__(self, dataset: IterableDataset):
         self.dataset = dataset
-        self.plan = torch.zeros(7, dtype=torch.int64).share_memory_()
+        self.plan = torch.zeros(9, dtype=torch.int64).share_memory_()
 
     def plan_train(self, epoch: int, worker: int, workers: int, batch_size: int,
-                   first: int, stop: int) -> None:
-        self.plan.copy_(torch.tensor([epoch, worker, workers, batch_size, first, stop, 1]))
+                   first: int, stop: int, offset: int = 0, share: int = 0) -> None:
+        """share > 0: the samples offset..offset+share-1 of each global batch (--balance)."""
+        self.plan.copy_(torch.tensor([epoch, worker, workers, batch_size, first, stop, 1,
+                                      offset, share]))
 
     def plan_eval(self, part: int, parts: int, batch_size: int) -> None:
-        self.plan.copy_(torch.tensor([0, part, parts, batch_size, 0, -1, 0]))
+        self.plan.copy_(torch.tensor([0, part, parts, batch_size, 0, -1, 0, 0, 0]))
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
-        epoch, worker, workers, batch_size, first, stop, train = self.plan.tolist()
+        epoch, worker, workers, batch_size, first, stop, train, offset, share = \
+            self.plan.tolist()
         info = get_worker_info()
         procs, proc = (info.num_workers, info.id) if info is not None else (1, 0)
         if train and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)  # in every process: each has its own copy
+        if share:
+            yield from self._shares(workers, batch_size, first, stop, offset, share, procs, proc)
+            return
         mine = itertools.islice(iter(self.dataset), worker, None, workers)  # round-robin
         mine = itertools.islice(mine, first * batch_size, None)  # resume: skip whole batches
         step = first
@@ -274,6 +295,23 @@ class _StreamShard(IterableDataset):
                 return  # the end of the stream; the partial batch only counts in evaluation
             if (step - first) % procs == proc:
                 yield step, default_collate(batch)
+            step += 1
+
+
+    def _shares(self, workers: int, batch_size: int, first: int, stop: int, offset: int,
+                share: int, procs: int, proc: int) -> Iterator[tuple[int, Any]]:
+        """Training batches of unequal shares: a span of each global batch, laid out by the
+        equal split (sample i of the global batch is worker i % workers's)."""
+        size = batch_size * workers
+        stream = itertools.islice(iter(self.dataset), first * size, None)  # resume: skip steps
+        step = first
+        while stop < 0 or step < stop:
+            batch = list(itertools.islice(stream, size))
+            if len(batch) < size:
+                return  # the end of the stream
+            if (step - first) % procs == proc:
+                by_worker = [batch[i] for w in range(workers) for i in range(w, size, workers)]
+                yield step, default_collate(by_worker[offset:offset + share])
             step += 1
 
 

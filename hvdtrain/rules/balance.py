@@ -36,9 +36,12 @@ def plan_shares(global_batch: int, samples: Sequence[int], compute: Sequence[flo
     n = len(samples)
     if n != len(compute) or n == 0:
         raise ValueError(f"{n} shares but {len(compute)} step times")
-    if global_batch % granularity or global_batch < n * max(floor, granularity):
+    least = max(1, math.ceil(floor / granularity)) * granularity  # apportion's smallest share
+    if granularity < 1 or global_batch % granularity or global_batch < n * least:
         raise ValueError(f"a global batch of {global_batch} cannot give {n} workers at least "
-                         f"{max(floor, granularity)} samples each in multiples of {granularity}")
+                         f"{least} samples each in multiples of {granularity}")
+    if not 0 < damping <= 1:
+        raise ValueError(f"damping {damping}: must be in (0, 1]")
     if any(c <= 0 or not math.isfinite(c) for c in compute):
         return list(samples)
     speed = [s / c for s, c in zip(samples, compute)]
@@ -51,6 +54,8 @@ def apportion(total: int, wanted: Sequence[float], floor: int = 1,
               granularity: int = 1) -> list[int]:
     """Whole shares, multiples of ``granularity`` and at least ``floor`` (rounded up to one),
     that add up to ``total`` and are as close to ``wanted`` as the largest remainders allow."""
+    if not wanted or min(wanted) < 0 or sum(wanted) <= 0:
+        raise ValueError(f"wanted shares {list(wanted)}: need non-negative ones, not all 0")
     units = total // granularity
     least = max(1, math.ceil(floor / granularity))
     scale = sum(wanted)
