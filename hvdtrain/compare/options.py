@@ -28,7 +28,7 @@ PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seed
            "straggler": "--stragglers", "bsp": "--modes backup", "backup_workers":
            "--backup-workers", "local_steps": "--local-steps", "staleness_lr": "--modes async-slr",
            "dc_lambda": "--modes dcasgd", "outer_lr": "--modes diloco",
-           "outer_momentum": "--modes diloco",
+           "outer_momentum": "--modes diloco", "balance": "--modes balanced",
            "eval_every_steps": "compare's own --eval-every-steps",
            "run_dir": "--out (each run writes into OUT/runs/NAME)",
            "num_servers": "--workers (each async run has one server besides the workers)",
@@ -82,7 +82,8 @@ class CompareConfig:
 
     # --- the plan: modes, conditions, seeds, each run's workload and budget
     plan: str = _opt("demo", _plans_help(), choices=tuple(sorted(PLANS)))
-    modes: str | None = _opt(None, "any of sync; local (local SGD, one mode per --local-steps); "
+    modes: str | None = _opt(None, "any of sync; balanced (sync with --balance: each worker's "
+                             "share of the global batch follows its measured speed); local (local SGD, one mode per --local-steps); "
                              "diloco (local SGD with DiLoCo's outer Nesterov step, outer lr 0.7, "
                              "momentum 0.9, one mode per --local-steps); async (no staleness bound); ssp (one mode per --staleness-bounds); "
                              "backup (sync through the server with backup workers, one mode per "

@@ -521,15 +521,31 @@ def test_bad_input_names_the_fix():
 
 def test_measure_timing_times_real_steps_on_the_threads_asked_for(monkeypatch):
     threads = []
-    median_seconds = simulate._median_seconds
 
-    def timed(*args):  # what the timed work runs on
-        threads.append(torch.get_num_threads())
-        return median_seconds(*args)
-    monkeypatch.setattr(simulate, "_median_seconds", timed)
+    def on_threads(measure):
+        def timed(*args):  # what the timed work runs on
+            threads.append(torch.get_num_threads())
+            return measure(*args)
+        return timed
+    for name in ("_median_seconds", "_compute_line"):  # the server's update; the step's line
+        monkeypatch.setattr(simulate, name, on_threads(getattr(simulate, name)))
     before = torch.get_num_threads()
     timing = measure_timing([*DIGITS, "--threads", "3"], repeats=5, warmup=1,
                             push_seconds=0.002)
     assert 0 < timing.step_seconds < 1 and 0 < timing.apply_seconds < 1
     assert timing.push_seconds == 0.002 and timing.allreduce_seconds == 0.0
     assert threads == [3, 3] and torch.get_num_threads() == before  # the caller's again
+    # the step's part per sample, from half batches: at most the whole step's time per sample
+    assert 0 <= timing.sample_seconds <= timing.step_seconds / 32
+    assert timing.compute_seconds(16, 32) <= timing.step_seconds
+
+
+def test_a_step_s_compute_time_is_a_fixed_part_and_a_part_per_sample():
+    fitted = Timing(step_seconds=0.010, sample_seconds=0.0002)  # 3.6 ms fixed at 32 samples
+    assert fitted.compute_seconds(32, 32) == 0.010
+    assert fitted.compute_seconds(16, 32) == pytest.approx(0.0068)
+    assert fitted.compute_seconds(48, 32) == pytest.approx(0.0132)
+    # one figure (old callers, --sim-step-ms): the whole step grows with its samples
+    assert Timing(step_seconds=0.010).compute_seconds(8, 32) == pytest.approx(0.0025)
+    with pytest.raises(ConfigError, match="Timing.sample_seconds"):
+        Timing(0.01, sample_seconds=-1.0).check()
