@@ -83,7 +83,8 @@ class CompareConfig:
     # --- the plan: modes, conditions, seeds, each run's workload and budget
     plan: str = _opt("demo", _plans_help(), choices=tuple(sorted(PLANS)))
     modes: str | None = _opt(None, "any of sync; balanced (sync with --balance: each worker's "
-                             "share of the global batch follows its measured speed); local (local SGD, one mode per --local-steps); "
+                             "share of the global batch follows its measured speed); "
+                             "local (local SGD, one mode per --local-steps); "
                              "diloco (local SGD with DiLoCo's outer Nesterov step, outer lr 0.7, "
                              "momentum 0.9, one mode per --local-steps); async (no staleness bound); ssp (one mode per --staleness-bounds); "
                              "backup (sync through the server with backup workers, one mode per "
