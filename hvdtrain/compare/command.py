@@ -72,12 +72,13 @@ def _simulation_timing(cfg: CompareConfig, train_args):
     return measure_timing(train_args, allreduce_seconds=cfg.sim_seconds("allreduce"),
                           push_seconds=cfg.sim_seconds("push"),
                           step_seconds=cfg.sim_seconds("step"),
-                          apply_seconds=cfg.sim_seconds("apply"))
+                          apply_seconds=cfg.sim_seconds("apply"),
+                          sample_seconds=cfg.sim_seconds("sample"))
 
 
 def _per_sample(timing, batch: int) -> str:
     """How the step's compute splits into a fixed part and a part per sample (what a --balance
-    share changes), where measured."""
+    share changes), given or measured."""
     if timing.sample_seconds is None:
         return ", in proportion to its samples"
     fixed = timing.step_seconds - timing.sample_seconds * batch

@@ -57,7 +57,7 @@ PLANS = {
 PROCESSES_PER_CORE = 4
 
 # The --sim-*-ms flags: milliseconds on the simulated cluster's virtual clock.
-SIM_FIGURES = ("sim_allreduce_ms", "sim_push_ms", "sim_step_ms", "sim_apply_ms")
+SIM_FIGURES = ("sim_allreduce_ms", "sim_push_ms", "sim_step_ms", "sim_apply_ms", "sim_sample_ms")
 
 
 def _opt(default: Any, help: str, type: type | None = None, choices: tuple | None = None) -> Any:
@@ -151,6 +151,11 @@ class CompareConfig:
                                      "one clock (default: measured)", type=float)
     sim_apply_ms: float | None = _opt(None, "--simulate: milliseconds of the server's update "
                                       "with one gradient (default: measured)", type=float)
+    sim_sample_ms: float | None = _opt(None, "--simulate with --sim-step-ms: milliseconds that "
+                                       "each sample of a step adds, the rest of --sim-step-ms "
+                                       "being fixed per step (what a balanced share changes; "
+                                       "default: the whole step grows with its samples)",
+                                       type=float)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CompareConfig:
@@ -235,8 +240,12 @@ class CompareConfig:
         figures = [getattr(self, name) for name in SIM_FIGURES]
         # nan fails every comparison, so "value < 0" would let it through
         if not all(x >= 0 and math.isfinite(x) for x in figures if x is not None):
-            raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms and "
-                              "--sim-apply-ms: use 0 or more milliseconds (a finite number)")
+            raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms, "
+                              "--sim-apply-ms and --sim-sample-ms: use 0 or more milliseconds "
+                              "(a finite number)")
+        if self.sim_sample_ms is not None and self.sim_step_ms is None:
+            raise ConfigError("--sim-sample-ms is a part of --sim-step-ms: give --sim-step-ms "
+                              "too, or drop it (a measured step measures its part per sample)")
         given = self.sim_step_ms is not None or self.sim_apply_ms is not None
         if given and not self.simulate:
             raise ConfigError("--sim-step-ms and --sim-apply-ms time the --simulate plan's "

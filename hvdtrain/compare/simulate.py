@@ -120,18 +120,20 @@ class Timing:
 
 def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, warmup: int = 5,
                    allreduce_seconds: float = 0.0, push_seconds: float = 0.0,
-                   step_seconds: float | None = None,
-                   apply_seconds: float | None = None) -> Timing:
+                   step_seconds: float | None = None, apply_seconds: float | None = None,
+                   sample_seconds: float | None = None) -> Timing:
     """The compute time of one worker's step (the median of ``repeats`` real forward and
     backward passes over real batches, after ``warmup`` that are not counted) and the server's
     time to apply one gradient (likewise), measured in this process unless given (the measured
     figures drift with the machine's load, so invocations meant to share one clock give them).
     A measured step also gives its part per sample (Timing.sample_seconds), from half batches
-    timed in turn with the whole ones; a given one grows in proportion to its samples.
+    timed in turn with the whole ones; a given one has ``sample_seconds`` (None: it grows in
+    proportion to its samples).
     Communication cannot be measured in one process: pass the figures, or 0 for an ideal
     network."""
     if step_seconds is not None and apply_seconds is not None:
-        return Timing(step_seconds, apply_seconds, allreduce_seconds, push_seconds)
+        return Timing(step_seconds, apply_seconds, allreduce_seconds, push_seconds,
+                      sample_seconds=sample_seconds)
     setup = _Setup.build(train_args, seed, "", Mode("sync", scheme="sync"))
     plan = EpochPlan(setup.cfg.run, setup.workload.train)
     plan.bind_world(0, 1)
@@ -139,7 +141,7 @@ def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, 
     model = setup.model
     try:
         with _torch_threads(setup.cfg.run.threads):  # timed as the simulated runs compute
-            step, per_sample = step_seconds, None
+            step, per_sample = step_seconds, sample_seconds
             if step is None:
                 step, per_sample = _compute_line(model, batches, warmup, repeats)
             apply = apply_seconds
