@@ -78,7 +78,7 @@ from ..scheme import Progress
 from ..stragglers import StragglerModel, _uniform, parse_straggler
 from .plan import Mode
 from .results import RunResult, time_to_target
-from .share_clock import ShareClock
+from .share_clock import ShareClock, balance_settings
 
 
 # --- time -----------------------------------------------------------------------------------------
@@ -574,13 +574,15 @@ class Simulation:
         model, optimizer = self.setup.model, build_optimizer(self.setup.model.params,
                                                              self.setup.cfg.optim)
         cfg = self.setup.cfg
+        floor, damping = balance_settings(cfg)
         # The straggler hook of a real worker is given its step's compute time, without the
         # wait for the allreduce (scheme.take_wait_seconds), and its samples.
         self.clock = ShareClock(self.timing, cfg.run.batch_size, self.num_workers,
                                 lambda rank, step, seconds, work: self._delay(
                                     self.workers[rank], step, seconds, work),
                                 balance=self.mode.balance,
-                                granularity=cfg.sync.backward_passes_per_step)
+                                granularity=cfg.sync.backward_passes_per_step, floor=floor,
+                                damping=damping)
         for step in range(self.total_steps):
             total = sum(self._gradient(w, None, clip=False) for w in self.workers)
             model.set_gradient(total / self.num_workers)  # hvd.Average: the sum over N

@@ -56,3 +56,13 @@ def test_the_floor_keeps_a_very_slow_worker_in_the_round():
     coarse = clock("100x", granularity=8)
     epochs(coarse, 12)
     assert all(s % 8 == 0 for plan in coarse.plans for s in plan) and coarse.plans[-1][1] >= 8
+
+
+def test_the_simulator_takes_the_real_flag_s_floor_and_damping():
+    from hvdtrain.compare.share_clock import balance_settings
+    from hvdtrain.compare.simulate import config_from_train_args
+
+    # the real flag's defaults: a quarter of --batch-size, half way at each re-plan
+    assert balance_settings(config_from_train_args(["--batch-size", "32"], {})) == (8, 0.5)
+    cfg = config_from_train_args(["--batch-size", "8", "--backward-passes-per-step", "4"], {})
+    assert balance_settings(cfg)[0] == 4  # a sample per backward pass at least
