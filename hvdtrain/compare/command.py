@@ -72,7 +72,17 @@ def _simulation_timing(cfg: CompareConfig, train_args):
     return measure_timing(train_args, allreduce_seconds=cfg.sim_seconds("allreduce"),
                           push_seconds=cfg.sim_seconds("push"),
                           step_seconds=cfg.sim_seconds("step"),
-                          apply_seconds=cfg.sim_seconds("apply"))
+                          apply_seconds=cfg.sim_seconds("apply"),
+                          sample_seconds=cfg.sim_seconds("sample"))
+
+
+def _per_sample(timing, batch: int) -> str:
+    """How the step's compute splits into a fixed part and a part per sample (what a --balance
+    share changes), given or measured."""
+    if timing.sample_seconds is None:
+        return ", in proportion to its samples"
+    fixed = timing.step_seconds - timing.sample_seconds * batch
+    return f": {fixed * 1000:.2f} ms fixed + {timing.sample_seconds * 1e6:.2f} us a sample"
 
 
 def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
@@ -84,7 +94,8 @@ def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
               f"a global batch of {batch * cfg.workers} (--global-batch keeps it fixed)")
     print(f"simulated cluster: {cfg.workers} virtual workers, {batch} samples a step each, "
           f"{shared}; a step computes in {timing.step_seconds * 1000:.1f} ms "
-          f"({'--sim-step-ms' if cfg.sim_step_ms is not None else 'measured here'}) and the "
+          f"({'--sim-step-ms' if cfg.sim_step_ms is not None else 'measured here'}"
+          f"{_per_sample(timing, batch)}) and the "
           f"server applies a gradient in {timing.apply_seconds * 1000:.2f} ms "
           f"({'--sim-apply-ms' if cfg.sim_apply_ms is not None else 'measured here'})",
           flush=True)

@@ -28,7 +28,7 @@ PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seed
            "straggler": "--stragglers", "bsp": "--modes backup", "backup_workers":
            "--backup-workers", "local_steps": "--local-steps", "staleness_lr": "--modes async-slr",
            "dc_lambda": "--modes dcasgd", "outer_lr": "--modes diloco",
-           "outer_momentum": "--modes diloco",
+           "outer_momentum": "--modes diloco", "balance": "--modes balanced",
            "eval_every_steps": "compare's own --eval-every-steps",
            "run_dir": "--out (each run writes into OUT/runs/NAME)",
            "num_servers": "--workers (each async run has one server besides the workers)",
@@ -57,7 +57,7 @@ PLANS = {
 PROCESSES_PER_CORE = 4
 
 # The --sim-*-ms flags: milliseconds on the simulated cluster's virtual clock.
-SIM_FIGURES = ("sim_allreduce_ms", "sim_push_ms", "sim_step_ms", "sim_apply_ms")
+SIM_FIGURES = ("sim_allreduce_ms", "sim_push_ms", "sim_step_ms", "sim_apply_ms", "sim_sample_ms")
 
 
 def _opt(default: Any, help: str, type: type | None = None, choices: tuple | None = None) -> Any:
@@ -82,7 +82,9 @@ class CompareConfig:
 
     # --- the plan: modes, conditions, seeds, each run's workload and budget
     plan: str = _opt("demo", _plans_help(), choices=tuple(sorted(PLANS)))
-    modes: str | None = _opt(None, "any of sync; local (local SGD, one mode per --local-steps); "
+    modes: str | None = _opt(None, "any of sync; balanced (sync with --balance: each worker's "
+                             "share of the global batch follows its measured speed); "
+                             "local (local SGD, one mode per --local-steps); "
                              "diloco (local SGD with DiLoCo's outer Nesterov step, outer lr 0.7, "
                              "momentum 0.9, one mode per --local-steps); async (no staleness bound); ssp (one mode per --staleness-bounds); "
                              "backup (sync through the server with backup workers, one mode per "
@@ -149,6 +151,11 @@ class CompareConfig:
                                      "one clock (default: measured)", type=float)
     sim_apply_ms: float | None = _opt(None, "--simulate: milliseconds of the server's update "
                                       "with one gradient (default: measured)", type=float)
+    sim_sample_ms: float | None = _opt(None, "--simulate with --sim-step-ms: milliseconds that "
+                                       "each sample of a step adds, the rest of --sim-step-ms "
+                                       "being fixed per step (what a balanced share changes; "
+                                       "default: the whole step grows with its samples)",
+                                       type=float)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CompareConfig:
@@ -233,8 +240,12 @@ class CompareConfig:
         figures = [getattr(self, name) for name in SIM_FIGURES]
         # nan fails every comparison, so "value < 0" would let it through
         if not all(x >= 0 and math.isfinite(x) for x in figures if x is not None):
-            raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms and "
-                              "--sim-apply-ms: use 0 or more milliseconds (a finite number)")
+            raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms, "
+                              "--sim-apply-ms and --sim-sample-ms: use 0 or more milliseconds "
+                              "(a finite number)")
+        if self.sim_sample_ms is not None and self.sim_step_ms is None:
+            raise ConfigError("--sim-sample-ms is a part of --sim-step-ms: give --sim-step-ms "
+                              "too, or drop it (a measured step measures its part per sample)")
         given = self.sim_step_ms is not None or self.sim_apply_ms is not None
         if given and not self.simulate:
             raise ConfigError("--sim-step-ms and --sim-apply-ms time the --simulate plan's "

@@ -173,9 +173,10 @@ def write_report(results: list[RunResult], path: Path, target: float, workers: i
         "vs sync: samples/s against sync's under the same condition; under a persistent k-times "
         "straggler no scheme whose steps cost what sync's cost can exceed the ceiling "
         "(k(N-1)+1)/N, and the share of the gain between 1x and the ceiling that the mode kept "
-        "is given (over 100%: its steps cost less than sync's, e.g. a push to a server on the "
-        "same host against an allreduce, which the straggler's slowdown multiplies too). Mean "
-        "staleness: over every "
+        "is given (over 100%: its steps cost less than sync's per sample, e.g. a push to a "
+        "server on the same host against an allreduce, or balanced's larger shares on the fast "
+        "workers, which spread a step's fixed part over more samples). Mean staleness: over "
+        "every "
         f"gradient the server applied (sync is 0 by definition). Every mode has {workers} "
         "workers; async modes add parameter-server processes.", "",
         "| straggler | mode | runs ok | reached target | time to target (s) | samples to target "

@@ -5,14 +5,18 @@ What is real: the model and its initial weights (drawn as a real run draws them)
 each worker's batches (the same EpochPlan a real worker of rank r among N follows), the
 gradients (Replica.forward_backward), the learning-rate schedule, and the update arithmetic
 (torch's optimizer for sync, the server's ShardOptimizer and its staleness rules for async).
-What is virtual: time. A worker's step lasts ``Timing.step_seconds`` plus the straggler delay
-a real run would sleep (StragglerModel.delay, the same draws, of the update's time), plus the
-mode's communication costs and the loop's own time around the update (``loop_seconds``); a
+What is virtual: time. A worker's step computes for ``Timing.step_seconds`` (a fixed part and
+a part per sample: ``Timing.compute_seconds``), then waits the straggler delay a real run would
+sleep (StragglerModel.delay, the same draws, of that compute time and the step's samples), plus
+the mode's communication costs and the loop's own time around the update (``loop_seconds``); a
 single parameter server is a queue that takes ``Timing.apply_seconds`` per gradient, so with
 many workers it saturates as a real one does.
 
     sync        rounds: the slowest worker's step, then the averaged gradient is applied at
                 lr * N (sync.py)
+    balanced    sync with --balance: each worker computes its share of the global batch, the
+                shares re-planned at epoch ends from its speed (share_clock.py); the update
+                is sync's, the global batch's gradient, so only the rounds' time differs
     local H     each worker takes H optimizer steps of its own, then the models are averaged;
                 as in sync.py a round also ends at an evaluation or an epoch's end, where the
                 optimizer state is averaged too
@@ -55,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, field_owners
 from ..loop.epoch_plan import EpochPlan
 from ..loop.evaluator import EVAL_BATCH
 from ..loop.hooks import TrainingError
@@ -64,7 +68,7 @@ from ..precision import Precision
 from ..ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
 from ..ps.protocol import chunk_bounds, chunk_elements
 from ..ps.shard_optimizer import ShardOptimizer
-from ..replica import Replica
+from ..replica import Replica, batch_length, split_batch
 from ..rules.accumulator import RoundSum
 from ..rules.clocks import Versions, WorkerClocks
 from ..rules.local_sgd import RoundRule, round_rule
@@ -74,6 +78,7 @@ from ..scheme import Progress
 from ..stragglers import StragglerModel, _uniform, parse_straggler
 from .plan import Mode
 from .results import RunResult, time_to_target
+from .share_clock import ShareClock, balance_settings
 
 
 # --- time -----------------------------------------------------------------------------------------
@@ -82,35 +87,53 @@ class Timing:
     """What things cost on the virtual clock, in seconds. Measure them in-process with
     :func:`measure_timing`, or pass figures calibrated from real runs' logs."""
 
-    step_seconds: float             # one worker's forward and backward pass over its batch
+    step_seconds: float             # one worker's forward and backward pass over --batch-size
     apply_seconds: float = 0.0      # the server's update with one gradient (the optimizer step)
     allreduce_seconds: float = 0.0  # sync: averaging the gradients (local SGD: the models) once
     push_seconds: float = 0.0       # async: a worker's push and pull, in series with its step
     # The training loop's own time per step around the update (the next batch, the logs, the
-    # hooks): a real straggler stretches the update only (loop/hooks.py Straggler is given
-    # the time of scheme.step), so this part is added to a step unstretched.
+    # hooks): a real straggler stretches the step's compute only (loop/hooks.py Straggler is
+    # given scheme.step's time without the wait for the others), so this part is unstretched.
     loop_seconds: float = 0.0
+    # The part of step_seconds that grows with the samples, per sample (measure_timing fits
+    # it from two batch sizes); the rest is fixed per step. None: all of it grows with them.
+    sample_seconds: float | None = None
+
+    def compute_seconds(self, samples: int, batch_size: int) -> float:
+        """A step's forward and backward pass over ``samples`` (a --balance share) when
+        --batch-size is ``batch_size``: step_seconds at a full batch, a line through it."""
+        if samples == batch_size:
+            return self.step_seconds
+        per_sample = (self.step_seconds / batch_size if self.sample_seconds is None
+                      else self.sample_seconds)
+        return max(0.0, self.step_seconds + per_sample * (samples - batch_size))
 
     def check(self) -> None:
         for name in ("step_seconds", "apply_seconds", "allreduce_seconds", "push_seconds",
-                     "loop_seconds"):
+                     "loop_seconds", "sample_seconds"):
             value = getattr(self, name)
+            if value is None and name == "sample_seconds":
+                continue
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"Timing.{name}: invalid value {value}; use 0 or more seconds")
 
 
 def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, warmup: int = 5,
                    allreduce_seconds: float = 0.0, push_seconds: float = 0.0,
-                   step_seconds: float | None = None,
-                   apply_seconds: float | None = None) -> Timing:
+                   step_seconds: float | None = None, apply_seconds: float | None = None,
+                   sample_seconds: float | None = None) -> Timing:
     """The compute time of one worker's step (the median of ``repeats`` real forward and
     backward passes over real batches, after ``warmup`` that are not counted) and the server's
     time to apply one gradient (likewise), measured in this process unless given (the measured
     figures drift with the machine's load, so invocations meant to share one clock give them).
+    A measured step also gives its part per sample (Timing.sample_seconds), from half batches
+    timed in turn with the whole ones; a given one has ``sample_seconds`` (None: it grows in
+    proportion to its samples).
     Communication cannot be measured in one process: pass the figures, or 0 for an ideal
     network."""
     if step_seconds is not None and apply_seconds is not None:
-        return Timing(step_seconds, apply_seconds, allreduce_seconds, push_seconds)
+        return Timing(step_seconds, apply_seconds, allreduce_seconds, push_seconds,
+                      sample_seconds=sample_seconds)
     setup = _Setup.build(train_args, seed, "", Mode("sync", scheme="sync"))
     plan = EpochPlan(setup.cfg.run, setup.workload.train)
     plan.bind_world(0, 1)
@@ -118,15 +141,39 @@ def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, 
     model = setup.model
     try:
         with _torch_threads(setup.cfg.run.threads):  # timed as the simulated runs compute
-            step = step_seconds
+            step, per_sample = step_seconds, sample_seconds
             if step is None:
-                step = _median_seconds(lambda: model.gradient(*next(batches)), warmup, repeats)
+                step, per_sample = _compute_line(model, batches, warmup, repeats)
             apply = apply_seconds
             if apply is None:
                 apply = _apply_seconds(model.flat, setup.cfg, warmup, repeats)
     finally:
         setup.workload.close()
-    return Timing(step, apply, allreduce_seconds, push_seconds)
+    return Timing(step, apply, allreduce_seconds, push_seconds, sample_seconds=per_sample)
+
+
+def _compute_line(model: _FlatModel, batches: Iterator, warmup: int,
+                  repeats: int) -> tuple[float, float | None]:
+    """(a full batch's forward and backward pass, the seconds each sample adds): medians over
+    whole batches and their first halves, timed in turns so that a change in the machine's
+    load falls on both, and the line through the two (its slope kept between 0 and the whole
+    step's time per sample). None for the slope where a batch has one sample."""
+    seconds: dict[int, list[float]] = {1: [], 2: []}
+    counts = {1: 0, 2: 0}
+    for i in range(warmup + max(1, repeats)):
+        x, y = next(batches)
+        halves = 2 if batch_length(y) > 1 else 1
+        for parts in range(1, halves + 1):
+            started = time.perf_counter()
+            _, _, counts[parts] = model.gradient(split_batch(x, parts)[0],
+                                                 split_batch(y, parts)[0])
+            if i >= warmup:
+                seconds[parts].append(time.perf_counter() - started)
+    full = statistics.median(seconds[1])
+    if not seconds[2] or counts[1] <= counts[2]:
+        return full, None
+    slope = (full - statistics.median(seconds[2])) / (counts[1] - counts[2])
+    return full, min(max(slope, 0.0), full / counts[1])
 
 
 def _apply_seconds(flat: torch.Tensor, cfg, warmup: int, repeats: int) -> float:
@@ -277,8 +324,13 @@ def config_from_train_args(train_args: Sequence[str], overrides: dict) -> Config
 
 
 def _mode_options(mode: Mode) -> dict:
-    """The Config options a real run of ``mode`` sets (the registry's Mode.config_options)."""
-    return mode.config_options()
+    """The Config options a real run of ``mode`` sets (the registry's Mode.config_options).
+    A Config without the --balance option (a tree without the real flag) still simulates mode
+    balanced: the simulator models its shares itself (share_clock.py)."""
+    options = mode.config_options()
+    if "balance" in options and "balance" not in field_owners():
+        del options["balance"]
+    return options
 
 
 def _average_into(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -365,7 +417,8 @@ class Simulation:
     """One simulated run of ``mode`` with ``workers`` virtual workers (see simulate_run for the
     arguments). :meth:`run` returns the RunResult that a real run's log would give; afterwards
     ``final_parameters`` holds the flat weights, ``round_seconds`` each round's duration (sync
-    modes) and ``pushes`` every gradient the server received (async modes)."""
+    modes), ``clock`` sync's round clock with each epoch's shares (``clock.plans``) and
+    ``pushes`` every gradient the server received (async modes)."""
 
     def __init__(self, mode: Mode, workers: int, straggler: str, seed: int,
                  train_args: Sequence[str], target: float, timing: Timing,
@@ -374,6 +427,9 @@ class Simulation:
             raise ConfigError(f"workers: invalid value {workers}; use 1 or more")
         if mode.local_steps < 1:
             raise ConfigError(f"local steps: invalid value {mode.local_steps}; use 1 or more")
+        if mode.balance and (mode.is_async or mode.local_steps != 1):
+            raise ConfigError(f"mode {mode.name}: --balance shares sync's global batch; use it "
+                              "with sync (no --local-steps), not async or local SGD")
         if mode.bsp and not 0 <= mode.backup_workers < workers:
             raise ConfigError(f"--backup-workers {mode.backup_workers} with {workers} workers: "
                               f"a round needs at least one gradient; use 0 to {workers - 1}")
@@ -403,6 +459,7 @@ class Simulation:
         self.curve: list[dict] = []
         self.staleness: Counter = Counter()
         self.round_seconds: list[float] = []
+        self.clock: ShareClock | None = None  # sync rounds' clock (its shares: clock.plans)
         self.pushes: list[PushRecord] = []
         self.final_parameters: torch.Tensor | None = None
         self._worker_steps = 0   # steps taken by all workers together
@@ -437,8 +494,11 @@ class Simulation:
         self._loss_sum, self._loss_count = self._loss_sum + loss_sum, self._loss_count + count
         return grad
 
-    def _delay(self, w: _Worker, step: int, step_seconds: float) -> float:
-        return self.setup.straggler.delay(w.rank, self.num_workers, step, step_seconds, self.seed)
+    def _delay(self, w: _Worker, step: int, step_seconds: float, work: float = 1.0) -> float:
+        """What the straggler hook sleeps after ``w``'s step ``step``, which computed for
+        ``step_seconds`` on ``work`` times --batch-size samples."""
+        return self.setup.straggler.delay(w.rank, self.num_workers, step, step_seconds, self.seed,
+                                          work)
 
     def _due(self, step: int) -> bool:
         """Whether a real run evaluates after global step ``step`` (loop/evaluator.py): every
@@ -507,20 +567,31 @@ class Simulation:
 
     def _run_sync(self) -> None:
         """Horovod: every round each worker computes its gradient at the same weights; the
-        round lasts as long as the slowest worker's step and the allreduce; the average is
-        applied with lr * N by the same torch optimizer (sync.py)."""
+        round lasts as long as the slowest worker's step and the allreduce (self.clock); the
+        average is applied with lr * N by the same torch optimizer (sync.py). Mode balanced
+        trains the same rounds: its share-weighted gradient is the global batch's, as sync's
+        average is, and only its clock's shares differ (share_clock.py)."""
         model, optimizer = self.setup.model, build_optimizer(self.setup.model.params,
                                                              self.setup.cfg.optim)
-        # A step as its worker sees it (what a real worker's straggler hook is given).
-        own = self.timing.step_seconds + self.timing.allreduce_seconds
+        cfg = self.setup.cfg
+        floor, damping = balance_settings(cfg)
+        # The straggler hook of a real worker is given its step's compute time, without the
+        # wait for the allreduce (scheme.take_wait_seconds), and its samples.
+        self.clock = ShareClock(self.timing, cfg.run.batch_size, self.num_workers,
+                                lambda rank, step, seconds, work: self._delay(
+                                    self.workers[rank], step, seconds, work),
+                                balance=self.mode.balance,
+                                granularity=cfg.sync.backward_passes_per_step, floor=floor,
+                                damping=damping)
         for step in range(self.total_steps):
             total = sum(self._gradient(w, None, clip=False) for w in self.workers)
             model.set_gradient(total / self.num_workers)  # hvd.Average: the sum over N
             model.clip()  # sync clips the averaged gradient, on every rank alike
             set_learning_rate(optimizer, self._lr(step, self.num_workers))
             optimizer.step()
-            seconds = self.timing.loop_seconds + max(own + self._delay(w, step, own)
-                                                     for w in self.workers)
+            seconds = self.clock.round_seconds(step)
+            if (step + 1) % self.steps_per_epoch == 0:
+                self.clock.epoch_ended()  # --balance re-plans the shares here
             self.round_seconds.append(seconds)
             self.now += seconds
             self._changed = True
@@ -678,8 +749,8 @@ class _ServerRun:
         self.versions.replied_to_push(w.rank)
         self.step.received(w.rank, self.params.numpy())
         start = at
-        if not first:
-            start += self.sim._delay(w, w.steps - 1, at - w.started)
+        if not first:  # the straggler stretches the step's compute, not the wait for the reply
+            start += self.sim._delay(w, w.steps - 1, self.timing.step_seconds)
         if self.dispatcher is not None and first:
             self._hand_out(w)
         if (w.slot == NO_SLOT if self.dispatcher is not None else

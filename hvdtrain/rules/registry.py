@@ -29,7 +29,7 @@ class Mode:
     """One row of the comparison: an update scheme and its settings, as ``hvdtrain train``
     flags. The simulator reads the same fields, so a mode means one thing in both."""
 
-    name: str                    # sync, local4, diloco8, async, ssp2, backup1, async-slr, dcasgd, ...
+    name: str                    # sync, balanced, local4, diloco8, async, ssp2, backup1, dcasgd, ...
     scheme: str = "async"        # "sync" (Horovod) or "async" (parameter server)
     staleness: float = math.inf  # async: the SSP bound; 0 with bsp
     bsp: bool = False            # async: lock-step rounds through the server
@@ -39,6 +39,7 @@ class Mode:
     local_steps: int = 1         # sync: average the models every H steps (local SGD)
     outer_lr: float = 0.0        # local SGD: DiLoCo's outer Nesterov step (0: plain averaging)
     outer_momentum: float = 0.0  # DiLoCo: the outer step's momentum
+    balance: bool = False        # sync: each worker's share of the global batch follows its speed
 
     @property
     def is_async(self) -> bool:
@@ -49,7 +50,8 @@ class Mode:
             outer = (["--outer-lr", f"{self.outer_lr:g}", "--outer-momentum",
                       f"{self.outer_momentum:g}"] if self.outer_lr else [])
             return ["--mode", "sync", *(["--local-steps", str(self.local_steps)]
-                                        if self.local_steps != 1 else []), *outer]
+                                        if self.local_steps != 1 else []), *outer,
+                    *(["--balance"] if self.balance else [])]
         # Nobody trains while worker 0 evaluates, as in sync mode: the time to target is read
         # on worker 0's training clock, which leaves the evaluations out.
         if self.bsp:
@@ -68,7 +70,8 @@ class Mode:
         Config.validate refuses the same combinations."""
         if not self.is_async:
             return {"mode": "sync", "local_steps": self.local_steps, "outer_lr": self.outer_lr,
-                    "outer_momentum": self.outer_momentum}
+                    "outer_momentum": self.outer_momentum,
+                    **({"balance": True} if self.balance else {})}
         # --bsp rounds have no staleness bound: its flags leave --staleness alone, and so do
         # these options (the round policy never reads it).
         return {"mode": "async", **({} if self.bsp else {"staleness": self.staleness}),
@@ -92,6 +95,9 @@ class Family:
 
 FAMILIES: dict[str, Family] = {
     "sync": Family(lambda: Mode("sync", scheme="sync")),
+    # sync whose workers' shares of the global batch follow their measured speed (--balance,
+    # rules/balance.py): the same update as sync, so only the time per round differs
+    "balanced": Family(lambda: Mode("balanced", scheme="sync", balance=True)),
     "local": Family(lambda h: Mode(f"local{h}", scheme="sync", local_steps=h),
                     ("local_steps", "--local-steps", "a number of steps, e.g. 4")),
     "diloco": Family(lambda h: Mode(f"diloco{h}", scheme="sync", local_steps=h,

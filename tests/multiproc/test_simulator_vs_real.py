@@ -2,10 +2,10 @@
 the same 3x straggler, the simulated times to target agree with the real runs' (the simulator's
 rules are unit-tested in tests/unit/test_simulate.py).
 
-What the simulator takes as given is the length of one worker's step: its compute, measured
-here, the rest of the update that a straggler stretches (the allreduce, the optimizer step),
-which it lumps into Timing.allreduce_seconds, and the loop's own time around the update, which a
-straggler does not stretch (Timing.loop_seconds). Both are calibrated from real runs with 2x and
+What the simulator takes as given is the length of one worker's step: the part that a
+straggler stretches (the step's own compute: the hook is given the step's time without the wait
+for the allreduce), and the rest of the round, which it does not stretch (the loop's own time,
+the allreduce: Timing.loop_seconds). Both are calibrated from real runs with 2x and
 4x stragglers (a round is loop + 2 steps, and loop + 4 steps), and the 3x runs test what the
 simulator claims from them: the same steps to the target, and rounds of the loop's time and
 three steps.

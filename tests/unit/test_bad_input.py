@@ -194,8 +194,8 @@ def no_runs(monkeypatch):
     (["--train-args", "--lr -1"], "--train-args: --lr: invalid value -1.0"),
     (["--run-timeout", "-5"], "--run-timeout: invalid value -5.0; use a positive number of "
                               "seconds"),  # issue 24: were accepted
-    (["--simulate", "--sim-step-ms", "nan"], "--sim-step-ms and --sim-apply-ms: use 0 or more "
-                                             "milliseconds (a finite number)"),
+    (["--simulate", "--sim-step-ms", "nan"], "--sim-apply-ms and --sim-sample-ms: use 0 or "
+                                             "more milliseconds (a finite number)"),
 ])
 def test_compare_refuses_an_empty_plan_and_train_args_that_override_it(
         argv, message, tmp_path, capsys, no_runs):

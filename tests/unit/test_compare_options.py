@@ -42,3 +42,16 @@ def test_sim_allreduce_ms_is_checked_and_sets_the_simulated_allreduce(tmp_path):
     assert timing.allreduce_seconds == pytest.approx(0.05)
     assert timing.step_seconds == pytest.approx(0.01)
     assert timing.apply_seconds == pytest.approx(0.001)
+    assert timing.sample_seconds is None  # the step grows in proportion to its samples
+
+
+def test_sim_sample_ms_is_a_part_of_a_given_step(tmp_path):
+    with pytest.raises(ConfigError, match="--sim-sample-ms is a part of --sim-step-ms"):
+        options(tmp_path, "--simulate", "--sim-sample-ms", "0.01")
+    cfg = options(tmp_path, "--simulate", "--sim-step-ms", "0.6", "--sim-sample-ms", "0.005",
+                  "--sim-apply-ms", "0.05")
+    timing = command._simulation_timing(cfg, [])
+    assert timing.sample_seconds == pytest.approx(5e-6)
+    assert timing.compute_seconds(16, 32) == pytest.approx(0.00052)  # 0.44 ms fixed + 16 x 5 us
+    assert "balanced" in [m.name for m in options(tmp_path, "--simulate", "--modes",
+                                                  "sync,balanced").planned_modes()]

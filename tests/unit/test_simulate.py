@@ -263,6 +263,56 @@ def test_lock_step_server_rounds_equal_sync_training():
     assert not torch.equal(sync.final_parameters, initial_parameters(0))
 
 
+BALANCED = Mode("balanced", scheme="sync", balance=True)
+# 10 ms per full batch of 32, all of it in proportion to the samples: a 3x straggler's step then
+# takes (1 + 2 * work) times its compute (stragglers.py), and balance can move work off it.
+PROPORTIONAL = Timing(step_seconds=0.010, sample_seconds=0.010 / 32)
+
+
+def test_balanced_under_a_3x_straggler_moves_work_to_the_fast_worker_and_trains_as_sync():
+    flags = ("--batch-size", "32", *steps(4, 5))
+    sync = simulation(SYNC, 2, *flags, straggler="3x", timing=PROPORTIONAL)
+    balanced = simulation(BALANCED, 2, *flags, straggler="3x", timing=PROPORTIONAL)
+    # Shares change the time only: the same rounds over the same global batches, the same
+    # update (the share-weighted gradient is the global batch's), bit for bit.
+    assert torch.equal(balanced.final_parameters, sync.final_parameters)
+    assert balanced.curve == [{**p, "wall_seconds": q["wall_seconds"]}
+                              for p, q in zip(sync.curve, balanced.curve)]
+    # Epoch 1 at equal shares measures 10 ms against 30 ms: the fast worker is 3x as fast, so
+    # plan_shares aims at 48/16 and, damped, moves half of the way; then on toward it.
+    plans = balanced.clock.plans
+    assert plans[:2] == [[32, 32], [40, 24]]
+    assert all(a[0] <= b[0] for a, b in pairwise(plans)) and plans[-1][0] > 40
+    assert sum(plans[-1]) == 64 and plans[-1][1] >= 1
+    assert sync.round_seconds == pytest.approx([0.030] * 20)
+    # epoch 2: worker 0 computes 40 samples in 12.5 ms; worker 1, 24 in 7.5 ms, then sleeps
+    # 2 * 7.5 ms * 24/32 = 11.25 ms more
+    assert balanced.round_seconds[5:10] == pytest.approx([0.01875] * 5)
+    assert balanced.result.wall_seconds < 0.7 * sync.result.wall_seconds
+    assert balanced.result.samples_per_sec > 1.4 * sync.result.samples_per_sec
+
+
+def test_balanced_cannot_balance_away_a_fixed_delay_or_an_even_cluster():
+    flags = ("--batch-size", "32", *steps(4, 5))
+    timing = Timing(step_seconds=0.002, sample_seconds=0.002 / 32)
+    sync = simulation(SYNC, 2, *flags, straggler="50ms", timing=timing)
+    balanced = simulation(BALANCED, 2, *flags, straggler="50ms", timing=timing)
+    # 50 ms a step whatever the share: no round gets shorter than the delay, so at most the
+    # straggler's 2 ms of compute are saved
+    assert sync.round_seconds == pytest.approx([0.052] * 20)
+    assert min(balanced.round_seconds) >= 0.05
+    assert balanced.result.wall_seconds > 0.96 * sync.result.wall_seconds
+    assert torch.equal(balanced.final_parameters, sync.final_parameters)
+    even = simulation(BALANCED, 2, *flags, timing=timing)  # equal speeds: equal shares
+    assert even.clock.plans == [[32, 32]] * 5
+    assert even.round_seconds == pytest.approx([0.002] * 20)
+
+
+def test_balanced_is_refused_where_it_has_no_global_batch_to_share():
+    with pytest.raises(ConfigError, match="--balance shares sync's global batch"):
+        Simulation(Mode("x", balance=True), 2, "", 0, DIGITS, 0.9, Timing(0.01))
+
+
 def test_local_sgd_with_one_local_step_is_sync_and_with_h_averages_every_h():
     flags = steps(1, 8)
     sync = simulation(SYNC, 3, *flags)
@@ -521,15 +571,31 @@ def test_bad_input_names_the_fix():
 
 def test_measure_timing_times_real_steps_on_the_threads_asked_for(monkeypatch):
     threads = []
-    median_seconds = simulate._median_seconds
 
-    def timed(*args):  # what the timed work runs on
-        threads.append(torch.get_num_threads())
-        return median_seconds(*args)
-    monkeypatch.setattr(simulate, "_median_seconds", timed)
+    def on_threads(measure):
+        def timed(*args):  # what the timed work runs on
+            threads.append(torch.get_num_threads())
+            return measure(*args)
+        return timed
+    for name in ("_median_seconds", "_compute_line"):  # the server's update; the step's line
+        monkeypatch.setattr(simulate, name, on_threads(getattr(simulate, name)))
     before = torch.get_num_threads()
     timing = measure_timing([*DIGITS, "--threads", "3"], repeats=5, warmup=1,
                             push_seconds=0.002)
     assert 0 < timing.step_seconds < 1 and 0 < timing.apply_seconds < 1
     assert timing.push_seconds == 0.002 and timing.allreduce_seconds == 0.0
     assert threads == [3, 3] and torch.get_num_threads() == before  # the caller's again
+    # the step's part per sample, from half batches: at most the whole step's time per sample
+    assert 0 <= timing.sample_seconds <= timing.step_seconds / 32
+    assert timing.compute_seconds(16, 32) <= timing.step_seconds
+
+
+def test_a_step_s_compute_time_is_a_fixed_part_and_a_part_per_sample():
+    fitted = Timing(step_seconds=0.010, sample_seconds=0.0002)  # 3.6 ms fixed at 32 samples
+    assert fitted.compute_seconds(32, 32) == 0.010
+    assert fitted.compute_seconds(16, 32) == pytest.approx(0.0068)
+    assert fitted.compute_seconds(48, 32) == pytest.approx(0.0132)
+    # one figure (old callers, --sim-step-ms): the whole step grows with its samples
+    assert Timing(step_seconds=0.010).compute_seconds(8, 32) == pytest.approx(0.0025)
+    with pytest.raises(ConfigError, match="Timing.sample_seconds"):
+        Timing(0.01, sample_seconds=-1.0).check()

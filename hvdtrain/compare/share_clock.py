@@ -1,0 +1,82 @@
+"""The simulator's clock of sync rounds (compare/simulate.py): how long a round lasts when each
+worker computes its share of the global batch, and, for mode ``balanced`` (--balance), how the
+shares follow the workers' speed.
+
+A balanced round's arithmetic is sync's: the share-weighted combination of the workers'
+gradients is the global batch's gradient (rules/balance.gradient_weight), and the global batch
+is the same. Only time differs, so the simulator trains a balanced run with sync's arithmetic and
+this clock. The shares start equal and are re-planned at every epoch's end by the one
+definition, rules/balance.plan_shares, from each worker's median compute time of the epoch, as
+the real run re-plans from its step times (loop/step_times.py: the compute time includes the
+straggler's delay, which the step timer counts as compute)."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..rules.balance import equal_shares, plan_shares
+
+if TYPE_CHECKING:
+    from .simulate import Timing
+
+# --balance-floor and --balance-damping's defaults (config.py SyncConfig), for a Config that has
+# no such options (a tree without the real flag)
+FLOOR_FRACTION, DAMPING = 0.25, 0.5
+
+# (worker, global step, its step's compute seconds, its work: samples / --batch-size) -> the
+# seconds the straggler model makes it wait (StragglerModel.delay's arguments)
+Delay = Callable[[int, int, float, float], float]
+
+
+def balance_settings(cfg) -> tuple[int, float]:
+    """--balance's floor in samples and its damping for the Config ``cfg``, as the real scheme
+    (balance.py BalancedSync) takes them: at least --balance-floor of --batch-size, and a
+    sample per backward pass and pipeline micro-batch."""
+    sync = cfg.sync
+    micro = cfg.pipeline.micro_batches if cfg.pipeline.stages > 1 else 1
+    floor = max(math.ceil(getattr(sync, "balance_floor", FLOOR_FRACTION) * cfg.run.batch_size),
+                sync.backward_passes_per_step * micro)
+    return floor, getattr(sync, "balance_damping", DAMPING)
+
+
+class ShareClock:
+    """Sync rounds on the virtual clock. A worker's step computes its share in
+    ``Timing.compute_seconds`` and then waits its straggler delay for that work; a round lasts
+    the loop's own time, the slowest worker's step, and the allreduce. With ``balance`` the
+    shares are re-planned at each :meth:`epoch_ended`; ``plans`` keeps every epoch's shares.
+    ``floor`` and ``damping``: plan_shares' (None: its defaults; the simulator passes the run's,
+    :func:`balance_settings`)."""
+
+    def __init__(self, timing: Timing, batch_size: int, workers: int, delay: Delay,
+                 balance: bool = False, granularity: int = 1, floor: int | None = None,
+                 damping: float | None = None):
+        self.timing, self.batch_size, self.delay = timing, batch_size, delay
+        self.balance, self.granularity = balance, granularity
+        self.options = {k: v for k, v in (("floor", floor), ("damping", damping))
+                        if v is not None}
+        self.global_batch = batch_size * workers
+        self.shares = equal_shares(self.global_batch, workers)
+        self.plans: list[list[int]] = [list(self.shares)]
+        self._compute: list[list[float]] = [[] for _ in range(workers)]
+
+    def round_seconds(self, step: int) -> float:
+        """The duration of global step ``step``'s round (counted from 0)."""
+        busy = []
+        for worker, share in enumerate(self.shares):
+            compute = self.timing.compute_seconds(share, self.batch_size)
+            own = compute + self.delay(worker, step, compute, share / self.batch_size)
+            self._compute[worker].append(own)
+            busy.append(own)
+        return self.timing.loop_seconds + max(busy) + self.timing.allreduce_seconds
+
+    def epoch_ended(self) -> None:
+        """--balance: the next epoch's shares, from this epoch's median compute times."""
+        if self.balance and all(self._compute):
+            p50 = [statistics.median(seconds) for seconds in self._compute]
+            self.shares = plan_shares(self.global_batch, self.shares, p50,
+                                      granularity=self.granularity, **self.options)
+            self.plans.append(list(self.shares))
+        self._compute = [[] for _ in self._compute]
