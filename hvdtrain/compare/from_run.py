@@ -52,11 +52,13 @@ class FittedDelays:
     """The fit as a delay model with StragglerModel.delay's interface, so the simulator draws a
     fitted worker's extra time per step as it draws a --straggler's: worker w waits its
     persistent extra ``extra[w]`` (in proportion to the work of its step, as a slower device
-    would) plus an exponential draw of mean ``random_mean[w]``, deterministic in (seed, worker,
-    step) like stragglers._uniform."""
+    would), a fixed ``fixed[w]`` that no share of the work removes, and an exponential draw of
+    mean ``random_mean[w]``, deterministic in (seed, worker, step) like stragglers._uniform."""
 
     extra: tuple[float, ...]        # base_w - the fastest worker's base, seconds
     random_mean: tuple[float, ...]  # the exponential delay's mean, seconds
+    fixed: tuple[float, ...] = ()   # a cost per step of its own (an async worker's slower
+                                    # exchange), seconds
 
     kind = "fit"
 
@@ -71,7 +73,8 @@ class FittedDelays:
               seed: int, work: float = 1.0) -> float:
         w = worker % len(self.extra)  # the fit has the run's workers; more repeat them
         u = _uniform("fit", seed, w, global_step)
-        return self.extra[w] * work - self.random_mean[w] * math.log1p(-u)
+        fixed = self.fixed[w] if self.fixed else 0.0
+        return self.extra[w] * work + fixed - self.random_mean[w] * math.log1p(-u)
 
 
 @dataclass(frozen=True)
@@ -93,11 +96,18 @@ class RunFit:
     step_period: float
     warmup_seconds: float
     epochs_used: tuple[int, ...]
+    own_waits: bool = False  # an async run's workers wait for nobody: a longer wait is theirs
 
-    def delays(self) -> FittedDelays:
+    def delays(self, with_server: bool = True) -> FittedDelays:
+        """The fit as a delay model; ``with_server``: for a mode with a parameter server, in
+        which an async run's longer waits (own_waits) are the worker's own; an allreduce's
+        waits are not."""
         fastest = min(w.base_seconds for w in self.workers)
+        least_wait = min(w.wait_seconds for w in self.workers)
         return FittedDelays(tuple(w.base_seconds - fastest for w in self.workers),
-                            tuple(w.random_mean for w in self.workers))
+                            tuple(w.random_mean for w in self.workers),
+                            tuple(w.wait_seconds - least_wait if self.own_waits and with_server else 0.0
+                                  for w in self.workers))
 
 
 def _median(values) -> float:
@@ -122,11 +132,15 @@ def _worker_fits(epochs: list[EpochTimes]) -> list[tuple[float, float, float]]:
 
 
 def fit_epochs(epochs: list[EpochTimes], lock_step: bool, local_steps: int = 1,
-               apply_seconds: float = 0.0, first: EpochTimes | None = None) -> RunFit:
+               apply_seconds: float = 0.0, first: EpochTimes | None = None,
+               own_waits: bool = False) -> RunFit:
     """The fit of these epochs of a run (``first``: its first epoch, left out of the fit for
     its warm-up, whose extra time is measured against the fit). ``lock_step``: a sync or
-    --bsp run, whose workers wait for each other. ``apply_seconds``: the server's update,
-    measured elsewhere (the log has no figure for it)."""
+    --bsp run, whose workers wait for each other. ``own_waits``: an async run without a
+    staleness bound, whose workers wait for the server alone, so that a worker's wait beyond
+    the least is a cost of its own (its host's share of the cores, its link), replayed as a
+    fixed delay. ``apply_seconds``: the server's update, measured elsewhere (the log has no
+    figure for it)."""
     if not epochs:
         raise ConfigError("--from-run: the run's log has no epoch with step times to fit")
     per_worker = _worker_fits(epochs)
@@ -156,7 +170,8 @@ def fit_epochs(epochs: list[EpochTimes], lock_step: bool, local_steps: int = 1,
     timing = Timing(step_seconds=fastest, apply_seconds=apply_seconds,
                     allreduce_seconds=allreduce, push_seconds=push, loop_seconds=max(0.0, loop))
     warmup = max(0.0, first.seconds - first.steps * period) if first is not None else 0.0
-    return RunFit(workers, timing, period, warmup, tuple(e.epoch for e in epochs))
+    return RunFit(workers, timing, period, warmup, tuple(e.epoch for e in epochs),
+                  own_waits and not lock_step)
 
 
 def split_warmup(epochs: list[EpochTimes]) -> tuple[EpochTimes | None, list[EpochTimes]]:
@@ -167,11 +182,15 @@ def split_warmup(epochs: list[EpochTimes]) -> tuple[EpochTimes | None, list[Epoc
     return None, list(epochs)
 
 
-def resample(epochs: list[EpochTimes], seed: int) -> list[EpochTimes]:
-    """A bootstrap resample of the epochs, seeded: each replayed seed fits its own, so that the
-    prediction's interval carries the run's epoch-to-epoch variation, not only the draws."""
-    rng = np.random.default_rng(seed)
-    return [epochs[i] for i in rng.integers(0, len(epochs), size=len(epochs))]
+def run_speed(epochs: list[EpochTimes], period: float, epochs_run: int, seed: int) -> float:
+    """How much slower than the fit one run of ``epochs_run`` epochs goes, drawn from the run's
+    own epochs: the mean of ``epochs_run`` of their step periods (a seeded bootstrap draw) over
+    the fit's. A run's time to target is the sum of the epochs it took, and on a shared host
+    those differ by a third from one epoch to the next; this carries that into the range of a
+    single run, which the medians of the fit leave out."""
+    ratios = np.array([e.seconds / e.steps / period for e in epochs])
+    rng = np.random.default_rng(seed)  # the same draws for every mode of a seed
+    return float(rng.choice(ratios, size=max(1, epochs_run), replace=True).mean())
 
 
 # --- the run's log ----------------------------------------------------------------------------

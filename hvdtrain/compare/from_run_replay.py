@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..rules.registry import Mode
-from .from_run import RunFit, RunLog, fit_epochs, resample, split_warmup
+from .from_run import RunFit, RunLog, fit_epochs, run_speed, split_warmup
 from .results import time_to_target
 from .stats import bootstrap_ci, separated
 
@@ -102,7 +102,7 @@ class Prediction:
 
     def run_range(self) -> tuple[float, float] | None:
         """Where one run lands: the fastest and slowest seed's time (every seed has its own
-        draws and its own resample of the run's epochs)."""
+        draws and its own draw of the machine's speed from the run's epochs)."""
         return (min(self.reached), max(self.reached)) if self.reached else None
 
     def row(self) -> dict:
@@ -113,43 +113,38 @@ class Prediction:
 
 
 def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
-           apply_seconds: float, progress=None) -> tuple[list[Prediction], RunFit]:
-    """Every mode, every seed: seed s replays on the fit of a bootstrap resample of the run's
-    epochs (the run's own seed: all of them) with its own draws. Returns the predictions and
-    the fit of all the epochs."""
+           apply_seconds: float) -> tuple[list[Prediction], RunFit]:
+    """Every mode, every seed, on the fit of the run's epochs (the first left out with its
+    warm-up): each seed has its own draws, initial weights and data order, and its own speed of
+    the machine (from_run.run_speed). Returns the predictions and the fit."""
     from .simulate import simulate_run
 
     own = mode_of_run(run.config)
     first, fitted = split_warmup(run.epochs)
-    fit_of = _fitter(run, own, apply_seconds, first)
-    whole = fit_of(fitted)
+    lock_step = not own.is_async or own.bsp
+    own_waits = own.is_async and not own.bsp and math.isinf(own.staleness)
+    fit = fit_epochs(fitted, lock_step, own.local_steps, apply_seconds, first, own_waits)
     args = train_args_from_config(run.config, BUDGET_EPOCHS * int(run.config["run"]["epochs"]))
+    per_epoch = int(run.header["steps_per_epoch"])
     predictions = [Prediction(m.name, m == own) for m in modes]
-    run_seed = int(run.config["run"]["seed"])
     for seed in seeds:
-        fit = whole if seed == run_seed else fit_of(resample(fitted, seed))
         for mode, prediction in zip(modes, predictions):
             try:
                 result = simulate_run(mode, run.num_workers, "", seed, args, target, fit.timing,
-                                      stop_at_target=True, delays=fit.delays())
+                                      stop_at_target=True, delays=fit.delays(mode.is_async))
             except ConfigError as e:
-                result = None
                 prediction.failed.append(str(e))
-            if result is not None and result.status != "ok":
+                prediction.times.append(None)
+                continue
+            if result.status != "ok":
                 prediction.failed.append(result.reason)
-            reached = result and result.status == "ok" and result.time_to_target
-            prediction.times.append(reached + fit.warmup_seconds if reached else None)
-            if progress is not None:
-                progress(mode, seed, prediction.times[-1])
-    return predictions, whole
-
-
-def _fitter(run: RunLog, own: Mode, apply_seconds: float, first):
-    lock_step = not own.is_async or own.bsp
-
-    def fit_of(epochs):
-        return fit_epochs(epochs, lock_step, own.local_steps, apply_seconds, first)
-    return fit_of
+            at = next((p for p in result.curve if (p.get("test_acc") or 0) >= target), None)
+            if result.status != "ok" or at is None:
+                prediction.times.append(None)
+                continue
+            speed = run_speed(fitted, fit.step_period, math.ceil(at["step"] / per_epoch), seed)
+            prediction.times.append(fit.warmup_seconds + at["wall_seconds"] * speed)
+    return predictions, fit
 
 
 def real_time_to_target(run: RunLog, target: float) -> float | None:
@@ -223,8 +218,8 @@ def main(cfg) -> int:
         modes.append(own)
     args = train_args_from_config(run.config)
     apply_seconds = measure_timing(args, step_seconds=1.0).apply_seconds
-    print(f"hvdtrain compare --from-run {run.folder}: a {own.name} run of {run.header['model']} "
-          f"on {run.num_workers} workers; replaying {len(modes)} modes x {cfg.seeds} seeds up "
+    print(f"hvdtrain compare --from-run {run.folder}: {run.header['model']} on "
+          f"{run.num_workers} workers in mode {own.name}; replaying {len(modes)} modes x {cfg.seeds} seeds up "
           f"to test accuracy {target:.4g}" + (f" (the best the run reached; --target "
                                                f"{cfg.target:g} is above it)"
                                                if target < cfg.target else ""), flush=True)

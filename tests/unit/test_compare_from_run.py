@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hvdtrain.compare.from_run import (EpochTimes, FittedDelays, delay_fit, fit_epochs,
-                                       read_run, resample, split_warmup)
+                                       read_run, run_speed, split_warmup)
 from hvdtrain.compare.from_run_replay import (Prediction, mode_of_run, output_folder, overlaps,
                                               recommend, train_args_from_config)
 from hvdtrain.compare.plan import modes
@@ -87,8 +87,17 @@ def test_the_first_epoch_is_left_out_with_enough_epochs_and_its_warmup_measured(
     slow_first = EpochTimes(1, first.seconds + 0.5, STEPS, first.times)
     assert fit_epochs(rest, True, first=slow_first).warmup_seconds == pytest.approx(0.5)
     assert split_warmup(epochs[:2])[0] is None  # two epochs: both are fitted
-    assert {e.epoch for e in resample(rest, 3)} <= {2, 3, 4} and len(resample(rest, 3)) == 3
-    assert resample(rest, 3) == resample(rest, 3)
+
+
+def test_a_single_runs_speed_is_drawn_from_the_runs_own_epochs():
+    epochs = [_sync_epoch(2), _sync_epoch(3, loop=0.0104)]  # the second 10 ms a step slower
+    period = epochs[0].seconds / STEPS
+    slower = epochs[1].seconds / STEPS / period
+    draws = [run_speed(epochs, period, 1, seed) for seed in range(40)]
+    assert sorted({round(d, 9) for d in draws}) == pytest.approx([1.0, slower])
+    assert run_speed(epochs, period, 3, 5) == run_speed(epochs, period, 3, 5)
+    many = run_speed(epochs, period, 10_000, 0)  # a long run averages the epochs
+    assert many == pytest.approx((1 + slower) / 2, rel=0.02)
 
 
 # --- the log ------------------------------------------------------------------------------------
@@ -182,3 +191,13 @@ def test_each_answer_gets_its_own_folder_never_inside_the_run(tmp_path):
     with pytest.raises(ConfigError, match="inside the run's folder"):
         output_folder(tmp_path / "r", run)
     assert sorted(p.name for p in (tmp_path / "out" / "from-run").iterdir()) == ["r", "r-2"]
+
+
+def test_an_async_workers_longer_wait_is_its_own_fixed_delay():
+    times = _times([0.002, 0.006], [0.002, 0.006], [0.001, 0.004])
+    epochs = [EpochTimes(e, 0.01 * STEPS, STEPS, times) for e in (2, 3)]
+    async_fit = fit_epochs(epochs, lock_step=False, own_waits=True)
+    assert async_fit.delays().fixed == pytest.approx((0.0, 0.003))
+    assert async_fit.delays().delay(1, 2, 0, 0.0, 0) == pytest.approx(0.004 + 0.003)
+    # a sync run's waits are for the others: no worker's own
+    assert fit_epochs(epochs, lock_step=True, own_waits=True).delays().fixed == (0.0, 0.0)
