@@ -201,3 +201,33 @@ def test_an_async_workers_longer_wait_is_its_own_fixed_delay():
     assert async_fit.delays().delay(1, 2, 0, 0.0, 0) == pytest.approx(0.004 + 0.003)
     # a sync run's waits are for the others: no worker's own
     assert fit_epochs(epochs, lock_step=True, own_waits=True).delays().fixed == (0.0, 0.0)
+
+
+# --- the flag -----------------------------------------------------------------------------------
+def _options(tmp_path, *flags):
+    from hvdtrain.cli import build_parser
+    from hvdtrain.compare import command
+
+    return command.validate(build_parser().parse_args(
+        ["compare", "--out", str(tmp_path / "out"), *flags]))
+
+
+def test_from_run_replays_one_mode_of_each_family_unless_modes_says(tmp_path):
+    from hvdtrain.rules.registry import FAMILIES
+
+    run = _write_log(tmp_path / "r")
+    cfg = _options(tmp_path, "--from-run", str(run))
+    assert cfg.modes.split(",") == list(FAMILIES)
+    assert [m.name for m in cfg.planned_modes()][:3] == ["sync", "local4", "diloco4"]
+    assert _options(tmp_path, "--from-run", str(run), "--modes", "sync,async").modes == \
+        "sync,async"
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--from-run", "no-such-folder"], "is not a folder"),
+    (["--from-run", "{run}", "--simulate"], "drop --simulate"),
+])
+def test_from_run_flag_errors_say_what_to_do(tmp_path, flags, words):
+    run = _write_log(tmp_path / "r")
+    with pytest.raises(ConfigError, match=words):
+        _options(tmp_path, *[f.format(run=run) for f in flags])
