@@ -104,9 +104,10 @@ class RunFit:
         waits are not."""
         fastest = min(w.base_seconds for w in self.workers)
         least_wait = min(w.wait_seconds for w in self.workers)
+        own = self.own_waits and with_server
         return FittedDelays(tuple(w.base_seconds - fastest for w in self.workers),
                             tuple(w.random_mean for w in self.workers),
-                            tuple(w.wait_seconds - least_wait if self.own_waits and with_server else 0.0
+                            tuple(w.wait_seconds - least_wait if own else 0.0
                                   for w in self.workers))
 
 

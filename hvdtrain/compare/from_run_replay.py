@@ -177,14 +177,20 @@ def overlaps(prediction: Prediction, real: float | None) -> bool:
     return ci[1] <= real <= ci[2] or span[0] <= real <= span[1]
 
 
-def output_folder(base: str | Path, run: RunLog) -> Path:
-    """A new folder for this answer, under ``base``/from-run: named after the run, numbered so
-    that no earlier answer is overwritten; never inside the run's own folder."""
+def check_out(base: str | Path, run: RunLog) -> Path:
+    """``base``/from-run, unless it lies in the run's own folder (ConfigError)."""
     root = Path(base) / "from-run"
     inside = root.resolve()
     if inside == run.folder.resolve() or run.folder.resolve() in inside.parents:
         raise ConfigError(f"--out {base}: the answer would go inside the run's folder "
                           f"{run.folder}; give another --out")
+    return root
+
+
+def output_folder(base: str | Path, run: RunLog) -> Path:
+    """A new folder for this answer, under ``base``/from-run: named after the run, numbered so
+    that no earlier answer is overwritten; never inside the run's own folder."""
+    root = check_out(base, run)
     root.mkdir(parents=True, exist_ok=True)
     for n in range(1, 10_000):
         folder = root / (run.folder.resolve().name + ("" if n == 1 else f"-{n}"))
@@ -216,13 +222,14 @@ def main(cfg) -> int:
     own = mode_of_run(run.config)
     if own not in modes:
         modes.append(own)
+    check_out(cfg.out, run)  # before the replay's minute, not after
     args = train_args_from_config(run.config)
     apply_seconds = measure_timing(args, step_seconds=1.0).apply_seconds
+    capped = (f" (the best the run reached; --target {cfg.target:g} is above it)"
+              if target < cfg.target else "")
     print(f"hvdtrain compare --from-run {run.folder}: {run.header['model']} on "
-          f"{run.num_workers} workers in mode {own.name}; replaying {len(modes)} modes x {cfg.seeds} seeds up "
-          f"to test accuracy {target:.4g}" + (f" (the best the run reached; --target "
-                                               f"{cfg.target:g} is above it)"
-                                               if target < cfg.target else ""), flush=True)
+          f"{run.num_workers} workers in mode {own.name}; replaying {len(modes)} modes x "
+          f"{cfg.seeds} seeds up to test accuracy {target:.4g}{capped} ...", flush=True)
     seeds = [int(run.config["run"]["seed"]) + i for i in range(cfg.seeds)]
     predictions, fit = replay(run, modes, seeds, target, apply_seconds)
     real = real_time_to_target(run, target)
