@@ -120,6 +120,15 @@ class CompareConfig:
     run_timeout: float = _opt(300, "seconds before a run is stopped and recorded as failed",
                               type=float)
     force: bool = _opt(False, "run again even the finished runs")
+    # --- a finished run replayed (compare/from_run.py)
+    from_run: str | None = _opt(None, "instead of a plan, answer from a finished run: fit its "
+                                "workers' step times (each one's persistent speed and random "
+                                "delays) and replay every mode (default: one of each family; "
+                                "or --modes) with its model, data and flags on the simulated "
+                                "cluster, --seeds seeds each, to --target (at most the best "
+                                "accuracy the run reached); prints the predicted time to target "
+                                "per mode with intervals and a recommendation, and writes them "
+                                "into a new folder under OUT/from-run", type=str)
     # --- the simulated cluster (--simulate) and the sweep over workers
     simulate: bool = _opt(False, "run the plan on a simulated cluster instead of launching it: "
                           "real gradients of the real model and data in this one process, on a "
@@ -150,15 +159,6 @@ class CompareConfig:
                                      "one clock (default: measured)", type=float)
     sim_apply_ms: float | None = _opt(None, "--simulate: milliseconds of the server's update "
                                       "with one gradient (default: measured)", type=float)
-    # --- a finished run replayed (compare/from_run.py)
-    from_run: str | None = _opt(None, "instead of a plan, answer from a finished run: fit its "
-                                "workers' step times (each one's persistent speed and random "
-                                "delays) and replay every mode (default: one of each family; "
-                                "or --modes) with its model, data and flags on the simulated "
-                                "cluster, --seeds seeds each, to --target (at most the best "
-                                "accuracy the run reached); prints the predicted time to target "
-                                "per mode with intervals and a recommendation, and writes them "
-                                "into a new folder under OUT/from-run", type=str)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> CompareConfig:
