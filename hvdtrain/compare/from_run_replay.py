@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..config import ConfigError
-from ..rules.registry import Mode
+from ..rules.registry import FAMILIES, Mode, modes
 from .from_run import RunFit, RunLog, fit_epochs, run_speed, split_warmup
 from .results import time_to_target
 from .stats import bootstrap_ci, separated
@@ -62,7 +62,23 @@ def train_args_from_config(config: dict, epochs: int | None = None) -> list[str]
 
 def mode_of_run(config: dict) -> Mode:
     """The comparison's Mode (rules/registry.py) that the run's config is, named as --modes
-    names it."""
+    names it: the family whose options the config has, the most specific one where several
+    match (balanced over sync); a run with options of no family's (a DiLoCo outer rate of its
+    own) gets a Mode of its own values."""
+    flat = {name: value for section in config.values() if isinstance(section, dict)
+            for name, value in section.items()}
+    staleness = float(flat.get("staleness", math.inf))
+    candidates = modes(list(FAMILIES), [int(staleness) if math.isfinite(staleness) else 0],
+                       [int(flat.get("backup_workers", 0))], [int(flat.get("local_steps", 1))])
+    matching = [m for m in candidates
+                if all(name in flat and flat[name] == value
+                       for name, value in m.config_options().items())]
+    if matching:
+        return max(matching, key=lambda m: len(m.config_options()))  # the first of a tie
+    return _mode_of_values(config)
+
+
+def _mode_of_values(config: dict) -> Mode:
     run, sync, ps = config["run"], config["sync"], config["ps"]
     if run["mode"] == "sync":
         h, outer = int(sync.get("local_steps", 1)), float(sync.get("outer_lr", 0.0))
