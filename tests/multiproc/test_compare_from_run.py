@@ -2,7 +2,7 @@
 3x straggler on digits, then the answer from its log. Every mode gets a prediction, the fit names
 worker 1 as the slow one, and for the run's own mode (sync) the prediction overlaps the run's
 real time to the same target, on the training clock (the fit and the replay are unit-tested in
-tests/unit/test_compare_from_run.py)."""
+tests/unit/test_from_run.py)."""
 
 import json
 
