@@ -183,15 +183,25 @@ def split_warmup(epochs: list[EpochTimes]) -> tuple[EpochTimes | None, list[Epoc
     return None, list(epochs)
 
 
-def run_speed(epochs: list[EpochTimes], period: float, epochs_run: int, seed: int) -> float:
-    """How much slower than the fit one run of ``epochs_run`` epochs goes, drawn from the run's
-    own epochs: the mean of ``epochs_run`` of their step periods (a seeded bootstrap draw) over
-    the fit's. A run's time to target is the sum of the epochs it took, and on a shared host
-    those differ by a third from one epoch to the next; this carries that into the range of a
-    single run, which the medians of the fit leave out."""
-    ratios = np.array([e.seconds / e.steps / period for e in epochs])
-    rng = np.random.default_rng(seed)  # the same draws for every mode of a seed
-    return float(rng.choice(ratios, size=max(1, epochs_run), replace=True).mean())
+SINGLE_RUNS = 200  # the single runs drawn per replay for the range of one run's time
+
+
+def run_speeds(first: EpochTimes | None, later: list[EpochTimes], period: float,
+               epochs_run: int, seed: int, draws: int = SINGLE_RUNS) -> np.ndarray:
+    """How much slower than the fit ``draws`` single runs of ``epochs_run`` epochs go: for
+    each, the mean over its epochs of their step period over the fit's, its first epoch the
+    run's own first (warm-up and all), the others drawn from the run's later epochs (a seeded
+    bootstrap: the same draws for every mode of a seed). A time to target is the sum of a few
+    epochs, and on a shared host one epoch can take twice another (a burst of other jobs): the
+    medians of the fit leave that out, and this puts it back into the range of one run's
+    time. Without a first epoch apart (too few epochs), every epoch is drawn."""
+    ratios = np.array([e.seconds / e.steps / period for e in later])
+    rng = np.random.default_rng(seed)
+    k = max(1, epochs_run)
+    if first is None:
+        return rng.choice(ratios, size=(draws, k)).mean(axis=1)
+    rest = rng.choice(ratios, size=(draws, k - 1)).sum(axis=1)
+    return (first.seconds / first.steps / period + rest) / k
 
 
 # --- the run's log ----------------------------------------------------------------------------

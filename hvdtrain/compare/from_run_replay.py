@@ -5,8 +5,8 @@ own mode against the run's real time.
 
 The clock: the simulator's virtual seconds are training seconds (evaluations take no virtual
 time), so the real run is read on its training clock, ``train_seconds`` of its log's lines
-(results.training_seconds), and every prediction gets the run's measured warm-up (the first
-epoch's time beyond the fit), which every mode pays once.
+(results.training_seconds). A predicted run's first epoch goes at the speed of the run's own
+first epoch, warm-up and all, and its later epochs at the speeds of the run's later ones.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ..config import ConfigError
 from ..rules.registry import FAMILIES, Mode, modes
-from .from_run import RunFit, RunLog, fit_epochs, run_speed, split_warmup
+from .from_run import RunFit, RunLog, fit_epochs, run_speeds, split_warmup
 from .results import time_to_target
 from .stats import bootstrap_ci, separated
 
@@ -97,13 +99,15 @@ def _mode_of_values(config: dict) -> Mode:
 
 @dataclass
 class Prediction:
-    """One mode's replays: the time to target of each seed (None: not reached), the mean with
-    its bootstrap interval, and the range a single run falls in."""
+    """One mode's replays: the expected time to target of each seed (None: not reached), the
+    mean with its bootstrap interval, and the range a single run falls in (from ``singles``,
+    each seed's time at the machine's speed of single runs drawn from the run's epochs)."""
 
     mode: str
     own: bool
     times: list[float | None] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    singles: list[float] = field(default_factory=list)
 
     @property
     def reached(self) -> list[float]:
@@ -117,9 +121,13 @@ class Prediction:
         return bootstrap_ci(self.reached)
 
     def run_range(self) -> tuple[float, float] | None:
-        """Where one run lands: the fastest and slowest seed's time (every seed has its own
-        draws and its own draw of the machine's speed from the run's epochs)."""
-        return (min(self.reached), max(self.reached)) if self.reached else None
+        """Where one run lands, 95% of the time: the 2.5th to 97.5th percentile of the single
+        runs of every seed that reached the target (a seed's draws, initial weights and data
+        order; a single run's speed of the machine)."""
+        if not self.singles:
+            return None
+        low, high = np.percentile(self.singles, [2.5, 97.5])
+        return float(low), float(high)
 
     def row(self) -> dict:
         ci, span = self.ci(), self.run_range()
@@ -131,8 +139,9 @@ class Prediction:
 def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
            apply_seconds: float) -> tuple[list[Prediction], RunFit]:
     """Every mode, every seed, on the fit of the run's epochs (the first left out with its
-    warm-up): each seed has its own draws, initial weights and data order, and its own speed of
-    the machine (from_run.run_speed). Returns the predictions and the fit."""
+    warm-up): each seed has its own draws, initial weights and data order; its virtual time
+    to the target, at the machine's speed of single runs (from_run.run_speeds), gives its
+    expected time and single runs. Returns the predictions and the fit."""
     from .simulate import simulate_run
 
     own = mode_of_run(run.config)
@@ -158,8 +167,10 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
             if result.status != "ok" or at is None:
                 prediction.times.append(None)
                 continue
-            speed = run_speed(fitted, fit.step_period, math.ceil(at["step"] / per_epoch), seed)
-            prediction.times.append(fit.warmup_seconds + at["wall_seconds"] * speed)
+            speeds = run_speeds(first, fitted, fit.step_period,
+                                math.ceil(at["step"] / per_epoch), seed)
+            prediction.singles += list(at["wall_seconds"] * speeds)
+            prediction.times.append(float(at["wall_seconds"] * speeds.mean()))
     return predictions, fit
 
 
@@ -266,7 +277,8 @@ def main(cfg) -> int:
 def describe_fit(fit: RunFit) -> str:
     t = fit.timing
     lines = [f"fit of epochs {','.join(map(str, fit.epochs_used))} (training clock: "
-             f"{fit.step_period * 1000:.2f} ms a global step, warm-up {fit.warmup_seconds:.2f} s):",
+             f"{fit.step_period * 1000:.2f} ms a global step; the first epoch's extra "
+             f"{fit.warmup_seconds:.2f} s):",
              "| worker | compute ms (persistent) | factor | random delay ms (mean, exponential) "
              "| wait ms |", "|---|---|---|---|---|"]
     for i, w in enumerate(fit.workers):
@@ -281,8 +293,8 @@ def describe_fit(fit: RunFit) -> str:
 
 
 def prediction_table(predictions: list[Prediction], target: float) -> str:
-    lines = [f"| mode | reached {target:.4g} | predicted s to target (95% CI) | one run's range "
-             "s |", "|---|---|---|---|"]
+    lines = [f"| mode | reached {target:.4g} | predicted s to target (95% CI) | one run, 95% of "
+             "the time, s |", "|---|---|---|---|"]
     for p in predictions:
         ci, span = p.ci(), p.run_range()
         mean = f"{ci[0]:.2f} ({ci[1]:.2f}-{ci[2]:.2f})" if ci else "-"

@@ -4,10 +4,12 @@ the whole command against a real run is tests/multiproc/test_compare_from_run.py
 
 import json
 
+import numpy as np
+
 import pytest
 
 from hvdtrain.compare.from_run import (EpochTimes, FittedDelays, delay_fit, fit_epochs,
-                                       read_run, run_speed, split_warmup)
+                                       read_run, run_speeds, split_warmup)
 from hvdtrain.compare.from_run_replay import (Prediction, mode_of_run, output_folder, overlaps,
                                               recommend, train_args_from_config)
 from hvdtrain.compare.plan import modes
@@ -89,15 +91,25 @@ def test_the_first_epoch_is_left_out_with_enough_epochs_and_its_warmup_measured(
     assert split_warmup(epochs[:2])[0] is None  # two epochs: both are fitted
 
 
-def test_a_single_runs_speed_is_drawn_from_the_runs_own_epochs():
-    epochs = [_sync_epoch(2), _sync_epoch(3, loop=0.0104)]  # the second 10 ms a step slower
-    period = epochs[0].seconds / STEPS
-    slower = epochs[1].seconds / STEPS / period
-    draws = [run_speed(epochs, period, 1, seed) for seed in range(40)]
-    assert sorted({round(d, 9) for d in draws}) == pytest.approx([1.0, slower])
-    assert run_speed(epochs, period, 3, 5) == run_speed(epochs, period, 3, 5)
-    many = run_speed(epochs, period, 10_000, 0)  # a long run averages the epochs
-    assert many == pytest.approx((1 + slower) / 2, rel=0.02)
+def test_a_single_runs_speed_starts_with_the_runs_first_epoch_and_draws_the_others():
+    first = _sync_epoch(1, loop=0.0204)  # 20 ms a step slower: its warm-up
+    later = [_sync_epoch(2), _sync_epoch(3, loop=0.0104)]  # the second 10 ms a step slower
+    period = later[0].seconds / STEPS
+    one = first.seconds / STEPS / period
+    slower = later[1].seconds / STEPS / period
+    assert run_speeds(first, later, period, 1, 0, draws=5) == pytest.approx([one] * 5)
+    two = run_speeds(first, later, period, 2, 0, draws=400)
+    assert sorted({round(x, 9) for x in two}) == pytest.approx([(one + 1) / 2,
+                                                                (one + slower) / 2])
+    assert list(run_speeds(first, later, period, 3, 5)) == list(run_speeds(first, later,
+                                                                           period, 3, 5))
+    long = run_speeds(None, later, period, 10_000, 0, draws=1)  # every epoch drawn
+    assert long[0] == pytest.approx((1 + slower) / 2, rel=0.02)
+
+
+def test_one_runs_range_is_the_middle_95_percent_of_the_single_runs():
+    p = Prediction("sync", True, [1.0], singles=list(np.linspace(0, 10, 1001)))
+    assert p.run_range() == pytest.approx((0.25, 9.75))
 
 
 # --- the log ------------------------------------------------------------------------------------
@@ -184,9 +196,10 @@ def test_the_recommendation_names_a_winner_only_when_its_interval_is_clear():
     assert recommend([slow, fast, missed]).startswith("backup1")
 
 
-def test_the_check_passes_inside_the_range_of_single_runs():
-    p = _prediction("sync", [1.0, 1.4, 1.2], own=True)
-    assert overlaps(p, 1.35) and not overlaps(p, 1.6) and not overlaps(p, None)
+def test_the_check_passes_inside_the_interval_or_the_range_of_single_runs():
+    p = Prediction("sync", True, [1.0, 1.4, 1.2], singles=[0.9, 1.0, 1.2, 1.4, 1.5])
+    assert overlaps(p, 1.45) and overlaps(p, 0.95) and not overlaps(p, 1.6)
+    assert not overlaps(p, None)
     assert not overlaps(_prediction("sync", [None]), 1.0)
 
 
