@@ -37,6 +37,10 @@ def validate(args: argparse.Namespace) -> CompareConfig:
 
 def main(args: argparse.Namespace) -> int:
     cfg = validate(args)
+    if cfg.from_run is not None:
+        from .from_run_replay import main as answer_from_run
+
+        return answer_from_run(cfg)
     modes = cfg.planned_modes()
     train_args = ["--dataset", cfg.dataset, "--model", cfg.model, "--epochs", str(cfg.epochs),
                   "--checkpoint-every", "0", "--eval-every-steps", str(cfg.eval_every_steps),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, check_writable_folder
+from ..rules.registry import FAMILIES
 from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
 from . import plan as planning
@@ -121,6 +122,15 @@ class CompareConfig:
     run_timeout: float = _opt(300, "seconds before a run is stopped and recorded as failed",
                               type=float)
     force: bool = _opt(False, "run again even the finished runs")
+    # --- a finished run replayed (compare/from_run.py)
+    from_run: str | None = _opt(None, "instead of a plan, answer from a finished run: fit its "
+                                "workers' step times (each one's persistent speed and random "
+                                "delays) and replay every mode (default: one of each family; "
+                                "or --modes) with its model, data and flags on the simulated "
+                                "cluster, --seeds seeds each, to --target (at most the best "
+                                "accuracy the run reached); prints the predicted time to target "
+                                "per mode with intervals and a recommendation, and writes them "
+                                "into a new folder under OUT/from-run", type=str)
     # --- the simulated cluster (--simulate) and the sweep over workers
     simulate: bool = _opt(False, "run the plan on a simulated cluster instead of launching it: "
                           "real gradients of the real model and data in this one process, on a "
@@ -163,13 +173,17 @@ class CompareConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     def __post_init__(self) -> None:
+        if self.from_run is not None and self.modes is None:  # every scheme, for one run's answer
+            self.modes = ",".join(FAMILIES)
         for key, value in PLANS[self.plan].items():  # fill every option left unset
             if getattr(self, key) is None:
                 setattr(self, key, value)
         self._check_plan()
         self._check_launch()
         self._check_simulation()
-        if not self.simulate:
+        if self.from_run is not None:
+            self._check_from_run()
+        elif not self.simulate:
             check_processes_fit(self, self.planned_modes())
         check_writable_folder(self.out, "--out")
         check_train_args(self)
@@ -212,6 +226,14 @@ class CompareConfig:
                               f"(fewer than the {self.workers} workers)")
         if any(h < 1 for h in ints(self.local_steps, "--local-steps")):
             raise ConfigError("--local-steps: each number must be 1 or more")
+
+    def _check_from_run(self) -> None:
+        if not Path(self.from_run).is_dir():
+            raise ConfigError(f"--from-run: {self.from_run} is not a folder; give the --run-dir "
+                              "of a finished hvdtrain train run")
+        if self.simulate or self.sweep_workers.strip():
+            raise ConfigError("--from-run replays the run on the simulator by itself: drop "
+                              "--simulate and --sweep-workers")
 
     def _check_launch(self) -> None:
         if self.hostfile is not None and not Path(self.hostfile).is_file():

@@ -422,7 +422,8 @@ class Simulation:
 
     def __init__(self, mode: Mode, workers: int, straggler: str, seed: int,
                  train_args: Sequence[str], target: float, timing: Timing,
-                 eval_every_steps: int | None = None, stop_at_target: bool = False):
+                 eval_every_steps: int | None = None, stop_at_target: bool = False,
+                 delays: StragglerModel | None = None):
         if workers < 1:
             raise ConfigError(f"workers: invalid value {workers}; use 1 or more")
         if mode.local_steps < 1:
@@ -443,6 +444,8 @@ class Simulation:
         self.straggler_text = straggler.strip() if straggler.strip().lower() != "none" else ""
         self.timing = timing
         self.setup = _Setup.build(train_args, seed, self.straggler_text, mode)
+        if delays is not None:  # any object with StragglerModel.delay (compare --from-run's fit)
+            self.setup.straggler = delays
         run = self.setup.cfg.run
         self.workers = [_Worker(r, EpochPlan(run, self.setup.workload.train))
                         for r in range(workers)]
@@ -876,7 +879,8 @@ def failed_result(mode: Mode, workers: int, straggler: str, seed: int, reason: s
 
 def simulate_run(mode: Mode, workers: int, straggler: str, seed: int, train_args: Sequence[str],
                  target: float, timing: Timing, eval_every_steps: int | None = None,
-                 stop_at_target: bool = False) -> RunResult:
+                 stop_at_target: bool = False,
+                 delays: StragglerModel | None = None) -> RunResult:
     """One simulated run: the RunResult a real run of ``mode`` on ``workers`` workers would
     report, on the virtual clock. ``train_args`` are hvdtrain train flags (dataset, model,
     epochs, batch size, optimizer...). Evaluations fall where a real run's do: at the ends of
@@ -884,9 +888,11 @@ def simulate_run(mode: Mode, workers: int, straggler: str, seed: int, train_args
     overrides (a global step is every worker's batch once: a sync round, N async pushes).
     With ``stop_at_target`` the run ends at the first evaluation at or above ``target`` (its
     figures are then those up to there), as the time to target is all a sweep needs.
+    ``delays``, in place of ``straggler``'s model, gives each worker's delay per step (an
+    object with StragglerModel.delay, e.g. the per-worker fit of compare --from-run).
     Raises ConfigError for what cannot run (e.g. too few samples for N workers)."""
     return Simulation(mode, workers, straggler, seed, train_args, target, timing,
-                      eval_every_steps, stop_at_target).run()
+                      eval_every_steps, stop_at_target, delays).run()
 
 
 def strong_scaling_args(train_args: Sequence[str], workers: int,

@@ -1,0 +1,320 @@
+"""``hvdtrain compare --from-run RUN_DIR``: every mode replayed on the simulator with a finished
+run's model, data, train flags and fitted step times (from_run.py), several seeds each; a
+predicted time to target per mode with intervals, a recommendation, and the check of the run's
+own mode against the run's real time.
+
+The clock: the simulator's virtual seconds are training seconds (evaluations take no virtual
+time), so the real run is read on its training clock, ``train_seconds`` of its log's lines
+(results.training_seconds). A predicted run's first epoch goes at the speed of the run's own
+first epoch, warm-up and all, and its later epochs at the speeds of the run's later ones.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..config import ConfigError
+from ..rules.registry import FAMILIES, Mode, modes
+from .from_run import RunFit, RunLog, fit_epochs, run_speeds, split_warmup
+from .results import time_to_target
+from .stats import bootstrap_ci, separated
+
+# The train flags a replay takes from the run's config, by section: what it trains, on what,
+# how and for how long. The rest (the mode's options, the run folder, checkpoints, logging,
+# the straggler, which the fit replaces) is the replay's own.
+REPLAYED = {"data": None, "model": None, "optim": None,
+            "run": ("epochs", "batch_size", "max_steps_per_epoch", "eval_every",
+                    "eval_every_steps", "precision", "threads"),
+            "sync": ("reduce_op",)}
+
+# A mode that needs more epochs than the run had can still reach the target: the replay's
+# budget is this many times the run's epochs, and every run stops at the target.
+BUDGET_EPOCHS = 2
+
+
+def train_args_from_config(config: dict, epochs: int | None = None) -> list[str]:
+    """The hvdtrain train flags of a run's logged config (the header's ``config``), as
+    ``--flag=value`` (values may be empty or start with a dash)."""
+    args = []
+    for section, names in REPLAYED.items():
+        for name, value in config.get(section, {}).items():
+            if names is not None and name not in names or value is None:
+                continue
+            if name == "epochs" and epochs is not None:
+                value = epochs
+            if name == "threads" and not value:
+                # The virtual clock does not depend on this process's speed; one thread is the
+                # fastest way through small batches (compare's sweep does so too), and a real
+                # server and workers sharing a host's cores get about one each.
+                value = 1
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + flag[2:])
+            elif isinstance(value, (list, tuple)):
+                args.append(f"{flag}={','.join(map(str, value))}")
+            else:
+                args.append(f"{flag}={value!r}" if isinstance(value, float) else f"{flag}={value}")
+    return args
+
+
+def mode_of_run(config: dict) -> Mode:
+    """The comparison's Mode (rules/registry.py) that the run's config is, named as --modes
+    names it: the family whose options the config has, the most specific one where several
+    match (balanced over sync); a run with options of no family's (a DiLoCo outer rate of its
+    own) gets a Mode of its own values."""
+    flat = {name: value for section in config.values() if isinstance(section, dict)
+            for name, value in section.items()}
+    staleness = float(flat.get("staleness", math.inf))
+    candidates = modes(list(FAMILIES), [int(staleness) if math.isfinite(staleness) else 0],
+                       [int(flat.get("backup_workers", 0))], [int(flat.get("local_steps", 1))])
+    matching = [m for m in candidates
+                if all(name in flat and flat[name] == value
+                       for name, value in m.config_options().items())]
+    if matching:
+        return max(matching, key=lambda m: len(m.config_options()))  # the first of a tie
+    return _mode_of_values(config)
+
+
+def _mode_of_values(config: dict) -> Mode:
+    run, sync, ps = config["run"], config["sync"], config["ps"]
+    if run["mode"] == "sync":
+        h, outer = int(sync.get("local_steps", 1)), float(sync.get("outer_lr", 0.0))
+        name = "sync" if h == 1 else (f"diloco{h}" if outer else f"local{h}")
+        return Mode(name, scheme="sync", local_steps=h, outer_lr=outer,
+                    outer_momentum=float(sync.get("outer_momentum", 0.0)) if outer else 0.0)
+    if ps.get("bsp"):
+        b = int(ps.get("backup_workers", 0))
+        return Mode(f"backup{b}", staleness=0.0, bsp=True, backup_workers=b)
+    staleness = float(ps.get("staleness", math.inf))
+    slr, dc = bool(ps.get("staleness_lr")), float(ps.get("dc_lambda", 0.0))
+    name = ("async-slr" if slr else "dcasgd" if dc else "async" if math.isinf(staleness)
+            else f"ssp{int(staleness)}")
+    return Mode(name, staleness=staleness, staleness_lr=slr, dc_lambda=dc)
+
+
+@dataclass
+class Prediction:
+    """One mode's replays: the expected time to target of each seed (None: not reached), the
+    mean with its bootstrap interval, and the range a single run falls in (from ``singles``,
+    each seed's time at the machine's speed of single runs drawn from the run's epochs)."""
+
+    mode: str
+    own: bool
+    times: list[float | None] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    singles: list[float] = field(default_factory=list)
+
+    @property
+    def reached(self) -> list[float]:
+        return [t for t in self.times if t is not None]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.times) and len(self.reached) == len(self.times)
+
+    def ci(self) -> tuple[float, float, float] | None:
+        return bootstrap_ci(self.reached)
+
+    def run_range(self) -> tuple[float, float] | None:
+        """Where one run lands, 95% of the time: the 2.5th to 97.5th percentile of the single
+        runs of every seed that reached the target (a seed's draws, initial weights and data
+        order; a single run's speed of the machine)."""
+        if not self.singles:
+            return None
+        low, high = np.percentile(self.singles, [2.5, 97.5])
+        return float(low), float(high)
+
+    def row(self) -> dict:
+        ci, span = self.ci(), self.run_range()
+        return {"mode": self.mode, "own": self.own, "times": self.times, "failed": self.failed,
+                "mean": ci and ci[0], "ci_low": ci and ci[1], "ci_high": ci and ci[2],
+                "run_low": span and span[0], "run_high": span and span[1]}
+
+
+def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
+           apply_seconds: float) -> tuple[list[Prediction], RunFit]:
+    """Every mode, every seed, on the fit of the run's epochs (the first left out with its
+    warm-up): each seed has its own draws, initial weights and data order; its virtual time
+    to the target, at the machine's speed of single runs (from_run.run_speeds), gives its
+    expected time and single runs. Returns the predictions and the fit."""
+    from .simulate import simulate_run
+
+    own = mode_of_run(run.config)
+    first, fitted = split_warmup(run.epochs)
+    lock_step = not own.is_async or own.bsp
+    own_waits = own.is_async and not own.bsp and math.isinf(own.staleness)
+    fit = fit_epochs(fitted, lock_step, own.local_steps, apply_seconds, first, own_waits)
+    args = train_args_from_config(run.config, BUDGET_EPOCHS * int(run.config["run"]["epochs"]))
+    per_epoch = int(run.header["steps_per_epoch"])
+    predictions = [Prediction(m.name, m == own) for m in modes]
+    for seed in seeds:
+        for mode, prediction in zip(modes, predictions):
+            try:
+                result = simulate_run(mode, run.num_workers, "", seed, args, target, fit.timing,
+                                      stop_at_target=True, delays=fit.delays(mode.is_async))
+            except ConfigError as e:
+                prediction.failed.append(str(e))
+                prediction.times.append(None)
+                continue
+            if result.status != "ok":
+                prediction.failed.append(result.reason)
+            at = next((p for p in result.curve if (p.get("test_acc") or 0) >= target), None)
+            if result.status != "ok" or at is None:
+                prediction.times.append(None)
+                continue
+            speeds = run_speeds(first, fitted, fit.step_period,
+                                math.ceil(at["step"] / per_epoch), seed)
+            prediction.singles += list(at["wall_seconds"] * speeds)
+            prediction.times.append(float(at["wall_seconds"] * speeds.mean()))
+    return predictions, fit
+
+
+def real_time_to_target(run: RunLog, target: float) -> float | None:
+    """The run's training seconds at its first evaluation at or above ``target``."""
+    return time_to_target(run.curve, target)
+
+
+def recommend(predictions: list[Prediction]) -> str:
+    """The fastest mode when its interval is clear of every other mode's (each seed reaching
+    the target), else "no clear winner" and the modes that tie."""
+    complete = sorted((p for p in predictions if p.complete), key=lambda p: p.ci()[0])
+    if not complete:
+        return "no clear winner: no mode reached the target with every seed"
+    best = complete[0]
+    ties = [p.mode for p in complete[1:] if not separated(best.ci(), p.ci())]
+    if len(best.times) < 2:
+        return f"no clear winner: one seed gives no interval ({best.mode} was fastest)"
+    if ties:
+        return (f"no clear winner: {best.mode} was fastest, but its interval overlaps "
+                f"{', '.join(ties)}'s")
+    return f"{best.mode}: its interval is clear of every other mode's"
+
+
+def overlaps(prediction: Prediction, real: float | None) -> bool:
+    """The validation: the run's real time falls in the range of the replayed single runs, or
+    in the mean's interval."""
+    if real is None or not prediction.reached:
+        return False
+    ci, span = prediction.ci(), prediction.run_range()
+    return ci[1] <= real <= ci[2] or span[0] <= real <= span[1]
+
+
+def check_out(base: str | Path, run: RunLog) -> Path:
+    """``base``/from-run, unless it lies in the run's own folder (ConfigError)."""
+    root = Path(base) / "from-run"
+    inside = root.resolve()
+    if inside == run.folder.resolve() or run.folder.resolve() in inside.parents:
+        raise ConfigError(f"--out {base}: the answer would go inside the run's folder "
+                          f"{run.folder}; give another --out")
+    return root
+
+
+def output_folder(base: str | Path, run: RunLog) -> Path:
+    """A new folder for this answer, under ``base``/from-run: named after the run, numbered so
+    that no earlier answer is overwritten; never inside the run's own folder."""
+    root = check_out(base, run)
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        folder = root / (run.folder.resolve().name + ("" if n == 1 else f"-{n}"))
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise ConfigError(f"--out {base}: {root} is full of earlier answers; clean it up")
+
+
+def write_answer(folder: Path, summary: dict, table: str) -> None:
+    (folder / "from_run.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    (folder / "from_run.md").write_text(table + "\n")
+
+
+# --- the command ------------------------------------------------------------------------------
+def main(cfg) -> int:
+    """``hvdtrain compare --from-run``: read, fit, replay, print, write. ``cfg``: CompareConfig
+    (its --modes, --local-steps, --staleness-bounds, --backup-workers, --seeds, --target,
+    --out)."""
+    from .from_run import read_run
+    from .simulate import measure_timing
+
+    run = read_run(cfg.from_run)
+    best = run.best_accuracy()
+    target = min(cfg.target, best)
+    modes = list(cfg.planned_modes())
+    own = mode_of_run(run.config)
+    if own not in modes:
+        modes.append(own)
+    check_out(cfg.out, run)  # before the replay's minute, not after
+    args = train_args_from_config(run.config)
+    apply_seconds = measure_timing(args, step_seconds=1.0).apply_seconds
+    capped = (f" (the best the run reached; --target {cfg.target:g} is above it)"
+              if target < cfg.target else "")
+    print(f"hvdtrain compare --from-run {run.folder}: {run.header['model']} on "
+          f"{run.num_workers} workers in mode {own.name}; replaying {len(modes)} modes x "
+          f"{cfg.seeds} seeds up to test accuracy {target:.4g}{capped} ...", flush=True)
+    seeds = [int(run.config["run"]["seed"]) + i for i in range(cfg.seeds)]
+    predictions, fit = replay(run, modes, seeds, target, apply_seconds)
+    real = real_time_to_target(run, target)
+    own_prediction = next(p for p in predictions if p.own)
+    ok = overlaps(own_prediction, real)
+    table = describe_fit(fit) + "\n\n" + prediction_table(predictions, target) + "\n\n" + \
+        _verdict(own_prediction, real, ok) + "\n\nrecommendation: " + recommend(predictions)
+    print("\n" + table, flush=True)
+    folder = output_folder(cfg.out, run)
+    write_answer(folder, {"run": str(run.folder), "target": target, "own_mode": own.name,
+                          "real_time_to_target": real, "own_mode_overlaps": ok,
+                          "recommendation": recommend(predictions), "fit": _fit_record(fit),
+                          "predictions": [p.row() for p in predictions]}, table)
+    print(f"\nanswer: {folder / 'from_run.md'}, {folder / 'from_run.json'}", flush=True)
+    return 0
+
+
+def describe_fit(fit: RunFit) -> str:
+    t = fit.timing
+    lines = [f"fit of epochs {','.join(map(str, fit.epochs_used))} (training clock: "
+             f"{fit.step_period * 1000:.2f} ms a global step; the first epoch's extra "
+             f"{fit.warmup_seconds:.2f} s):",
+             "| worker | compute ms (persistent) | factor | random delay ms (mean, exponential) "
+             "| wait ms |", "|---|---|---|---|---|"]
+    for i, w in enumerate(fit.workers):
+        lines.append(f"| {i} | {w.base_seconds * 1000:.2f} | {w.factor:.2f}x | "
+                     f"{w.random_mean * 1000:.2f} | {w.wait_seconds * 1000:.2f} |")
+    lines.append(f"virtual clock: step {t.step_seconds * 1000:.2f} ms, allreduce "
+                 f"{t.allreduce_seconds * 1000:.2f} ms, push {t.push_seconds * 1000:.2f} ms, "
+                 f"apply {t.apply_seconds * 1000:.2f} ms (measured here), loop "
+                 f"{t.loop_seconds * 1000:.2f} ms; the other family's exchange is assumed to "
+                 "cost what the run's did")
+    return "\n".join(lines)
+
+
+def prediction_table(predictions: list[Prediction], target: float) -> str:
+    lines = [f"| mode | reached {target:.4g} | predicted s to target (95% CI) | one run, 95% of "
+             "the time, s |", "|---|---|---|---|"]
+    for p in predictions:
+        ci, span = p.ci(), p.run_range()
+        mean = f"{ci[0]:.2f} ({ci[1]:.2f}-{ci[2]:.2f})" if ci else "-"
+        spread = f"{span[0]:.2f}-{span[1]:.2f}" if span else "-"
+        note = " (the run's own)" if p.own else ""
+        failed = f"; failed: {p.failed[0]}" if p.failed else ""
+        lines.append(f"| {p.mode}{note} | {len(p.reached)}/{len(p.times)}{failed} | {mean} | "
+                     f"{spread} |")
+    return "\n".join(lines)
+
+
+def _verdict(own: Prediction, real: float | None, ok: bool) -> str:
+    if real is None:
+        return f"check: the run itself did not reach the target, so {own.mode} cannot be checked"
+    return (f"check: the run ({own.mode}) reached the target at {real:.2f} s of training; "
+            + ("inside the prediction" if ok else "OUTSIDE the prediction: read the figures "
+               "above with care (a loaded host, too few epochs to fit)"))
+
+
+def _fit_record(fit: RunFit) -> dict:
+    return {"epochs": list(fit.epochs_used), "step_period": fit.step_period,
+            "warmup_seconds": fit.warmup_seconds, "timing": asdict(fit.timing),
+            "workers": [asdict(w) for w in fit.workers]}

@@ -1,0 +1,252 @@
+"""compare --from-run's fit (compare/from_run.py) on synthetic logs with known figures, its
+reading of a run's log and its errors, and the replay's pieces (compare/from_run_replay.py);
+the whole command against a real run is tests/multiproc/test_compare_from_run.py."""
+
+import json
+
+import numpy as np
+
+import pytest
+
+from hvdtrain.compare.from_run import (EpochTimes, FittedDelays, delay_fit, fit_epochs,
+                                       read_run, run_speeds, split_warmup)
+from hvdtrain.compare.from_run_replay import (Prediction, mode_of_run, output_folder, overlaps,
+                                              recommend, train_args_from_config)
+from hvdtrain.compare.plan import modes
+from hvdtrain.compare.simulate import config_from_train_args
+from hvdtrain.config import ConfigError
+from hvdtrain.loop.step_times import RankStepTimes
+
+STEPS = 20
+
+
+def _times(compute_p50, compute_mean, wait_p50, wait_p90=None):
+    n = len(compute_p50)
+    return RankStepTimes(steps=(STEPS,) * n, samples=(STEPS * 32,) * n,
+                         compute_p50=tuple(compute_p50), compute_p90=tuple(compute_mean),
+                         compute_mean=tuple(compute_mean), wait_p50=tuple(wait_p50),
+                         wait_p90=tuple(wait_p90 or wait_p50))
+
+
+def _sync_epoch(epoch, base=0.002, factor=3.0, jitter=0.0005, allreduce=0.001, loop=0.0004):
+    """A 2-worker sync epoch where worker 1 is ``factor`` times slower: worker 0 waits for
+    worker 1's extra compute and the allreduce; worker 1 waits for the allreduce alone."""
+    slow = base * factor
+    times = _times([base, slow], [base + jitter, slow + jitter],
+                   [slow - base + allreduce, allreduce])
+    period = loop + slow + jitter + allreduce
+    return EpochTimes(epoch, period * STEPS, STEPS, times)
+
+
+def test_a_known_factor_and_costs_are_recovered():
+    fit = fit_epochs([_sync_epoch(e) for e in range(2, 6)], lock_step=True, apply_seconds=1e-4)
+    fast, slow = fit.workers
+    assert fast.factor == pytest.approx(1.0) and slow.factor == pytest.approx(3.0)
+    assert fast.base_seconds == pytest.approx(0.002)
+    assert slow.random_mean == pytest.approx(0.0005)
+    assert fit.timing.step_seconds == pytest.approx(0.002)
+    assert fit.timing.allreduce_seconds == pytest.approx(0.001)  # the slowest worker's wait
+    assert fit.timing.push_seconds == pytest.approx(0.001 - 1e-4)
+    assert fit.timing.loop_seconds == pytest.approx(0.0004)
+    assert fit.step_period == pytest.approx(0.0004 + 0.006 + 0.0005 + 0.001)
+    assert fit.delays().extra == pytest.approx((0.0, 0.004))
+
+
+def test_the_fit_takes_the_median_over_epochs_so_one_loaded_epoch_does_not_move_it():
+    epochs = [_sync_epoch(2), _sync_epoch(3), _sync_epoch(4, base=0.02), _sync_epoch(5)]
+    assert fit_epochs(epochs, lock_step=True).workers[1].factor == pytest.approx(3.0)
+
+
+def test_an_async_run_gives_the_push_from_the_least_waiting_worker():
+    times = _times([0.002, 0.006], [0.002, 0.006], [0.0015, 0.003])
+    fit = fit_epochs([EpochTimes(e, 0.01 * STEPS, STEPS, times) for e in (2, 3)],
+                     lock_step=False, apply_seconds=0.0005)
+    assert fit.timing.push_seconds == pytest.approx(0.001)
+    assert fit.timing.allreduce_seconds == pytest.approx(0.0015)
+
+
+def test_the_replayed_delays_reproduce_the_fit_and_are_deterministic():
+    delays = FittedDelays((0.0, 0.004), (0.0005, 0.001))
+    draws = [delays.delay(1, 2, step, 0.002, seed=7) for step in range(20_000)]
+    assert sum(draws) / len(draws) == pytest.approx(0.004 + 0.001, rel=0.03)
+    assert min(draws) >= 0.004
+    assert delays.delay(1, 2, 5, 0.002, seed=7) == delays.delay(1, 2, 5, 0.002, seed=7)
+    assert delays.delay(1, 2, 5, 0.002, seed=7) != delays.delay(1, 2, 5, 0.002, seed=8)
+    # a factor stretches in proportion to the work, as a slower device does
+    assert delays.delay(1, 2, 5, 0.002, 7, work=0.5) == pytest.approx(
+        delays.delay(1, 2, 5, 0.002, 7) - 0.002)
+
+
+def test_delay_fit_keeps_the_median_and_the_mean():
+    assert delay_fit(0.003, 0.005) == pytest.approx((0.003, 0.002))
+    assert delay_fit(0.003, 0.002) == pytest.approx((0.003, 0.0))  # no negative delay
+
+
+def test_the_first_epoch_is_left_out_with_enough_epochs_and_its_warmup_measured():
+    epochs = [_sync_epoch(e) for e in range(1, 5)]
+    first, rest = split_warmup(epochs)
+    assert first.epoch == 1 and [e.epoch for e in rest] == [2, 3, 4]
+    slow_first = EpochTimes(1, first.seconds + 0.5, STEPS, first.times)
+    assert fit_epochs(rest, True, first=slow_first).warmup_seconds == pytest.approx(0.5)
+    assert split_warmup(epochs[:2])[0] is None  # two epochs: both are fitted
+
+
+def test_a_single_runs_speed_starts_with_the_runs_first_epoch_and_draws_the_others():
+    first = _sync_epoch(1, loop=0.0204)  # 20 ms a step slower: its warm-up
+    later = [_sync_epoch(2), _sync_epoch(3, loop=0.0104)]  # the second 10 ms a step slower
+    period = later[0].seconds / STEPS
+    one = first.seconds / STEPS / period
+    slower = later[1].seconds / STEPS / period
+    assert run_speeds(first, later, period, 1, 0, draws=5) == pytest.approx([one] * 5)
+    two = run_speeds(first, later, period, 2, 0, draws=400)
+    assert sorted({round(x, 9) for x in two}) == pytest.approx([(one + 1) / 2,
+                                                                (one + slower) / 2])
+    assert list(run_speeds(first, later, period, 3, 5)) == list(run_speeds(first, later,
+                                                                           period, 3, 5))
+    long = run_speeds(None, later, period, 10_000, 0, draws=1)  # every epoch drawn
+    assert long[0] == pytest.approx((1 + slower) / 2, rel=0.02)
+
+
+def test_one_runs_range_is_the_middle_95_percent_of_the_single_runs():
+    p = Prediction("sync", True, [1.0], singles=list(np.linspace(0, 10, 1001)))
+    assert p.run_range() == pytest.approx((0.25, 9.75))
+
+
+# --- the log ------------------------------------------------------------------------------------
+def _header(**run):
+    config = config_from_train_args(["--epochs", "3"], {}).to_dict()
+    config["run"].update(run)
+    return {"type": "header", "config": config, "num_workers": 2, "model": "mlp",
+            "steps_per_epoch": STEPS}
+
+
+def _write_log(folder, epochs=3, step_times=True, test_acc=0.9):
+    folder.mkdir(exist_ok=True)
+    lines = [_header()]
+    for e in range(1, epochs + 1):
+        line = {"type": "epoch", "epoch": e, "step": e * STEPS, "wall_seconds": 0.2 * e,
+                "train_seconds": 0.2 * e, "test_acc": test_acc}
+        if step_times:
+            line["step_times"] = _sync_epoch(e).times.as_record()
+        lines.append(line)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return folder
+
+
+def test_read_run_gives_each_epochs_training_seconds_and_the_curve(tmp_path):
+    run = read_run(_write_log(tmp_path / "r"))
+    assert [e.seconds for e in run.epochs] == pytest.approx([0.2, 0.2, 0.2])
+    assert [e.steps for e in run.epochs] == [STEPS] * 3
+    assert run.epochs[0].times.compute_p50 == (0.002, 0.006)
+    assert run.best_accuracy() == 0.9 and run.num_workers == 2
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda p: p.mkdir(), "has no metrics.jsonl; give the --run-dir"),
+    (lambda p: _write_log(p, step_times=False), "train it again with this hvdtrain"),
+    (lambda p: _write_log(p, test_acc=None), "never evaluated"),
+])
+def test_a_run_that_cannot_answer_gets_a_message_that_says_what_to_do(tmp_path, make, words):
+    make(tmp_path / "r")
+    with pytest.raises(ConfigError, match=words) as e:
+        read_run(tmp_path / "r")
+    assert str(e.value).startswith("--from-run: ")
+
+
+# --- the replay's pieces ------------------------------------------------------------------------
+def test_the_train_args_rebuild_the_runs_config():
+    flags = ["--model", "cnn", "--channels", "8,16", "--lr", "0.01", "--batch-size", "16",
+             "--eval-every-steps", "5", "--warmup-epochs", "0", "--dataset-args", "",
+             "--threads", "2"]
+    config = config_from_train_args(flags, {}).to_dict()
+    rebuilt = config_from_train_args(train_args_from_config(config), {}).to_dict()
+    for section in ("data", "model", "optim"):
+        assert rebuilt[section] == config[section]
+    assert rebuilt["run"]["eval_every_steps"] == 5 and rebuilt["run"]["batch_size"] == 16
+    assert rebuilt["run"]["threads"] == 2
+    longer = config_from_train_args(train_args_from_config(config, epochs=7), {})
+    assert longer.run.epochs == 7
+
+
+def test_the_runs_own_mode_is_named_as_modes_names_it():
+    from hvdtrain.rules.registry import FAMILIES
+
+    every = modes(list(FAMILIES), [2], [1], [4])
+    assert {"sync", "local4", "diloco4", "async", "ssp2", "backup1", "async-slr",
+            "dcasgd"} <= {m.name for m in every}
+    for mode in every:
+        config = config_from_train_args(mode.train_flags(), {}).to_dict()
+        assert mode_of_run(config) == mode, mode.name
+    odd = config_from_train_args(["--local-steps", "4", "--outer-lr", "0.3",
+                                  "--outer-momentum", "0.5"], {}).to_dict()
+    assert mode_of_run(odd).name == "diloco4" and mode_of_run(odd).outer_lr == 0.3
+
+
+def _prediction(name, times, own=False):
+    return Prediction(name, own, list(times))
+
+
+def test_the_recommendation_names_a_winner_only_when_its_interval_is_clear():
+    fast = _prediction("backup1", [1.0, 1.1, 1.05])
+    slow = _prediction("sync", [2.0, 2.1, 2.2])
+    assert recommend([slow, fast]).startswith("backup1: its interval is clear")
+    close = _prediction("async", [1.05, 1.12, 1.0])
+    assert recommend([slow, fast, close]).startswith("no clear winner")
+    missed = _prediction("local4", [0.5, None, 0.6])  # not every seed reached: not a winner
+    assert recommend([slow, fast, missed]).startswith("backup1")
+
+
+def test_the_check_passes_inside_the_interval_or_the_range_of_single_runs():
+    p = Prediction("sync", True, [1.0, 1.4, 1.2], singles=[0.9, 1.0, 1.2, 1.4, 1.5])
+    assert overlaps(p, 1.45) and overlaps(p, 0.95) and not overlaps(p, 1.6)
+    assert not overlaps(p, None)
+    assert not overlaps(_prediction("sync", [None]), 1.0)
+
+
+def test_each_answer_gets_its_own_folder_never_inside_the_run(tmp_path):
+    run = read_run(_write_log(tmp_path / "r"))
+    first, second = output_folder(tmp_path / "out", run), output_folder(tmp_path / "out", run)
+    assert first != second and first.is_dir() and second.is_dir()
+    with pytest.raises(ConfigError, match="inside the run's folder"):
+        output_folder(tmp_path / "r", run)
+    assert sorted(p.name for p in (tmp_path / "out" / "from-run").iterdir()) == ["r", "r-2"]
+
+
+def test_an_async_workers_longer_wait_is_its_own_fixed_delay():
+    times = _times([0.002, 0.006], [0.002, 0.006], [0.001, 0.004])
+    epochs = [EpochTimes(e, 0.01 * STEPS, STEPS, times) for e in (2, 3)]
+    async_fit = fit_epochs(epochs, lock_step=False, own_waits=True)
+    assert async_fit.delays().fixed == pytest.approx((0.0, 0.003))
+    assert async_fit.delays().delay(1, 2, 0, 0.0, 0) == pytest.approx(0.004 + 0.003)
+    # a sync run's waits are for the others: no worker's own
+    assert fit_epochs(epochs, lock_step=True, own_waits=True).delays().fixed == (0.0, 0.0)
+
+
+# --- the flag -----------------------------------------------------------------------------------
+def _options(tmp_path, *flags):
+    from hvdtrain.cli import build_parser
+    from hvdtrain.compare import command
+
+    return command.validate(build_parser().parse_args(
+        ["compare", "--out", str(tmp_path / "out"), *flags]))
+
+
+def test_from_run_replays_one_mode_of_each_family_unless_modes_says(tmp_path):
+    from hvdtrain.rules.registry import FAMILIES
+
+    run = _write_log(tmp_path / "r")
+    cfg = _options(tmp_path, "--from-run", str(run))
+    assert cfg.modes.split(",") == list(FAMILIES)
+    assert len(cfg.planned_modes()) == len(FAMILIES) and cfg.planned_modes()[0].name == "sync"
+    assert _options(tmp_path, "--from-run", str(run), "--modes", "sync,async").modes == \
+        "sync,async"
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--from-run", "no-such-folder"], "is not a folder"),
+    (["--from-run", "{run}", "--simulate"], "drop --simulate"),
+])
+def test_from_run_flag_errors_say_what_to_do(tmp_path, flags, words):
+    run = _write_log(tmp_path / "r")
+    with pytest.raises(ConfigError, match=words):
+        _options(tmp_path, *[f.format(run=run) for f in flags])
