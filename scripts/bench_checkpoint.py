@@ -15,12 +15,14 @@ Two figures per contender, medians over the blocks:
 
   stall     how long the step that saves is held up: the save call itself, what the training
             thread waits for (for async: the copy, and any wait for the write before it)
-  overhead  (block time - the baseline block's time) / checkpoints in the block: what a
-            checkpoint costs the run in all, including the slower steps while a background
-            write competes for the cores and memory bandwidth (and the wait for the last write
-            at the end of the block, as a run's end waits for it)
+  overhead  (block time - the same round's baseline block time) / checkpoints in the block:
+            what a checkpoint costs the run in all, including the slower steps while a
+            background write competes for the cores and memory bandwidth (and the wait for the
+            last write at the end of the block, as a run's end waits for it)
 
 The ratio async / sync of each is printed; issue 27 asks for a stall ratio of at most 1/5.
+Each block builds its own Checkpointer, so the first async save of a block also allocates the
+copy's buffers (in a run, only the run's first save does): the spread's high end.
 
     python scripts/bench_checkpoint.py [--rounds 3] [--steps 24] [--every 8] [--hidden 2048,...]
 """
@@ -137,7 +139,9 @@ def report(times: dict, stalls: dict, saves: int) -> None:
     figures = {}
     for contender in ("sync", "async"):
         stall = statistics.median(stalls[contender])
-        overhead = (statistics.median(times[contender]) - base) / saves
+        # paired with the baseline block of the same round: the load of a shared machine drifts
+        overhead = statistics.median((t - b) / saves
+                                     for t, b in zip(times[contender], times["none"]))
         figures[contender] = (stall, overhead)
         print(f"{contender:5s}: stall per checkpoint median {stall * 1000:.0f} ms (spread "
               f"{min(stalls[contender]) * 1000:.0f}-{max(stalls[contender]) * 1000:.0f}), "

@@ -76,10 +76,13 @@ def count_flops(model: torch.nn.Module, loss_fn, x: Any, y: Any) -> int:
 def flops_per_sample(replica, sample: tuple[Any, Any]) -> tuple[float | None, str]:
     """(FLOPs per training sample, forward and backward; None if not countable, why)."""
     x, y = sample
+    gpus = [d for d in replica.devices if d.type == "cuda"]
     try:
-        model = copy.deepcopy(replica.model)  # the run's gradients and hooks stay untouched
-        model.train()
-        flops = count_flops(model, replica.objective.loss, to_device(x, replica.device), y)
+        # fork_rng: a dropout layer's draws must not shift the run's random stream
+        with torch.random.fork_rng(devices=gpus):
+            model = copy.deepcopy(replica.model)  # the run's gradients and hooks stay untouched
+            model.train()
+            flops = count_flops(model, replica.objective.loss, to_device(x, replica.device), y)
     except Exception as e:  # noqa: BLE001 - a count must never stop training
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if flops <= 0:

@@ -87,3 +87,13 @@ def test_a_model_the_counter_cannot_count_trains_without_tflops(tmp_path, monkey
 def test_a_negative_peak_is_refused():
     with pytest.raises(ConfigError, match="--peak-tflops: invalid value -1"):
         Config.from_overrides({"peak_tflops": -1.0}).validate()
+
+
+def test_the_count_leaves_the_random_stream_alone(tmp_path):
+    trainer = make_trainer(tmp_path)
+    trainer.replica.model = torch.nn.Sequential(torch.nn.Dropout(0.5), *trainer.replica.model)
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    assert flops.flops_per_sample(trainer.replica, trainer.workload.train.sample())[0] > 0
+    assert torch.equal(torch.rand(4), expected)
