@@ -12,15 +12,16 @@ import time
 import pytest
 
 from hvdtrain import checkpoint
-from launch import hvdtrain, launcher_env, records, run
+from launch import hvdtrain, launcher_env, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 
 TRIES = 10
 # An MLP 64-2048-2048-2048-10 with Adam: 8.5M parameters, about 100 MB with the optimizer state.
 # A checkpoint after every step: a write is nearly always in flight when the kill lands.
-FLAGS = ["--no-progress", "--hidden", "2048,2048,2048", "--optimizer", "adam", "--lr", "0.0001",
-         "--async-checkpoint", "--checkpoint-steps", "1", "--threads", "1"]
+WRITES = ["--no-progress", "--optimizer", "adam", "--lr", "0.0001", "--async-checkpoint",
+          "--checkpoint-steps", "1"]
+FLAGS = [*WRITES, "--hidden", "2048,2048,2048", "--threads", "1"]
 
 
 def _train_and_kill(run_dir, seed: random.Random) -> tuple[dict, bool]:
@@ -71,3 +72,32 @@ def test_kill_9_during_background_writes_never_breaks_the_checkpoint(tmp_path):
                                                                            kept["step"])
     assert checkpoint.load(run_dir)["epoch"] == kept["epoch"] + 1
     print(f"{TRIES} kills, {cut_short} mid-write; global steps at the kills: {steps}")
+
+
+def test_a_stop_signal_waits_for_the_write_in_flight_and_exits_75(tmp_path):
+    # A checkpoint every step, so that a background write is in flight when SIGUSR1 arrives;
+    # the stop checkpoint is on disk before the job exits 75, and the resumed run finishes.
+    run_dir = tmp_path / "run"
+    command = mpirun(2, *hvdtrain("train", *WRITES, "--hidden", "2048,2048", "--epochs", "3",
+                                  "--run-dir", str(run_dir), "--auto-resume"))
+    job = subprocess.Popen(command, env=launcher_env(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / checkpoint.CHECKPOINT_NAME).exists():
+            assert job.poll() is None, f"the job ended before a checkpoint: {job.communicate()}"
+            assert time.monotonic() < deadline, "no checkpoint after 120 s"
+            time.sleep(0.05)
+        job.send_signal(signal.SIGUSR1)  # mpirun forwards it to the ranks at once
+        out, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 75, out + err
+    kept = checkpoint.load(run_dir)
+    stop = records(run_dir, "stop")
+    assert stop and stop[-1]["global_step"] == kept["global_step"], (stop, kept["global_step"])
+    assert not list(run_dir.glob(".*.tmp*"))
+    run(command)
+    assert checkpoint.load(run_dir)["epoch"] == 3
