@@ -3,8 +3,9 @@ start-up, turn each epoch's samples per second into TFLOP/s (the ``tflops`` fiel
 line), and into MFU (``mfu``: the share of the devices' peak) where the peak is known.
 
 The count is torch.utils.flop_counter's: a forward and a backward pass on the first samples of
-the training split, on a copy of the model, so the run's parameters, gradients and the update
-scheme's gradient hooks (Horovod's allreduce) see nothing. It counts matrix products and
+the training split, on a copy of the model in eval mode, so the run's parameters, gradients, its
+random stream and the update scheme's gradient hooks (Horovod's allreduce) see nothing, and no
+layer starts a collective (SyncBatchNorm) on the main process alone. It counts matrix products and
 convolutions (2 FLOPs per multiply-add), the work a peak figure describes; elementwise work is
 left out, as in the usual MFU. A model it cannot count (a custom op, a device the copy does not
 fit on) gives no figure and one line saying so; training goes on.
@@ -81,7 +82,9 @@ def flops_per_sample(replica, sample: tuple[Any, Any]) -> tuple[float | None, st
         # fork_rng: a dropout layer's draws must not shift the run's random stream
         with torch.random.fork_rng(devices=gpus):
             model = copy.deepcopy(replica.model)  # the run's gradients and hooks stay untouched
-            model.train()
+            # eval mode: layers that talk across workers in training (--sync-batchnorm) would
+            # start a collective on this process alone; products and convolutions are the same
+            model.eval()
             flops = count_flops(model, replica.objective.loss, to_device(x, replica.device), y)
     except Exception as e:  # noqa: BLE001 - a count must never stop training
         return None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
