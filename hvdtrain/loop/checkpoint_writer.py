@@ -80,7 +80,6 @@ class CheckpointWriter:
         self._error: BaseException | None = None
         self._noted_slow = False
         self.copy = StateCopy()
-        self.copy_seconds = 0.0  # the last save's stall: the copy, and any wait before it
 
     def submit(self, state: dict[str, Any], write: Callable[[dict[str, Any]], Any]) -> None:
         started = time.perf_counter()
@@ -94,7 +93,6 @@ class CheckpointWriter:
         copy = self.copy(state)
         if self.copy.from_gpu:
             torch.cuda.synchronize()  # the copies from the GPU (non_blocking) have landed
-        self.copy_seconds = time.perf_counter() - started
         # Not a daemon: should the interpreter exit without wait(), it still finishes the write.
         self._thread = threading.Thread(target=self._run, args=(write, copy),
                                         name="hvdtrain-checkpoint-writer")
