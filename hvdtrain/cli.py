@@ -155,5 +155,17 @@ def report(trainer) -> None:
     score = (f"test accuracy {final.test_acc:.4f}" if final.test_acc is not None else
              f"test loss {final.test_loss:.4f}" if final.test_loss is not None else
              f"train loss {final.train_loss:.4f}")
-    print(f"done: {score} after {final.epoch} epochs; log {trainer.run_dir / 'metrics.jsonl'}, "
-          f"checkpoint {trainer.checkpointer.path}", flush=True)
+    print(f"done: {score} after {final.epoch} epochs{throughput_summary(trainer.history)}; "
+          f"log {trainer.run_dir / 'metrics.jsonl'}, checkpoint {trainer.checkpointer.path}",
+          flush=True)
+
+
+def throughput_summary(history) -> str:
+    """", 1.23 TFLOP/s (MFU 4.5%) on average over the epochs", or "" where FLOPs are unknown."""
+    figures = [epoch.throughput for epoch in history if "tflops" in epoch.throughput]
+    if not figures:
+        return ""
+    mean = {k: sum(f[k] for f in figures) / len(figures) for k in ("tflops", "mfu")
+            if all(k in f for f in figures)}
+    mfu = f" (MFU {mean['mfu']:.1%})" if "mfu" in mean else ""
+    return f", {mean['tflops']:.4g} TFLOP/s{mfu} on average over the epochs"

@@ -401,6 +401,11 @@ class RunConfig:
     checkpoint_every: int = _opt(1, "write a checkpoint every N epochs (0: only at the end)")
     checkpoint_steps: int = _opt(0, "also write one every N steps inside an epoch, so a crash "
                                  "in a long epoch loses at most N steps (0: at epoch ends only)")
+    async_checkpoint: bool = _opt(False, "write checkpoints in a background thread: a step "
+                                  "waits only while the state is copied to CPU memory, then "
+                                  "training goes on while the copy is written (atomically, as "
+                                  "always). A save waits for the write before it; a stop, "
+                                  "best.pt and the end of the run wait for the last one")
     keep_best: str = _opt("", "also keep best.pt in the run folder, the checkpoint of the best "
                           "evaluation so far by this metric: test_loss, test_acc or any test_ "
                           "metric the run reports. Names ending in loss are minimised, others "
@@ -445,27 +450,17 @@ class RunConfig:
                           "stretches the worker's compute in proportion to its samples, as a "
                           "slower device does (--balance can remove it); a fixed delay is a "
                           "cost per step that no batch share removes")
+    peak_tflops: float = _opt(0.0, "peak TFLOP/s of one device at this run's --precision, for "
+                              "the mfu field of the epoch lines (achieved TFLOP/s over peak x "
+                              "devices); 0: look the GPU up in a table of common ones (on a "
+                              "CPU: no mfu)")
     slow_rank_factor: float = _opt(1.5, "warn, once per epoch, about a worker whose median "
                                    "compute time per step is this many times the median of "
                                    "the others' (naming its rank, host and PID); 0: never warn")
 
     def validate(self) -> None:
         r = self
-        _require(r.epochs >= 1, "--epochs", r.epochs, "train for at least one epoch, e.g. --epochs 10")
-        _require(r.batch_size >= 1, "--batch-size", r.batch_size,
-                 "use a positive per-worker batch, e.g. --batch-size 32")
-        _require(r.max_steps_per_epoch >= 0, "--max-steps-per-epoch", r.max_steps_per_epoch,
-                 "use 0 for no limit or a positive step count")
-        _require(r.eval_every >= 1, "--eval-every", r.eval_every, "evaluate every N >= 1 epochs")
-        _require(r.eval_every_steps >= 0, "--eval-every-steps", r.eval_every_steps,
-                 "use 0 (epoch ends only) or a number of steps, e.g. 10")
-        _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
-                 "use 0 (only at the end) or a positive number of epochs")
-        _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
-                 "use 0 (at epoch ends only) or a positive number of steps")
-        _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
-        _require(r.slow_rank_factor == 0 or r.slow_rank_factor > 1, "--slow-rank-factor",
-                 r.slow_rank_factor, "use 0 (never warn) or a factor above 1, e.g. 1.5")
+        r._check_counts()
         _require(0 <= r.seed <= MAX_SEED, "--seed", r.seed, SEED_RANGE)
         if r.tensorboard:
             import importlib.util
@@ -499,6 +494,27 @@ class RunConfig:
                  r.device, "use auto, cpu, cuda or cuda:N")
         if r.run_dir:
             check_writable_folder(r.run_dir, "--run-dir")
+
+    def _check_counts(self) -> None:
+        """The numbers that must lie in a range: counts, steps, factors."""
+        r = self
+        _require(r.epochs >= 1, "--epochs", r.epochs, "train for at least one epoch, e.g. --epochs 10")
+        _require(r.batch_size >= 1, "--batch-size", r.batch_size,
+                 "use a positive per-worker batch, e.g. --batch-size 32")
+        _require(r.max_steps_per_epoch >= 0, "--max-steps-per-epoch", r.max_steps_per_epoch,
+                 "use 0 for no limit or a positive step count")
+        _require(r.eval_every >= 1, "--eval-every", r.eval_every, "evaluate every N >= 1 epochs")
+        _require(r.eval_every_steps >= 0, "--eval-every-steps", r.eval_every_steps,
+                 "use 0 (epoch ends only) or a number of steps, e.g. 10")
+        _require(r.checkpoint_every >= 0, "--checkpoint-every", r.checkpoint_every,
+                 "use 0 (only at the end) or a positive number of epochs")
+        _require(r.checkpoint_steps >= 0, "--checkpoint-steps", r.checkpoint_steps,
+                 "use 0 (at epoch ends only) or a positive number of steps")
+        _require(r.peak_tflops >= 0, "--peak-tflops", r.peak_tflops,
+                 "use 0 (look the GPU up) or a device's peak, e.g. 989 for an H100 in bf16")
+        _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
+        _require(r.slow_rank_factor == 0 or r.slow_rank_factor > 1, "--slow-rank-factor",
+                 r.slow_rank_factor, "use 0 (never warn) or a factor above 1, e.g. 1.5")
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,

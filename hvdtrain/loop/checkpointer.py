@@ -22,6 +22,7 @@ from ..config import Config, ConfigError
 from ..models import count_parameters
 from ..run_lock import FolderLock
 from ..scheme import Progress, UpdateScheme
+from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainingError
 
 
@@ -71,6 +72,8 @@ class Checkpointer:
         self.auto_resume = cfg.run.auto_resume or cfg.sync.elastic
         # Other components' own state (state_dict/load_state_dict), saved under their names.
         self.components: dict[str, Any] = {}
+        # --async-checkpoint: writes in a background thread (checkpoint_writer.py), on worker 0
+        self.writer = CheckpointWriter() if cfg.run.async_checkpoint else None
 
     @property
     def path(self) -> Path:
@@ -109,6 +112,12 @@ class Checkpointer:
         return self.run_dir
 
     def release(self) -> None:
+        """Where the run ends, also after an error: the write in flight finishes first (a
+        write error not yet raised is printed, so that no other error hides it)."""
+        try:
+            self.finish_writes()
+        except Exception as e:  # noqa: BLE001 - printed, not raised: see the docstring
+            print(f"hvdtrain: error: {e}", flush=True)
         if self.lock is not None:
             self.lock.release()
             self.lock = None
@@ -267,22 +276,35 @@ class Checkpointer:
     def save(self, progress: Progress, path: Path | None = None) -> Path | None:
         """A checkpoint after ``progress.epoch`` whole epochs and ``progress.step`` steps of the
         next one, to ``path`` (default: checkpoint.pt). Collective (the async scheme asks the
-        servers); worker 0 writes it."""
+        servers); worker 0 writes it, now or (--async-checkpoint) from a copy in the background,
+        after the write before it."""
         path = path or self.path
         state = self.scheme.state_dict()
         if not self._is_main():
             return None
-        try:
-            return checkpoint.save_atomic(
-                {**state, "identity": self.identity(), "epoch": progress.epoch,
+        state = {**state, "identity": self.identity(), "epoch": progress.epoch,
                  "step": progress.step, "global_step": progress.global_step,
                  "num_workers": progress.workers, "config": self.cfg.to_dict(),
-                 **{name: c.state_dict() for name, c in self.components.items()}}, path)
+                 **{name: c.state_dict() for name, c in self.components.items()}}
+        where = (f"epoch {progress.epoch}" if not progress.step
+                 else f"epoch {progress.epoch + 1}, step {progress.step}")
+        if self.writer is None:
+            return self._write(state, path, where)
+        self.writer.submit(state, lambda copy: self._write(copy, path, where))
+        return path
+
+    def finish_writes(self) -> None:
+        """Wait for the checkpoint write in flight (--async-checkpoint); TrainingError if it
+        failed. Before a stop is reported and before the process ends."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def _write(self, state: dict[str, Any], path: Path, where: str) -> Path:
+        try:
+            return checkpoint.save_atomic(state, path)
         except checkpoint.CheckpointWriteError as e:  # full disk, quota, lost mount
             kept = (f"the previous checkpoint {path} is intact; free space and continue "
                     f"with --resume {self.run_dir}" if path.exists()
                     else "no earlier checkpoint exists")
-            where = (f"epoch {progress.epoch}" if not progress.step
-                     else f"epoch {progress.epoch + 1}, step {progress.step}")
             raise TrainingError(f"could not write the {where} checkpoint to {path} "
                                 f"({e}); {kept}") from None

@@ -19,6 +19,7 @@ from ..run_output import ProgressBar, package_versions
 from ..models import count_parameters
 from ..replica import BatchStats
 from ..scheme import PendingSum, Progress, UpdateScheme
+from .flops import epoch_throughput, throughput_header
 from .sinks import Sink, SinkFactory, close_all, default_sinks
 from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, StepTimer, table
 
@@ -34,6 +35,7 @@ class EpochResult:
     lr: float
     train_metrics: dict[str, float | None] = field(default_factory=dict)
     test_metrics: dict[str, float | None] = field(default_factory=dict)
+    throughput: dict[str, float] = field(default_factory=dict)  # tflops, mfu (flops.py)
 
     @property
     def train_acc(self) -> float | None:
@@ -48,7 +50,7 @@ class EpochResult:
                 **{f"train_{k}": v for k, v in self.train_metrics.items()},
                 **{f"test_{k}": v for k, v in self.test_metrics.items()},
                 "epoch_seconds": round(self.seconds, 4),
-                "samples_per_sec": round(self.samples_per_sec, 2),
+                "samples_per_sec": round(self.samples_per_sec, 2), **self.throughput,
                 "wall_seconds": round(self.wall_seconds, 3), "lr": self.lr}
 
 
@@ -123,6 +125,7 @@ class RunLog:
         self._pending: list[tuple[PendingSum, dict[str, Any], int]] = []
         self._posted = 0  # sum_later calls so far
         self._last_step_line = -1  # the global step of the last step line (async)
+        self.header: dict[str, Any] = {}  # the run's header line: FLOPs per sample, peak
 
     # --- the sinks ------------------------------------------------------------------------------
     def open(self, run_dir: Path, append: bool, header: dict[str, Any], global_step: int = 0,
@@ -130,6 +133,7 @@ class RunLog:
         """global_step: where the run starts (a resumed run's checkpoint); announce: print what
         runs where (run_header)."""
         self.sinks = self.make_sinks(run_dir, append, global_step + 1)
+        self.header = header
         self.write("header", **header)
         if announce:
             print(opening_line(header, run_dir), flush=True)
@@ -272,7 +276,7 @@ class RunLog:
                                    else (None, {name: None for name in self.names}))
         result = EpochResult(record["epoch"], train_loss, test_loss, record["seconds"],
                              values[2], record["wall_seconds"], record["lr"], train_metrics,
-                             test_metrics)
+                             test_metrics, epoch_throughput(self.header, values[2]))
         self.history.append(result)
         if self.is_main:
             print(summary_line(result, self.epochs), flush=True)
@@ -303,18 +307,25 @@ def summary_line(result: EpochResult, epochs: int) -> str:
     if result.test_loss is not None:
         parts.append(f"test_loss: {result.test_loss:.4f}")
         parts += [f"test_{k}: {v:.4f}" for k, v in result.test_metrics.items() if v is not None]
-    parts += [f"{result.samples_per_sec:,.0f} samples/s", f"lr: {result.lr:.4g}"]
+    parts.append(f"{result.samples_per_sec:,.0f} samples/s")
+    if "tflops" in result.throughput:
+        parts.append(f"{result.throughput['tflops']:.4g} TFLOP/s")
+    if "mfu" in result.throughput:
+        parts.append(f"MFU {result.throughput['mfu']:.1%}")
+    parts.append(f"lr: {result.lr:.4g}")
     return " - ".join(parts)
 
 
 def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_per_epoch: int,
                progress: Progress) -> dict[str, Any]:
-    """The log's first line: what runs where, and from which step."""
+    """The log's first line: what runs where, and from which step, and the model's FLOPs per
+    sample (counted here, on the main process only: flops.py)."""
     return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
                 dataset=workload.describe(), model=workload.name,
                 num_parameters=count_parameters(replica.model), steps_per_epoch=steps_per_epoch,
-                resumed_from_epoch=progress.epoch, resumed_from_step=progress.step)
+                resumed_from_epoch=progress.epoch, resumed_from_step=progress.step,
+                **throughput_header(cfg, workload, replica, num_workers))
 
 
 def opening_line(header: dict[str, Any], run_dir: Path) -> str:

@@ -146,7 +146,9 @@ class Stopping(StepHook):
 
     # --- what the run shows -----------------------------------------------------------------------
     def report(self, progress: Progress, log: RunLog) -> None:
-        """The "stop" line of the log, and (main process) a line that says what happened."""
+        """The "stop" line of the log, and (main process) a line that says what happened,
+        once the last checkpoint is on disk (--async-checkpoint: its write may be in flight)."""
+        self.checkpointer.finish_writes()
         reports = {SIGNAL: self._report_preemption, TARGET: self._report_target,
                    EARLY_STOP: self._report_early_stop}
         if self.verdict.why in reports:

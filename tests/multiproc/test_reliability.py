@@ -128,8 +128,11 @@ def _limit_file_size():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
-def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path):
-    big = [*QUIET, "--hidden", "2048,2048", "--max-steps-per-epoch", "3"]  # 4.3M parameters
+@pytest.mark.parametrize("writes", [[], ["--async-checkpoint"]])
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, writes):
+    # --async-checkpoint: the background write's error ends the run as a synchronous one does
+    big = [*QUIET, "--hidden", "2048,2048", "--max-steps-per-epoch", "3",  # 4.3M parameters
+           *writes]
     run(hvdtrain("train", *big, "--epochs", "1", "--run-dir", str(tmp_path)))
     before = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
     assert len(before) > 30_000_000

@@ -30,14 +30,14 @@ def test_event_files_hold_the_losses_metrics_lr_and_throughput_of_the_log(tmp_pa
     acc = events(tmp_path)
     assert set(acc.Tags()["scalars"]) == {
         "step/loss", "step/lr", "train/loss", "train/acc", "test/loss", "test/acc", "epoch/lr",
-        "epoch/samples_per_sec", "epoch/epoch_seconds",
+        "epoch/samples_per_sec", "epoch/epoch_seconds", "epoch/tflops",
         *[f"step_times/{name}/worker0" for name in ("compute_p50", "compute_p90", "compute_mean",
                                                     "wait_p50", "wait_p90")]}
     epochs = [r for r in log if r["type"] == "epoch"]
     assert [r["step"] for r in epochs] == [12, 24]
     for key, tag in [("train_loss", "train/loss"), ("train_acc", "train/acc"),
                      ("test_loss", "test/loss"), ("test_acc", "test/acc"), ("lr", "epoch/lr"),
-                     ("samples_per_sec", "epoch/samples_per_sec")]:
+                     ("samples_per_sec", "epoch/samples_per_sec"), ("tflops", "epoch/tflops")]:
         assert scalars(acc, tag) == {r["step"]: pytest.approx(r[key], rel=1e-6) for r in epochs}
     assert scalars(acc, "step_times/compute_p50/worker0") == {
         r["step"]: pytest.approx(r["step_times"]["compute_p50"][0], rel=1e-6) for r in epochs}
