@@ -16,14 +16,11 @@ go into the checkpoint; a resumed run continues with them.
 
 from __future__ import annotations
 
-import math
-import time
 from typing import TYPE_CHECKING, Any
 
 from .config import Config
-from .optim import set_learning_rate
-from .replica import BatchStats, batch_length, split_batch
-from .rules.balance import equal_shares, gradient_weight, plan_shares
+from .replica import batch_length
+from .rules.balance import balance_settings, equal_shares, gradient_weight, plan_shares
 from .runtime import Runtime
 from .sync import HorovodSync
 
@@ -44,36 +41,17 @@ class BalancedSync(HorovodSync):
         self.num_workers = self.hvd.size()
         self.global_batch = cfg.run.batch_size * self.num_workers
         self.granularity = self.accumulation
-        micro = cfg.pipeline.micro_batches if cfg.pipeline.stages > 1 else 1
-        self.floor = max(math.ceil(cfg.sync.balance_floor * cfg.run.batch_size),
-                         self.accumulation * micro)
-        self.damping = cfg.sync.balance_damping
+        self.floor, self.damping = balance_settings(cfg)
         self.shares = equal_shares(self.global_batch, self.num_workers)
 
     def batch_shares(self) -> list[int]:
         return list(self.shares)
 
-    def step(self, x: Any, y: Any, lr: float) -> BatchStats:
-        """HorovodSync.step with each backward pass weighted by this rank's share: the k passes
-        over equal slices of the share each add 1/k of gradient_weight times their mean-loss
-        gradient, which Horovod's average turns into the global batch's mean-loss gradient."""
-        assert self.replica is not None and self.optimizer is not None, "call attach() first"
-        set_learning_rate(self.optimizer, lr)
-        self.optimizer.zero_grad()
-        k = self.accumulation
-        scale = gradient_weight(batch_length(y), self.global_batch, self.num_workers) / k
-        parts = [self.replica.forward_backward(xs, ys, grad_scale=scale)
-                 for xs, ys in zip(split_batch(x, k), split_batch(y, k))]
-        self._timed_update()
-        stats = parts[0]
-        for part in parts[1:]:
-            stats += part
-        return stats
-
-    def _timed_update(self) -> None:
-        started = time.perf_counter()  # the wait for the other ranks (see HorovodSync.step)
-        self._update()
-        self._waited = time.perf_counter() - started
+    def gradient_scale(self, y: Any) -> float:
+        """This rank's share of the global batch, as a weight: the k backward passes over equal
+        slices of the share each add 1/k of it times their mean-loss gradient, which Horovod's
+        average turns into the global batch's mean-loss gradient."""
+        return gradient_weight(batch_length(y), self.global_batch, self.num_workers)
 
     def step_times_measured(self, times: RankStepTimes, epoch: int) -> dict | None:
         """The next epoch's shares from this epoch's step times, planned by every rank on its

@@ -59,14 +59,15 @@ class StragglerModel:
 
     def delay(self, worker: int, num_workers: int, global_step: int, step_seconds: float,
               seed: int, work: float = 1.0) -> float:
-        """Seconds ``worker`` waits after ``global_step`` (counted from 0), which computed for
-        ``step_seconds`` on ``work`` times --batch-size samples. The same arguments give the
-        same answer, in any process.
+        """Seconds ``worker`` waits after ``global_step`` (counted from 0), a step of ``work``
+        times --batch-size samples, where a step of --batch-size samples computes for
+        ``step_seconds``. The same arguments give the same answer, in any process.
 
-        A factor is a slower device: its extra time is in proportion to the samples it computes
-        (``(factor - 1) * step_seconds * work``), so a worker given a smaller share of the
-        global batch (--balance) waits less. A fixed delay (``50ms``) is a cost per step, such
-        as a slow link, that no share of the batch removes."""
+        A factor is a device that is slower per sample: its extra time is
+        ``(factor - 1) * step_seconds * work``, in proportion to the samples it computes, so a
+        worker given a smaller share of the global batch (--balance) waits less, and at most
+        ``factor`` times fewer samples per second than the others' is what it can do. A fixed
+        delay (``50ms``) is a cost per step, such as a slow link, that no share removes."""
         if self.kind in ("last", "random"):
             if self.slowed_worker(num_workers, global_step, seed) != worker:
                 return 0.0

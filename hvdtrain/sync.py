@@ -93,7 +93,8 @@ class HorovodSync(UpdateScheme):
         # Gradient accumulation: k backward passes over equal slices of the batch, each scaled by
         # 1/k, add up to the gradient of the whole batch's mean loss; Horovod allreduces after the
         # k-th pass (backward_passes_per_step), so the update matches k = 1.
-        parts = [self.replica.forward_backward(xs, ys, grad_scale=1.0 / self.accumulation)
+        scale = self.gradient_scale(y) / self.accumulation
+        parts = [self.replica.forward_backward(xs, ys, grad_scale=scale)
                  for xs, ys in zip(split_batch(x, self.accumulation),
                                    split_batch(y, self.accumulation))]
         # Horovod allreduces in the background as backward produces gradients; the optimizer
@@ -105,6 +106,12 @@ class HorovodSync(UpdateScheme):
         for part in parts[1:]:
             stats += part
         return stats
+
+    def gradient_scale(self, y: Any) -> float:
+        """What this rank's mean-loss gradient of the batch with labels ``y`` is multiplied by
+        before Horovod averages it: 1 where every rank trains an equal share (balance.py
+        weighs unequal shares)."""
+        return 1.0
 
     def take_wait_seconds(self) -> float:
         waited, self._waited = self._waited, 0.0

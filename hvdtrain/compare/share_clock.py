@@ -12,7 +12,6 @@ straggler's delay, which the step timer counts as compute)."""
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -22,24 +21,9 @@ from ..rules.balance import equal_shares, plan_shares
 if TYPE_CHECKING:
     from .simulate import Timing
 
-# --balance-floor and --balance-damping's defaults (config.py SyncConfig), for a Config that has
-# no such options (a tree without the real flag)
-FLOOR_FRACTION, DAMPING = 0.25, 0.5
-
-# (worker, global step, its step's compute seconds, its work: samples / --batch-size) -> the
-# seconds the straggler model makes it wait (StragglerModel.delay's arguments)
+# (worker, global step, a whole --batch-size step's compute seconds, samples / --batch-size)
+# -> the seconds the straggler model makes it wait (StragglerModel.delay's arguments)
 Delay = Callable[[int, int, float, float], float]
-
-
-def balance_settings(cfg) -> tuple[int, float]:
-    """--balance's floor in samples and its damping for the Config ``cfg``, as the real scheme
-    (balance.py BalancedSync) takes them: at least --balance-floor of --batch-size, and a
-    sample per backward pass and pipeline micro-batch."""
-    sync = cfg.sync
-    micro = cfg.pipeline.micro_batches if cfg.pipeline.stages > 1 else 1
-    floor = max(math.ceil(getattr(sync, "balance_floor", FLOOR_FRACTION) * cfg.run.batch_size),
-                sync.backward_passes_per_step * micro)
-    return floor, getattr(sync, "balance_damping", DAMPING)
 
 
 class ShareClock:
@@ -48,7 +32,7 @@ class ShareClock:
     the loop's own time, the slowest worker's step, and the allreduce. With ``balance`` the
     shares are re-planned at each :meth:`epoch_ended`; ``plans`` keeps every epoch's shares.
     ``floor`` and ``damping``: plan_shares' (None: its defaults; the simulator passes the run's,
-    :func:`balance_settings`)."""
+    rules/balance.balance_settings)."""
 
     def __init__(self, timing: Timing, batch_size: int, workers: int, delay: Delay,
                  balance: bool = False, granularity: int = 1, floor: int | None = None,
@@ -65,9 +49,12 @@ class ShareClock:
     def round_seconds(self, step: int) -> float:
         """The duration of global step ``step``'s round (counted from 0)."""
         busy = []
+        full = self.timing.compute_seconds(self.batch_size, self.batch_size)
         for worker, share in enumerate(self.shares):
             compute = self.timing.compute_seconds(share, self.batch_size)
-            own = compute + self.delay(worker, step, compute, share / self.batch_size)
+            # a factor stretches the share's samples at a full step's pace per sample (as the
+            # real hook does, loop/hooks.py Straggler)
+            own = compute + self.delay(worker, step, full, share / self.batch_size)
             self._compute[worker].append(own)
             busy.append(own)
         return self.timing.loop_seconds + max(busy) + self.timing.allreduce_seconds

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import Config, ConfigError, field_owners
+from ..config import Config, ConfigError
 from ..loop.epoch_plan import EpochPlan
 from ..loop.evaluator import EVAL_BATCH
 from ..loop.hooks import TrainingError
@@ -78,7 +78,8 @@ from ..scheme import Progress
 from ..stragglers import StragglerModel, _uniform, parse_straggler
 from .plan import Mode
 from .results import RunResult, time_to_target
-from .share_clock import ShareClock, balance_settings
+from ..rules.balance import balance_settings
+from .share_clock import ShareClock
 
 
 # --- time -----------------------------------------------------------------------------------------
@@ -289,7 +290,7 @@ class _Setup:
         from ..workload import workload_from_config
 
         cfg = config_from_train_args(train_args, {"seed": seed, "straggler": straggler,
-                                                  **_mode_options(mode)})
+                                                  **mode.config_options()})
         if cfg.run.precision == "fp16":
             raise ConfigError("--precision fp16: the simulator does not model the loss scale; "
                               "use 32 or bf16")
@@ -321,16 +322,6 @@ def config_from_train_args(train_args: Sequence[str], overrides: dict) -> Config
         setattr(given, name, value)
     given.data_workers = 0  # dozens of virtual workers must not each start loader processes
     return config_from_args(given)
-
-
-def _mode_options(mode: Mode) -> dict:
-    """The Config options a real run of ``mode`` sets (the registry's Mode.config_options).
-    A Config without the --balance option (a tree without the real flag) still simulates mode
-    balanced: the simulator models its shares itself (share_clock.py)."""
-    options = mode.config_options()
-    if "balance" in options and "balance" not in field_owners():
-        del options["balance"]
-    return options
 
 
 def _average_into(tensors: list[torch.Tensor]) -> torch.Tensor:

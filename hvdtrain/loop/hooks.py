@@ -4,7 +4,9 @@ add hooks here."""
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from ..config import RunConfig
@@ -48,6 +50,10 @@ class Straggler(StepHook):
         self.model = parse_straggler(spec)
         self.seed = seed  # --seed: the random forms draw from (seed, worker, global step)
         self.batch_size = batch_size  # the share a factor's time is given for
+        # The compute times of this worker's latest steps of a whole --batch-size: a factor
+        # stretches the samples of a smaller share (--balance) at that pace per sample, not at
+        # the pace of its own shorter step, whose fixed costs would count twice.
+        self.full_steps: deque[float] = deque(maxlen=32)
         self.worker, self.num_workers = 0, 1
 
     def bind_world(self, worker: int, num_workers: int) -> None:
@@ -55,8 +61,13 @@ class Straggler(StepHook):
 
     def after_step(self, step: StepResult) -> None:
         if self.model.active:
+            work = self._work(step.samples)
+            if work == 1.0:
+                self.full_steps.append(step.seconds)
+            full = (statistics.median(self.full_steps) if work != 1.0 and self.full_steps
+                    else step.seconds)  # a resumed run whose shares are unequal from the start
             seconds = self.model.delay(self.worker, self.num_workers, step.progress.global_step,
-                                       step.seconds, self.seed, self._work(step.samples))
+                                       full, self.seed, work)
             if seconds > 0:
                 time.sleep(seconds)
 

@@ -80,6 +80,19 @@ def apportion(total: int, wanted: Sequence[float], floor: int = 1,
     return [(fixed.get(i) or whole[i]) * granularity for i in range(len(ideal))]
 
 
+def balance_settings(cfg) -> tuple[int, float]:
+    """--balance's floor in samples and its damping for the Config ``cfg``: at least
+    --balance-floor of --batch-size, and a sample per backward pass and pipeline micro-batch
+    (every rank makes the same number of backward passes: Horovod allreduces after a fixed
+    count of them). The real scheme (balance.py) and the simulator (compare/share_clock.py)
+    both take them from here."""
+    sync = cfg.sync
+    micro = cfg.pipeline.micro_batches if cfg.pipeline.stages > 1 else 1
+    floor = max(math.ceil(sync.balance_floor * cfg.run.batch_size),
+                sync.backward_passes_per_step * micro)
+    return floor, sync.balance_damping
+
+
 def gradient_weight(share: int, global_batch: int, workers: int) -> float:
     """What worker's mean-loss gradient is multiplied by, so that the average over ``workers``
     (Horovod's Average) is the global batch's mean-loss gradient: ``workers * share / global``."""

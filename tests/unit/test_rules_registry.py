@@ -27,8 +27,6 @@ def test_the_table_names_every_mode_of_the_comparison():
 @pytest.mark.parametrize("mode", ALL, ids=[m.name for m in ALL])
 def test_a_mode_s_flags_set_its_config_options(mode):
     """What a real run's flags set is what the simulator's Config gets (the same rules)."""
-    if mode.balance and "balance" not in field_owners():
-        pytest.skip("this tree has no --balance flag yet (the simulator models it alone)")
     cfg = config_from_train_args(mode.train_flags(), {})
     options = mode.config_options()
     assert cfg.run.mode == options.pop("mode")

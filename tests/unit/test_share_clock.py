@@ -59,7 +59,7 @@ def test_the_floor_keeps_a_very_slow_worker_in_the_round():
 
 
 def test_the_simulator_takes_the_real_flag_s_floor_and_damping():
-    from hvdtrain.compare.share_clock import balance_settings
+    from hvdtrain.rules.balance import balance_settings
     from hvdtrain.compare.simulate import config_from_train_args
 
     # the real flag's defaults: a quarter of --batch-size, half way at each re-plan

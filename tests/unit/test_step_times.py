@@ -97,8 +97,11 @@ def test_the_straggler_hook_gives_the_model_its_share_of_the_batch(monkeypatch):
     hook = hooks.Straggler("3x", seed=0, batch_size=32)
     hook.bind_world(1, 2)
     hook.after_step(hooks.StepResult(Progress(), 0.5, 0.01, samples=8))
-    hook.after_step(hooks.StepResult(Progress(), 0.5, 0.01, samples=32))
-    assert slept == [pytest.approx(0.005), pytest.approx(0.02)]
+    hook.after_step(hooks.StepResult(Progress(), 0.5, 0.012, samples=32))
+    # a share of 8 stretched at a whole batch's pace per sample, not its own (its fixed costs
+    # would count twice): 2 x 12 ms x 8/32, though the step itself computed 9 ms
+    hook.after_step(hooks.StepResult(Progress(), 0.5, 0.009, samples=8))
+    assert slept == [pytest.approx(0.005), pytest.approx(0.024), pytest.approx(0.006)]
 
 
 class _Summed(UpdateScheme):
