@@ -37,7 +37,8 @@ def throughput(tree: Path, np: int, train_args: list[str], run_dir: Path) -> flo
     command = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", "-x",
                "PYTHONPATH", sys.executable, "-m", "hvdtrain", "train", "--no-progress",
                "--run-dir", str(run_dir), *train_args]
-    run(command, env=launch_env(tree))
+    # run in the tree: ``python -m`` puts the working folder ahead of PYTHONPATH on sys.path
+    run(command, env=launch_env(tree), cwd=tree)
     epochs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     epochs = [e for e in epochs if e["type"] == "epoch"][1:]
     if not epochs:

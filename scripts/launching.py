@@ -25,10 +25,11 @@ def launch_env(pythonpath: Path | None = None) -> dict[str, str]:
     return env
 
 
-def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600) -> str:
+def run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 600,
+        cwd: Path | None = None) -> str:
     """The command's stdout; a failed command ends the benchmark with its output."""
     proc = subprocess.run(cmd, env=launch_env() if env is None else env, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL, cwd=cwd)
     if proc.returncode != 0:
         raise SystemExit(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stdout[-3000:]}\n"
                          f"{proc.stderr[-3000:]}")

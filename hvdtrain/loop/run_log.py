@@ -319,7 +319,10 @@ def summary_line(result: EpochResult, epochs: int) -> str:
 def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_per_epoch: int,
                progress: Progress) -> dict[str, Any]:
     """The log's first line: what runs where, and from which step, and the model's FLOPs per
-    sample (counted here, on the main process only: flops.py)."""
+    sample (counted here, on the main process only: flops.py). The count's first use of
+    torch's flop counter takes a second or two, so the trainer builds the header before the
+    scheme's collective start: the other workers wait for it there, instead of training
+    ahead (async: a short run's batches would all go to the others)."""
     return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
                 dataset=workload.describe(), model=workload.name,

@@ -47,9 +47,8 @@ class Trainer:
         self.plan = EpochPlan(run, workload.train)
         self.evaluator = Evaluator(run, workload.test, scheme, names)
         self.run_dir = default_run_dir(cfg, workload.data_name, workload.name)
-        self.checkpointer = Checkpointer(cfg, scheme, self.run_dir,
-                                         partial(run_identity, cfg, workload, replica.model),
-                                         replica.model.state_dict)
+        self.checkpointer = Checkpointer(cfg, scheme, self.run_dir, partial(
+            run_identity, cfg, workload, replica.model), replica.model.state_dict)
         self.best = BestTracker(run, scheme, self.checkpointer, names, has_test)
         self.clock = TrainingClock()
         self.stopping = Stopping(run, scheme, self.checkpointer, self.best,
@@ -62,8 +61,7 @@ class Trainer:
         self.history: list[EpochResult] = self.log.history  # the epochs' results, in order
         self.progress = Progress(workers=self.num_workers)
         # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.
-        self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size,
-                                      exit_code=1)
+        self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size)
 
     def _bind_world(self) -> None:
         """What depends on this worker's rank and the number of workers; again after a reset."""
@@ -89,11 +87,12 @@ class Trainer:
         self.plan.ask_for_feed(self.scheme)
         state, self.progress = self.checkpointer.restore(self.num_workers)
         resuming = self.checkpointer.resumed_from is not None
+        header = self.is_main and run_header(  # before the start: see run_header
+            self.cfg, self.runtime, self.workload, self.replica, self.num_workers,
+            self.plan.steps_per_epoch, self.progress)
         self.scheme.start(state, resuming=resuming)
         if self.is_main:
-            self.log.open(self.run_dir, resuming, run_header(
-                self.cfg, self.runtime, self.workload, self.replica, self.num_workers,
-                self.plan.steps_per_epoch, self.progress), self.progress.global_step, announce=True)
+            self.log.open(self.run_dir, resuming, header, self.progress.global_step, announce=True)
         self.clock.start()
         try:
             self.scheme.run(self._epochs, self.progress)

@@ -31,7 +31,7 @@ STOPPED_AFTER_S = 5.0  # a heartbeat this old: the process is not running
 
 
 class StallWatchdog:
-    def __init__(self, timeout_s: float, rank: int, size: int, exit_code: int):
+    def __init__(self, timeout_s: float, rank: int, size: int, exit_code: int = 1):
         self.timeout_s = timeout_s
         self.rank, self.size = rank, size
         self.folder = Path(HEARTBEAT_DIR)  # inside the run folder, once start() knows it
