@@ -93,21 +93,26 @@ def flops_per_sample(replica, sample: tuple[Any, Any]) -> tuple[float | None, st
     return flops / batch_length(y), ""
 
 
-def throughput_header(cfg, workload, replica, num_workers: int) -> dict[str, Any]:
-    """The run header's fields for the throughput figures (run_log.run_header); prints the
-    count, or why there is none."""
+def throughput_header(cfg, workload, replica, num_workers: int,
+                      announce: bool = True) -> dict[str, Any]:
+    """The run header's fields for the throughput figures (run_log.run_header); with
+    ``announce``, prints the count, or why there is none."""
     per_sample, why = flops_per_sample(replica, workload.train.sample())
     devices = num_workers * len(replica.devices)
     peak = device_peak(cfg.run.peak_tflops, replica.device, cfg.run.precision)
-    if per_sample is None:
-        print(f"hvdtrain: FLOPs per sample unknown ({why}); the epoch lines show no tflops",
-              flush=True)
-    else:
-        where = (f"; MFU against {peak:g} TFLOP/s per device x {devices}" if peak
-                 else "; no MFU: the device's peak is not known (pass --peak-tflops)")
-        print(f"hvdtrain: {per_sample / 1e9:.4g} GFLOP per sample (forward and backward, "
-              f"torch.utils.flop_counter){where}", flush=True)
+    if announce:
+        print(count_line(per_sample, why, peak, devices), flush=True)
     return {"flops_per_sample": per_sample, "peak_tflops": peak, "devices": devices}
+
+
+def count_line(per_sample: float | None, why: str, peak: float | None, devices: int) -> str:
+    """What the main process prints of the count."""
+    if per_sample is None:
+        return f"hvdtrain: FLOPs per sample unknown ({why}); the epoch lines show no tflops"
+    where = (f"; MFU against {peak:g} TFLOP/s per device x {devices}" if peak
+             else "; no MFU: the device's peak is not known (pass --peak-tflops)")
+    return (f"hvdtrain: {per_sample / 1e9:.4g} GFLOP per sample (forward and backward, "
+            f"torch.utils.flop_counter){where}")
 
 
 def epoch_throughput(header: dict[str, Any], samples_per_sec: float) -> dict[str, float]:

@@ -319,16 +319,18 @@ def summary_line(result: EpochResult, epochs: int) -> str:
 def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_per_epoch: int,
                progress: Progress) -> dict[str, Any]:
     """The log's first line: what runs where, and from which step, and the model's FLOPs per
-    sample (counted here, on the main process only: flops.py). The count's first use of
-    torch's flop counter takes a second or two, so the trainer builds the header before the
-    scheme's collective start: the other workers wait for it there, instead of training
-    ahead (async: a short run's batches would all go to the others)."""
+    sample (flops.py). The count's first use of torch's flop counter loads torch._dynamo, a
+    second or two, which other lazy first uses (an fp16 step) also load. So every process
+    builds the header (the main process writes it), before the scheme's collective start: no
+    worker starts training while another still loads, which in async would hand a short run's
+    batches to the one that started first."""
     return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
                 dataset=workload.describe(), model=workload.name,
                 num_parameters=count_parameters(replica.model), steps_per_epoch=steps_per_epoch,
                 resumed_from_epoch=progress.epoch, resumed_from_step=progress.step,
-                **throughput_header(cfg, workload, replica, num_workers))
+                **throughput_header(cfg, workload, replica, num_workers,
+                                    announce=runtime.rank == 0))
 
 
 def opening_line(header: dict[str, Any], run_dir: Path) -> str:

@@ -87,7 +87,7 @@ class Trainer:
         self.plan.ask_for_feed(self.scheme)
         state, self.progress = self.checkpointer.restore(self.num_workers)
         resuming = self.checkpointer.resumed_from is not None
-        header = self.is_main and run_header(  # before the start: see run_header
+        header = run_header(  # on every process, before the start: see run_header
             self.cfg, self.runtime, self.workload, self.replica, self.num_workers,
             self.plan.steps_per_epoch, self.progress)
         self.scheme.start(state, resuming=resuming)
