@@ -25,6 +25,7 @@ from ..stragglers import _uniform
 from .results import curve
 from .simulate import Timing
 
+
 def delay_fit(p50: float, mean: float) -> tuple[float, float]:
     """(persistent part, mean random delay) of a step time with this median and mean: the
     median is the persistent part, and the random delay, exponential, makes up the difference
