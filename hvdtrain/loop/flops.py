@@ -14,6 +14,7 @@ fit on) gives no figure and one line saying so; training goes on.
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import torch
@@ -93,11 +94,21 @@ def flops_per_sample(replica, sample: tuple[Any, Any]) -> tuple[float | None, st
     return flops / batch_length(y), ""
 
 
+# Set (to anything but "") to skip the count. It costs each process a second or two of CPU at
+# start-up (the flop counter loads torch._dynamo on first use): nothing for a training job, but
+# minutes for the test suite's hundreds of short jobs (tests/launch.py sets it; the tests of the
+# figures clear it).
+NO_COUNT = "HVDTRAIN_NO_FLOP_COUNT"
+
+
 def throughput_header(cfg, workload, replica, num_workers: int,
                       announce: bool = True) -> dict[str, Any]:
     """The run header's fields for the throughput figures (run_log.run_header); with
     ``announce``, prints the count, or why there is none."""
-    per_sample, why = flops_per_sample(replica, workload.train.sample())
+    if os.environ.get(NO_COUNT):
+        per_sample, why = None, f"{NO_COUNT} is set"
+    else:
+        per_sample, why = flops_per_sample(replica, workload.train.sample())
     devices = num_workers * len(replica.devices)
     peak = device_peak(cfg.run.peak_tflops, replica.device, cfg.run.precision)
     if announce:
