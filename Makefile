@@ -18,7 +18,7 @@ train: setup
 	$(VENV)/bin/horovodrun -np $(NP) --gloo $(VENV)/bin/hvdtrain train --dataset digits --model mlp --epochs 20
 
 test: setup
-	$(PY) -m pytest -v -rs
+	$(PY) -m pytest -v -rs --durations=40
 
 bench: setup
 	$(PY) scripts/bench_sync.py --launcher mpi
