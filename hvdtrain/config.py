@@ -527,11 +527,11 @@ class RunConfig:
                  r.slow_rank_factor, "use 0 (never warn) or a factor above 1, e.g. 1.5")
 
 
-def check_faults(schedule: str) -> None:
+def check_faults(schedule: str, flag: str = "--inject-faults") -> None:
     try:
         parse_faults(schedule)
     except ValueError as e:
-        raise ConfigError(f"--inject-faults: invalid value {schedule!r}; {e}") from None
+        raise ConfigError(f"{flag}: invalid value {schedule!r}; {e}") from None
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
