@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .faults.schedule import parse_faults
 from .stragglers import parse_straggler
 
 
@@ -450,6 +451,14 @@ class RunConfig:
                           "stretches the worker's compute in proportion to its samples, as a "
                           "slower device does (--balance can remove it); a fixed delay is a "
                           "cost per step that no batch share removes")
+    inject_faults: str = _opt("", "inject faults, to test recovery: events separated by ';', "
+                              "each kill:rank=R,step=S (SIGKILL, as an OOM kill), "
+                              "stop:rank=R,step=S,seconds=T (the process frozen for T s), "
+                              "slow:rank=R,steps=A-B,factor=F (steps A to B compute F times as "
+                              "long) or exception:rank=R,step=S (an error in the loop). R: the "
+                              "world rank of a training process (async: a worker, 0..W-1); S: "
+                              "the job's global step, after which it fires, once per job (the "
+                              "run folder records it, so a resumed run does not fire it again)")
     peak_tflops: float = _opt(0.0, "peak TFLOP/s of one device at this run's --precision, for "
                               "the mfu field of the epoch lines (achieved TFLOP/s over peak x "
                               "devices); 0: look the GPU up in a table of common ones (on a "
@@ -476,6 +485,7 @@ class RunConfig:
             parse_straggler(r.straggler)
         except ValueError as e:
             raise ConfigError(f"--straggler: invalid value {r.straggler!r}; {e}") from None
+        check_faults(r.inject_faults)
         try:
             parse_metric_goal(r.keep_best)
         except ValueError as e:
@@ -515,6 +525,13 @@ class RunConfig:
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
         _require(r.slow_rank_factor == 0 or r.slow_rank_factor > 1, "--slow-rank-factor",
                  r.slow_rank_factor, "use 0 (never warn) or a factor above 1, e.g. 1.5")
+
+
+def check_faults(schedule: str, flag: str = "--inject-faults") -> None:
+    try:
+        parse_faults(schedule)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: invalid value {schedule!r}; {e}") from None
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,

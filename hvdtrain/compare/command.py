@@ -43,13 +43,15 @@ def main(args: argparse.Namespace) -> int:
         return answer_from_run(cfg)
     modes = cfg.planned_modes()
     train_args = ["--dataset", cfg.dataset, "--model", cfg.model, "--epochs", str(cfg.epochs),
-                  "--checkpoint-every", "0", "--eval-every-steps", str(cfg.eval_every_steps),
+                  # --faults: a checkpoint every epoch, which a restarted sync run resumes
+                  "--checkpoint-every", "1" if cfg.faults else "0",
+                  "--eval-every-steps", str(cfg.eval_every_steps),
                   # a run ends at its target: the epochs are a budget, not the length of a run
                   "--stop-at", f"test_acc>={cfg.target:g}", *shlex.split(cfg.train_args)]
     launcher = [*(["--hostfile", cfg.hostfile] if cfg.hostfile else []),
                 *shlex.split(cfg.launcher_args)]
     runs = planning.plan(modes, list(range(cfg.seeds)), cfg.stragglers.split(","),
-                         cfg.workers, train_args, launcher)
+                         cfg.workers, train_args, launcher, cfg.faults)
     out = Path(cfg.out)
     # Two compares into one folder would run the same plan twice and overwrite each other's
     # runs and report.
@@ -226,7 +228,7 @@ def _launch_runs(cfg: CompareConfig, out: Path, runs) -> list:
     bar = tqdm(runs, unit="run", file=sys.stdout, dynamic_ncols=True, disable=None)
     for i, run in enumerate(bar, 1):
         bar.set_description(run.name)
-        status = run_one(run, out, cfg.run_timeout, cfg.force)
+        status = run_one(run, out, cfg.run_timeout, cfg.force, cfg.max_restarts)
         run_dir = out / "runs" / run.name
         if status["status"] != "ok":
             status["reason"] += f": {last_lines(run_dir / OUTPUT)}"
@@ -262,4 +264,7 @@ def _describe(cfg: CompareConfig) -> str:
             f"sync's is); {where}"
             f"{' with ' + cfg.launcher_args if cfg.launcher_args else ''}{shared}. "
             "Extra flags: "
-            f"{cfg.train_args or 'none'}.")
+            f"{cfg.train_args or 'none'}."
+            + (f" Every run under the fault schedule `{cfg.faults}` (--faults); a failed sync "
+               f"run restarted from its checkpoint up to {cfg.max_restarts} times." if cfg.faults
+               else ""))

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, check_writable_folder
+from ..config import ConfigError, check_faults, check_writable_folder
 from ..rules.registry import FAMILIES
 from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
@@ -34,7 +34,8 @@ PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seed
            "run_dir": "--out (each run writes into OUT/runs/NAME)",
            "num_servers": "--workers (each async run has one server besides the workers)",
            "dataset": "compare's own --dataset", "model": "compare's own --model",
-           "epochs": "compare's own --epochs"}
+           "epochs": "compare's own --epochs", "inject_faults": "--faults",
+           "auto_resume": "--faults (sync runs restart with --auto-resume)"}
 
 # The named plans. demo: what `make demo` runs in about five minutes on two cores: a wide CNN
 # on digits (~1.3M parameters, ~40 ms a step on one core), so that training, not start-up, is
@@ -101,6 +102,13 @@ class CompareConfig:
                                   "random worker slowed at a step with a probability, 3x@0.1; "
                                   "every worker waiting a random delay, exp:50ms or pareto:50ms",
                                   type=str)
+    faults: str = _opt("", "run every run under this --inject-faults schedule (see hvdtrain train "
+                       "--help), e.g. kill:rank=1,step=20: sync modes restart from their "
+                       "checkpoint with --auto-resume when the job fails (up to --max-restarts "
+                       "times, the failed attempts' time counted), async runs under mpirun's "
+                       "recovery settings; the report adds goodput, the final model's samples "
+                       "per second of the whole job, restarts included")
+    max_restarts: int = _opt(3, "--faults: launches of a failed sync run after the first")
     target: float = _opt(0.95, "test accuracy to reach")
     epochs: int | None = _opt(None, "the budget of every run", type=int)
     eval_every_steps: int | None = _opt(None, "evaluate every N global steps (async: of the job, "
@@ -214,6 +222,9 @@ class CompareConfig:
         if self.eval_every_steps < 0:
             raise ConfigError(f"--eval-every-steps: invalid value {self.eval_every_steps}; use 0 "
                               "or more")
+        check_faults(self.faults, "--faults")
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts: invalid value {self.max_restarts}; use 0 or more")
         for s in self.stragglers.split(","):
             try:
                 parse_straggler(s)

@@ -19,6 +19,14 @@ class PlannedRun:
     processes: int      # workers, plus the server for async modes
     train_args: tuple[str, ...] = field(default=())
     launcher_args: tuple[str, ...] = field(default=())  # --hostfile and the user's mpirun flags
+    faults: str = ""    # --faults: the --inject-faults schedule of every run ("" for none)
+
+    @property
+    def restartable(self) -> bool:
+        """Under --faults, a failed run is launched again with --auto-resume (sync and its
+        variants: the job restarts from its checkpoint); async runs ride out a worker's loss
+        in the job itself, under the launcher's recovery settings (recovery_launcher_args)."""
+        return bool(self.faults) and not self.mode.is_async
 
     def command(self, python: str, run_dir: str, cores: int | None = None) -> list[str]:
         cores = cores or os.cpu_count() or 1
@@ -34,13 +42,33 @@ class PlannedRun:
                 # oversubscribed, so a sync run on exactly the cores would spin while an async
                 # run on more processes yields: the modes would be timed under different rules.
                 launch += ["--mca", "mpi_yield_when_idle", "1"]
+        if self.faults and self.mode.is_async:
+            launch += recovery_launcher_args()
         return [*launch, python, "-m", "hvdtrain", "train", *self.mode.train_flags(),
                 "--seed", str(self.seed), "--run-dir", run_dir, "--no-progress",
-                *(["--straggler", self.straggler] if self.straggler else []), *self.train_args]
+                *(["--straggler", self.straggler] if self.straggler else []),
+                *(["--inject-faults", self.faults] if self.faults else []),
+                *(["--auto-resume"] if self.restartable else []), *self.train_args]
+
+
+# Whether the async scheme keeps training when a worker dies (issue 28's survival work). Until
+# it does, the recovery settings below would keep mpirun waiting on ranks that wait for the dead
+# worker until --run-timeout (measured: a killed worker left the job hanging), where without
+# them the job ends at once, non-zero, its checkpoint intact.
+ASYNC_SURVIVES_WORKER_LOSS = False
+
+
+def recovery_launcher_args() -> list[str]:
+    """mpirun's settings that keep the other ranks running when one dies (Open MPI 4.1), for
+    an async run under --faults. With them mpirun exits 0 even when ranks fail, so the ranks
+    themselves must end a failed job non-zero (the async scheme's survival work does so)."""
+    if not ASYNC_SURVIVES_WORKER_LOSS:
+        return []
+    return ["--mca", "orte_enable_recovery", "1", "--mca", "orte_abort_on_non_zero_status", "0"]
 
 
 def plan(mode_list: list[Mode], seeds: list[int], stragglers: list[str], workers: int,
-         train_args: list[str], launcher_args: list[str] = ()) -> list[PlannedRun]:
+         train_args: list[str], launcher_args: list[str] = (), faults: str = "") -> list[PlannedRun]:
     runs = []
     for straggler in stragglers:
         straggler = straggler.strip()
@@ -53,5 +81,5 @@ def plan(mode_list: list[Mode], seeds: list[int], stragglers: list[str], workers
                 name = f"{mode.name}-seed{seed}" + (f"-straggler{slug}" if straggler else "")
                 processes = workers + (1 if mode.is_async else 0)
                 runs.append(PlannedRun(name, mode, seed, straggler, processes, tuple(train_args),
-                                       tuple(launcher_args)))
+                                       tuple(launcher_args), faults))
     return runs

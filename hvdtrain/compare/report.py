@@ -194,11 +194,38 @@ def write_report(results: list[RunResult], path: Path, target: float, workers: i
     failed = [r for r in results if r.status != "ok"]
     if failed:
         lines += ["", "## Failed runs", ""] + [f"- {r.name}: {r.reason}" for r in failed]
-    lines += [*extra]
+    lines += [*faults_table(results), *extra]
     lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
+
+
+def faults_table(results: list[RunResult]) -> list[str]:
+    """The report's section on runs under --faults: restarts and goodput per mode."""
+    faulted = [r for r in results if r.restarts is not None]
+    if not faulted:
+        return []
+    lines = ["", "## Under faults", "",
+             "Goodput: the final model's samples (its global steps times the global batch) per "
+             "second of the whole job: every attempt's wall time from launch to exit, start-up, "
+             "the failed attempts and the work they lost included. A job that never finished "
+             "has a goodput of 0. Restarts: launches after the first (sync runs resume their "
+             "last checkpoint with --auto-resume; async runs stay in one launch).", "",
+             "| mode | runs ok | restarts | goodput (samples/s) | samples/s while training | "
+             "final test acc |", "|---|---|---|---|---|---|"]
+    groups: dict[str, list[RunResult]] = defaultdict(list)
+    for r in faulted:
+        groups[r.mode].append(r)
+    for mode, runs in groups.items():
+        ok = [r for r in runs if r.status == "ok"]
+        lines.append(
+            f"| {mode} | {len(ok)}/{len(runs)} | "
+            f"{_fmt(*_mean_std([float(r.restarts) for r in runs]), digits=1)} | "
+            f"{_fmt(*_mean_std([r.goodput for r in runs if r.goodput is not None]), digits=0)}"
+            f" | {_fmt(*_mean_std([r.samples_per_sec for r in ok if r.samples_per_sec]), 0)} | "
+            f"{_fmt(*_mean_std([r.final_test_acc for r in ok if r.final_test_acc]), 4)} |")
+    return lines
 
 
 def sweep_table(results: list[RunResult], target: float, timings: dict, global_batch: int,

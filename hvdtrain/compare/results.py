@@ -27,6 +27,11 @@ class RunResult:
     staleness_histogram: dict[int, int]
     workers: int | None = None     # simulated runs (simulate.py): the virtual workers
     simulated: bool = False        # True: on simulate.py's virtual clock, not a real launch
+    # --faults: launches after the first, and goodput: the final model's samples (its global
+    # steps x the global batch) over the whole job's seconds, failed attempts, restarts and
+    # start-ups included; 0 when the job never finished
+    restarts: int | None = None
+    goodput: float | None = None
 
     def row(self) -> dict:
         out = asdict(self)
@@ -76,6 +81,8 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> 
     result = RunResult(run.name, run.mode.name, run.straggler or "none", run.seed,
                        status["status"], status.get("reason", ""), None, None, None, None, None,
                        [], {})
+    if "restarts" in status:
+        result.restarts, result.goodput = status["restarts"], 0.0
     if status["status"] != "ok":
         return result
     try:
@@ -98,6 +105,9 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> 
     result.wall_seconds = training_seconds(end)
     result.samples_per_sec = (samples_trained(header, scheme, end) / result.wall_seconds
                               if result.wall_seconds else None)
+    if result.restarts is not None and status.get("seconds"):
+        model_samples = end["step"] * header["config"]["run"]["batch_size"] * header["num_workers"]
+        result.goodput = model_samples / status["seconds"]
     if scheme and scheme.get("staleness_histogram"):
         hist = {int(k): int(v) for k, v in scheme["staleness_histogram"].items()}
         result.staleness_histogram = hist

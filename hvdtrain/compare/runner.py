@@ -37,8 +37,12 @@ def previous_status(run_dir: Path, command: list[str]) -> dict | None:
     return None
 
 
-def run_one(run: PlannedRun, out: Path, timeout: float, force: bool) -> dict:
-    """Run (or skip) one planned run; returns its status record."""
+def run_one(run: PlannedRun, out: Path, timeout: float, force: bool,
+            max_restarts: int = 0) -> dict:
+    """Run (or skip) one planned run; returns its status record. A restartable run (--faults,
+    sync) that fails is launched again, up to ``max_restarts`` times: its command resumes the
+    run's checkpoint (--auto-resume), and ``seconds`` is the whole job's, failed attempts and
+    restarts included."""
     run_dir = out / "runs" / run.name
     command = run.command(sys.executable, str(run_dir))
     if not force:
@@ -51,21 +55,34 @@ def run_one(run: PlannedRun, out: Path, timeout: float, force: bool) -> dict:
                 child.unlink()
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    restarts = 0
     with open(run_dir / OUTPUT, "w") as log:
-        # A session of its own, so a timeout can stop mpirun and every rank it started.
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=launch_env(),
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-            reason = "" if code == 0 else f"exit code {code}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code, reason = None, f"timed out after {timeout:g} s"
+        code, reason = _attempt(command, log, timeout)
+        while code != 0 and run.restartable and restarts < max_restarts:
+            restarts += 1
+            log.write(f"\nhvdtrain compare: the run failed ({reason}); restart {restarts} of "
+                      f"at most {max_restarts}, with --auto-resume\n")
+            log.flush()
+            code, reason = _attempt(command, log, timeout)
     status = {"status": "ok" if code == 0 else "failed", "reason": reason, "returncode": code,
-              "seconds": round(time.perf_counter() - started, 2), "command": command}
+              "seconds": round(time.perf_counter() - started, 2), "command": command,
+              **({"restarts": restarts} if run.faults else {})}
     (run_dir / STATUS).write_text(json.dumps(status, indent=1))
     return {**status, "skipped": False}
+
+
+def _attempt(command: list[str], log, timeout: float) -> tuple[int | None, str]:
+    """One launch of the command, its output into ``log``: (exit code, why it failed)."""
+    # A session of its own, so a timeout can stop mpirun and every rank it started.
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=launch_env(),
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        code = proc.wait(timeout=timeout)
+        return code, "" if code == 0 else f"exit code {code}"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None, f"timed out after {timeout:g} s"
 
 
 def last_lines(path: Path, n: int = 3) -> str:

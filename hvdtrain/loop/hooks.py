@@ -1,5 +1,5 @@
-"""Things that happen after every step, kept out of the loop: the straggler sleep here, and the
-finite-loss guard of the stopping component (stopping.py); the next features (clipping reports)
+"""Things that happen after every step, kept out of the loop: the straggler sleep here, the
+injected faults (faults/inject.py), and the finite-loss guard of the stopping component (stopping.py); the next features (clipping reports)
 add hooks here."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from ..config import RunConfig
+from ..faults.inject import FaultInjector, record_folder
 from ..stragglers import parse_straggler
 from ..scheme import Progress
 
@@ -78,4 +79,7 @@ class Straggler(StepHook):
 
 
 def default_hooks(run: RunConfig) -> list[StepHook]:
-    return [Straggler(run.straggler, run.seed, run.batch_size)]
+    # the faults after the straggler: a slow fault stretches the step's own compute, as the
+    # straggler's factor does, and the step timer (the trainer's last hook) counts both
+    return [Straggler(run.straggler, run.seed, run.batch_size),
+            FaultInjector(run.inject_faults, record_folder(run.run_dir, run.resume))]

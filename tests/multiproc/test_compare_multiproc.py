@@ -77,3 +77,24 @@ def test_bad_compare_flags_exit_2():
                            (["--train-args=--bsp"], "use --modes backup")]:
         proc = run(hvdtrain("compare", *flags), check=False)
         assert proc.returncode == 2 and message in proc.stderr, (flags, proc.stderr)
+
+
+@pytest.mark.multiproc
+def test_compare_under_faults_reports_goodput_and_restarts(tmp_path):
+    """--faults: the sync run fails at the fault, restarts with --auto-resume and finishes; the
+    report's fault table gives goodput and restarts for sync and async (async today: the job
+    ends with the killed worker, a goodput of 0; after the survival work it finishes)."""
+    flags = ["--out", str(tmp_path), "--seeds", "1", "--epochs", "2", "--target", "0.85",
+             "--modes", "sync,async", "--stragglers", "none", "--model", "mlp",
+             "--train-args=", "--eval-every-steps", "0", "--run-timeout", "120",
+             "--faults", "exception:rank=1,step=8", "--max-restarts", "1"]
+    run(hvdtrain("compare", *flags), timeout=600, check=False)
+    text = (tmp_path / "report.md").read_text()
+    faults = parse_table(text.split("## Under faults")[1].split("\n## ")[0])
+    rows = {row["mode"]: row for row in faults}
+    assert set(rows) == {"sync", "async"}
+    assert rows["sync"]["runs ok"] == "1/1" and rows["sync"]["restarts"] == "1.0"
+    assert float(rows["sync"]["goodput (samples/s)"]) > 0
+    assert rows["async"]["goodput (samples/s)"] != "-"
+    output = (tmp_path / "runs" / "sync-seed0" / "output.txt").read_text()
+    assert "restart 1 of at most 1, with --auto-resume" in output

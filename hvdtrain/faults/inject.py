@@ -1,0 +1,73 @@
+"""The step hook of --inject-faults (in loop/hooks.py's default_hooks): after each step, on the
+rank a fault names, it fires the fault once the job's step count reaches the fault's step, or
+stretches the step (slow). It has a step hook's two methods (loop/hooks.StepHook) without
+importing the loop, which imports it."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from ..checkpoint import checkpoint_path
+from ..config import ConfigError
+from . import actions
+from .schedule import Fault, parse_faults
+
+
+def record_folder(run_dir: str | None, resume: str | None) -> Path | None:
+    """Where the fired faults are recorded: the run folder, when it is known before the run
+    claims it (--run-dir, or the folder of --resume); a run in a new default folder cannot be
+    resumed into the same folder, so it needs no record."""
+    if run_dir:
+        return Path(run_dir)
+    return checkpoint_path(resume).parent if resume else None
+
+
+class FaultInjector:
+    def __init__(self, schedule: str, folder: Path | None = None):
+        self.faults = parse_faults(schedule)
+        self.folder = folder
+        self.rank = 0
+        self.start: int | None = None  # the global step at this process's first step
+        self.done: set[Fault] = set()
+
+    def bind_world(self, worker: int, num_workers: int) -> None:
+        # Workers' indices are their world ranks: sync's Horovod rank, async's ranks 0..W-1.
+        self.rank = worker
+        missing = sorted({f.rank for f in self.faults if f.rank >= num_workers})
+        if missing and self.start is None:  # at the start: an elastic job may shrink later
+            raise ConfigError(
+                f"--inject-faults: rank {missing[0]} is not a training process: this job has "
+                f"{num_workers} (ranks 0..{num_workers - 1}; async servers come after the "
+                "workers, and a server has no step to fire at); name a rank below "
+                f"{num_workers}")
+
+    def after_step(self, step) -> None:
+        if not self.faults:
+            return
+        before = step.progress.global_step  # steps done before this one
+        if self.start is None:
+            self.start = before
+        for fault in self.faults:
+            if fault.rank != self.rank:
+                continue
+            if fault.kind == "slow":
+                if fault.step <= before + 1 <= fault.last_step:
+                    time.sleep((fault.factor - 1) * step.seconds)
+            elif self._due(fault, before):
+                self.done.add(fault)
+                if actions.already_fired(self.folder, fault):
+                    print(f"hvdtrain: injected fault {fault.text()} not fired again: "
+                          f"{self.folder / actions.RECORD} says it fired in this run "
+                          "folder before", file=sys.stderr, flush=True)
+                    continue
+                actions.record_fired(self.folder, fault)
+                actions.fire(fault)
+
+    def _due(self, fault: Fault, before: int) -> bool:
+        """This step took the job to the fault's step or past it (async: a worker's steps skip
+        the job's steps that the others train), and this process started before it (a resume
+        from a checkpoint at or past the step does not fire it)."""
+        return (fault not in self.done and before + 1 >= fault.step
+                and self.start is not None and self.start < fault.step)

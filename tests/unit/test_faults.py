@@ -1,0 +1,86 @@
+"""--inject-faults: the schedule's text, and the hook that fires each fault once per job."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvdtrain.config import ConfigError, check_faults
+from hvdtrain.faults import actions
+from hvdtrain.faults.inject import FaultInjector
+from hvdtrain.faults.schedule import Fault, parse_faults
+from hvdtrain.loop.hooks import StepResult
+from hvdtrain.scheme import Progress
+
+
+def test_schedule_parses_every_kind_and_several_events():
+    faults = parse_faults("kill:rank=2,step=40; stop:rank=1,step=80,seconds=20;"
+                          "slow:rank=1,steps=10-40,factor=4;exception:rank=0,step=5")
+    assert faults == [Fault("kill", 2, 40), Fault("stop", 1, 80, seconds=20.0),
+                      Fault("slow", 1, 10, 40, factor=4.0), Fault("exception", 0, 5)]
+    assert [parse_faults(f.text()) for f in faults] == [[f] for f in faults]  # round trip
+    assert parse_faults("") == parse_faults("none") == []
+
+
+@pytest.mark.parametrize("bad", ["kill:rank=2", "boom:rank=1,step=3", "kill:rank=a,step=3",
+                                 "kill:rank=1,step=0", "slow:rank=1,steps=5-2,factor=2",
+                                 "slow:rank=1,steps=1-2,factor=0.5", "stop:rank=1,step=2,seconds=0",
+                                 "kill rank=1 step=2", "kill:rank=1,step=2,extra=1"])
+def test_bad_schedule_is_a_config_error_that_says_how_to_write_it(bad):
+    with pytest.raises(ConfigError, match=r"--inject-faults: .*write it as kind:rank=R,step=S"):
+        check_faults(bad)
+
+
+def _steps(hook, first, last, seconds=0.0):
+    for before in range(first, last):
+        hook.after_step(StepResult(Progress(global_step=before), 0.0, seconds))
+
+
+def test_exception_fires_once_on_its_rank_and_is_recorded(tmp_path):
+    other = FaultInjector("exception:rank=1,step=3", tmp_path)
+    other.bind_world(0, 2)
+    _steps(other, 0, 10)  # rank 0 is not the target
+    hook = FaultInjector("exception:rank=1,step=3", tmp_path)
+    hook.bind_world(1, 2)
+    _steps(hook, 0, 2)
+    with pytest.raises(actions.InjectedFault, match="injected fault: exception at rank 1"):
+        _steps(hook, 2, 3)  # the third step done
+    _steps(hook, 3, 10)  # not again in this process
+    assert (tmp_path / actions.RECORD).read_text() == "exception:rank=1,step=3\n"
+
+
+def test_a_restart_does_not_fire_it_again(tmp_path):
+    (tmp_path / actions.RECORD).write_text("exception:rank=0,step=3\n")
+    hook = FaultInjector("exception:rank=0,step=3", tmp_path)  # resumed before the step
+    hook.bind_world(0, 1)
+    _steps(hook, 1, 10)
+
+
+def test_a_resume_past_the_step_does_not_fire_it(tmp_path):
+    hook = FaultInjector("exception:rank=0,step=3", tmp_path)
+    hook.bind_world(0, 1)
+    _steps(hook, 3, 10)  # resumed from a checkpoint at step 3
+    assert not (tmp_path / actions.RECORD).exists()
+
+
+def test_async_steps_that_skip_the_fault_step_still_fire_it(tmp_path):
+    hook = FaultInjector("exception:rank=0,step=4", tmp_path)
+    hook.bind_world(0, 2)
+    hook.after_step(StepResult(Progress(global_step=0), 0.0, 0.0))
+    hook.after_step(StepResult(Progress(global_step=2), 0.0, 0.0))
+    with pytest.raises(actions.InjectedFault):
+        hook.after_step(StepResult(Progress(global_step=5), 0.0, 0.0))
+
+
+def test_slow_stretches_only_its_steps(monkeypatch):
+    slept = []
+    monkeypatch.setattr("hvdtrain.faults.inject.time.sleep", slept.append)
+    hook = FaultInjector("slow:rank=0,steps=2-3,factor=4")
+    hook.bind_world(0, 1)
+    _steps(hook, 0, 5, seconds=0.5)
+    assert slept == [1.5, 1.5]
+
+
+def test_a_rank_without_a_training_process_is_refused():
+    hook = FaultInjector("kill:rank=2,step=3")
+    with pytest.raises(ConfigError, match="rank 2 is not a training process.*below 2"):
+        hook.bind_world(0, 2)
