@@ -1,6 +1,6 @@
 """Things that happen after every step, kept out of the loop: the straggler sleep here, the
-injected faults (faults/inject.py), and the finite-loss guard of the stopping component (stopping.py); the next features (clipping reports)
-add hooks here."""
+injected faults (faults/inject.py), and the finite-loss guard of the stopping component
+(stopping.py); the next features (clipping reports) add hooks here."""
 
 from __future__ import annotations
 
