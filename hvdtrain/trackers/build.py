@@ -11,7 +11,7 @@ from pathlib import Path
 from ..checkpoint import CHECKPOINT_NAME
 from ..config import ConfigError, RunConfig
 from . import TRACKERS
-from .sink import TrackerSink
+from .sink import Backend, TrackerSink
 from .state import previous_state
 
 
@@ -47,12 +47,15 @@ def artifact_paths(run: RunConfig, run_dir: Path) -> list[Path]:
     return [run_dir / CHECKPOINT_NAME, run_dir / BEST_NAME]
 
 
+def make_backend(name: str, run_dir: Path, project: str) -> Backend:
+    module, cls = TRACKERS[name][0].split(".")
+    return getattr(importlib.import_module(f".{module}", __package__), cls)(run_dir, project)
+
+
 def tracker_sinks(run: RunConfig, run_dir: Path) -> list[TrackerSink]:
     sinks: list[TrackerSink] = []
     for name in tracker_names(run.tracker):
-        module, cls = TRACKERS[name][0].split(".")
-        backend_class = getattr(importlib.import_module(f".{module}", __package__), cls)
-        sinks.append(TrackerSink(backend_class(run_dir, run.tracker_project), run_dir,
+        sinks.append(TrackerSink(make_backend(name, run_dir, run.tracker_project), run_dir,
                                  previous_state(run_dir, run.resume, name),
                                  artifact_paths(run, run_dir)))
     return sinks
