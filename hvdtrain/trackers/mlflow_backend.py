@@ -31,8 +31,35 @@ def client_for(uri: str):
         os.environ.setdefault(name, value)
     for noisy in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database..."
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if uri.startswith("sqlite:"):
+        _fewer_syncs()
     from mlflow.tracking import MlflowClient
     return MlflowClient(tracking_uri=uri)
+
+
+def _fewer_syncs() -> None:
+    """A new SQLite store runs MLflow's schema migrations, dozens of transactions that each wait
+    for the disk (measured here: 11 s to open the store, 6 s with this). In WAL mode with
+    synchronous=NORMAL a commit does not wait for the disk, and a killed process still leaves a
+    sound database (a power cut may lose the last commits). Only SQLite connections: only
+    MLflow uses SQLAlchemy in hvdtrain's main process."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if getattr(_fewer_syncs, "done", False):
+        return
+
+    @event.listens_for(Engine, "connect")
+    def pragmas(connection, _record) -> None:
+        if isinstance(connection, sqlite3.Connection):
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+    _fewer_syncs.done = True  # type: ignore[attr-defined]
 
 
 def experiment_id(client, project: str, folder: Path, uri: str) -> str:
