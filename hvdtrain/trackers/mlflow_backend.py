@@ -119,9 +119,9 @@ class MlflowBackend:
         from mlflow.entities import RunTag
         self.client.log_batch(self.run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
 
-    def log_artifacts(self, paths: list[Path]) -> None:
+    def log_artifacts(self, paths: list[Path], folder: str = "checkpoints") -> None:
         for path in paths:
-            self.client.log_artifact(self.run_id, str(path), artifact_path="checkpoints")
+            self.client.log_artifact(self.run_id, str(path), artifact_path=folder or None)
 
     def finish(self, status: str) -> None:
         self.client.set_terminated(self.run_id, status=status)

@@ -195,3 +195,26 @@ def test_wandb_offline_run_holds_the_epochs_of_the_log(tmp_path):
     epochs = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
     assert [(r["_step"], r["test/acc"]) for r in rows] == [
         (e["step"], pytest.approx(e["test_acc"], rel=1e-6)) for e in epochs]
+
+
+@needs_mlflow
+def test_compare_is_a_parent_run_whose_children_are_its_runs(tmp_path, monkeypatch):
+    from hvdtrain.trackers.mlflow_backend import MlflowBackend
+    from hvdtrain.trackers.parent import ParentRun
+
+    out = tmp_path / "compare"
+    out.mkdir()
+    parent = ParentRun(out, {"modes": "sync,async", "seeds": 1})
+    child_dir = out / "runs" / "sync-s0"  # what compare's runner launches, with its environment
+    child_dir.mkdir(parents=True)
+    feed(TrackerSink(MlflowBackend(child_dir, "hvdtrain"), child_dir, {}), [1, 2])
+    (out / "report.md").write_text("# report\n")
+    parent.finish([out / "report.md", out / "missing.png"], failed_runs=0)
+    store = mlflow_store(out)
+    runs = {r.info.run_name: r for r in mlflow_runs(store)}
+    assert set(runs) == {"compare", "sync-s0"}
+    parent_id = runs["compare"].info.run_id
+    assert runs["sync-s0"].data.tags["mlflow.parentRunId"] == parent_id
+    assert runs["compare"].data.params["compare/modes"] == "sync,async"
+    assert [a.path for a in mlflow_client(store).list_artifacts(parent_id)] == ["report.md"]
+    assert not (child_dir / "mlflow.db").exists()  # one store: the comparison's
