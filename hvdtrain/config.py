@@ -479,8 +479,7 @@ class RunConfig:
                 raise ConfigError("--tensorboard needs the tensorboard package, which is not "
                                   "installed: pip install tensorboard (or leave out --tensorboard)")
         if r.tracker:
-            from .trackers.build import check_installed, tracker_names
-            check_installed(tracker_names(r.tracker))
+            _check_tracker(r.tracker)
         if r.auto_resume and not r.run_dir:
             # With --resume A as well: a requeued job continues its own checkpoint in --run-dir
             # once it has written one, and starts from A before that (loop/checkpointer.py).
@@ -529,6 +528,16 @@ class RunConfig:
         _require(r.threads >= 0, "--threads", r.threads, "use 0 (automatic) or a positive count")
         _require(r.slow_rank_factor == 0 or r.slow_rank_factor > 1, "--slow-rank-factor",
                  r.slow_rank_factor, "use 0 (never warn) or a factor above 1, e.g. 1.5")
+
+
+def _check_tracker(text: str) -> None:
+    from .trackers.names import missing_package, tracker_names
+    try:
+        problem = missing_package(tracker_names(text))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if problem:
+        raise ConfigError(problem)
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,

@@ -7,6 +7,8 @@
     mlflow_backend.py MLflow (a SQLite store in the run folder unless MLFLOW_TRACKING_URI)
     wandb_backend.py  W&B (offline in the run folder unless the user has logged in)
     parent.py         the parent run of ``hvdtrain compare --tracker mlflow``
+    names.py, build.py  --tracker's value, and the sinks it asks for
+    replay.py         python -m hvdtrain.trackers.replay: send metrics.jsonl to a tracker later
 """
 
 # name -> (module.class of its backend, the package it needs, what to install)

@@ -4,39 +4,26 @@ only: one tracker run per job)."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import os
 from pathlib import Path
 
 from ..checkpoint import CHECKPOINT_NAME
 from ..config import ConfigError, RunConfig
-from . import TRACKERS
+from . import TRACKERS, names
 from .sink import Backend, TrackerSink
 from .state import previous_state
 
 
 def tracker_names(text: str) -> list[str]:
-    """``mlflow``, ``wandb`` or ``mlflow,wandb``; a clear error for anything else."""
-    names = [n.strip().lower() for n in text.split(",") if n.strip()]
-    for name in names:
-        if name not in TRACKERS:
-            raise ConfigError(f"--tracker: unknown tracker {name!r}; use "
-                              f"{', '.join(TRACKERS)} or several joined by commas")
-    return list(dict.fromkeys(names))
+    try:
+        return names.tracker_names(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
-def check_installed(names: list[str]) -> None:
-    for name in names:
-        _, package, install = TRACKERS[name]
-        if importlib.util.find_spec(package) is None:
-            raise ConfigError(f"--tracker {name} needs the {package} package, which is not "
-                              f"installed: {install} (or leave out --tracker {name})")
-    if "mlflow" in names and not os.environ.get("MLFLOW_TRACKING_URI"):
-        for package in ("sqlalchemy", "alembic"):  # the SQLite store in the run folder
-            if importlib.util.find_spec(package) is None:
-                raise ConfigError(f"--tracker mlflow keeps its runs in a SQLite store, which "
-                                  f"needs {package}: {TRACKERS['mlflow'][2]} (or set "
-                                  f"MLFLOW_TRACKING_URI to a tracking server)")
+def check_installed(tracker_names: list[str]) -> None:
+    problem = names.missing_package(tracker_names)
+    if problem:
+        raise ConfigError(problem)
 
 
 def artifact_paths(run: RunConfig, run_dir: Path) -> list[Path]:

@@ -12,7 +12,7 @@ import pytest
 
 from hvdtrain.config import ConfigError
 from hvdtrain.run_output import read_jsonl
-from hvdtrain.trackers import build
+from hvdtrain.trackers import build, names
 from hvdtrain.trackers.metrics import line_step, metrics_of, params_of, tags_of
 from hvdtrain.trackers.sink import TrackerSink
 from hvdtrain.trackers.state import read_state
@@ -132,7 +132,7 @@ def test_bad_or_missing_trackers_are_refused_with_what_to_do(monkeypatch):
                                           "wandb"):
         build.tracker_names("mlflow,neptune")
     assert build.tracker_names("wandb, mlflow,wandb") == ["wandb", "mlflow"]
-    monkeypatch.setattr(build.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(names.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match=r"--tracker wandb needs the wandb package, which is not "
                                           r"installed: pip install 'hvdtrain\[wandb\]'"):
         make_trainer_config(tracker="wandb")
