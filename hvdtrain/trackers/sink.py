@@ -130,7 +130,8 @@ class TrackerSink:
         try:
             hint = self.backend.sync_hint()
         except Exception:
-            hint = f"python -m hvdtrain.trackers.replay {self.run_dir} --tracker {self.backend.name}"
+            hint = (f"python -m hvdtrain.trackers.replay {self.run_dir} "
+                    f"--tracker {self.backend.name}")
         print(f"hvdtrain: warning: {self.backend.name} tracking failed ({reason}); training "
               f"goes on, {self.run_dir / 'metrics.jsonl'} is the record; sync later with {hint}",
               file=sys.stderr, flush=True)
