@@ -42,7 +42,8 @@ class Backend(Protocol):
     def log_artifacts(self, paths: list[Path]) -> None: ...
 
     def finish(self, status: str) -> None:
-        """status: FINISHED, or KILLED after a preemption (the job goes on in a resume)."""
+        """status: FINISHED; KILLED after a preemption (the job goes on in a resume); FAILED when
+        the run ends in an error (a crash, a failed write)."""
 
     def sync_hint(self) -> str:
         """How to send this run to the tracker later."""
@@ -76,6 +77,8 @@ class TrackerSink:
         """Waits for the tracker to take the lines, at most ``timeout`` seconds. Never raises."""
         if not self.thread.is_alive():
             return
+        if sys.exc_info()[0] is not None:  # closed on the way out of an error: the run failed
+            self.status = "FAILED"
         self.queue.put(None)
         self.thread.join(self.timeout)
         if self.thread.is_alive() and not self.failed:

@@ -149,9 +149,11 @@ def test_mlflow_holds_one_run_whose_metrics_match_the_log_and_a_resume_continues
     with pytest.raises(KeyboardInterrupt):
         make_trainer(tmp_path, hooks=[CrashAt(17)], checkpoint_steps=5, log_steps=True,
                      tracker="mlflow").fit()
+    store = mlflow_store(tmp_path)
+    [run] = mlflow_runs(store)
+    assert run.info.status == "FAILED"  # the crash
     make_trainer(tmp_path, checkpoint_steps=5, log_steps=True, tracker="mlflow",
                  auto_resume=True, tracker_artifacts=True).fit()
-    store = mlflow_store(tmp_path)
     [run] = mlflow_runs(store)
     assert run.info.status == "FINISHED"
     assert run.data.params["config/run/tracker"] == "mlflow"
