@@ -431,6 +431,17 @@ class RunConfig:
                              "metrics, learning rate, samples per second, the async staleness "
                              "histogram, and each step with --log-steps. View them with "
                              "tensorboard --logdir runs/")
+    tracker: str = _opt("", "also log the run to an experiment tracker: mlflow, wandb, or "
+                        "mlflow,wandb. One tracker run per job, from the main process: the "
+                        "header (config, world, versions) as parameters, every line's figures "
+                        "at the global step; a resume continues it. MLflow writes to "
+                        "mlflow.db in the run folder unless MLFLOW_TRACKING_URI is set; W&B "
+                        "runs offline in the run folder unless you have logged in. A tracker "
+                        "that fails warns once and training goes on (docs/trackers.md)")
+    tracker_project: str = _opt("hvdtrain", "with --tracker: the MLflow experiment or W&B "
+                                "project the run goes into")
+    tracker_artifacts: bool = _opt(False, "with --tracker: also upload checkpoint.pt and best.pt "
+                                   "(--keep-best) as artifacts at the end of the run")
     progress: bool = _opt(True, "show the progress bar on the main process")
     device: str = _opt("auto", "auto (a GPU per local rank when CUDA is present), cpu or cuda; "
                        "in async mode each worker takes a GPU and the servers stay on the CPU")
@@ -476,6 +487,8 @@ class RunConfig:
             if importlib.util.find_spec("tensorboard") is None:
                 raise ConfigError("--tensorboard needs the tensorboard package, which is not "
                                   "installed: pip install tensorboard (or leave out --tensorboard)")
+        if r.tracker:
+            _check_tracker(r.tracker)
         if r.auto_resume and not r.run_dir:
             # With --resume A as well: a requeued job continues its own checkpoint in --run-dir
             # once it has written one, and starts from A before that (loop/checkpointer.py).
@@ -532,6 +545,16 @@ def check_faults(schedule: str, flag: str = "--inject-faults") -> None:
         parse_faults(schedule)
     except ValueError as e:
         raise ConfigError(f"{flag}: invalid value {schedule!r}; {e}") from None
+
+
+def _check_tracker(text: str) -> None:
+    from .trackers.names import missing_package, tracker_names
+    try:
+        problem = missing_package(tracker_names(text))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if problem:
+        raise ConfigError(problem)
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,

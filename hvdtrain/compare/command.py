@@ -48,6 +48,8 @@ def main(args: argparse.Namespace) -> int:
                   "--eval-every-steps", str(cfg.eval_every_steps),
                   # a run ends at its target: the epochs are a budget, not the length of a run
                   "--stop-at", f"test_acc>={cfg.target:g}", *shlex.split(cfg.train_args)]
+    if cfg.tracker and not cfg.simulate:
+        train_args += ["--tracker", cfg.tracker]  # each run a child of the comparison's run
     launcher = [*(["--hostfile", cfg.hostfile] if cfg.hostfile else []),
                 *shlex.split(cfg.launcher_args)]
     runs = planning.plan(modes, list(range(cfg.seeds)), cfg.stragglers.split(","),
@@ -188,6 +190,7 @@ def _sweep_timing(cfg: CompareConfig, train_args, global_batch: int, plan_timing
 
 
 def _run_plan(cfg: CompareConfig, out: Path, runs, modes) -> int:
+    from ..trackers.parent import start_parent
     from .plots import write_plots
     from .report import write_csv, write_report
 
@@ -200,6 +203,7 @@ def _run_plan(cfg: CompareConfig, out: Path, runs, modes) -> int:
     # states one set of figures).
     timing = (_simulation_timing(cfg, _simulated_args(cfg, train_args))
               if cfg.simulate or cfg.sweep_workers.strip() else None)
+    parent = start_parent(out, cfg) if cfg.tracker and not cfg.simulate else None
     if cfg.simulate:
         results = _simulate_plan(cfg, runs, modes, train_args, timing)
     else:
@@ -211,6 +215,9 @@ def _run_plan(cfg: CompareConfig, out: Path, runs, modes) -> int:
                           plots, sweep_lines)
     print("\n" + report.split("\n## Plots")[0].rstrip())
     failed = sum(r.status != "ok" for r in results)
+    if parent:
+        parent.finish([out / "report.md", out / "summary.csv", *(out / p for p in plots)],
+                      failed)
     print(f"\ndone in {time.perf_counter() - started:.0f} s; {failed} failed run(s)."
           f"\nreport: {out / 'report.md'}\nsummary: {out / 'summary.csv'}"
           f"\nplots: {', '.join(str(out / p) for p in plots)}", flush=True)

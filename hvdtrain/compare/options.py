@@ -130,6 +130,10 @@ class CompareConfig:
     run_timeout: float = _opt(300, "seconds before a run is stopped and recorded as failed",
                               type=float)
     force: bool = _opt(False, "run again even the finished runs")
+    tracker: str = _opt("", "mlflow: log the comparison to MLflow, as a parent run with the "
+                        "report, summary and plots as artifacts and each run of the plan as a "
+                        "child run (hvdtrain train --tracker mlflow), in OUT/mlflow.db unless "
+                        "MLFLOW_TRACKING_URI is set")
     # --- a finished run replayed (compare/from_run.py)
     from_run: str | None = _opt(None, "instead of a plan, answer from a finished run: fit its "
                                 "workers' step times (each one's persistent speed and random "
@@ -195,6 +199,13 @@ class CompareConfig:
             check_processes_fit(self, self.planned_modes())
         check_writable_folder(self.out, "--out")
         check_train_args(self)
+        if self.tracker:
+            from ..trackers.build import check_installed
+            if self.tracker != "mlflow":
+                raise ConfigError(f"--tracker: {self.tracker!r} is not a tracker compare logs "
+                                  f"to; use mlflow, or --train-args '--tracker wandb' for "
+                                  f"each run alone")
+            check_installed(["mlflow"])
 
     def planned_modes(self) -> list[planning.Mode]:
         try:

@@ -4,6 +4,7 @@ W&B) is a new file with a class that has ``record`` and ``close``, and a line in
 
     metrics.jsonl   always (JsonlSink below)
     TensorBoard     --tensorboard (tensorboard.py)
+    MLflow, W&B     --tracker mlflow,wandb (hvdtrain/trackers/)
 
 Every sink receives every line, the header first: ``record(kind, fields)``, with kind the line's
 type (header, step, eval, epoch, stop, scheme) and fields what metrics.jsonl holds after it.
@@ -65,6 +66,9 @@ def build_sinks(run: RunConfig, run_dir: Path, append: bool,
         if run.tensorboard:
             from .tensorboard import TensorBoardSink  # imports torch's writer: only when asked for
             sinks.append(TensorBoardSink(run_dir, first_step))
+        if run.tracker:
+            from ..trackers.build import tracker_sinks  # imports a tracker: only when asked for
+            sinks.extend(tracker_sinks(run, run_dir))
     except BaseException:
         close_all(sinks)
         raise

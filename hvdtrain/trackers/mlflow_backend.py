@@ -1,0 +1,131 @@
+"""MLflow behind TrackerSink (sink.py): one MLflow run per job, in a SQLite store in the run
+folder (``mlflow.db``, artifacts in ``mlartifacts/``) unless MLFLOW_TRACKING_URI names another
+store or a server. ``hvdtrain compare --tracker mlflow`` sets MLFLOW_PARENT_RUN_ID for its runs,
+which become children of the comparison's run (parent.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .metrics import params_of
+
+PARENT_ENV = "MLFLOW_PARENT_RUN_ID"
+# MLflow retries an HTTP call for minutes by default; a server that does not answer should cost
+# the run seconds, not minutes (the user's own settings win).
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+PARAM_CHARS = 500  # the smallest limit of the MLflow versions in use
+
+
+def local_store(folder: Path) -> str:
+    return f"sqlite:///{folder.resolve() / 'mlflow.db'}"
+
+
+def client_for(uri: str):
+    for name, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    for noisy in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database..."
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if uri.startswith("sqlite:"):
+        _fewer_syncs()
+    from mlflow.tracking import MlflowClient
+    return MlflowClient(tracking_uri=uri)
+
+
+def _fewer_syncs() -> None:
+    """A new SQLite store runs MLflow's schema migrations, dozens of transactions that each wait
+    for the disk (measured here: 11 s to open the store, 6 s with this). In WAL mode with
+    synchronous=NORMAL a commit does not wait for the disk, and a killed process still leaves a
+    sound database (a power cut may lose the last commits). Only SQLite connections: only
+    MLflow uses SQLAlchemy in hvdtrain's main process."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if getattr(_fewer_syncs, "done", False):
+        return
+
+    @event.listens_for(Engine, "connect")
+    def pragmas(connection, _record) -> None:
+        if isinstance(connection, sqlite3.Connection):
+            cursor = connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA synchronous=NORMAL")
+            cursor.close()
+
+    _fewer_syncs.done = True  # type: ignore[attr-defined]
+
+
+def experiment_id(client, project: str, folder: Path, uri: str) -> str:
+    exp = client.get_experiment_by_name(project)
+    if exp is not None:
+        return exp.experiment_id
+    # A local store keeps its artifacts beside it, not in ./mlruns of the working folder.
+    where = (folder.resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite:") else None
+    try:
+        return client.create_experiment(project, artifact_location=where)
+    except Exception:  # made meanwhile by another job of the same server
+        exp = client.get_experiment_by_name(project)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+class MlflowBackend:
+    name = "mlflow"
+
+    def __init__(self, run_dir: Path, project: str):
+        self.run_dir = run_dir
+        self.project = project
+        self.client = None
+        self.run_id = ""
+
+    def start(self, previous: dict[str, Any]) -> dict[str, Any]:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or previous.get("tracking_uri") \
+            or local_store(self.run_dir)
+        self.client = client_for(uri)
+        if previous.get("run_id") and previous.get("tracking_uri") == uri:
+            self.run_id = previous["run_id"]
+            self.client.update_run(self.run_id, status="RUNNING")
+        else:
+            exp = experiment_id(self.client, self.project, self.run_dir, uri)
+            tags = {"hvdtrain.run_dir": str(self.run_dir.resolve())}
+            if os.environ.get(PARENT_ENV):
+                tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
+            run = self.client.create_run(exp, run_name=self.run_dir.name, tags=tags)
+            self.run_id = run.info.run_id
+        return {"run_id": self.run_id, "tracking_uri": uri}
+
+    def log_params(self, header: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+        params = [Param(k[:250], v[:PARAM_CHARS]) for k, v in params_of(header).items()]
+        for i in range(0, len(params), 100):  # MLflow's limit per batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        batch = [Metric(k, v, now, step) for k, v in metrics.items()]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(self.run_id, metrics=batch[i:i + 1000])
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+        self.client.log_batch(self.run_id, tags=[RunTag(k, v[:5000]) for k, v in tags.items()])
+
+    def log_artifacts(self, paths: list[Path], folder: str = "checkpoints") -> None:
+        for path in paths:
+            self.client.log_artifact(self.run_id, str(path), artifact_path=folder or None)
+
+    def finish(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, status=status)
+
+    def sync_hint(self) -> str:
+        return (f"python -m hvdtrain.trackers.replay {self.run_dir} --tracker mlflow (view a "
+                f"local store with: mlflow ui --backend-store-uri {local_store(self.run_dir)})")
