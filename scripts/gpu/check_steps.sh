@@ -32,7 +32,8 @@ PY
     done
     command -v nvidia-smi >/dev/null && nvidia-smi -L
     for tool in g++ make patch; do
-        command -v "$tool" >/dev/null || { echo "missing: $tool (needed to build Horovod)"; return 1; }
+        command -v "$tool" >/dev/null \
+            || { echo "missing: $tool (needed to build Horovod)"; return 1; }
     done
 }
 
@@ -46,7 +47,8 @@ check_bundle() {
     grep -qx "horovod_version=$pinned" "$manifest" || {
         echo "the bundle's Horovod is not the pinned $pinned: run \`make gpu-bundle\` again"
         return 1; }
-    (cd "$bundle" && grep -v -e '^#' -e '^horovod_version=' MANIFEST.txt | sha256sum --quiet -c -) \
+    (cd "$bundle" && grep -v -e '^#' -e '^horovod_version=' MANIFEST.txt \
+        | sha256sum --quiet -c -) \
         || { echo "the bundle does not match its MANIFEST.txt: run \`make gpu-bundle\` again"
              return 1; }
     echo "bundle: $(ls "$bundle" | wc -l) files, $(du -sh "$bundle" | cut -f1), horovod $pinned"
@@ -150,7 +152,8 @@ print("rank", hvd.rank(), "size", hvd.size(), "allreduce ok; nccl built:", hvd.n
 install_hvdtrain() {
     "$py" -m pip install -q --no-build-isolation --no-deps -e "$repo" || return 1
     (cd "$work" && "$py" -c 'import hvdtrain, horovod, mpi4py, torch
-print("hvdtrain from", hvdtrain.__file__); print("horovod", horovod.__version__, horovod.__file__)')
+print("hvdtrain from", hvdtrain.__file__)
+print("horovod", horovod.__version__, horovod.__file__)')
     hvdtrain --help | head -n 3
 }
 
