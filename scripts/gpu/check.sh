@@ -84,7 +84,7 @@ py="$venv/bin/python"
 export repo bundle venv work PYTHON py dry_run
 build_limit="${HOROVOD_BUILD_TIMEOUT:-300}"   # about 2-3 min with 16 cores; 10 min with 2
 
-say "# hvdtrain GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(hostname), $(nproc) cores"
+say "# hvdtrain GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), ${HOSTNAME:-unknown host}, $(nproc) cores"
 say "# tree: $(git -C "$repo" log -1 --format='%h %s' 2>/dev/null | cut -c1-90 || echo unknown)"
 step environment 60 describe_machine || finish
 step bundle 60 check_bundle || finish
@@ -106,5 +106,5 @@ if ((dry_run)) || ! "$py" -c 'import sys, torch; sys.exit(not torch.cuda.is_avai
     finish
 fi
 step cuda-tests 240 run_cuda_tests
-step bench-gpu 240 "$py" "$repo/scripts/bench_gpu.py" --rounds 1 --epochs 3 --steps 30
+step bench-gpu 300 "$py" "$repo/scripts/bench_gpu.py" --rounds 1 --no-cpu --run-timeout 120
 finish
