@@ -91,3 +91,10 @@ def test_variant_rows_give_ratios_of_medians():
     assert rows["async / hand loop"][1:] == ["failed", "-"]
     assert rows["sync bf16 / float32"][2] == "2.00"
     assert rows["sync compile / eager"][2] == "0.50"
+
+
+def test_bench_flags_in_check_parse():
+    line = re.search(r'bench_gpu\.py"? ([^\n]*)', (GPU / "check.sh").read_text()).group(1)
+    sys.path.insert(0, str(REPO / "scripts"))
+    args = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu").parse_args(line.split())
+    assert args.no_cpu and args.rounds == 1
