@@ -47,6 +47,10 @@ started=$SECONDS
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$bundle" PIP_DISABLE_PIP_VERSION_CHECK=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 export HVDTRAIN_CACHE="$work/cache"
+# torch's CUDA_HOME and Horovod's build look for nvcc on PATH first.
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    export PATH="$PATH:/usr/local/cuda/bin"
+fi
 : > "$out"; : > "$full_log"
 
 say() { echo "$*" | tee -a "$out" "$full_log" >&2; }
