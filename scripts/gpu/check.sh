@@ -68,7 +68,9 @@ step() {
     ((rc == 124 || rc == 137)) && status="TIMED OUT after ${limit} s"
     ((rc != 0 && rc != 124 && rc != 137)) && status="FAILED (exit $rc)"
     ((rc != 0)) && failed=1
-    { echo "== $name: $status in $((SECONDS - t0)) s"; tail -n 40 "$log"; echo; } >> "$out"
+    # Plain text only: build tools print colour codes, carriage returns, NULs.
+    { echo "== $name: $status in $((SECONDS - t0)) s"
+      tail -n 40 "$log" | tr -d '\r\000' | sed 's/\x1b\[[0-9;]*[a-zA-Z]//g'; echo; } >> "$out"
     { echo "== $name: $status"; cat "$log"; echo; } >> "$full_log"
     echo "== $name: $status in $((SECONDS - t0)) s" >&2
     return "$rc"
