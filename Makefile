@@ -6,7 +6,7 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo train test bench bench-ps bench-pipeline clean
+.PHONY: setup demo train test bench bench-ps bench-pipeline gpu-bundle gpu-check clean
 
 setup:
 	bash scripts/setup/setup.sh
@@ -29,6 +29,14 @@ bench-ps: setup
 
 bench-pipeline: setup
 	$(PY) scripts/bench_pipeline.py
+
+# What scripts/gpu/check.sh needs on a device machine with no network (docs/gpu.md, "The GPU
+# check"): made here, where PyPI is reachable, into build/gpu-bundle (ignored by git).
+gpu-bundle:
+	bash scripts/gpu/make_bundle.sh
+
+gpu-check:
+	bash scripts/gpu/check.sh
 
 clean:
 	rm -rf runs .pytest_cache

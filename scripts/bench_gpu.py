@@ -25,16 +25,22 @@ in interleaved rounds (each round runs every contender once); the table gives me
    near 1: the copies run at bus speed; above 1: they take longer than the bytes need (chunks
    that arrive slower than the bus takes them, pageable memory such as the shared-memory window,
    which CUDA stages itself). The wait share is what the worker actually loses to copying.
+4. On the GPU alone: sync with ``--precision bf16`` against float32, sync with ``--compile``
+   against eager (one more epoch, left out: it holds the compile of the evaluation graph), and
+   a hand-written Horovod loop on the same GPUs (scripts/gpu/hand_loop.py), which sync and async
+   are given as ratios of.
 
 The default model is a synthetic-data MLP 1024-4096-4096-10 (~21M parameters, 84 MB of float32),
 batch 256 per worker: big enough that a GPU has work and the copies are not negligible.
 
     python scripts/bench_gpu.py [--rounds 3] [--workers N] [--hidden 4096,4096] [--copy-mib 256]
+                                [--no-cpu]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import statistics
@@ -52,6 +58,8 @@ from launching import BIN, launch_env  # noqa: E402
 
 MODES = ("sync", "async")
 DEVICES = ("cpu", "cuda")
+# Sync runs on the GPU with one flag changed, each against the plain sync GPU run.
+VARIANTS = {"bf16": ("--precision", "bf16"), "compile": ("--compile",)}
 FLOAT32_BYTES = 4
 
 
@@ -70,6 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--copy-repeats", type=int, default=20, help="timed copies per direction")
     parser.add_argument("--hvdtrain-flags", default="", help="extra flags for every hvdtrain run")
     parser.add_argument("--run-timeout", type=int, default=600, help="seconds per run")
+    parser.add_argument("--no-cpu", action="store_true",
+                        help="skip the --device cpu runs (the GPU check, to save device time)")
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be at least 2: the first epoch is warm-up")
@@ -79,32 +89,58 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def train_command(mode: str, device: str, workers: int, run_dir: str,
-                  args: argparse.Namespace) -> list[str]:
+                  args: argparse.Namespace, extra: tuple[str, ...] = ()) -> list[str]:
     np = workers + (1 if mode == "async" else 0)
+    epochs = args.epochs + (1 if "--compile" in extra else 0)
     return ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none",
             str(BIN / "hvdtrain"), "train", "--mode", mode, "--device", device,
             "--dataset", "synthetic", "--synthetic-shape", str(args.features),
             "--synthetic-samples", str(max(16384, args.batch_size * workers * args.steps)),
             "--hidden", args.hidden, "--batch-size", str(args.batch_size),
-            "--epochs", str(args.epochs), "--max-steps-per-epoch", str(args.steps),
-            "--eval-every", str(args.epochs), "--checkpoint-every", "0", "--no-progress",
-            "--run-dir", run_dir, *shlex.split(args.hvdtrain_flags)]
+            "--epochs", str(epochs), "--max-steps-per-epoch", str(args.steps),
+            "--eval-every", str(epochs), "--checkpoint-every", "0", "--no-progress",
+            "--run-dir", run_dir, *shlex.split(args.hvdtrain_flags), *extra]
 
 
-def train(mode: str, device: str, workers: int, args: argparse.Namespace) -> list[dict] | str:
+def launch(cmd: list[str], args: argparse.Namespace) -> str | None:
+    """Run a job; its stdout, or None after printing why it failed."""
+    try:
+        proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True,
+                              timeout=args.run_timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        print(f"timed out after {args.run_timeout} s: {shlex.join(cmd)}", flush=True)
+        return None
+    if proc.returncode != 0:
+        print(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stdout[-3000:]}\n"
+              f"{proc.stderr[-3000:]}", flush=True)
+        return None
+    return proc.stdout
+
+
+def train(mode: str, device: str, workers: int, args: argparse.Namespace,
+          extra: tuple[str, ...] = ()) -> list[dict] | str:
     """The run's metrics.jsonl records, or why it failed (one line)."""
     with tempfile.TemporaryDirectory() as run_dir:
-        cmd = train_command(mode, device, workers, run_dir, args)
-        try:
-            proc = subprocess.run(cmd, env=launch_env(), capture_output=True, text=True,
-                                  timeout=args.run_timeout, stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return f"timed out after {args.run_timeout} s"
-        if proc.returncode != 0:
-            print(f"failed ({proc.returncode}): {shlex.join(cmd)}\n{proc.stdout[-3000:]}\n"
-                  f"{proc.stderr[-3000:]}", flush=True)
-            return f"exit code {proc.returncode} (output above)"
-        return read_jsonl(Path(run_dir) / "metrics.jsonl")
+        cmd = train_command(mode, device, workers, run_dir, args, extra)
+        if launch(cmd, args) is None:
+            return "failed (output above)"
+        records = read_jsonl(Path(run_dir) / "metrics.jsonl")
+        if "--compile" in extra:  # the extra last epoch holds the eval graph's compile
+            records = records[:max(i for i, r in enumerate(records) if r.get("type") == "epoch")]
+        return records
+
+
+def hand_loop(workers: int, args: argparse.Namespace) -> float | str:
+    """Global samples/s of the hand-written Horovod loop on the GPUs, or why it failed."""
+    cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none",
+           sys.executable, str(HERE / "gpu" / "hand_loop.py"), "--features", str(args.features),
+           "--hidden", args.hidden, "--batch-size", str(args.batch_size),
+           "--warmup-steps", str(args.steps), "--steps", str(args.steps * (args.epochs - 1))]
+    out = launch(cmd, args)
+    for line in (out or "").splitlines():
+        if line.startswith("BENCH "):
+            return json.loads(line[len("BENCH "):])["samples_per_sec"]
+    return "failed (output above)"
 
 
 def later_epochs(records: list[dict]) -> list[dict]:
@@ -241,6 +277,55 @@ def result_rows(results: dict, workers: int) -> list[list[str]]:
     return rows
 
 
+def run_round(workers: int, args: argparse.Namespace, results: dict) -> list[str]:
+    """One round of every contender, its figures appended to ``results``; the round's line."""
+    to_device, to_host = pinned_bandwidth(args.copy_mib, args.copy_repeats)
+    results.setdefault("to_device", []).append(to_device)
+    results.setdefault("to_host", []).append(to_host)
+    line = [f"pinned {to_device / 1e9:.1f} GB/s to GPU, {to_host / 1e9:.1f} GB/s back"]
+    runs = [(mode, device, ()) for mode in MODES for device in DEVICES
+            if not (args.no_cpu and device == "cpu")]
+    runs += [("sync", "cuda", flags) for flags in VARIANTS.values()]
+    for mode, device, extra in runs:
+        records = train(mode, device, workers, args, extra)
+        ok = not isinstance(records, str)
+        key = (mode, device, *extra) if extra else (mode, device)
+        results.setdefault(key, []).append(samples_per_sec(records) if ok else records)
+        if mode == "async" and device == "cuda" and ok:
+            copies = copy_figures(records)
+            if copies is not None:
+                copies.update(to_device=to_device, to_host=to_host)
+            results.setdefault("copies", []).append(copies)
+        name = " ".join(key)
+        line.append(f"{name} " + (f"{results[key][-1]:,.0f} samples/s" if ok else "failed"))
+    results.setdefault(("hand", "cuda"), []).append(hand_loop(workers, args))
+    hand = results[("hand", "cuda")][-1]
+    line.append("hand loop cuda " + (f"{hand:,.0f} samples/s" if isinstance(hand, float)
+                                     else "failed"))
+    return line
+
+
+def variant_rows(results: dict) -> list[list[str]]:
+    """bf16 / float32 and compile / eager for sync on the GPU, and sync and async on the GPU
+    against the hand-written loop: samples/s and the ratio of the medians."""
+    def med(key: tuple) -> float | None:
+        rates = [r for r in results.get(key, []) if not isinstance(r, str)]
+        return statistics.median(rates) if rates else None
+
+    rows = []
+    for name, key, base in (
+            ("hand-written Horovod loop", ("hand", "cuda"), None),
+            ("sync / hand loop", ("sync", "cuda"), ("hand", "cuda")),
+            ("async / hand loop", ("async", "cuda"), ("hand", "cuda")),
+            ("sync bf16 / float32", ("sync", "cuda", *VARIANTS["bf16"]), ("sync", "cuda")),
+            ("sync compile / eager", ("sync", "cuda", *VARIANTS["compile"]), ("sync", "cuda"))):
+        rates = [r for r in results.get(key, []) if not isinstance(r, str)]
+        a, b = med(key), med(base) if base else None
+        rows.append([name, spread(rates, ",.0f") if rates else "failed",
+                     f"{a / b:.2f}" if a and b else "-"])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
@@ -255,23 +340,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{os.cpu_count()} cores; torch {torch.__version__}; {workers} worker(s)", flush=True)
     results: dict = {}
     for round_ in range(args.rounds):
-        to_device, to_host = pinned_bandwidth(args.copy_mib, args.copy_repeats)
-        results.setdefault("to_device", []).append(to_device)
-        results.setdefault("to_host", []).append(to_host)
-        line = [f"pinned {to_device / 1e9:.1f} GB/s to GPU, {to_host / 1e9:.1f} GB/s back"]
-        for mode in MODES:
-            for device in DEVICES:
-                records = train(mode, device, workers, args)
-                ok = not isinstance(records, str)
-                results.setdefault((mode, device), []).append(
-                    samples_per_sec(records) if ok else records)
-                if mode == "async" and device == "cuda" and ok:
-                    copies = copy_figures(records)
-                    if copies is not None:
-                        copies.update(to_device=to_device, to_host=to_host)
-                    results.setdefault("copies", []).append(copies)
-                line.append(f"{mode} {device} " + (f"{results[(mode, device)][-1]:,.0f} samples/s"
-                                                   if ok else "failed"))
+        line = run_round(workers, args, results)
         print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(line), flush=True)
 
     print(f"\nmodel: MLP {args.features}-{args.hidden.replace(',', '-')}-10, synthetic data, "
@@ -279,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
           f"2-{args.epochs} timed; copy {args.copy_mib} MiB x {args.copy_repeats}; medians "
           f"(min-max) of {args.rounds} rounds\n")
     print(markdown_table(["measure", "cpu", "cuda", "cuda / cpu"], result_rows(results, workers)))
+    print()
+    print(markdown_table(["on the GPU", "samples/s", "ratio"], variant_rows(results)))
     failed = any(isinstance(r, str) for key in results if isinstance(key, tuple)
                  for r in results[key])
     return 1 if failed else 0

@@ -1,0 +1,100 @@
+"""The GPU check (scripts/gpu/check.sh) runs only on a device machine, so its pieces are checked
+here, where they can drift: its shell is valid, every step it runs is defined and exported, the
+tests it runs are every CUDA-gated test, the scripts it names exist, and the bundle it carries
+pins the Horovod version that scripts/setup builds."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GPU = REPO / "scripts" / "gpu"
+SHELL = [GPU / "check.sh", GPU / "check_steps.sh", GPU / "make_bundle.sh"]
+
+
+def load(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script", SHELL, ids=lambda p: p.name)
+def test_shell_parses(script):
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_every_step_is_defined_and_exported():
+    check = (GPU / "check.sh").read_text()
+    defined = set(re.findall(r"^(\w+)\(\) \{", (GPU / "check_steps.sh").read_text(), re.M))
+    exported = set(re.search(r"export -f ((?:[^\n]*\\\n)*[^\n]*)", check).group(1)
+                   .replace("\\", " ").split())
+    assert defined == exported, "check.sh's `export -f` must list check_steps.sh's functions"
+    called = set(re.findall(r"^\s*(?:if ! )?step [\w-]+ \S+ (\w+)", check, re.M))
+    assert called and called <= defined | {"python"}, called - defined
+
+
+def test_named_files_exist():
+    text = "\n".join(p.read_text() for p in SHELL)
+    named = set(re.findall(r"\$repo/((?:scripts|tests)/[\w./-]+\.(?:py|sh))", text))
+    assert {"scripts/bench_gpu.py", "scripts/setup/build_horovod.sh"} <= named
+    assert [n for n in named if not (REPO / n).is_file()] == []
+    assert (GPU / "hand_loop.py").is_file()
+
+
+def test_cuda_tests_lists_every_gated_test_file():
+    ids = load(GPU / "cuda_tests.py", "cuda_tests").cuda_test_ids(REPO / "tests")
+    gated_files = {p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("test_*.py")
+                   if "not torch.cuda.is_available()" in p.read_text()}
+    assert gated_files, "no CUDA-gated test found: the check would run none"
+    assert {i.split("::")[0] for i in ids} == gated_files
+    for node in ids:
+        path, *names = node.split("::")
+        assert f"def {names[-1]}(" in (REPO / path).read_text(), node
+
+
+def test_bundle_pins_the_setup_horovod_version():
+    build = (REPO / "scripts" / "setup" / "build_horovod.sh").read_text()
+    pinned = re.search(r"^HOROVOD_VERSION=([\d.]+)$", build, re.M).group(1)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert f'"horovod=={pinned}"' in pyproject
+    # make_bundle.sh and check_steps.sh both read the version with this sed expression.
+    for script in (GPU / "make_bundle.sh", GPU / "check_steps.sh"):
+        assert "sed -n 's/^HOROVOD_VERSION=//p'" in script.read_text(), script.name
+    manifest = REPO / "build" / "gpu-bundle" / "MANIFEST.txt"
+    if manifest.exists():  # a bundle made here must match today's pin
+        assert f"horovod_version={pinned}" in manifest.read_text().splitlines()
+        assert f"horovod-{pinned}.tar.gz" in manifest.read_text()
+
+
+def test_bundle_folder_is_ignored_by_git():
+    proc = subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", "build/gpu-bundle/x"])
+    assert proc.returncode == 0, "build/ must be in .gitignore: the bundle is ~50 MB of wheels"
+
+
+def test_variant_rows_give_ratios_of_medians():
+    sys.path.insert(0, str(REPO / "scripts"))
+    bench = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu")
+    results = {("hand", "cuda"): [100.0, 300.0], ("sync", "cuda"): [190.0],
+               ("async", "cuda"): ["failed (output above)"],
+               ("sync", "cuda", "--precision", "bf16"): [380.0],
+               ("sync", "cuda", "--compile"): [95.0]}
+    rows = {row[0]: row for row in bench.variant_rows(results)}
+    assert rows["sync / hand loop"][2] == "0.95"
+    assert rows["async / hand loop"][1:] == ["failed", "-"]
+    assert rows["sync bf16 / float32"][2] == "2.00"
+    assert rows["sync compile / eager"][2] == "0.50"
+
+
+def test_bench_flags_in_check_parse():
+    line = re.search(r'bench_gpu\.py"? ([^\n]*)', (GPU / "check.sh").read_text()).group(1)
+    sys.path.insert(0, str(REPO / "scripts"))
+    args = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu").parse_args(line.split())
+    assert args.no_cpu and args.rounds == 1
