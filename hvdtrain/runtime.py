@@ -71,6 +71,8 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
                           f"{started}: launch with horovodrun -np N --gloo --min-np/--max-np "
                           "--host-discovery-script, or drop --elastic")
     os.environ.update(horovod_environment(sync))
+    if not run.threads:
+        release_default_binding(local_size_hint())
     import horovod.torch as hvd
 
     hvd.init()
@@ -132,6 +134,33 @@ def configure_torch(run: RunConfig, processes_on_host: int) -> None:
     torch.set_num_threads(run.threads or default_threads(processes_on_host))
     if run.deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def local_size_hint() -> int:
+    """The processes on this host as the launcher tells it, before hvd.init(); 1 if unknown."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(name, "").isdigit():
+            return max(1, int(os.environ[name]))
+    return 1
+
+
+def release_default_binding(local_size: int) -> None:
+    """Undo a core binding that Open MPI chose by itself, when it leaves this process fewer cores
+    than its share. mpirun binds each rank to one core when it starts 2 ranks or fewer, unasked:
+    at -np 1 on 2 cores that left hvdtrain one torch thread against DDP's two (torchrun binds
+    nothing), 0.68 of DDP's samples/s in scripts/bench_sync.py. A binding the user asked for
+    (--bind-to, which Open MPI passes on as OMPI_MCA_hwloc_base_binding_policy) stays. Runs
+    before hvd.init() and torch's thread pool, whose threads inherit this thread's cores."""
+    if os.environ.get("OMPI_MCA_orte_bound_at_launch") != "1" or \
+            "OMPI_MCA_hwloc_base_binding_policy" in os.environ:
+        return
+    total = os.cpu_count() or 1
+    if len(os.sched_getaffinity(0)) >= max(1, total // local_size):
+        return
+    try:
+        os.sched_setaffinity(0, range(total))
+    except OSError:  # a cpuset narrower than cpu_count(): keep what the launcher gave
+        pass
 
 
 def default_threads(local_size: int) -> int:

@@ -142,8 +142,13 @@ class HorovodSync(UpdateScheme):
     def agree_to_stop(self, wants: bool) -> bool:
         """Horovod: every rank's stop flag is summed in the background, started at one step and
         read at the next, when it has long arrived; so the ranks agree on the same step without
-        a blocking collective per step. A signal therefore stops the job one step later."""
+        a blocking collective per step. A signal therefore stops the job one step later (at
+        np=1, at the step itself)."""
         hvd = self.hvd
+        if hvd.size() == 1:
+            # Alone there is no one to agree with: a vote would still pass a tensor through
+            # Horovod's background thread every step, which DDP's np=1 loop does not pay.
+            return wants
         agreed = False
         if self._stop_vote is not None:
             agreed = hvd.synchronize(self._stop_vote).item() > 0

@@ -218,3 +218,19 @@ def test_each_verdict_writes_its_stop_line(capsys):
     s, log = stopping(), Log()
     s.report(Progress(epoch=4), log)
     assert log.lines == [] and capsys.readouterr().out == ""
+
+
+def test_sync_stop_vote_at_np1_is_the_ranks_own_flag_without_a_collective():
+    from hvdtrain.sync import HorovodSync
+
+    class Alone:
+        def size(self):
+            return 1
+
+        def allreduce_async(self, *args, **kwargs):
+            raise AssertionError("a collective at np=1")
+
+    scheme = HorovodSync.__new__(HorovodSync)
+    scheme.hvd, scheme._stop_vote = Alone(), None
+    assert scheme.agree_to_stop(True) is True
+    assert scheme.agree_to_stop(False) is False
