@@ -306,7 +306,7 @@ def stub_runs(monkeypatch, launched: list):
     """Runs that fail at once, and no plots, so that a compare takes no time."""
     from hvdtrain.compare import plots, runner
 
-    def failed_run(run, out, timeout, force):
+    def failed_run(run, out, timeout, force, max_restarts=0):
         launched.append(run.name)
         return {"status": "failed", "reason": "stub", "seconds": 0.0}
     monkeypatch.setattr(runner, "run_one", failed_run)
