@@ -56,7 +56,8 @@ class HorovodSync(UpdateScheme):
         self.accumulation = cfg.sync.backward_passes_per_step
         self.replica: Replica | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self._stop_vote = None  # the handle of the stop vote started at the previous step
+        self._stop_vote = None  # the handle of the stop vote started at the previous vote
+        self._voted_at: float | None = None  # when this rank started it (time.perf_counter)
         self._waited = 0.0  # seconds the last step waited for the allreduce (take_wait_seconds)
 
     @property
@@ -140,17 +141,24 @@ class HorovodSync(UpdateScheme):
         self._share_model()
 
     def agree_to_stop(self, wants: bool) -> bool:
-        """Horovod: every rank's stop flag is summed in the background, started at one step and
+        """Horovod: every rank's stop flag is summed in the background, started at one vote and
         read at the next, when it has long arrived; so the ranks agree on the same step without
-        a blocking collective per step. A signal therefore stops the job one step later."""
+        a blocking collective. A signal therefore stops the job one vote later. The vote also
+        sums each rank's microseconds since its previous vote (integers: the sum is exact, so
+        vote_gap_s is the same on every rank), which spaces the votes (loop/stop_cadence.py)."""
         hvd = self.hvd
-        agreed = False
+        agreed, self.vote_gap_s = False, 0.0
+        now = time.perf_counter()
         if self._stop_vote is not None:
-            agreed = hvd.synchronize(self._stop_vote).item() > 0
+            votes = hvd.synchronize(self._stop_vote)
+            agreed = int(votes[0]) > 0
+            self.vote_gap_s = int(votes[1]) / 1e6 / hvd.size()
             self._stop_vote = None
         if not agreed:
-            self._stop_vote = hvd.allreduce_async(torch.tensor([int(wants)]), op=hvd.Sum,
-                                                  name="hvdtrain.stop")
+            gap_us = int((now - self._voted_at) * 1e6) if self._voted_at is not None else 0
+            self._stop_vote = hvd.allreduce_async(torch.tensor([int(wants), gap_us]),
+                                                  op=hvd.Sum, name="hvdtrain.stop")
+            self._voted_at = now
         return agreed
 
     def end_of_training(self) -> bool:

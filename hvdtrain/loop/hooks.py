@@ -78,4 +78,12 @@ class Straggler(StepHook):
 
 
 def default_hooks(run: RunConfig) -> list[StepHook]:
-    return [Straggler(run.straggler, run.seed, run.batch_size)]
+    """The hooks the run's flags turn on (none at all without --straggler)."""
+    straggler = Straggler(run.straggler, run.seed, run.batch_size)
+    return [straggler] if straggler.model.active else []
+
+
+def acting(hooks: list[StepHook]) -> list[StepHook]:
+    """The hooks that do something after a step: the loop calls only these, so that a hook that
+    only learns the world (bind_world) costs no call per step."""
+    return [hook for hook in hooks if type(hook).after_step is not StepHook.after_step]
