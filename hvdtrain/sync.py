@@ -95,9 +95,10 @@ class HorovodSync(UpdateScheme):
         # 1/k, add up to the gradient of the whole batch's mean loss; Horovod allreduces after the
         # k-th pass (backward_passes_per_step), so the update matches k = 1.
         scale = self.gradient_scale(y) / self.accumulation
-        parts = [self.replica.forward_backward(xs, ys, grad_scale=scale)
-                 for xs, ys in zip(split_batch(x, self.accumulation),
-                                   split_batch(y, self.accumulation))]
+        parts = ([self.replica.forward_backward(x, y, grad_scale=scale)] if self.accumulation == 1
+                 else [self.replica.forward_backward(xs, ys, grad_scale=scale)
+                       for xs, ys in zip(split_batch(x, self.accumulation),
+                                         split_batch(y, self.accumulation))])
         # Horovod allreduces in the background as backward produces gradients; the optimizer
         # step waits for the results, so its time is the wait for the other ranks.
         started = time.perf_counter()
