@@ -55,7 +55,6 @@ class Trainer:
                                  TargetStop(run, names, has_test), self.clock)
         self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(run, runtime.rank)
         self.hooks = [*default_hooks(run), self.stopping, slow_ranks, self.step_timer]
-        self.step_hooks = acting(self.hooks)  # those called after each step
         self._bind_world()
         self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
                           partial(build_sinks, run), self.step_timer, [slow_ranks])
@@ -71,6 +70,7 @@ class Trainer:
         self.plan.bind_world(self.worker_rank, self.num_workers)
         for hook in self.hooks:
             hook.bind_world(self.worker_rank, self.num_workers)
+        self.step_hooks = acting(self.hooks)  # those called after each step (hooks may be added)
 
     # --- the run --------------------------------------------------------------------------------
     def fit(self) -> list[EpochResult]:
