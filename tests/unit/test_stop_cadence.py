@@ -125,3 +125,13 @@ def test_hooks_that_are_off_cost_no_call():
 
     binds_only, acts = StepHook(), Acts()
     assert acting([binds_only, acts]) == [acts]
+
+
+def test_the_watchdogs_step_beat_is_a_count_that_reads_as_the_next_step():
+    from hvdtrain.loop.watchdog import StallWatchdog
+
+    dog = StallWatchdog(30, rank=0, size=1)
+    dog.stepped(41)
+    assert dog.doing_text == "in step 42" and "while in step 42" in dog.describe(31)
+    dog.beat("writing the stop checkpoint")
+    assert "while writing the stop checkpoint" in dog.describe(31)
