@@ -109,7 +109,9 @@ def work(args: argparse.Namespace) -> None:
         trainer.scheme.attach(trainer.replica)
         trainer.scheme.start(None, resuming=False)
         def hvdtrain_block(epoch: int, profiler=None) -> float:
-            trainer.progress = Progress(epoch=epoch, workers=hvd.size())
+            # global steps go on from block to block, as a run's do (the stop vote's cadence)
+            trainer.progress = Progress(epoch=epoch, global_step=epoch * steps,
+                                        workers=hvd.size())
             t0 = time.perf_counter()
             if profiler:
                 profiler.enable()
