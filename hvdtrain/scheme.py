@@ -166,9 +166,14 @@ class UpdateScheme:
     def step_done(self, progress: Progress) -> None:
         """After every step (elastic: commit every N steps)."""
 
+    # The workers' mean seconds between the two votes before the one the last agree_to_stop
+    # read, the same on every worker (0: it read none): what loop/stop_cadence.py spaces the
+    # votes by. A scheme that does not measure it keeps 0, and is asked after every step.
+    vote_gap_s = 0.0
+
     def agree_to_stop(self, wants: bool) -> bool:
-        """After every step: whether the job stops now, because this worker ``wants`` to (a stop
-        signal arrived) or another one did. Every worker must get the same answer at the same
+        """After a step (every few steps where steps agree: loop/stop_cadence.py): whether the
+        job stops now, because this worker ``wants`` to (a stop signal arrived) or another did. Every worker must get the same answer at the same
         step, so a distributed scheme overrides this; one process just answers itself."""
         return wants
 

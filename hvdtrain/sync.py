@@ -56,7 +56,8 @@ class HorovodSync(UpdateScheme):
         self.accumulation = cfg.sync.backward_passes_per_step
         self.replica: Replica | None = None
         self.optimizer: torch.optim.Optimizer | None = None
-        self._stop_vote = None  # the handle of the stop vote started at the previous step
+        self._stop_vote = None  # the handle of the stop vote started at the previous vote
+        self._voted_at: float | None = None  # when this rank started it (time.perf_counter)
         self._waited = 0.0  # seconds the last step waited for the allreduce (take_wait_seconds)
 
     @property
@@ -94,9 +95,10 @@ class HorovodSync(UpdateScheme):
         # 1/k, add up to the gradient of the whole batch's mean loss; Horovod allreduces after the
         # k-th pass (backward_passes_per_step), so the update matches k = 1.
         scale = self.gradient_scale(y) / self.accumulation
-        parts = [self.replica.forward_backward(xs, ys, grad_scale=scale)
-                 for xs, ys in zip(split_batch(x, self.accumulation),
-                                   split_batch(y, self.accumulation))]
+        parts = ([self.replica.forward_backward(x, y, grad_scale=scale)] if self.accumulation == 1
+                 else [self.replica.forward_backward(xs, ys, grad_scale=scale)
+                       for xs, ys in zip(split_batch(x, self.accumulation),
+                                         split_batch(y, self.accumulation))])
         # Horovod allreduces in the background as backward produces gradients; the optimizer
         # step waits for the results, so its time is the wait for the other ranks.
         started = time.perf_counter()
@@ -140,22 +142,28 @@ class HorovodSync(UpdateScheme):
         self._share_model()
 
     def agree_to_stop(self, wants: bool) -> bool:
-        """Horovod: every rank's stop flag is summed in the background, started at one step and
+        """Horovod: every rank's stop flag is summed in the background, started at one vote and
         read at the next, when it has long arrived; so the ranks agree on the same step without
-        a blocking collective per step. A signal therefore stops the job one step later (at
-        np=1, at the step itself)."""
+        a blocking collective. A signal therefore stops the job one vote later. The vote also
+        sums each rank's microseconds since its previous vote (integers: the sum is exact, so
+        vote_gap_s is the same on every rank), which spaces the votes (loop/stop_cadence.py)."""
         hvd = self.hvd
+        agreed, self.vote_gap_s = False, 0.0
         if hvd.size() == 1:
             # Alone there is no one to agree with: a vote would still pass a tensor through
-            # Horovod's background thread every step, which DDP's np=1 loop does not pay.
+            # Horovod's background thread, which DDP's np=1 loop does not pay. It stops at once.
             return wants
-        agreed = False
+        now = time.perf_counter()
         if self._stop_vote is not None:
-            agreed = hvd.synchronize(self._stop_vote).item() > 0
+            votes = hvd.synchronize(self._stop_vote)
+            agreed = int(votes[0]) > 0
+            self.vote_gap_s = int(votes[1]) / 1e6 / hvd.size()
             self._stop_vote = None
         if not agreed:
-            self._stop_vote = hvd.allreduce_async(torch.tensor([int(wants)]), op=hvd.Sum,
-                                                  name="hvdtrain.stop")
+            gap_us = int((now - self._voted_at) * 1e6) if self._voted_at is not None else 0
+            self._stop_vote = hvd.allreduce_async(torch.tensor([int(wants), gap_us]),
+                                                  op=hvd.Sum, name="hvdtrain.stop")
+            self._voted_at = now
         return agreed
 
     def end_of_training(self) -> bool:

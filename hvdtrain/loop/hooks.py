@@ -79,7 +79,16 @@ class Straggler(StepHook):
 
 
 def default_hooks(run: RunConfig) -> list[StepHook]:
-    # the faults after the straggler: a slow fault stretches the step's own compute, as the
-    # straggler's factor does, and the step timer (the trainer's last hook) counts both
-    return [Straggler(run.straggler, run.seed, run.batch_size),
-            FaultInjector(run.inject_faults, record_folder(run.run_dir, run.resume))]
+    """The hooks the run's flags turn on (none at all without --straggler or --inject-faults).
+    The faults come after the straggler: a slow fault stretches the step's own compute, as the
+    straggler's factor does, and the step timer (the trainer's last hook) counts both."""
+    straggler = Straggler(run.straggler, run.seed, run.batch_size)
+    faults = FaultInjector(run.inject_faults, record_folder(run.run_dir, run.resume))
+    return [hook for hook, on in ((straggler, straggler.model.active), (faults, faults.faults))
+            if on]
+
+
+def acting(hooks: list[StepHook]) -> list[StepHook]:
+    """The hooks that do something after a step: the loop calls only these, so that a hook that
+    only learns the world (bind_world) costs no call per step."""
+    return [hook for hook in hooks if type(hook).after_step is not StepHook.after_step]

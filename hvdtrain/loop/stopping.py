@@ -8,7 +8,8 @@ Four things can end a run early, and each decides through this object:
     non-finite loss  a NaN or infinite loss: the TrainingError that ends the run, no checkpoint
 
 The trainer asks it after every step (decide_at_step: the stop agreement of the update scheme,
-so that every worker stops at a step they all agree on) and after every epoch
+so that every worker stops at a step they all agree on; sync workers vote every few steps, at
+steps they agree on, stop_cadence.py) and after every epoch
 (decide_at_epoch_end); the loss guard runs as a step hook. The verdict is what code outside
 the loop reads (launch.Finished, the CLI's exit code and closing line, api.FitResult).
 """
@@ -26,6 +27,7 @@ from .clock import TrainingClock
 from .hooks import StepHook, StepResult, TrainingError
 from .preemption import StopSignals, process_signals
 from .run_log import RunLog
+from .stop_cadence import StopCadence
 from .target import TargetStop
 
 SIGNAL = "signal"
@@ -76,6 +78,7 @@ class Stopping(StepHook):
         self.best, self.target, self.clock = best, target, clock
         self.signals = signals  # installed by launch.run; unset elsewhere (tests)
         self.verdict = Verdict()
+        self.cadence = StopCadence()  # at which global steps the workers vote
 
     # --- the loop's questions -------------------------------------------------------------------
     def after_step(self, step: StepResult) -> None:
@@ -94,12 +97,18 @@ class Stopping(StepHook):
         """After any evaluation: whether it reached the --stop-at target (TargetStop)."""
         self.target.evaluated(test, global_step)
 
-    def decide_at_step(self) -> Verdict:
+    def decide_at_step(self, global_step: int | None = None) -> Verdict:
         """After every step, collective: stop here if any worker has a stop signal or saw the
-        target reached."""
-        if self.scheme.agree_to_stop(self.signals.received is not None or
-                                     self.target.reached is not None):
+        target reached. Given the global step just reached, the workers vote only at the steps
+        the cadence names (stop_cadence.py), or at once where a target was reached."""
+        reached = self.target.reached is not None
+        if global_step is not None and not (reached or self.cadence.due(global_step)):
+            return self.verdict
+        if self.scheme.agree_to_stop(self.signals.received is not None or reached):
             self._agreed(at_step=True)
+        if global_step is not None:
+            self.cadence.voted(global_step, self.scheme.vote_gap_s
+                               if self.scheme.steps_agree else 0.0)
         return self.verdict
 
     def before_last_evaluation(self) -> None:
@@ -112,6 +121,7 @@ class Stopping(StepHook):
     def decide_before_epochs(self) -> Verdict:
         """Where the epochs start (again, after an elastic reset): a resumed run whose patience
         ran out stops at once."""
+        self.cadence.reset()  # an elastic reset: every worker votes again from the next step
         if not self.verdict.stop and self.best.stop_reason:
             self.verdict = Verdict(EARLY_STOP, self.best.stop_reason)
         return self.verdict

@@ -5,7 +5,7 @@
     checkpointer  resume decisions and the checkpoint cadence (checkpointer.py)
     evaluator     scoring the test split, timed on the run's clocks (evaluator.py, clock.py)
     log           progress bar, summary lines, the log's lines to its sinks (run_log.py, sinks.py)
-    hooks         after every step: straggler sleep (hooks.py)
+    hooks         after every step: straggler sleep, the loss guard, step times (hooks.py)
     best          after every evaluation: best.pt, and whether patience ran out (best.py)
     stopping      after every step and epoch: one verdict on a stop signal (preemption.py), the
                   --stop-at target (target.py), early stopping, or a non-finite loss (stopping.py)
@@ -28,7 +28,7 @@ from .checkpointer import Checkpointer, default_run_dir, run_identity
 from .clock import TrainingClock
 from .epoch_plan import EpochPlan
 from .evaluator import Evaluator
-from .hooks import StepResult, default_hooks
+from .hooks import StepResult, acting, default_hooks
 from .run_log import EpochResult, RunLog, run_header
 from .sinks import build_sinks
 from .slow_ranks import SlowRankCheck
@@ -70,6 +70,7 @@ class Trainer:
         self.plan.bind_world(self.worker_rank, self.num_workers)
         for hook in self.hooks:
             hook.bind_world(self.worker_rank, self.num_workers)
+        self.step_hooks = acting(self.hooks)  # those called after each step (hooks may be added)
 
     # --- the run --------------------------------------------------------------------------------
     def fit(self) -> list[EpochResult]:
@@ -143,7 +144,7 @@ class Trainer:
         waited = self.scheme.take_wait_seconds()
         done = StepResult(p, loss, time.perf_counter() - started - waited, stats.count, waited,
                           started)
-        for hook in self.hooks:  # the last, the step timer, counts the straggler's delay too
+        for hook in self.step_hooks:  # the last, the step timer, counts the straggler's delay
             hook.after_step(done)
         before = p.global_step
         self.plan.advance(p)
@@ -155,8 +156,8 @@ class Trainer:
             test, wall_seconds, train_seconds = self.evaluator.timed(self.clock)
             self.log.evaluation(epoch, p.global_step, test, wall_seconds, train_seconds)
             self.stopping.evaluated(test, p.global_step)
-        self.watchdog.beat(f"in step {p.global_step + 1}")
-        return self.stopping.decide_at_step()
+        self.watchdog.stepped(p.global_step)
+        return self.stopping.decide_at_step(p.global_step)
 
     def _end_epoch(self, lr: float) -> Verdict:
         p, epoch = self.progress, self.progress.epoch

@@ -36,7 +36,7 @@ class StallWatchdog:
         self.rank, self.size = rank, size
         self.folder = Path(HEARTBEAT_DIR)  # inside the run folder, once start() knows it
         self.exit_code = exit_code
-        self.doing = "starting"
+        self.doing: str | int = "starting"  # a global step: stepped() (see doing_text)
         self._last = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -64,6 +64,17 @@ class StallWatchdog:
         self._last = time.monotonic()
         self.doing = doing
 
+    def stepped(self, global_step: int) -> None:
+        """A step was made, ``global_step`` steps in all: the beat of the step loop, one store
+        (no clock read, no text per step). The watching thread sees the count move on within
+        a second (BEAT_S), and says "in step N+1" should the next step not come."""
+        self.doing = global_step
+
+    @property
+    def doing_text(self) -> str:
+        doing = self.doing
+        return f"in step {doing + 1}" if isinstance(doing, int) else doing
+
     def stop(self) -> None:
         if self._thread is None:
             return
@@ -77,9 +88,12 @@ class StallWatchdog:
             pass
 
     def _watch(self) -> None:
-        woke = time.monotonic()
+        woke, seen = time.monotonic(), self.doing
         while not self._stop.wait(BEAT_S):
             now = time.monotonic()
+            if self.doing != seen and isinstance(self.doing, int):
+                self._last = max(self._last, now)  # stepped since the last look (late by <1 s)
+            seen = self.doing
             if now - woke > 5 * BEAT_S:
                 # This process was not running (SIGSTOP, a frozen container): the time it lost is
                 # not its peers' fault. (mpirun sends SIGCONT to a stopped rank before killing it.)
@@ -96,7 +110,7 @@ class StallWatchdog:
 
     def describe(self, idle: float) -> str:
         return (f"hvdtrain: error (rank {self.rank}): no progress in {idle:.0f} s "
-                f"(--stall-timeout-s {self.timeout_s:g}) while {self.doing}; "
+                f"(--stall-timeout-s {self.timeout_s:g}) while {self.doing_text}; "
                 f"{self.stopped_ranks()}; ending the job")
 
     def stopped_ranks(self) -> str:
