@@ -159,13 +159,16 @@ def _run_async(cfg: Config, workload: Workload, model):
     trainer = None
     try:
         if is_server:
-            ParameterServer(comm, cfg, topology).serve()
+            server = ParameterServer(comm, cfg, topology)
+            server.serve()
+            lost = server.membership.lost_workers
         else:
             scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
             trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
             trainer.fit()
             workload.close()
-        history, run_dir, verdict = world.bcast(
+            lost = scheme.survivors.lost
+        history, run_dir, verdict = survivors_of(world, lost).bcast(
             (trainer.history, trainer.run_dir, trainer.stopping.verdict) if runtime.rank == 0
             else None, root=0)
         return Finished(history, run_dir, trainer, verdict)
@@ -180,6 +183,10 @@ def _run_async(cfg: Config, workload: Workload, model):
         message = describe_failure(e) if code else f"{type(e).__name__}: {e}"
         if code is None and trainer is not None:
             message += f"; {intact_note(trainer.run_dir, 'fix the cause')}"
+        elif code and trainer is not None and "parameter server" in str(e):  # waited on one
+            from .ps.membership import lost_server_note
+
+            message += f"; {lost_server_note(trainer.run_dir)}"
         abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
               collective=code == EXIT_BAD_INPUT)
 
@@ -201,11 +208,30 @@ def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workl
     return Trainer(cfg, runtime, scheme, workload, replica)
 
 
+def survivors_of(world, lost: list[int]):
+    """The job's processes less the workers lost on the way (worker w is world rank w), for
+    the final collective: a collective with a dead member never completes."""
+    if not lost:
+        return world
+    import atexit
+
+    from .ps.membership import exit_without_finalize
+
+    atexit.register(exit_without_finalize)
+    group = world.Get_group().Excl(sorted(lost))
+    return world.Create_group(group, tag=999)
+
+
 def abort(world, message: str, code: int, collective: bool = False) -> None:
     """Print, then end every rank of the job. For an error that all ranks raise together (a bad
-    checkpoint), rank 0 alone prints and aborts; the others give it a moment to do so."""
+    checkpoint), rank 0 alone prints and aborts; the others give it a moment to do so. Under
+    mpirun's recovery settings MPI_Abort ends the job with exit code 0, so the launcher is
+    also stopped (ps/membership.py fail_launcher): a failed job must not look like a success."""
+    from .ps.membership import fail_launcher
+
     if collective and world.Get_rank() != 0:
         time.sleep(10)
     else:
         print(message, file=sys.stderr, flush=True)
+    fail_launcher(code)
     world.Abort(code)
