@@ -173,22 +173,27 @@ def _run_async(cfg: Config, workload: Workload, model):
             else None, root=0)
         return Finished(history, run_dir, trainer, verdict)
     except BaseException as e:  # never leave the other ranks waiting for this one
-        code = failure_code(e)
-        if code is None:
-            traceback.print_exc()
-        user_traceback = getattr(e, "user_traceback", None)
-        if user_traceback and runtime.rank == 0:
-            print(user_traceback, file=sys.stderr, end="", flush=True)
-        where = "" if code == EXIT_BAD_INPUT else f" (rank {runtime.rank})"
-        message = describe_failure(e) if code else f"{type(e).__name__}: {e}"
-        if code is None and trainer is not None:
-            message += f"; {intact_note(trainer.run_dir, 'fix the cause')}"
-        elif code and trainer is not None and "parameter server" in str(e):  # waited on one
-            from .ps.membership import lost_server_note
+        _end_async_job(e, world, runtime.rank, trainer)
 
-            message += f"; {lost_server_note(trainer.run_dir)}"
-        abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
-              collective=code == EXIT_BAD_INPUT)
+
+def _end_async_job(e: BaseException, world, rank: int, trainer) -> None:
+    """Print what went wrong and end every rank (abort)."""
+    code = failure_code(e)
+    if code is None:
+        traceback.print_exc()
+    user_traceback = getattr(e, "user_traceback", None)
+    if user_traceback and rank == 0:
+        print(user_traceback, file=sys.stderr, end="", flush=True)
+    where = "" if code == EXIT_BAD_INPUT else f" (rank {rank})"
+    message = describe_failure(e) if code else f"{type(e).__name__}: {e}"
+    if code is None and trainer is not None:
+        message += f"; {intact_note(trainer.run_dir, 'fix the cause')}"
+    elif code and trainer is not None and "parameter server" in str(e):  # waited on one
+        from .ps.membership import lost_server_note
+
+        message += f"; {lost_server_note(trainer.run_dir)}"
+    abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
+          collective=code == EXIT_BAD_INPUT)
 
 
 def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workload, model):

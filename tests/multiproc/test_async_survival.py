@@ -75,7 +75,7 @@ def test_a_killed_worker_is_dropped_and_the_others_finish_the_job(tmp_path):
 
 def test_without_recovery_a_killed_worker_ends_the_job_non_zero_and_says_how_to_launch(tmp_path):
     job = _train(tmp_path, [], epochs=40)
-    _kill_after(job, tmp_path, rank=2)
+    _kill_after(job, tmp_path, rank=2, epochs_seen=1)
     code, out, err = _finish(job)
     assert code != 0
     assert "orte_enable_recovery 1" in err, err[-3000:]
@@ -84,7 +84,7 @@ def test_without_recovery_a_killed_worker_ends_the_job_non_zero_and_says_how_to_
 def test_under_recovery_a_lost_server_still_ends_the_job_non_zero(tmp_path):
     # mpirun with recovery exits 0 even after MPI_Abort: the ranks stop the launcher too.
     job = _train(tmp_path, RECOVERY, epochs=40)
-    _kill_after(job, tmp_path, rank=3)
+    _kill_after(job, tmp_path, rank=3, epochs_seen=1)
     code, out, err = _finish(job)
     assert code != 0, err[-3000:]
     assert "--auto-resume" in err, err[-3000:]
