@@ -107,6 +107,12 @@ class Membership:
         if worker is not None and not self.recovery:
             raise StuckError(f"{server.silence.describe(worker, now, server.clocks)}; "
                              f"{LAUNCH_HINT}")
+        if worker == 0 and self.recovery:
+            # Handing worker 0's roles to the lowest live worker is not built yet.
+            raise StuckError(f"{server.silence.describe(0, now, server.clocks)}; worker 0 "
+                             "evaluates, writes the checkpoints and the log, and the job cannot "
+                             "go on without it: the last checkpoint in --run-dir is intact, "
+                             "rerun the same command with --auto-resume")
         return worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
 
     def wait(self, server, request, status) -> None:

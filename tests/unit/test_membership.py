@@ -84,6 +84,12 @@ def test_a_worker_holding_a_reply_is_waiting_not_lost():
     assert Membership(0, recovery=True).check(server, _silent(server, 1)) == 0
 
 
+def test_losing_worker_0_ends_the_job_and_points_to_auto_resume():
+    server = _server()
+    with pytest.raises(StuckError, match="worker 0 evaluates.*--auto-resume"):
+        Membership(0, recovery=True).check(server, _silent(server, 0))
+
+
 def test_without_recovery_a_silent_worker_ends_the_job_with_the_launch_line():
     server = _server()
     with pytest.raises(StuckError, match="orte_enable_recovery 1"):
