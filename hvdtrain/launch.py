@@ -159,29 +159,41 @@ def _run_async(cfg: Config, workload: Workload, model):
     trainer = None
     try:
         if is_server:
-            ParameterServer(comm, cfg, topology).serve()
+            server = ParameterServer(comm, cfg, topology)
+            server.serve()
+            lost = server.membership.lost_workers
         else:
             scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
             trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
             trainer.fit()
             workload.close()
-        history, run_dir, verdict = world.bcast(
+            lost = scheme.survivors.lost
+        history, run_dir, verdict = survivors_of(world, lost).bcast(
             (trainer.history, trainer.run_dir, trainer.stopping.verdict) if runtime.rank == 0
             else None, root=0)
         return Finished(history, run_dir, trainer, verdict)
     except BaseException as e:  # never leave the other ranks waiting for this one
-        code = failure_code(e)
-        if code is None:
-            traceback.print_exc()
-        user_traceback = getattr(e, "user_traceback", None)
-        if user_traceback and runtime.rank == 0:
-            print(user_traceback, file=sys.stderr, end="", flush=True)
-        where = "" if code == EXIT_BAD_INPUT else f" (rank {runtime.rank})"
-        message = describe_failure(e) if code else f"{type(e).__name__}: {e}"
-        if code is None and trainer is not None:
-            message += f"; {intact_note(trainer.run_dir, 'fix the cause')}"
-        abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
-              collective=code == EXIT_BAD_INPUT)
+        _end_async_job(e, world, runtime.rank, trainer)
+
+
+def _end_async_job(e: BaseException, world, rank: int, trainer) -> None:
+    """Print what went wrong and end every rank (abort)."""
+    code = failure_code(e)
+    if code is None:
+        traceback.print_exc()
+    user_traceback = getattr(e, "user_traceback", None)
+    if user_traceback and rank == 0:
+        print(user_traceback, file=sys.stderr, end="", flush=True)
+    where = "" if code == EXIT_BAD_INPUT else f" (rank {rank})"
+    message = describe_failure(e) if code else f"{type(e).__name__}: {e}"
+    if code is None and trainer is not None:
+        message += f"; {intact_note(trainer.run_dir, 'fix the cause')}"
+    elif code and trainer is not None and "parameter server" in str(e):  # waited on one
+        from .ps.membership import lost_server_note
+
+        message += f"; {lost_server_note(trainer.run_dir)}"
+    abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
+          collective=code == EXIT_BAD_INPUT)
 
 
 def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workload, model):
@@ -201,11 +213,30 @@ def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workl
     return Trainer(cfg, runtime, scheme, workload, replica)
 
 
+def survivors_of(world, lost: list[int]):
+    """The job's processes less the workers lost on the way (worker w is world rank w), for
+    the final collective: a collective with a dead member never completes."""
+    if not lost:
+        return world
+    import atexit
+
+    from .ps.membership import exit_without_finalize
+
+    atexit.register(exit_without_finalize)
+    group = world.Get_group().Excl(sorted(lost))
+    return world.Create_group(group, tag=999)
+
+
 def abort(world, message: str, code: int, collective: bool = False) -> None:
     """Print, then end every rank of the job. For an error that all ranks raise together (a bad
-    checkpoint), rank 0 alone prints and aborts; the others give it a moment to do so."""
+    checkpoint), rank 0 alone prints and aborts; the others give it a moment to do so. Under
+    mpirun's recovery settings MPI_Abort ends the job with exit code 0, so the launcher is
+    also stopped (ps/membership.py fail_launcher): a failed job must not look like a success."""
+    from .ps.membership import fail_launcher
+
     if collective and world.Get_rank() != 0:
         time.sleep(10)
     else:
         print(message, file=sys.stderr, flush=True)
+    fail_launcher(code)
     world.Abort(code)

@@ -48,7 +48,8 @@ class StopSignals:
             # os.write: print() may be inside another print of this thread when the signal lands
             os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: finishing "
                         f"the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
-                        f"(resume with --auto-resume){_mpirun_hint(signum)}\n".encode())
+                        f"(resume with --auto-resume){_mpirun_hint(signum)}"
+                        f"{_recovery_hint(signum)}\n".encode())
 
 
 def _mpirun_hint(signum: int) -> str:
@@ -59,6 +60,16 @@ def _mpirun_hint(signum: int) -> str:
         return ""
     return ("; note: mpirun kills its ranks 1 s after a SIGTERM unless started with "
             "OMPI_MCA_odls_base_sigkill_timeout=60 (or more) in its environment")
+
+
+def _recovery_hint(signum: int) -> str:
+    """Without recovery, mpirun ends the whole job with SIGTERM when one rank dies."""
+    from ..ps.membership import LAUNCH_HINT, recovery_enabled
+
+    if signum != signal.SIGTERM or "OMPI_COMM_WORLD_RANK" not in os.environ or \
+            recovery_enabled():
+        return ""
+    return f"; if mpirun sent it because a rank died: {LAUNCH_HINT}"
 
 
 # The process's one set of handlers: the launch layer installs them for the whole life of a

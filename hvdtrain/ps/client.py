@@ -29,6 +29,7 @@ from .dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
 from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
                        Tag, chunk_bounds, chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
+from .survivors import Survivors, wait_surviving
 from .waiting import wait_any
 
 
@@ -88,6 +89,9 @@ class ParameterServerClient(UpdateScheme):
         self._stops_received = False
         self.feed: _SlotFeed | None = None  # the job's batches, handed out by server 0
         self._slot_word = np.zeros(1, dtype=np.int64)
+        # Lost workers (survivors.py): their collectives move to a communicator of the others.
+        self.survivors = Survivors(MPI, comm, worker_comm, topology.server_ranks()[0])
+        self._sums: list[_PendingAllreduce] = []  # every sum_later, in posting order
 
     @property
     def lr_scale(self) -> float:
@@ -284,7 +288,19 @@ class ParameterServerClient(UpdateScheme):
             self._receive_debt()
         if not self._told_to_stop:
             self._told_to_stop = self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=Tag.STOP)
+        self._regroup()
         return stats
+
+    def _regroup(self) -> bool:
+        """After server 0 said a worker was lost: the survivors' communicators, and the sums
+        that some survivor had not completed posted again on them (survivors.py)."""
+        if not self.survivors.poll():
+            return False
+        self.worker_comm, self.stop_comm = self.survivors.communicators()
+        completed = next((i for i, s in enumerate(self._sums) if not s.ready()), len(self._sums))
+        for pending in self._sums[self.survivors.agree_completed(self.worker_comm, completed):]:
+            pending.post(self.worker_comm)
+        return True
 
     def take_wait_seconds(self) -> float:
         waited, self._waited = self._waited, 0.0
@@ -457,21 +473,33 @@ class ParameterServerClient(UpdateScheme):
     def sum_later(self, values: list[float]) -> PendingSum:
         """A non-blocking sum over the workers: a fast worker posts its epoch's figures and
         trains on; the sum completes once the slowest worker has posted the same epoch's."""
-        send = np.asarray(values, dtype=np.float64)
-        result = np.empty_like(send)
-        request = self.worker_comm.Iallreduce(send, result, op=self.MPI.SUM)
-        return _PendingAllreduce(request, send, result, self.MPI, self.cfg.ps.timeout_s,
-                                 self.worker_rank)
+        pending = _PendingAllreduce(np.asarray(values, dtype=np.float64), self.MPI,
+                                    self.cfg.ps.timeout_s, self.worker_rank, self._regroup)
+        pending.post(self.worker_comm)
+        self._sums.append(pending)
+        return pending
+
+    def _agree(self, value: int, op, what: str) -> int:
+        """An Allreduce of one word over the workers on stop_comm, posted again on the
+        survivors' one when a worker is lost meanwhile."""
+        mine = np.array([value], dtype=np.int64)
+        result = np.zeros(1, dtype=np.int64)
+        posted = {"comm": None, "request": None}
+
+        def request():
+            if posted["comm"] is not self.stop_comm:
+                posted["comm"] = self.stop_comm
+                posted["request"] = self.stop_comm.Iallreduce(mine, result, op=op)
+            return posted["request"]
+
+        wait_surviving(request, self._regroup, self.cfg.ps.timeout_s,
+                       lambda: f"worker {self.worker_rank}: not every worker reached {what}")
+        return int(result[0])
 
     def sums_posted_everywhere(self, posted: int) -> int:
         # On stop_comm, after end_of_training: every stopped worker gets here once, whichever
         # step it stopped at, while worker_comm may still hold the sums the others never join.
-        mine = np.array([posted], dtype=np.int64)
-        fewest = np.zeros(1, dtype=np.int64)
-        wait_any(self.MPI, [self.stop_comm.Iallreduce(mine, fewest, op=self.MPI.MIN)],
-                 self.cfg.ps.timeout_s, lambda: (
-                     f"worker {self.worker_rank}: not every worker reached the end of its log"))
-        return int(fewest[0])
+        return self._agree(posted, self.MPI.MIN, "the end of its log")
 
     def broadcast_object(self, obj: Any) -> Any:
         self._going_idle()
@@ -526,15 +554,11 @@ class ParameterServerClient(UpdateScheme):
         # The final evaluation and checkpoint must include every worker's last update; a worker
         # that finished its epochs learns here whether another one was stopped by a signal.
         self._going_idle()  # it pushes no more
-        stopped = np.array([int(self._told_to_stop)], dtype=np.int64)
-        anyone = np.zeros(1, dtype=np.int64)
-        wait_any(self.MPI, [self.stop_comm.Iallreduce(stopped, anyone, op=self.MPI.MAX)],
-                 self.cfg.ps.timeout_s, lambda: (
-                     f"worker {self.worker_rank}: not every worker reached the end of training"))
-        if anyone[0]:
+        anyone = self._agree(int(self._told_to_stop), self.MPI.MAX, "the end of training")
+        if anyone:
             self._told_to_stop = True  # the servers sent this worker a STOP too
             self._receive_stops()
-        return bool(anyone[0])
+        return bool(anyone)
 
     def state_dict(self) -> dict[str, Any]:
         """Worker 0 asks every server for its shard and optimizer state; others return {}."""
@@ -568,7 +592,9 @@ class ParameterServerClient(UpdateScheme):
             self.comm.Send(make_header(Kind.DONE, clock=self.clock), dest=server, tag=Tag.REQUEST)
         stats = ([self.comm.recv(source=server, tag=Tag.INFO) for server, _ in self.routes]
                  if self.is_main else [])
-        self.host.close()  # collective with the servers, which close after the last DONE
+        self.survivors.poll()
+        if not self.survivors.lost:  # a lost worker never joins the collective
+            self.host.close()  # collective with the servers, which close after the last DONE
         if not self.is_main:
             return None
         # Every server sees every push (each holds a shard), so server 0's counts are the job's.
@@ -578,15 +604,19 @@ class ParameterServerClient(UpdateScheme):
                 "samples": stats[0]["samples"],
                 "samples_per_sec": stats[0]["samples_per_sec"],
                 **{k: stats[0][k] for k in ("batches_completed", "batches_per_worker",
-                                            "batches_left") if k in stats[0]}}
+                                            "batches_left", "workers_lost") if k in stats[0]}}
 
 
 class _PendingAllreduce(PendingSum):
-    def __init__(self, request, send: np.ndarray, result: np.ndarray, MPI, timeout_s: float,
-                 worker: int):
+    def __init__(self, send: np.ndarray, MPI, timeout_s: float, worker: int, regroup):
         super().__init__()
-        self.request, self.send, self.result = request, send, result  # buffers live until done
-        self.MPI, self.timeout_s, self.worker = MPI, timeout_s, worker
+        self.send, self.result = send, np.empty_like(send)  # buffers live until done
+        self.MPI, self.timeout_s, self.worker, self.regroup = MPI, timeout_s, worker, regroup
+        self.request, self.done = None, False
+
+    def post(self, comm) -> None:
+        """Post the sum on ``comm`` (again, on the survivors' one, after a lost worker)."""
+        self.request = comm.Iallreduce(self.send, self.result, op=self.MPI.SUM)
         self.done = False
 
     def ready(self) -> bool:
@@ -595,7 +625,7 @@ class _PendingAllreduce(PendingSum):
 
     def wait(self) -> list[float]:
         if not self.done:
-            wait_any(self.MPI, [self.request], self.timeout_s, lambda: (
+            wait_surviving(lambda: self.request, self.regroup, self.timeout_s, lambda: (
                 f"worker {self.worker}: the other workers never reported the epoch's metrics"))
             self.done = True
         return self.result.tolist()

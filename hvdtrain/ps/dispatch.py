@@ -86,6 +86,13 @@ class BatchDispatcher:
         Then nobody may wait for its clock (a staleness bound would wait forever)."""
         return worker in self.told_none and worker not in self.outstanding.values()
 
+    def give_back(self, worker: int) -> None:
+        """A lost worker's outstanding slots go to the next workers that ask (membership.py)."""
+        slots = sorted(s for s, w in self.outstanding.items() if w == worker)
+        for slot in slots:
+            del self.outstanding[slot]
+        self.redo.extendleft(reversed(slots))
+
     @property
     def finished(self) -> bool:
         return not self.redo and not self.outstanding and self.next >= self.plan.total

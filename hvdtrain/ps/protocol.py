@@ -34,6 +34,7 @@ class Tag(IntEnum):
     VERDICT = 19   # --backup-workers: a round's members, server 0 -> the other servers
     DEBT = 20      # float64, server 0 -> a worker, before a reply: seconds it computed during an
                    # evaluation's pause, which it then sleeps (--eval-pauses-workers)
+    LOST = 22      # int64 [worker, pushes], server 0 -> each live worker: that worker is lost
     SLOT = 21      # int64 slots of the job's batch plan, server 0 -> a worker (ps/dispatch.py)
 
 
@@ -55,6 +56,7 @@ class Kind(IntEnum):
     RESUME = 10
     SLOTS = 11  # worker -> server 0: hand me `size` batch slots (Tag.SLOT replies, NO_SLOT when
                 # none is left)
+    LOST = 13  # server 0 -> the other servers: worker H_WORKER is lost (ps/membership.py)
     QUIET = 12  # worker -> every server: busy with its own work (an evaluation, a checkpoint
                 # write) until its next push, so its silence is no sign of a hang; no reply
 

@@ -27,11 +27,12 @@ from ..rules.clocks import Versions, WorkerClocks
 from ..rules.registry import server_rules
 from ..rules.statistics import RuleStatistics
 from .dispatch import BatchDispatcher, SlotPlan
+from .membership import Membership
 from .pauses import EvalPauses
 from .pushes import AsyncPushes, RoundPushes
-from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_SLOT, HAS_PLAN, HAS_STATE,
-                       HEADER_LEN, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind, Tag,
-                       word_to_lr)
+from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_SLOT, H_WORKER, HAS_PLAN,
+                       HAS_STATE, HEADER_LEN, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP,
+                       Kind, Tag, word_to_lr)
 from .server_stats import ServerLoad
 from .shard import Shard
 from .silence import SilenceWatch
@@ -57,6 +58,7 @@ class ParameterServer:
         self.pauses = EvalPauses(comm, charges=self.index == 0)
         self.verdicts = Verdicts(comm, topology, self.index, cfg.ps.backup_workers)
         self.silence = SilenceWatch(self.index, n, cfg.ps.timeout_s)
+        self.membership = Membership(self.index)  # workers lost on the way
         self.dispatcher: BatchDispatcher | None = None  # server 0: the job's batch plan
         self.stopping = False  # a worker got a stop signal: every worker stops after its step
 
@@ -102,13 +104,12 @@ class ParameterServer:
             if status.Get_source() < self.num_workers:  # not a verdict from server 0
                 self.silence.heard(status.Get_source(), self.header[H_KIND] == Kind.PUSH, t0)
             active -= self._handle(status.Get_source(), t0)
-            if not self.stopping and self.pauses.paused_by is None:
-                self.silence.check(t0, self.clocks, [self.pending, self.pauses.held,
-                                                     self.verdicts.arrived])
+            active -= self.membership.check(self, t0)
             self.load.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
         self.comm.send(stats, dest=0, tag=Tag.INFO)
-        self.shard.host.close()  # collective with the workers' close()
+        if not self.membership.lost:  # a lost worker never joins the collective
+            self.shard.host.close()  # collective with the workers' close()
         return stats
 
     def _handle(self, worker: int, now: float) -> bool:
@@ -137,6 +138,8 @@ class ParameterServer:
         elif kind in (Kind.ROUND, Kind.DROP):  # a follower: a verdict from server 0
             self.verdicts.receive(kind, self.header)
             self.pushes.follow()
+        elif kind == Kind.LOST:  # a follower: server 0 dropped a worker
+            self.membership.drop(self, int(self.header[H_WORKER]), now)  # counted by check
         elif kind == Kind.DONE:
             self.load.pushes_reported[worker] = int(self.header[H_CLOCK])
             self.clocks.done(worker)
@@ -173,7 +176,7 @@ class ParameterServer:
         """Receive the next request header from any worker, or raise StuckError."""
         request = self.comm.Irecv(self.header, source=self.MPI.ANY_SOURCE, tag=Tag.REQUEST)
         try:
-            wait_any(self.MPI, [request], self.cfg.ps.timeout_s, self._describe_wait, status)
+            self.membership.wait(self, request, status)  # wait_any, or with silence checks
         except BaseException:
             request.Cancel()
             raise
@@ -238,5 +241,5 @@ class ParameterServer:
         if ps.eval_pauses_workers and self.index == 0:
             rules["eval_pause_debt_seconds"] = round(self.pauses.debt_seconds, 3)
         return self.load.report(self.index, self.versions.version,
-                                {**rules, **(self.dispatcher.statistics() if self.dispatcher
-                                             else {})})
+                                {**rules, **self.membership.report(),
+                                 **(self.dispatcher.statistics() if self.dispatcher else {})})

@@ -27,22 +27,27 @@ class SilenceWatch:
         if pushed:  # back to training
             self.quiet.discard(worker)
 
-    def check(self, now: float, clocks: WorkerClocks, waiting: list[Container[int]]) -> None:
-        """End the job when one worker has sent nothing for --timeout-s while the others go on
-        (stopped, or hung in its own code). A worker that waits on the servers (``waiting``: a
+    def overdue(self, now: float, clocks: WorkerClocks,
+                waiting: list[Container[int]]) -> int | None:
+        """A worker that has sent nothing for --timeout-s while the others go on (stopped, or
+        hung in its own code), or None. A worker that waits on the servers (``waiting``: a
         held reply, a round, a pause), on the other workers (idle, done, its batches used up),
         or that said it is busy with its own work (QUIET: worker 0 evaluating or writing a
-        checkpoint) is silent by design. The caller skips the check while stopping or paused."""
+        checkpoint) is silent by design. The caller skips the check while stopping or paused
+        (membership.py decides what a silent worker means)."""
         if not self.timeout_s or now - self._checked < 1.0:
-            return
+            return None
         self._checked = now
         for w, heard in enumerate(self.last_heard):
             if now - heard <= self.timeout_s or clocks.is_done(w) or w in clocks.idle or \
                     w in clocks.finished or w in self.quiet or any(w in c for c in waiting):
                 continue
-            raise StuckError(
-                f"parameter server {self.index}: worker {w} (rank {w}) sent nothing for "
-                f"{now - heard:.0f} s while the other workers trained (its pushes so far: "
-                f"{int(clocks.clocks[w])}); it has stopped or hangs (waited {self.timeout_s:g} s, "
-                "--timeout-s). Raise --timeout-s if a worker's own code may pause this long "
-                "between two steps.")
+            return w
+        return None
+
+    def describe(self, w: int, now: float, clocks: WorkerClocks) -> str:
+        return (f"parameter server {self.index}: worker {w} (rank {w}) sent nothing for "
+                f"{now - self.last_heard[w]:.0f} s while the other workers trained (its pushes "
+                f"so far: {int(clocks.clocks[w])}); it has stopped or hangs (waited "
+                f"{self.timeout_s:g} s, --timeout-s). Raise --timeout-s if a worker's own code "
+                "may pause this long between two steps")

@@ -1,0 +1,171 @@
+"""Which workers an async job still has: a worker that dies (SIGKILL, OOM, its node gone) need
+not end the job when the launcher keeps the other ranks running (Open MPI with
+``--mca orte_enable_recovery 1``). Server 0 notices the death as silence past --timeout-s
+(silence.py; Open MPI 4.1 reports no error for a dead peer: a send to it stays pending), drops
+the worker from the rounds, the staleness bounds and the batch plan (its outstanding batches go
+to the survivors), and tells the other servers and the live workers (survivors.py). Without
+recovery, a silent worker ends the job as before, and the message says how to launch for
+recovery."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .protocol import Kind, Tag, make_header
+from .waiting import StuckError, wait_any
+
+RECOVERY_FLAGS = "--mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0"
+LAUNCH_HINT = (f"to keep an async job training when a worker dies, launch it with "
+               f"`mpirun {RECOVERY_FLAGS} ...`")
+LAUNCHERS = ("mpirun", "mpiexec", "orterun", "orted", "prterun")
+
+
+def recovery_enabled(env=None) -> bool:
+    """Whether the launcher keeps the other ranks running when one dies: mpirun hands its
+    ``--mca`` settings to every rank as OMPI_MCA_* variables."""
+    value = (os.environ if env is None else env).get("OMPI_MCA_orte_enable_recovery", "")
+    return value.strip().lower() in ("1", "true", "yes", "enabled")
+
+
+def fail_launcher(code: int) -> None:
+    """Under recovery, mpirun exits 0 even when every rank exits non-zero or calls MPI_Abort
+    (measured with Open MPI 4.1): a failed job would look like a success to Slurm, Kubernetes
+    and scripts. SIGTERM to the launcher (this rank's parent) ends it with exit code 1."""
+    if code == 0 or not recovery_enabled():
+        return
+    parent = os.getppid()
+    try:
+        with open(f"/proc/{parent}/comm") as f:
+            name = f.read().strip()
+    except OSError:
+        return
+    if name in LAUNCHERS:
+        os.kill(parent, signal.SIGTERM)
+
+
+def lost_server_note(run_dir) -> str:
+    """A worker stuck on the servers: the job cannot go on without one of them."""
+    from ..checkpoint import intact_note
+
+    return ("no worker can go on without every parameter server (each holds a shard of the "
+            "parameters); " + intact_note(run_dir, "rerun the same command with --auto-resume "
+                                                   "(or fix the cause)"))
+
+
+def exit_without_finalize() -> None:
+    """The last thing a process does after a lost worker (registered with atexit): MPI_Finalize
+    hangs with a dead member in the job (seen here with Open MPI 4.1: the survivors' finalize
+    never returned after the run's last line), and under recovery mpirun takes a process that
+    exits without it as done. Its exit code makes no difference there (mpirun exits 0)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+@dataclass
+class Loss:
+    worker: int
+    after_s: float   # seconds since the server started serving
+    pushes: int      # what it had pushed (its clock at its last push)
+    silent_s: float  # how long it had been silent when it was dropped
+
+
+class Membership:
+    """A server's record of the workers it lost, and the drop itself."""
+
+    def __init__(self, index: int, recovery: bool | None = None):
+        self.index = index
+        self.recovery = recovery_enabled() if recovery is None else recovery
+        self.lost: list[Loss] = []
+        self.started = time.perf_counter()
+        self.dropped = 0  # drops the server's loop has not yet counted off its active workers
+
+    @property
+    def lost_workers(self) -> list[int]:
+        return [loss.worker for loss in self.lost]
+
+    def check(self, server, now: float) -> int:
+        """Server 0 drops a worker silent past --timeout-s when the launcher can recover, or
+        ends the job as before (StuckError) when it cannot. The other servers wait for server
+        0's word (Kind.LOST), so that every process agrees on who is lost. Returns the number
+        of workers dropped since the last call (by this check, a wait, or server 0's word)."""
+        self._scan(server, now)
+        dropped, self.dropped = self.dropped, 0
+        return dropped
+
+    def _scan(self, server, now: float) -> bool:
+        if server.stopping or server.pauses.paused_by is not None:
+            return False
+        waiting = [server.pending, server.pauses.held, server.verdicts.arrived]
+        worker = server.silence.overdue(now, server.clocks, waiting)
+        if worker is not None and not self.recovery:
+            raise StuckError(f"{server.silence.describe(worker, now, server.clocks)}; "
+                             f"{LAUNCH_HINT}")
+        if worker == 0 and self.recovery:
+            # Handing worker 0's roles to the lowest live worker is not built yet.
+            raise StuckError(f"{server.silence.describe(0, now, server.clocks)}; worker 0 "
+                             "evaluates, writes the checkpoints and the log, and the job cannot "
+                             "go on without it: the last checkpoint in --run-dir is intact, "
+                             "rerun the same command with --auto-resume")
+        return worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
+
+    def wait(self, server, request, status) -> None:
+        """Server 0's wait for the next request. Under recovery it checks for silent workers
+        every second meanwhile: when the live workers all wait for a lost one (the end of
+        training is collective), no request comes that would start the check."""
+        MPI, timeout_s = server.MPI, server.cfg.ps.timeout_s
+        if not (self.recovery and self.index == 0 and timeout_s):
+            wait_any(MPI, [request], timeout_s, server._describe_wait, status)
+            return
+        start = time.monotonic()
+        while True:
+            try:
+                wait_any(MPI, [request], 1.0, server._describe_wait, status)
+                return
+            except StuckError:
+                if self._scan(server, time.perf_counter()):
+                    start = time.monotonic()
+                elif time.monotonic() - start > timeout_s:
+                    raise
+
+    def drop(self, server, worker: int, now: float) -> int:
+        if worker in self.lost_workers or server.clocks.is_done(worker):
+            return 0
+        pushes = int(server.clocks.clocks[worker])
+        self.lost.append(Loss(worker, round(now - self.started, 3), pushes,
+                              round(now - server.silence.last_heard[worker], 3)))
+        server.clocks.done(worker)  # no round, bound or pause counts on it any more
+        server.load.pushes_reported[worker] = pushes
+        server.pending.pop(worker, None)  # nothing is sent to it any more
+        server.pauses.held.pop(worker, None)
+        server.silence.quiet.discard(worker)
+        if server.dispatcher is not None:
+            server.dispatcher.give_back(worker)  # its batches go to the survivors
+        self.dropped += 1
+        if self.index == 0:
+            self._tell(server, worker, pushes)
+        server.pushes.release()
+        if self.index == 0:
+            print(f"hvdtrain: worker {worker} (rank {worker}) lost: silent for "
+                  f"{self.lost[-1].silent_s:.0f} s after {pushes} pushes; training goes on "
+                  "with the other workers", file=sys.stderr, flush=True)
+        return 1
+
+    def _tell(self, server, worker: int, pushes: int) -> None:
+        """The other servers first, then every live worker (survivors.py reads it)."""
+        header = make_header(Kind.LOST, clock=pushes, worker=worker)
+        for rank in server.topology.server_ranks()[1:]:
+            server.comm.Send(header, dest=rank, tag=Tag.REQUEST)
+        word = np.array([worker, pushes], dtype=np.int64)
+        for w in range(server.num_workers):
+            if not server.clocks.is_done(w) and w not in self.lost_workers:
+                server.comm.Send(word, dest=w, tag=Tag.LOST)
+
+    def report(self) -> dict:
+        return {"workers_lost": [asdict(loss) for loss in self.lost]} if self.lost else {}

@@ -1,0 +1,77 @@
+"""A worker's side of a lost worker (membership.py): server 0 tells each live worker who was
+lost (Tag.LOST), and the workers' collectives (the epochs' metric sums, the end-of-training
+agreement) move to a communicator of the survivors, as a collective with a dead member never
+completes.
+
+Every survivor reads the same LOST messages in the same order, at its next step or while it
+waits in a collective, and builds the same communicators from them (``Create_group`` is
+collective over the survivors only). Sums posted on the old communicator are posted again on
+the new one, from the first one that some survivor had not completed, so that the survivors'
+sums stay matched one for one."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from .membership import recovery_enabled
+from .protocol import Tag
+from .waiting import StuckError
+
+
+class Survivors:
+    def __init__(self, MPI, comm, worker_comm, leader: int):
+        self.MPI, self.comm, self.base, self.leader = MPI, comm, worker_comm, leader
+        self.recovery = recovery_enabled()
+        self.lost: list[int] = []         # worker indices, in server 0's order
+        self.pushes: dict[int, int] = {}  # what each lost worker had pushed
+
+    def poll(self) -> bool:
+        """Read server 0's LOST messages; True when a worker was lost since the last poll."""
+        if not self.recovery:
+            return False
+        news = False
+        word = np.empty(2, dtype=np.int64)
+        while self.comm.Iprobe(source=self.leader, tag=Tag.LOST):
+            self.comm.Recv(word, source=self.leader, tag=Tag.LOST)
+            self.lost.append(int(word[0]))
+            self.pushes[int(word[0])] = int(word[1])
+            news = True
+        return news
+
+    def communicators(self):
+        """The survivors' worker communicator and a duplicate for the end's agreement; their
+        ranks follow the workers' order, so the lowest live worker is rank 0."""
+        group = self.base.Get_group().Excl(sorted(self.lost))
+        comm = self.base.Create_group(group, tag=1000 + len(self.lost))
+        group.Free()
+        return comm, comm.Dup()
+
+    def agree_completed(self, comm, completed: int) -> int:
+        """The fewest sums any survivor had completed on the old communicator."""
+        mine = np.array([completed], dtype=np.int64)
+        fewest = np.zeros(1, dtype=np.int64)
+        comm.Allreduce(mine, fewest, op=self.MPI.MIN)
+        return int(fewest[0])
+
+
+def wait_surviving(request: Callable[[], object], regroup: Callable[[], bool], timeout_s: float,
+                   explain: Callable[[], str]) -> None:
+    """Wait for ``request()`` (the current request: a regroup may post it again elsewhere),
+    regrouping whenever a worker is lost; StuckError after --timeout-s without progress. Under
+    recovery the wait is longer: server 0 needs --timeout-s of silence to tell a lost worker."""
+    if timeout_s and recovery_enabled():
+        timeout_s = 2 * timeout_s + 5
+    deadline = time.monotonic() + timeout_s if timeout_s else None
+    polls = 0
+    while not request().Test():
+        polls += 1
+        if polls & 1023:
+            continue
+        if regroup():
+            deadline = time.monotonic() + timeout_s if timeout_s else None
+        elif deadline is not None and time.monotonic() > deadline:
+            raise StuckError(f"{explain()} (waited {timeout_s:g} s, --timeout-s); a process "
+                             "has stopped or hangs. Raise --timeout-s if it may pause this long.")

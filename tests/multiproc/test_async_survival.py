@@ -1,0 +1,90 @@
+"""Async training survives a worker's loss (issue 28, ps/membership.py, ps/survivors.py): under
+mpirun with recovery enabled, server 0 drops a worker silent past --timeout-s and the others
+train its batches; without recovery the job ends as before, with a non-zero exit and a message
+that says how to launch for recovery. The workers die by SIGKILL from outside, so the path does
+not depend on how a worker died."""
+
+import subprocess
+import time
+
+import pytest
+
+from launch import hvdtrain, launcher_env, mpirun, pid_of_rank, records
+
+pytestmark = pytest.mark.multiproc
+RECOVERY = ["--mca", "orte_enable_recovery", "1", "--mca", "orte_abort_on_non_zero_status", "0"]
+
+
+def _train(run_dir, mca, epochs):
+    """mpirun -np 4: workers 0-2, server 3."""
+    cmd = mpirun(4, *mca, *hvdtrain("train", "--no-progress", "--seed", "1", "--mode", "async",
+                                    "--epochs", str(epochs), "--batch-size", "16",
+                                    "--timeout-s", "3", "--run-dir", str(run_dir)))
+    # Files, not pipes: a pipe nobody reads until the end fills up and blocks the job.
+    out, err = (open(run_dir.parent / f"{run_dir.name}.{n}", "w+") for n in ("out", "err"))
+    job = subprocess.Popen(cmd, env=launcher_env(), stdout=out, stderr=err, text=True,
+                           stdin=subprocess.DEVNULL)
+    job.files = out, err
+    return job
+
+
+def _kill_after(job, run_dir, rank, epochs_seen=2, timeout=120):
+    """SIGKILL world rank ``rank`` once the log shows ``epochs_seen`` epochs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert job.poll() is None, "the job ended before the kill"
+        assert time.monotonic() < deadline, "no progress before the kill"
+        try:
+            if len(records(run_dir, "epoch")) >= epochs_seen:
+                break
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    pid = pid_of_rank(run_dir, "OMPI_COMM_WORLD_RANK", rank)
+    assert pid is not None
+    subprocess.run(["kill", "-9", str(pid)], check=True)
+
+
+def _finish(job, timeout=150):
+    try:
+        job.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        job.kill()
+        job.wait()
+    out, err = (f.seek(0) or f.read() for f in job.files)
+    for f in job.files:
+        f.close()
+    if job.returncode == -9:
+        pytest.fail(f"hung:\n{out[-3000:]}\n{err[-3000:]}")
+    return job.returncode, out, err
+
+
+def test_a_killed_worker_is_dropped_and_the_others_finish_the_job(tmp_path):
+    job = _train(tmp_path, RECOVERY, epochs=16)
+    _kill_after(job, tmp_path, rank=2)
+    code, out, err = _finish(job)
+    assert code == 0, err[-3000:]
+    assert "worker 2 (rank 2) lost" in err
+    summary = records(tmp_path, "scheme")[0]
+    assert [loss["worker"] for loss in summary["workers_lost"]] == [2], summary
+    assert summary["workers_lost"][0]["pushes"] > 0
+    epochs = records(tmp_path, "epoch")
+    assert len(epochs) == 16
+    assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+
+
+def test_without_recovery_a_killed_worker_ends_the_job_non_zero_and_says_how_to_launch(tmp_path):
+    job = _train(tmp_path, [], epochs=40)
+    _kill_after(job, tmp_path, rank=2, epochs_seen=1)
+    code, out, err = _finish(job)
+    assert code != 0
+    assert "orte_enable_recovery 1" in err, err[-3000:]
+
+
+def test_under_recovery_a_lost_server_still_ends_the_job_non_zero(tmp_path):
+    # mpirun with recovery exits 0 even after MPI_Abort: the ranks stop the launcher too.
+    job = _train(tmp_path, RECOVERY, epochs=40)
+    _kill_after(job, tmp_path, rank=3, epochs_seen=1)
+    code, out, err = _finish(job)
+    assert code != 0, err[-3000:]
+    assert "--auto-resume" in err, err[-3000:]

@@ -1,0 +1,121 @@
+"""A lost async worker (ps/membership.py): when recovery is possible, what the server drops,
+and what the others are told; without it, the message says how to launch for recovery."""
+
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from hvdtrain.ps import membership
+from hvdtrain.ps.dispatch import BatchDispatcher, SlotPlan
+from hvdtrain.ps.membership import Membership, recovery_enabled
+from hvdtrain.ps.protocol import Tag
+from hvdtrain.ps.silence import SilenceWatch
+from hvdtrain.ps.waiting import StuckError
+from hvdtrain.rules.clocks import WorkerClocks
+
+
+@pytest.mark.parametrize("value, expected", [("1", True), ("true", True), ("0", False),
+                                             ("", False), (None, False)])
+def test_recovery_is_read_from_mpiruns_mca_variable(value, expected):
+    env = {} if value is None else {"OMPI_MCA_orte_enable_recovery": value}
+    assert recovery_enabled(env) is expected
+
+
+class _Comm:
+    def __init__(self):
+        self.sent = []
+
+    def Send(self, buffer, dest, tag):
+        self.sent.append((dest, tag, np.array(buffer).tolist()))
+
+
+def _server(num_workers=3, num_servers=1, dispatcher=None):
+    clocks = WorkerClocks(num_workers)
+    silence = SilenceWatch(0, num_workers, timeout_s=3)
+    silence.start()
+    released = []
+    return SimpleNamespace(
+        clocks=clocks, silence=silence, comm=_Comm(), num_workers=num_workers,
+        topology=SimpleNamespace(server_ranks=lambda: list(range(num_workers,
+                                                               num_workers + num_servers))),
+        pending={}, pauses=SimpleNamespace(held={}, paused_by=None),
+        verdicts=SimpleNamespace(arrived={}), stopping=False, dispatcher=dispatcher,
+        load=SimpleNamespace(pushes_reported=[0] * num_workers),
+        pushes=SimpleNamespace(release=lambda: released.append(True)), released=released)
+
+
+def _silent(server, worker, seconds=10.0):
+    now = time.perf_counter()
+    server.silence.last_heard = [now] * server.num_workers
+    server.silence.last_heard[worker] = now - seconds
+    return now
+
+
+def test_a_silent_worker_is_dropped_its_batches_go_back_and_everyone_is_told():
+    dispatcher = BatchDispatcher(SlotPlan(steps_per_epoch=4, num_parts=3, epochs=1))
+    handed = {w: dispatcher.take(w) for w in range(3)}
+    server = _server(num_workers=3, num_servers=2, dispatcher=dispatcher)
+    server.clocks.push(2, 7)
+    m = Membership(0, recovery=True)
+    assert m.check(server, _silent(server, 2)) == 1
+    assert server.clocks.is_done(2)
+    assert server.load.pushes_reported[2] == 7 and server.released
+    assert dispatcher.take(0) == handed[2]  # worker 2's batch is the next one handed out
+    assert m.report()["workers_lost"][0]["worker"] == 2
+    assert m.report()["workers_lost"][0]["pushes"] == 7
+    told = [(dest, tag) for dest, tag, _ in server.comm.sent]
+    assert (4, Tag.REQUEST) in told  # the other server
+    assert {(0, Tag.LOST), (1, Tag.LOST)} <= set(told) and (2, Tag.LOST) not in told
+    assert m.check(server, time.perf_counter()) == 0  # once
+
+
+def test_a_dropped_workers_held_replies_are_cancelled():
+    server = _server()
+    server.pending[1], server.pauses.held[1] = True, False
+    Membership(0, recovery=True).drop(server, 1, time.perf_counter())
+    assert 1 not in server.pending and 1 not in server.pauses.held
+
+
+def test_a_worker_holding_a_reply_is_waiting_not_lost():
+    server = _server()
+    server.pending[1] = True
+    assert Membership(0, recovery=True).check(server, _silent(server, 1)) == 0
+
+
+def test_losing_worker_0_ends_the_job_and_points_to_auto_resume():
+    server = _server()
+    with pytest.raises(StuckError, match="worker 0 evaluates.*--auto-resume"):
+        Membership(0, recovery=True).check(server, _silent(server, 0))
+
+
+def test_without_recovery_a_silent_worker_ends_the_job_with_the_launch_line():
+    server = _server()
+    with pytest.raises(StuckError, match="orte_enable_recovery 1"):
+        Membership(0, recovery=False).check(server, _silent(server, 1))
+
+
+def test_only_server_0_drops_the_others_wait_for_its_word():
+    server = _server()
+    follower = Membership(1, recovery=True)
+    assert follower.check(server, _silent(server, 1)) == 0
+    follower.drop(server, 1, time.perf_counter())  # Kind.LOST from server 0
+    assert follower.check(server, time.perf_counter()) == 1
+    assert server.comm.sent == []  # a follower tells nobody
+
+
+def test_a_worker_waiting_on_the_others_is_not_lost():
+    server = _server()
+    server.clocks.idle.add(1)
+    assert Membership(0, recovery=True).check(server, _silent(server, 1)) == 0
+
+
+def test_the_launcher_is_left_alone_without_recovery_or_failure(monkeypatch):
+    killed = []
+    monkeypatch.setattr(membership.os, "kill", lambda *a: killed.append(a))
+    monkeypatch.delenv("OMPI_MCA_orte_enable_recovery", raising=False)
+    membership.fail_launcher(1)
+    monkeypatch.setenv("OMPI_MCA_orte_enable_recovery", "1")
+    membership.fail_launcher(0)
+    assert killed == []
