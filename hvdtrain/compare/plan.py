@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 # The modes' names, flags, options and rules have one table: rules/registry.py.
+from ..ps.membership import RECOVERY_FLAGS
 from ..rules.registry import DC_LAMBDA, MODE_NAMES, Mode, modes  # noqa: F401
 
 
@@ -51,20 +52,12 @@ class PlannedRun:
                 *(["--auto-resume"] if self.restartable else []), *self.train_args]
 
 
-# Whether the async scheme keeps training when a worker dies (issue 28's survival work). Until
-# it does, the recovery settings below would keep mpirun waiting on ranks that wait for the dead
-# worker until --run-timeout (measured: a killed worker left the job hanging), where without
-# them the job ends at once, non-zero, its checkpoint intact.
-ASYNC_SURVIVES_WORKER_LOSS = False
-
-
 def recovery_launcher_args() -> list[str]:
     """mpirun's settings that keep the other ranks running when one dies (Open MPI 4.1), for
-    an async run under --faults. With them mpirun exits 0 even when ranks fail, so the ranks
-    themselves must end a failed job non-zero (the async scheme's survival work does so)."""
-    if not ASYNC_SURVIVES_WORKER_LOSS:
-        return []
-    return ["--mca", "orte_enable_recovery", "1", "--mca", "orte_abort_on_non_zero_status", "0"]
+    an async run under --faults: the async scheme then trains on without the lost worker
+    (ps/membership.py), and ends a failed job non-zero itself, since mpirun under these
+    settings exits 0 whatever the ranks do."""
+    return RECOVERY_FLAGS.split()
 
 
 def plan(mode_list: list[Mode], seeds: list[int], stragglers: list[str], workers: int,
