@@ -57,8 +57,9 @@ class ParameterServer:
         self.pending: dict[int, bool] = {}  # worker -> wants params: replies the policy holds
         self.pauses = EvalPauses(comm, charges=self.index == 0)
         self.verdicts = Verdicts(comm, topology, self.index, cfg.ps.backup_workers)
-        self.silence = SilenceWatch(self.index, n, cfg.ps.timeout_s)
         self.membership = Membership(self.index)  # workers lost on the way
+        self.silence = SilenceWatch(self.index, n, cfg.ps.timeout_s,
+                                    self.load.intervals if self.membership.recovery else None)
         self.dispatcher: BatchDispatcher | None = None  # server 0: the job's batch plan
         self.stopping = False  # a worker got a stop signal: every worker stops after its step
 

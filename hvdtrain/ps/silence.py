@@ -3,16 +3,29 @@ worker's silence while the others push."""
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Container
+from collections.abc import Container, Sequence
 
 from ..rules.clocks import WorkerClocks
 from .waiting import StuckError
 
 
+# Under recovery a worker is taken for dead once it has been silent this many times its longest
+# recent gap between pushes, but never sooner than the floor, nor later than --timeout-s: a job
+# that can train on without it should not wait --timeout-s (300 s by default) for a SIGKILLed
+# worker, and a live worker between two pushes is never silent for 50 of its slowest steps
+# (its own pauses, evaluation and checkpoints, are announced as QUIET and never count).
+LOST_AFTER_GAPS = 50
+LOST_AFTER_FLOOR_S = 10.0
+RECENT_GAPS = 64
+
+
 class SilenceWatch:
-    def __init__(self, index: int, num_workers: int, timeout_s: float):
+    def __init__(self, index: int, num_workers: int, timeout_s: float,
+                 paces: list[Sequence[float]] | None = None):
         self.index, self.timeout_s = index, timeout_s
+        self.paces = paces  # under recovery: each worker's push intervals (server_stats.py)
         self.last_heard: list[float] = [0.0] * num_workers  # each worker's last request
         self.quiet: set[int] = set()  # workers busy with their own work until their next push
         self._checked = 0.0
@@ -39,15 +52,24 @@ class SilenceWatch:
             return None
         self._checked = now
         for w, heard in enumerate(self.last_heard):
-            if now - heard <= self.timeout_s or clocks.is_done(w) or w in clocks.idle or \
+            if now - heard <= self.limit(w) or clocks.is_done(w) or w in clocks.idle or \
                     w in clocks.finished or w in self.quiet or any(w in c for c in waiting):
                 continue
             return w
         return None
 
+    def limit(self, w: int) -> float:
+        """How long worker ``w`` may be silent: --timeout-s, or under recovery sooner for a
+        worker whose pace is known (LOST_AFTER_GAPS)."""
+        gaps = self.paces[w] if self.paces is not None else ()
+        if len(gaps) < 2:
+            return self.timeout_s
+        recent = max(itertools.islice(reversed(gaps), RECENT_GAPS))
+        return min(self.timeout_s, max(LOST_AFTER_FLOOR_S, LOST_AFTER_GAPS * recent))
+
     def describe(self, w: int, now: float, clocks: WorkerClocks) -> str:
         return (f"parameter server {self.index}: worker {w} (rank {w}) sent nothing for "
                 f"{now - self.last_heard[w]:.0f} s while the other workers trained (its pushes "
                 f"so far: {int(clocks.clocks[w])}); it has stopped or hangs (waited "
-                f"{self.timeout_s:g} s, --timeout-s). Raise --timeout-s if a worker's own code "
+                f"{self.limit(w):g} s, --timeout-s). Raise --timeout-s if a worker's own code "
                 "may pause this long between two steps")

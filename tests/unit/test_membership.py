@@ -119,3 +119,15 @@ def test_the_launcher_is_left_alone_without_recovery_or_failure(monkeypatch):
     monkeypatch.setenv("OMPI_MCA_orte_enable_recovery", "1")
     membership.fail_launcher(0)
     assert killed == []
+
+
+def test_under_recovery_a_steady_worker_is_lost_after_50_of_its_slowest_recent_gaps():
+    gaps = [[0.01] * 100 + [0.3], [0.01] * 5, [], [0.5] * 70]
+    silence = SilenceWatch(0, 4, timeout_s=300, paces=gaps)
+    assert silence.limit(0) == pytest.approx(15.0)  # 50 x its slowest recent gap, 0.3 s
+    assert silence.limit(1) == 10.0  # never sooner than the floor
+    assert silence.limit(2) == 300  # no pace known yet: --timeout-s
+    assert SilenceWatch(0, 4, timeout_s=20, paces=gaps).limit(3) == 20  # nor later than it
+    assert SilenceWatch(0, 4, timeout_s=300).limit(0) == 300  # without recovery: --timeout-s
+    gaps[0].extend([0.01] * 64)  # the slow gap is no longer recent
+    assert silence.limit(0) == 10.0
