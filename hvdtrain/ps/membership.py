@@ -100,9 +100,14 @@ class Membership:
         return dropped
 
     def _scan(self, server, now: float) -> bool:
-        if server.stopping or server.pauses.paused_by is not None:
-            return False
-        waiting = [server.pending, server.pauses.held, server.verdicts.arrived]
+        # Also while the job stops (a stop signal, a --stop-at target: the live workers wait in
+        # the end-of-training agreement for a dead one) and while an evaluation pauses the
+        # workers (--eval-pauses-workers): the evaluating worker and those held are silent by
+        # design, but a dead one never arrives to be held, and a job that evaluates every few
+        # steps would otherwise never look for it.
+        paused = server.pauses.paused_by
+        waiting = [server.pending, server.pauses.held, server.verdicts.arrived,
+                   () if paused is None else (paused,)]
         worker = server.silence.overdue(now, server.clocks, waiting)
         if worker is not None and not self.recovery:
             raise StuckError(f"{server.silence.describe(worker, now, server.clocks)}; "

@@ -135,7 +135,8 @@ class ParameterServer:
         elif kind == Kind.PAUSE:
             self.pauses.pause(worker, now)
         elif kind == Kind.RESUME:
-            self._send_all(self.pauses.resume(now, self.clocks, self.stopping))
+            self._send_all(self.silence.resumed(self.pauses.resume(now, self.clocks,
+                                                                   self.stopping), now))
         elif kind in (Kind.ROUND, Kind.DROP):  # a follower: a verdict from server 0
             self.verdicts.receive(kind, self.header)
             self.pushes.follow()

@@ -40,13 +40,21 @@ class SilenceWatch:
         if pushed:  # back to training
             self.quiet.discard(worker)
 
+    def resumed(self, held: dict[int, bool], now: float) -> dict[int, bool]:
+        """An evaluation pause is over: the workers whose replies it held were waiting by design,
+        so their silence counts from now. A worker that never arrived to be held (a dead one)
+        keeps its count, so a job that pauses often still finds it."""
+        for w in held:
+            self.last_heard[w] = max(self.last_heard[w], now)
+        return held
+
     def overdue(self, now: float, clocks: WorkerClocks,
                 waiting: list[Container[int]]) -> int | None:
         """A worker that has sent nothing for --timeout-s while the others go on (stopped, or
         hung in its own code), or None. A worker that waits on the servers (``waiting``: a
         held reply, a round, a pause), on the other workers (idle, done, its batches used up),
         or that said it is busy with its own work (QUIET: worker 0 evaluating or writing a
-        checkpoint) is silent by design. The caller skips the check while stopping or paused
+        checkpoint) is silent by design. The caller adds an evaluating worker to ``waiting``
         (membership.py decides what a silent worker means)."""
         if not self.timeout_s or now - self._checked < 1.0:
             return None

@@ -131,3 +131,25 @@ def test_under_recovery_a_steady_worker_is_lost_after_50_of_its_slowest_recent_g
     assert SilenceWatch(0, 4, timeout_s=300).limit(0) == 300  # without recovery: --timeout-s
     gaps[0].extend([0.01] * 64)  # the slow gap is no longer recent
     assert silence.limit(0) == 10.0
+
+
+def test_a_dead_worker_is_found_while_the_job_stops_and_while_an_evaluation_pauses():
+    # The live workers wait in the end-of-training agreement for the dead one (a --stop-at
+    # target, a stop signal): skipping the check while stopping left such a job hanging.
+    server = _server()
+    server.stopping = True
+    assert Membership(0, recovery=True).check(server, _silent(server, 2)) == 1
+    # Worker 0 evaluates and worker 1 is held: silent by design; worker 2 never arrived.
+    server = _server()
+    server.pauses = SimpleNamespace(held={1: True}, paused_by=0)
+    now = _silent(server, 2)
+    server.silence.last_heard[0] = server.silence.last_heard[1] = now - 10
+    m = Membership(0, recovery=True)
+    assert m.check(server, now) == 1 and m.lost_workers == [2]
+
+
+def test_the_workers_an_evaluation_held_count_their_silence_from_its_end():
+    silence = SilenceWatch(0, 3, timeout_s=3)
+    silence.last_heard = [0.0, 0.0, 0.0]
+    assert silence.resumed({1: True}, now=50.0) == {1: True}
+    assert silence.last_heard == [0.0, 50.0, 0.0]
