@@ -87,7 +87,7 @@ def work(args: argparse.Namespace) -> None:
     import horovod.torch as hvd
 
     sys.path.insert(0, str(HERE / "bench"))
-    from common import make_step
+    from common import plain_horovod_block
     from hvdtrain import launch
     from hvdtrain.cli import build_parser, config_from_args
     from hvdtrain.models import build_model
@@ -121,21 +121,9 @@ def work(args: argparse.Namespace) -> None:
             return steps * s["batch"] * hvd.size() / (time.perf_counter() - t0)
 
         # The hand loop (Horovod's pytorch_mnist example) on a second copy of the model.
-        model = build_model("mlp", (s["features"],), s["classes"], cfg.model)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-        optimizer = hvd.DistributedOptimizer(                               # Horovod
-            optimizer, named_parameters=[(f"hand.{n}", p) for n, p in model.named_parameters()])
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)          # Horovod
-        x, y = workload.train.x, workload.train.y
-        generator = torch.Generator().manual_seed(hvd.rank())
-        hand_step = make_step(model, optimizer)
-
-        def hand_block() -> float:
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                idx = torch.randint(0, len(x), (s["batch"],), generator=generator)
-                hand_step(x[idx], y[idx])
-            return steps * s["batch"] * hvd.size() / (time.perf_counter() - t0)
+        hand_block = plain_horovod_block(
+            hvd, build_model("mlp", (s["features"],), s["classes"], cfg.model),
+            workload.train.x, workload.train.y, s["batch"], steps, "hand")
 
         run_blocks(args, hvd, hvdtrain_block, hand_block)
 

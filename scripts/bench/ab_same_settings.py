@@ -10,12 +10,11 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 
 import horovod.torch as hvd
-from common import make_step
+from common import plain_horovod_block
 from hvdtrain import launch
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.models import build_model
@@ -41,22 +40,8 @@ with tempfile.TemporaryDirectory() as run_dir:
         return trainer.history[-1].samples_per_sec
 
     # The plain loop, as in Horovod's pytorch_mnist example, on a second copy of the model.
-    model = build_model("mlp", (1024,), 10, cfg.model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
-    optimizer = hvd.DistributedOptimizer(                               # Horovod
-        optimizer, named_parameters=[(f"plain.{n}", p) for n, p in model.named_parameters()])
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)          # Horovod
-    x, y = workload.train.x, workload.train.y
-    generator = torch.Generator().manual_seed(hvd.rank())
-
-    plain_step = make_step(model, optimizer)
-
-    def plain_block() -> float:
-        t0 = time.perf_counter()
-        for _ in range(STEPS):
-            idx = torch.randint(0, len(x), (BATCH,), generator=generator)
-            plain_step(x[idx], y[idx])
-        return STEPS * BATCH * hvd.size() / (time.perf_counter() - t0)
+    plain_block = plain_horovod_block(hvd, build_model("mlp", (1024,), 10, cfg.model),
+                                      workload.train.x, workload.train.y, BATCH, STEPS, "plain")
 
     hvdtrain_epoch(0)  # warm up both
     plain_block()

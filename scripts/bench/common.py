@@ -56,6 +56,28 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer):
     return step
 
 
+def plain_horovod_block(hvd, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
+                        steps: int, prefix: str):
+    """The plain loop of Horovod's pytorch_mnist example on ``model``, a second copy beside a
+    trainer in the same job (its parameters named under ``prefix``, so that Horovod's tensor
+    names differ from the trainer's). Returns a function that runs ``steps`` steps on random
+    batches of (x, y) and gives samples/s across the job."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(                               # Horovod
+        optimizer, named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()])
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)          # Horovod
+    generator = torch.Generator().manual_seed(hvd.rank())
+    step = make_step(model, optimizer)
+
+    def block() -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            idx = torch.randint(0, len(x), (batch,), generator=generator)
+            step(x[idx], y[idx])
+        return steps * batch * hvd.size() / (time.perf_counter() - t0)
+    return block
+
+
 def timed_loop(step, args: argparse.Namespace, x: torch.Tensor, y: torch.Tensor) -> float:
     """Run warmup steps, then time ``args.steps`` steps; return seconds. Batches are random
     samples of the data, reshuffled each pass, as a shuffling data loader would give them."""
