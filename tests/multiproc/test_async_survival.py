@@ -9,10 +9,11 @@ import time
 
 import pytest
 
+from hvdtrain.compare.plan import recovery_launcher_args
 from launch import hvdtrain, launcher_env, mpirun, pid_of_rank, records
 
 pytestmark = pytest.mark.multiproc
-RECOVERY = ["--mca", "orte_enable_recovery", "1", "--mca", "orte_abort_on_non_zero_status", "0"]
+RECOVERY = recovery_launcher_args()
 
 
 def _train(run_dir, mca, epochs):
