@@ -22,6 +22,7 @@ from ..config import Config, ConfigError
 from ..models import count_parameters
 from ..run_lock import FolderLock
 from ..scheme import Progress, UpdateScheme
+from ..trackers.state import CheckpointRecord
 from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainingError
 
@@ -72,6 +73,8 @@ class Checkpointer:
         self.auto_resume = cfg.run.auto_resume or cfg.sync.elastic
         # Other components' own state (state_dict/load_state_dict), saved under their names.
         self.components: dict[str, Any] = {}
+        # --tracker's run ids (tracker.json) ride in every checkpoint: a resume continues them
+        self.components["trackers"] = CheckpointRecord(lambda: self.run_dir, cfg.run.resume)
         # --async-checkpoint: writes in a background thread (checkpoint_writer.py), on worker 0
         self.writer = CheckpointWriter() if cfg.run.async_checkpoint else None
 

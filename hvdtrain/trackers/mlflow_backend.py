@@ -19,11 +19,17 @@ PARENT_ENV = "MLFLOW_PARENT_RUN_ID"
 # the run seconds, not minutes (the user's own settings win).
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+JOB_TAG = "hvdtrain.job_key"  # sink.py's key of the job, by which a resume finds its run
 PARAM_CHARS = 500  # the smallest limit of the MLflow versions in use
 
 
 def local_store(folder: Path) -> str:
     return f"sqlite:///{folder.resolve() / 'mlflow.db'}"
+
+
+def store_exists(uri: str) -> bool:
+    """False for a local SQLite store whose file is gone (MLflow would make an empty one)."""
+    return not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).is_file()
 
 
 def client_for(uri: str):
@@ -77,6 +83,14 @@ def experiment_id(client, project: str, folder: Path, uri: str) -> str:
         return exp.experiment_id
 
 
+def logged_so_far(client, run) -> dict[str, Any]:
+    """What tracker.json would have said of a run found by its job key: whether it has its
+    parameters (MLflow refuses to change one), and its last step, after which a resume logs."""
+    steps = [m.step for key in run.data.metrics
+             for m in client.get_metric_history(run.info.run_id, key)]
+    return {"params": bool(run.data.params), "last_step": max(steps, default=-1)}
+
+
 class MlflowBackend:
     name = "mlflow"
 
@@ -86,21 +100,38 @@ class MlflowBackend:
         self.client = None
         self.run_id = ""
 
+    def locate(self, previous: dict[str, Any]) -> dict[str, Any]:
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or previous.get("tracking_uri") or ""
+        # a checkpoint copied from a run folder that is gone: a new run, in this folder
+        return {"tracking_uri": uri if uri and store_exists(uri) else local_store(self.run_dir)}
+
     def start(self, previous: dict[str, Any]) -> dict[str, Any]:
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or previous.get("tracking_uri") \
-            or local_store(self.run_dir)
+        uri = self.locate(previous)["tracking_uri"]
         self.client = client_for(uri)
-        if previous.get("run_id") and previous.get("tracking_uri") == uri:
+        exp = experiment_id(self.client, self.project, self.run_dir, uri)
+        entry: dict[str, Any] = {"tracking_uri": uri}
+        if previous.get("run_id") and previous.get("tracking_uri") == uri:  # as before
             self.run_id = previous["run_id"]
+        elif (found := self._run_tagged(exp, previous.get("job_key"))) is not None:
+            self.run_id = found.info.run_id
+            entry.update(logged_so_far(self.client, found))
+        if self.run_id:
             self.client.update_run(self.run_id, status="RUNNING")
         else:
-            exp = experiment_id(self.client, self.project, self.run_dir, uri)
-            tags = {"hvdtrain.run_dir": str(self.run_dir.resolve())}
+            tags = {"hvdtrain.run_dir": str(self.run_dir.resolve()),
+                    JOB_TAG: previous.get("job_key", "")}
             if os.environ.get(PARENT_ENV):
                 tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
             run = self.client.create_run(exp, run_name=self.run_dir.name, tags=tags)
             self.run_id = run.info.run_id
-        return {"run_id": self.run_id, "tracking_uri": uri}
+        return {**entry, "run_id": self.run_id}
+
+    def _run_tagged(self, exp: str, job_key: str | None):
+        """The run of this job that a checkpoint knew only by its key (its tracker.json lost)."""
+        if not job_key:
+            return None
+        runs = self.client.search_runs([exp], f"tags.`{JOB_TAG}` = '{job_key}'", max_results=1)
+        return runs[0] if runs else None
 
     def log_params(self, header: dict[str, Any]) -> None:
         from mlflow.entities import Param

@@ -14,6 +14,7 @@ import os
 import queue
 import sys
 import threading
+import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,9 +30,14 @@ DEFAULT_TIMEOUT = 120.0
 class Backend(Protocol):
     name: str
 
+    def locate(self, previous: dict[str, Any]) -> dict[str, Any]:
+        """Where the run will live, known at once without opening it (MLflow's store), for
+        tracker.json and the checkpoints written before start() returns."""
+
     def start(self, previous: dict[str, Any]) -> dict[str, Any]:
-        """Open the tracker run (``previous``'s, when it names one); return what tracker.json
-        keeps of it (its id, where it lives)."""
+        """Open the tracker run (``previous``'s, when it names one by its id or by the job_key
+        that the run was tagged with); return what tracker.json keeps of it (its id, where it
+        lives)."""
 
     def log_params(self, header: dict[str, Any]) -> None: ...
 
@@ -55,6 +61,11 @@ class TrackerSink:
         self.backend = backend
         self.run_dir = run_dir
         self.entry = dict(previous)
+        # Known before the tracker opens its run (seconds, in the thread): the first checkpoints
+        # carry it, and a resume from one of them finds the run by it (CheckpointRecord).
+        self.entry.setdefault("job_key", uuid.uuid4().hex)
+        self.entry = {**backend.locate(self.entry), **self.entry}  # what start() compares
+        self._save()
         # Steps up to here were logged by an earlier attempt: a resume trains them again.
         self.resume_after = int(previous.get("last_step", -1)) if previous.get("run_id") else -1
         self.artifacts = list(artifacts)
@@ -89,6 +100,8 @@ class TrackerSink:
     def _work(self) -> None:
         try:
             self.entry.update(self.backend.start(self.entry))
+            if self.entry.get("run_id"):  # a run found by its job key says what it has
+                self.resume_after = max(self.resume_after, int(self.entry.get("last_step", -1)))
             self._save()
             while (item := self.queue.get()) is not None:
                 self._send(*item)

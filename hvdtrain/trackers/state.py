@@ -3,7 +3,15 @@ global step it logged. A resumed run (--resume, --auto-resume) continues that tr
 skips the steps it trains again, which the first attempt logged already (TensorBoard's purge
 does the same for event files).
 
-    {"mlflow": {"run_id": "...", "tracking_uri": "...", "last_step": 120, "params": true}}
+    {"mlflow": {"job_key": "...", "run_id": "...", "tracking_uri": "...", "last_step": 120,
+                "params": true}}
+
+job_key is hvdtrain's name for the job's tracker run, written before the tracker opens it (a
+new MLflow store takes seconds to create): MLflow's run is tagged with it, W&B's id is made of
+it.
+
+Every checkpoint also carries the file's entries (CheckpointRecord below), so a checkpoint moved
+to another folder, or a run folder that lost tracker.json, still continues its tracker run.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 STATE_NAME = "tracker.json"
 
@@ -42,3 +50,28 @@ def write_state(run_dir: Path, name: str, entry: dict[str, Any]) -> None:
     tmp = path.with_name(f".{STATE_NAME}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+class CheckpointRecord:
+    """The checkpoint's copy of tracker.json (a component of loop/checkpointer.py, saved under
+    "trackers"). Restoring it writes back the entries that neither the run folder nor the folder
+    resumed from has: those files, when present, know a later logged step than the checkpoint.
+    Steps the lost file's tracker run logged after the checkpoint are then logged again."""
+
+    def __init__(self, folder: Callable[[], Path], resume: str | None):
+        self.folder = folder  # the run folder, known once the run claimed it
+        self.resume = resume
+
+    def state_dict(self) -> dict[str, Any]:
+        return read_state(self.folder())
+
+    def load_state_dict(self, saved: dict[str, Any] | None) -> None:
+        for name, entry in (saved or {}).items():
+            if (isinstance(entry, dict) and names_a_run(entry)
+                    and not names_a_run(previous_state(self.folder(), self.resume, name))):
+                write_state(self.folder(), name, entry)
+
+
+def names_a_run(entry: dict[str, Any]) -> bool:
+    """By the tracker's own id, or (before the tracker opened the run) by the job's key."""
+    return bool(entry.get("run_id") or entry.get("job_key"))

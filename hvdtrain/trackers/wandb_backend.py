@@ -35,9 +35,12 @@ class WandbBackend:
         self.run = None
         self.mode = wandb_mode()
 
+    def locate(self, previous: dict[str, Any]) -> dict[str, Any]:
+        return {}  # the run's id is the job's key; the folder is the run folder
+
     def start(self, previous: dict[str, Any]) -> dict[str, Any]:
         import wandb
-        run_id = previous.get("run_id") or uuid.uuid4().hex[:8]
+        run_id = previous.get("run_id") or previous.get("job_key", uuid.uuid4().hex)[:8]
         # console off: W&B would wrap stdout and stderr, which the launcher reads
         settings = wandb.Settings(console="off", x_disable_stats=True, disable_git=True,
                                   save_code=False, silent=True, x_save_requirements=False)

@@ -15,7 +15,7 @@ from hvdtrain.run_output import read_jsonl
 from hvdtrain.trackers import build, names
 from hvdtrain.trackers.metrics import line_step, metrics_of, params_of, tags_of
 from hvdtrain.trackers.sink import TrackerSink
-from hvdtrain.trackers.state import read_state
+from hvdtrain.trackers.state import CheckpointRecord, read_state, write_state
 from test_trainer import CrashAt, make_trainer
 from tracker_readers import (mlflow_history, mlflow_runs, mlflow_store, wandb_history,
                              wandb_offline_runs, wandb_run_id)
@@ -76,6 +76,7 @@ class FakeBackend:
         self._call("start")
         return {"run_id": previous.get("run_id", "r1")}
 
+    def locate(self, previous): return {}
     def log_params(self, header): self._call("params", header)
     def log_metrics(self, metrics, step): self._call("metrics", step, metrics)
     def set_tags(self, tags): self._call("tags", tags)
@@ -97,6 +98,7 @@ def test_a_resume_continues_the_tracker_run_and_skips_the_steps_it_logged(tmp_pa
     first = FakeBackend()
     feed(TrackerSink(first, tmp_path, {}), [1, 2, 3, 4])
     entry = read_state(tmp_path)["fake"]
+    assert len(entry.pop("job_key")) == 32  # known before the backend opened its run
     assert entry == {"run_id": "r1", "last_step": 4, "params": True}
     assert first.calls[-1] == ("finish", "KILLED")
     again = FakeBackend()  # resumed from a checkpoint at step 2: steps 3 and 4 come again
@@ -167,6 +169,44 @@ def test_mlflow_holds_one_run_whose_metrics_match_the_log_and_a_resume_continues
     assert steps == list(range(1, 25))  # each step once: 16 from the first attempt only
     assert {a.path for a in mlflow_client(store).list_artifacts(run.info.run_id, "checkpoints")} \
         == {"checkpoints/checkpoint.pt"}
+
+
+@needs_mlflow
+def test_a_folder_that_lost_tracker_json_continues_the_run_its_checkpoint_names(tmp_path):
+    import torch
+    # The steps end before MLflow has made its store (seconds): the checkpoints know the run
+    # only by the job's key, which it was tagged with.
+    with pytest.raises(KeyboardInterrupt):
+        make_trainer(tmp_path, hooks=[CrashAt(17)], checkpoint_steps=5, tracker="mlflow",
+                     log_steps=True).fit()
+    [run] = mlflow_runs(mlflow_store(tmp_path))
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["trackers"]["mlflow"]
+    assert run.data.tags["hvdtrain.job_key"] == saved["job_key"]
+    (tmp_path / "tracker.json").unlink()
+    make_trainer(tmp_path, checkpoint_steps=5, tracker="mlflow", auto_resume=True,
+                 log_steps=True).fit()
+    [run] = mlflow_runs(mlflow_store(tmp_path))  # still one run, now finished
+    assert run.info.status == "FINISHED"
+    steps = [s for s, _ in mlflow_history(mlflow_store(tmp_path), run.info.run_id, "step/loss")]
+    assert steps == list(range(1, 25))  # the run said what it had: no step twice
+    assert read_state(tmp_path)["mlflow"]["run_id"] == run.info.run_id
+
+
+def test_the_checkpoints_tracker_entry_gives_way_to_the_folders_own(tmp_path):
+    source, target = tmp_path / "a", tmp_path / "b"
+    source.mkdir(), target.mkdir()
+    write_state(source, "mlflow", {"run_id": "from-a", "last_step": 30})
+    saved = CheckpointRecord(lambda: source, None).state_dict()
+    assert saved == {"mlflow": {"run_id": "from-a", "last_step": 30}}
+    # --resume a/checkpoint.pt --run-dir b: a's tracker.json (a later step) is what counts
+    CheckpointRecord(lambda: target, str(source / "checkpoint.pt")).load_state_dict(
+        {"mlflow": {"run_id": "from-a", "last_step": 20}})
+    assert read_state(target) == {}
+    # neither folder has one (a copied checkpoint): the checkpoint's entry is written back
+    CheckpointRecord(lambda: target, None).load_state_dict(
+        {"mlflow": {"run_id": "from-a", "last_step": 20}, "wandb": {}})
+    assert read_state(target) == {"mlflow": {"run_id": "from-a", "last_step": 20}}
+    CheckpointRecord(lambda: target, None).load_state_dict(None)  # a checkpoint of before
 
 
 def mlflow_client(store):
