@@ -67,6 +67,10 @@ def test_images_are_built_by_the_setup_script_the_readme_uses():
         assert any("bash scripts/setup/setup.sh" in r for r in runs), stage
     gpu_setup = next(a for i, a in built["gpu-build"] if "setup.sh" in a)
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in gpu_setup
+    for stage in ("gpu-build", "cpu-build"):  # --tracker mlflow / wandb work in the images
+        setup = next(a for i, a in built[stage] if "setup.sh" in a)
+        assert 'HVDTRAIN_EXTRAS="${HVDTRAIN_EXTRAS}"' in setup, stage
+        assert ("ARG", "HVDTRAIN_EXTRAS=dev,mlflow,wandb") in built[stage], stage
     # One source of truth: no other Horovod install or patch anywhere in the Dockerfile.
     text = (ROOT / "Dockerfile").read_text()
     assert "pip install horovod" not in text and ".patch" not in text
