@@ -173,7 +173,19 @@ def _run_async(cfg: Config, workload: Workload, model):
             else None, root=0)
         return Finished(history, run_dir, trainer, verdict)
     except BaseException as e:  # never leave the other ranks waiting for this one
+        _leave_if_lost(e)
         _end_async_job(e, world, runtime.rank, trainer)
+
+
+def _leave_if_lost(e: BaseException) -> None:
+    """A worker the servers declared lost leaves quietly: the job goes on without it, and an
+    abort would end the survivors too (ps/ledger.py)."""
+    from .ps.membership import WorkerLost, exit_without_finalize
+
+    if isinstance(e, WorkerLost):
+        print(f"hvdtrain: {e}; this process leaves the job, which goes on without it",
+              file=sys.stderr, flush=True)
+        exit_without_finalize()
 
 
 def _end_async_job(e: BaseException, world, rank: int, trainer) -> None:

@@ -87,6 +87,7 @@ class Job:
         monkeypatch.setitem(sys.modules, "mpi4py", SimpleNamespace(MPI=FakeMPI))
         self.outbox: list[tuple[int, Tag]] = []       # server -> worker messages
         self.sent: list[tuple[int, Tag, object]] = []  # ... all of them, with their payloads
+        self.clocks = defaultdict(int)  # worker -> pushes sent through send()
         self.queues = defaultdict(deque)  # (server rank, sender rank) -> headers in flight
         self.payloads = defaultdict(deque)  # (server rank, sender rank) -> VERDICT payloads
         self.servers = []
@@ -119,8 +120,11 @@ class Job:
 
     def send(self, worker: int, kind: Kind, flags: int = 0, lr: float = 1.0,
              now: float = 0.0) -> list[tuple[int, Tag]]:
-        """One request to server 0, served at once."""
-        header = make_header(kind, clock=1, lr=lr, flags=flags, worker=worker)
+        """One request to server 0, served at once. A push carries the worker's next clock, as
+        a real worker's does (a server refuses one that does not advance: ps/ledger.py)."""
+        if kind == Kind.PUSH:
+            self.clocks[worker] += 1
+        header = make_header(kind, clock=self.clocks[worker], lr=lr, flags=flags, worker=worker)
         return self.handle(self.topology.server_ranks()[0], worker, header, now)
 
     def push(self, worker: int, gradient: np.ndarray | None = None, flags: int = WANT_PARAMS,

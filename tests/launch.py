@@ -125,3 +125,28 @@ def ranks_agree_with_checkpoint(dumps: Path, run_dir: Path) -> dict:
         assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
         assert torch.equal(tensor, saved[name]), f"{name} differs from the checkpoint"
     return rank0
+
+
+def no_update_applied_twice(summary: dict) -> None:
+    """Issue 28's invariant for an async job (its "scheme" line; hvdtrain/ps/ledger.py): every
+    server took each worker's pushes once, a lost worker's up to its loss, refused none but a
+    lost worker's, and applied one update per push with a gradient; the job's batch plan
+    completed no batch twice, handed one out again only when a lost worker gave it back, and
+    left none untrained but those (a loss noticed after the survivors had used up the plan's
+    other batches: they have left the training loop, and the batches stay untrained)."""
+    lost = {loss["worker"]: loss["pushes"] for loss in summary.get("workers_lost", [])}
+    for server in summary["servers"]:
+        taken = server["pushes_per_worker"]
+        assert taken == server["pushes_made_per_worker"], server
+        assert all(taken[w] == pushes for w, pushes in lost.items()), (lost, server)
+        assert server["pushes_applied"] == sum(taken), server
+        assert server["updates"] == sum(taken) - server["pushes_without_gradient"], server
+        refused = server["pushes_refused_per_worker"]
+        assert all(n == 0 for w, n in enumerate(refused) if w not in lost), server
+    plan = summary["servers"][0]
+    if "batches_completed" in plan:
+        assert plan["batches_pushed_twice"] == 0, plan
+        handed = sum(plan["batches_per_worker"].values())
+        assert handed == plan["batches_completed"] + plan["batches_handed_back"], plan
+        assert plan["batches_untrained"] <= plan["batches_handed_back"], plan
+        assert lost or plan["batches_handed_back"] == 0, plan

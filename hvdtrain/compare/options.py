@@ -91,7 +91,9 @@ class CompareConfig:
                              "momentum 0.9, one mode per --local-steps); async (no staleness bound); ssp (one mode per --staleness-bounds); "
                              "backup (sync through the server with backup workers, one mode per "
                              "--backup-workers); async-slr (the staleness-aware learning rate); "
-                             "dcasgd (delay compensation)", type=str)
+                             "dcasgd (delay compensation); elastic (sync under horovodrun "
+                             "--gloo elastic, which trains on without a killed worker; with "
+                             "--faults, on one host, 2 workers at most)", type=str)
     staleness_bounds: str = _opt("2", "SSP bounds, one run set per bound")
     backup_workers: str = _opt("1", "backup workers of the backup mode, one run set per number")
     local_steps: str = _opt("4", "steps between model averages of the local and diloco modes, "
@@ -191,6 +193,7 @@ class CompareConfig:
             if getattr(self, key) is None:
                 setattr(self, key, value)
         self._check_plan()
+        self._check_elastic()
         self._check_launch()
         self._check_simulation()
         if self.from_run is not None:
@@ -208,13 +211,33 @@ class CompareConfig:
             check_installed(["mlflow"])
 
     def planned_modes(self) -> list[planning.Mode]:
+        names = [m.strip() for m in self.modes.split(",") if m.strip()]
+        elastic = [planning.ELASTIC] if "elastic" in names else []
+        names = [m for m in names if m != "elastic"]
         try:
-            return planning.modes([m.strip() for m in self.modes.split(",") if m.strip()],
-                                  ints(self.staleness_bounds, "--staleness-bounds"),
-                                  ints(self.backup_workers, "--backup-workers"),
-                                  ints(self.local_steps, "--local-steps"))
+            return (planning.modes(names, ints(self.staleness_bounds, "--staleness-bounds"),
+                                   ints(self.backup_workers, "--backup-workers"),
+                                   ints(self.local_steps, "--local-steps"))
+                    if names or not elastic else []) + elastic
         except ValueError as e:
             raise ConfigError(str(e)) from None
+
+    def _check_elastic(self) -> None:
+        """Elastic sync runs under horovodrun on this machine's own host names (plan.py)."""
+        if "elastic" not in [m.strip() for m in (self.modes or "").split(",")]:
+            return
+        limit = len(planning.ELASTIC_HOSTS)
+        for wrong, fix in [(not self.faults, "add --faults SCHEDULE (without a fault elastic "
+                                             "sync trains as sync does)"),
+                           (self.workers > limit, f"use --workers {limit} or fewer (each "
+                                                  "elastic worker needs a host name of its own "
+                                                  "on this machine)"),
+                           (self.hostfile is not None or self.simulate or
+                            self.sweep_workers.strip(), "drop --hostfile, --simulate and "
+                                                        "--sweep-workers")]:
+            if wrong:
+                raise ConfigError(f"--modes elastic: runs on this machine under --faults only; "
+                                  f"{fix}, or drop elastic")
 
     def sim_seconds(self, name: str) -> float | None:
         """A --sim-*-ms figure in seconds (None: measure it)."""

@@ -11,6 +11,14 @@ from ..ps.membership import RECOVERY_FLAGS
 from ..rules.registry import DC_LAMBDA, MODE_NAMES, Mode, modes  # noqa: F401
 
 
+# Elastic sync (--modes elastic, under --faults): sync training under horovodrun --gloo
+# elastic, which takes a killed worker's host out of the job and trains on with the others.
+# Horovod blacklists the host of a failed worker, so each worker needs a host of its own: these
+# names both resolve to this machine, and Horovod starts a local process for either.
+ELASTIC = Mode("elastic", scheme="sync")
+ELASTIC_HOSTS = ("localhost", "127.0.0.1")
+
+
 @dataclass(frozen=True)
 class PlannedRun:
     name: str
@@ -27,9 +35,11 @@ class PlannedRun:
         """Under --faults, a failed run is launched again with --auto-resume (sync and its
         variants: the job restarts from its checkpoint); async runs ride out a worker's loss
         in the job itself, under the launcher's recovery settings (recovery_launcher_args)."""
-        return bool(self.faults) and not self.mode.is_async
+        return bool(self.faults) and not self.mode.is_async and self.mode != ELASTIC
 
     def command(self, python: str, run_dir: str, cores: int | None = None) -> list[str]:
+        if self.mode == ELASTIC:
+            return self._elastic_command(python, run_dir)
         cores = cores or os.cpu_count() or 1
         launch = ["mpirun", "-np", str(self.processes), *self.launcher_args]
         # One host with more processes than cores: mpirun refuses without this. Across hosts
@@ -50,6 +60,18 @@ class PlannedRun:
                 *(["--straggler", self.straggler] if self.straggler else []),
                 *(["--inject-faults", self.faults] if self.faults else []),
                 *(["--auto-resume"] if self.restartable else []), *self.train_args]
+
+    def _elastic_command(self, python: str, run_dir: str) -> list[str]:
+        """horovodrun --gloo elastic on this machine's host names, one worker each; Horovod
+        runs the discovery script through the shell, so it is an echo, not a file."""
+        hosts = "; ".join(f"echo {host}:1" for host in ELASTIC_HOSTS[:self.processes])
+        beside = os.path.join(os.path.dirname(python), "horovodrun")  # the venv's
+        return [beside if os.path.exists(beside) else "horovodrun", "-np", str(self.processes),
+                "--min-np", "1", "--max-np", str(self.processes), "--host-discovery-script",
+                hosts, "--gloo", python, "-m", "hvdtrain", "train", "--mode", "sync",
+                "--elastic", "--seed", str(self.seed), "--run-dir", run_dir, "--no-progress",
+                *(["--straggler", self.straggler] if self.straggler else []),
+                *(["--inject-faults", self.faults] if self.faults else []), *self.train_args]
 
 
 def recovery_launcher_args() -> list[str]:

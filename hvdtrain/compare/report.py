@@ -207,11 +207,13 @@ def faults_table(results: list[RunResult]) -> list[str]:
     if not faulted:
         return []
     lines = ["", "## Under faults", "",
-             "Goodput: the final model's samples (its global steps times the global batch) per "
+             "Goodput: the final model's samples (its global steps times the global batch; an "
+             "elastic job's epochs' own counts once its world shrank) per "
              "second of the whole job: every attempt's wall time from launch to exit, start-up, "
              "the failed attempts and the work they lost included. A job that never finished "
              "has a goodput of 0. Restarts: launches after the first (sync runs resume their "
-             "last checkpoint with --auto-resume; async runs stay in one launch).", "",
+             "last checkpoint with --auto-resume; async and elastic runs stay in one launch).",
+             "",
              "| mode | runs ok | restarts | goodput (samples/s) | samples/s while training | "
              "final test acc |", "|---|---|---|---|---|---|"]
     groups: dict[str, list[RunResult]] = defaultdict(list)

@@ -77,6 +77,20 @@ def samples_trained(header: dict, scheme: dict | None, end: dict) -> int:
     return end["step"] * header["config"]["run"]["batch_size"] * header["num_workers"]
 
 
+def model_samples(header: dict, epochs: list[dict], end: dict) -> int:
+    """The final model's samples: its global steps times the global batch, while the job kept
+    its workers. An elastic job's world shrinks when a worker is lost, and its steps after that
+    take fewer samples: then the epochs' own counts (the latest line of each, should a reset
+    repeat one), plus the steps after the last epoch line at the batch of its workers."""
+    batch, workers = header["config"]["run"]["batch_size"], header["num_workers"]
+    if all(e.get("workers", workers) == workers for e in epochs):
+        return end["step"] * batch * workers
+    latest = {e["epoch"]: e for e in epochs if e["step"] <= end["step"]}
+    done = sorted(latest.values(), key=lambda e: e["step"])
+    since, now = (done[-1]["step"], done[-1].get("workers", workers)) if done else (0, workers)
+    return sum(e["samples"] for e in done) + (end["step"] - since) * batch * now
+
+
 def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> RunResult:
     result = RunResult(run.name, run.mode.name, run.straggler or "none", run.seed,
                        status["status"], status.get("reason", ""), None, None, None, None, None,
@@ -106,8 +120,7 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> 
     result.samples_per_sec = (samples_trained(header, scheme, end) / result.wall_seconds
                               if result.wall_seconds else None)
     if result.restarts is not None and status.get("seconds"):
-        model_samples = end["step"] * header["config"]["run"]["batch_size"] * header["num_workers"]
-        result.goodput = model_samples / status["seconds"]
+        result.goodput = model_samples(header, epochs, end) / status["seconds"]
     if scheme and scheme.get("staleness_histogram"):
         hist = {int(k): int(v) for k, v in scheme["staleness_histogram"].items()}
         result.staleness_histogram = hist

@@ -63,6 +63,8 @@ class BatchDispatcher:
         self.outstanding: dict[int, int] = {}  # slot -> worker: handed out, push not arrived
         self.told_none: set[int] = set()     # workers told NO_SLOT
         self.completed = 0                   # pushes that carried a slot, in this run
+        self.pushed_twice = 0                # ... a slot not outstanding to its sender
+        self.handed_back = 0                 # slots of lost workers, handed out again
         self.handed_to: Counter = Counter()  # worker -> slots handed out, for the statistics
 
     def take(self, worker: int) -> int:
@@ -77,8 +79,13 @@ class BatchDispatcher:
         self.handed_to[worker] += 1
         return slot
 
-    def complete(self, slot: int) -> None:
-        if self.outstanding.pop(slot, None) is not None:  # once; anything else is ignored
+    def complete(self, slot: int, worker: int | None = None) -> None:
+        """The push carrying ``slot``'s gradient came (from ``worker``, when known). A slot
+        completes once; a push for a slot not outstanding to its sender (already completed,
+        or handed to another worker) is counted, since its batch was trained twice."""
+        if worker is not None and self.outstanding.get(slot) != worker:
+            self.pushed_twice += 1
+        elif self.outstanding.pop(slot, None) is not None:
             self.completed += 1
 
     def finished_pushing(self, worker: int) -> bool:
@@ -92,6 +99,7 @@ class BatchDispatcher:
         for slot in slots:
             del self.outstanding[slot]
         self.redo.extendleft(reversed(slots))
+        self.handed_back += len(slots)
 
     @property
     def finished(self) -> bool:
@@ -129,7 +137,9 @@ class BatchDispatcher:
                 "are not trained again")
 
     def statistics(self) -> dict[str, Any]:
-        return {"batches_completed": self.completed,
+        return {"batches_completed": self.completed, "batches_pushed_twice": self.pushed_twice,
+                "batches_handed_back": self.handed_back,
+                "batches_untrained": self.plan.total - self.completed,
                 "batches_per_worker": {int(w): int(n) for w, n in sorted(self.handed_to.items())},
                 "batches_left": self.plan.total - self.lowest_undone()}
 

@@ -68,6 +68,12 @@ def exit_without_finalize() -> None:
     os._exit(0)
 
 
+class WorkerLost(Exception):
+    """This worker was declared lost while it was frozen or cut off: its batches went to the
+    survivors and the servers refuse its pushes (ledger.py), so it leaves the job, exiting 0
+    without MPI_Finalize (exit_without_finalize), and the job goes on without it."""
+
+
 @dataclass
 class Loss:
     worker: int

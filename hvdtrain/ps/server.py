@@ -27,6 +27,7 @@ from ..rules.clocks import Versions, WorkerClocks
 from ..rules.registry import server_rules
 from ..rules.statistics import RuleStatistics
 from .dispatch import BatchDispatcher, SlotPlan
+from .ledger import PushLedger, answer_refused
 from .membership import Membership
 from .pauses import EvalPauses
 from .pushes import AsyncPushes, RoundPushes
@@ -51,6 +52,7 @@ class ParameterServer:
         self.policy, self.step = rules.policy, rules.step  # the rules this server runs
         self.clocks, self.versions = WorkerClocks(n), Versions(n)
         self.stats, self.load = RuleStatistics(), ServerLoad(n)
+        self.ledger = PushLedger(n)  # no push applied twice, nor one from a lost worker
         self.header = np.zeros(HEADER_LEN, dtype=np.int64)
         self.shard: Shard | None = None    # filled in by INIT
         self.pushes: AsyncPushes | RoundPushes | None = None  # ... what a push does
@@ -153,9 +155,12 @@ class ParameterServer:
 
     def _handle_push(self, worker: int, now: float) -> None:
         flags = int(self.header[H_FLAGS])
+        if not self.ledger.admits(self.clocks.clocks[worker], worker, int(self.header[H_CLOCK])):
+            answer_refused(self, worker, flags)
+            return
         if flags & WANT_SLOT and self.dispatcher is not None:
             # Its slot is done; its next one goes out now, before the reply, which may be held.
-            self.dispatcher.complete(int(self.header[H_SLOT]))
+            self.dispatcher.complete(int(self.header[H_SLOT]), worker)
             self._hand_out(worker, 1)
         self.load.push(worker, int(self.header[H_SIZE]), now)
         has_gradient = not flags & NO_GRADIENT
@@ -243,5 +248,5 @@ class ParameterServer:
         if ps.eval_pauses_workers and self.index == 0:
             rules["eval_pause_debt_seconds"] = round(self.pauses.debt_seconds, 3)
         return self.load.report(self.index, self.versions.version,
-                                {**rules, **self.membership.report(),
+                                {**rules, **self.membership.report(), **self.ledger.report(),
                                  **(self.dispatcher.statistics() if self.dispatcher else {})})

@@ -61,6 +61,7 @@ class ServerLoad:
                 "samples": self.samples_received, "push_span_seconds": round(span, 4),
                 "samples_per_sec": round(self.samples_received / span, 2) if span else None,
                 "pushes_made_by_workers": sum(self.pushes_reported),
+                "pushes_made_per_worker": list(self.pushes_reported),
                 "peak_rss_bytes": peak_rss_bytes(), "rss_at_start_bytes": self.rss_at_start,
                 "rss_at_first_push_bytes": self.rss_at_first_push,
                 "rss_at_end_bytes": current_rss_bytes(),

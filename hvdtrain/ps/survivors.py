@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .membership import recovery_enabled
+from .membership import WorkerLost, recovery_enabled
 from .protocol import Tag
 from .waiting import StuckError
 
@@ -36,6 +36,9 @@ class Survivors:
         word = np.empty(2, dtype=np.int64)
         while self.comm.Iprobe(source=self.leader, tag=Tag.LOST):
             self.comm.Recv(word, source=self.leader, tag=Tag.LOST)
+            if int(word[0]) == self.comm.Get_rank():  # this one (ledger.py): it leaves
+                raise WorkerLost(f"worker {int(word[0])} was declared lost after "
+                                 f"{int(word[1])} pushes; its batches went to the others")
             self.lost.append(int(word[0]))
             self.pushes[int(word[0])] = int(word[1])
             news = True

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hvdtrain.compare.plan import recovery_launcher_args
-from launch import hvdtrain, launcher_env, mpirun, pid_of_rank, records
+from launch import hvdtrain, launcher_env, mpirun, no_update_applied_twice, pid_of_rank, records
 
 pytestmark = pytest.mark.multiproc
 RECOVERY = recovery_launcher_args()
@@ -69,6 +69,7 @@ def test_a_killed_worker_is_dropped_and_the_others_finish_the_job(tmp_path):
     summary = records(tmp_path, "scheme")[0]
     assert [loss["worker"] for loss in summary["workers_lost"]] == [2], summary
     assert summary["workers_lost"][0]["pushes"] > 0
+    no_update_applied_twice(summary)
     epochs = records(tmp_path, "epoch")
     assert len(epochs) == 16
     assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]

@@ -12,7 +12,8 @@ import pytest
 
 from hvdtrain import checkpoint
 from hvdtrain.compare.plan import recovery_launcher_args
-from launch import REPO, hvdtrain, mpirun, ranks_agree_with_checkpoint, records, run
+from launch import (REPO, hvdtrain, mpirun, no_update_applied_twice, ranks_agree_with_checkpoint,
+                    records, run)
 
 pytestmark = pytest.mark.multiproc
 
@@ -58,6 +59,8 @@ def test_async_trains_on_without_a_killed_worker_under_mpiruns_recovery(tmp_path
     assert job.returncode == 0, job.stderr[-3000:]
     assert "injected fault: kill rank 2 at step 40" in job.stderr
     assert "worker 2 (rank 2) lost" in job.stderr
-    assert [lost["worker"] for lost in records(tmp_path, "scheme")[0]["workers_lost"]] == [2]
+    summary = records(tmp_path, "scheme")[0]
+    assert [lost["worker"] for lost in summary["workers_lost"]] == [2]
+    no_update_applied_twice(summary)
     epochs = records(tmp_path, "epoch")
     assert len(epochs) == 20 and epochs[-1]["test_acc"] >= 0.95, epochs[-1]

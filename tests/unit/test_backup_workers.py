@@ -177,6 +177,7 @@ class Worker:
         self.stops: set[int] = set()     # servers whose STOP came
         self.wants_stop = False
         self.state = "training"          # training | stopping | ending | done
+        self.clock = 0                   # pushes made
 
 
 def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, steps: int = 12):
@@ -201,7 +202,8 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
         server.pushes._finish = checked
 
     def send(worker: Worker, kind: Kind, flags: int = 0, to=ranks):
-        header = make_header(kind, clock=1, lr=rnd.choice([0.5, 1.0]), flags=flags,
+        worker.clock += kind == Kind.PUSH  # a server refuses a push whose clock stands still
+        header = make_header(kind, clock=worker.clock, lr=rnd.choice([0.5, 1.0]), flags=flags,
                              worker=worker.index)
         for rank in to:
             job.queues[rank, worker.index].append(header)
@@ -339,5 +341,6 @@ def test_a_pause_charges_each_worker_the_time_it_computed_during_the_evaluation(
     assert server.pauses.debt_seconds == pytest.approx(0.23)
     # the next pause charges anew; a worker's debts are paid once
     job.sent.clear()
+    header = make_header(Kind.PUSH, clock=2, lr=1.0, flags=WANT_PARAMS, worker=2)
     assert replied(job.handle(job.topology.server_ranks()[0], 2, header, now=1.3)) == {2}
     assert not [m for m in job.sent if m[1] == Tag.DEBT]
