@@ -38,9 +38,9 @@ class PlannedRun:
         return bool(self.faults) and not self.mode.is_async and self.mode != ELASTIC
 
     def command(self, python: str, run_dir: str, cores: int | None = None) -> list[str]:
-        if self.mode == ELASTIC:
-            return self._elastic_command(python, run_dir)
         cores = cores or os.cpu_count() or 1
+        if self.mode == ELASTIC:
+            return self._elastic_command(python, run_dir, cores)
         launch = ["mpirun", "-np", str(self.processes), *self.launcher_args]
         # One host with more processes than cores: mpirun refuses without this. Across hosts
         # the hostfile's slots decide.
@@ -61,17 +61,22 @@ class PlannedRun:
                 *(["--inject-faults", self.faults] if self.faults else []),
                 *(["--auto-resume"] if self.restartable else []), *self.train_args]
 
-    def _elastic_command(self, python: str, run_dir: str) -> list[str]:
+    def _elastic_command(self, python: str, run_dir: str, cores: int) -> list[str]:
         """horovodrun --gloo elastic on this machine's host names, one worker each; Horovod
-        runs the discovery script through the shell, so it is an echo, not a file."""
+        runs the discovery script through the shell, so it is an echo, not a file. Each
+        worker sees a host of its own and would take every core (runtime.default_threads): it
+        gets its share of them, as the workers of an mpirun run on this machine do."""
         hosts = "; ".join(f"echo {host}:1" for host in ELASTIC_HOSTS[:self.processes])
+        threads = [] if "--threads" in self.train_args else \
+            ["--threads", str(max(1, cores // self.processes))]
         beside = os.path.join(os.path.dirname(python), "horovodrun")  # the venv's
         return [beside if os.path.exists(beside) else "horovodrun", "-np", str(self.processes),
                 "--min-np", "1", "--max-np", str(self.processes), "--host-discovery-script",
                 hosts, "--gloo", python, "-m", "hvdtrain", "train", "--mode", "sync",
                 "--elastic", "--seed", str(self.seed), "--run-dir", run_dir, "--no-progress",
                 *(["--straggler", self.straggler] if self.straggler else []),
-                *(["--inject-faults", self.faults] if self.faults else []), *self.train_args]
+                *(["--inject-faults", self.faults] if self.faults else []), *threads,
+                *self.train_args]
 
 
 def recovery_launcher_args() -> list[str]:

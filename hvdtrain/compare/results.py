@@ -65,7 +65,7 @@ def curve(records: list[dict]) -> list[dict]:
     return sorted(points, key=lambda p: p["step"])  # stable: log order within a step
 
 
-def samples_trained(header: dict, scheme: dict | None, end: dict) -> int:
+def samples_trained(header: dict, scheme: dict | None, end: dict, epochs: list[dict]) -> int:
     """The samples trained on by the end of the run. Async: the servers' count of every push
     (dropped backup gradients included: work done), as the workers do not keep step with worker
     0, whose steps the log counts. Sync: every worker trains every global step. Read against worker 0's training
@@ -74,7 +74,7 @@ def samples_trained(header: dict, scheme: dict | None, end: dict) -> int:
     trains after worker 0 has finished."""
     if scheme and scheme.get("samples") is not None:
         return int(scheme["samples"])
-    return end["step"] * header["config"]["run"]["batch_size"] * header["num_workers"]
+    return model_samples(header, epochs, end)
 
 
 def model_samples(header: dict, epochs: list[dict], end: dict) -> int:
@@ -117,7 +117,7 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> 
     result.final_test_acc = scored[-1] if scored else None
     result.time_to_target = time_to_target(result.curve, target)
     result.wall_seconds = training_seconds(end)
-    result.samples_per_sec = (samples_trained(header, scheme, end) / result.wall_seconds
+    result.samples_per_sec = (samples_trained(header, scheme, end, epochs) / result.wall_seconds
                               if result.wall_seconds else None)
     if result.restarts is not None and status.get("seconds"):
         result.goodput = model_samples(header, epochs, end) / status["seconds"]

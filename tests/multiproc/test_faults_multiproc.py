@@ -64,3 +64,23 @@ def test_async_trains_on_without_a_killed_worker_under_mpiruns_recovery(tmp_path
     no_update_applied_twice(summary)
     epochs = records(tmp_path, "epoch")
     assert len(epochs) == 20 and epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+
+
+def test_async_a_frozen_worker_declared_lost_is_refused_when_it_wakes_and_leaves(tmp_path):
+    """A worker frozen (SIGSTOP) past the silence limit (--timeout-s 3) is declared lost and its
+    batches go to the others; when it wakes, its push is refused, not applied (ps/ledger.py),
+    and it leaves the job, which finishes. The slowed survivors are still training then."""
+    flags = ["--mode", "async", "--run-dir", str(tmp_path), "--no-progress", "--epochs", "12",
+             "--timeout-s", "3", "--inject-faults",
+             "stop:rank=2,step=30,seconds=6;slow:rank=0,steps=1-5000,factor=40;"
+             "slow:rank=1,steps=1-5000,factor=40"]
+    job = run(mpirun(4, *RECOVERY, *hvdtrain("train", *flags)), check=False, timeout=180)
+    assert job.returncode == 0, job.stderr[-3000:]
+    assert "worker 2 (rank 2) lost" in job.stderr
+    assert "this process leaves the job" in job.stderr, job.stderr[-3000:]
+    summary = records(tmp_path, "scheme")[0]
+    no_update_applied_twice(summary)
+    server = summary["servers"][0]
+    assert server["pushes_refused_per_worker"][2] >= 1, server  # its push after waking
+    assert server["batches_untrained"] == 0, server  # its batch went to a survivor
+    assert records(tmp_path, "epoch")[-1]["epoch"] == 12

@@ -26,7 +26,7 @@ def test_elastic_is_planned_beside_sync_async_and_backup_under_faults(tmp_path):
     elastic = runs["elastic-seed0"]
     assert elastic.mode == ELASTIC and elastic.processes == 2 and not elastic.restartable
     assert runs["sync-seed0"].restartable  # sync restarts from its checkpoint instead
-    cmd = elastic.command("/venv/bin/python", "/out/runs/elastic-seed0")
+    cmd = elastic.command("/venv/bin/python", "/out/runs/elastic-seed0", cores=4)
     assert cmd[0].endswith("horovodrun") and "mpirun" not in cmd
     assert cmd[cmd.index("--host-discovery-script") + 1] == "echo localhost:1; echo 127.0.0.1:1"
     assert cmd[cmd.index("--min-np") + 1] == "1" and cmd[cmd.index("--max-np") + 1] == "2"
@@ -34,6 +34,8 @@ def test_elastic_is_planned_beside_sync_async_and_backup_under_faults(tmp_path):
     assert "--elastic" in train and "--auto-resume" not in train
     assert train[train.index("--inject-faults") + 1] == "kill:rank=1,step=40"
     assert train[-2:] == ["--epochs", "3"]
+    # each worker sees a host of its own: it gets its share of the cores, not all of them
+    assert train[train.index("--threads") + 1] == "2"
 
 
 @pytest.mark.parametrize("flags, fix", [
