@@ -16,7 +16,7 @@ from launch import hvdtrain, launcher_env, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
 
-TRIES = 10
+TRIES = 6  # each try starts a process (torch, ~3 s): 6 keep the suite within its budget
 # An MLP 64-2048-2048-2048-10 with Adam: 8.5M parameters, about 100 MB with the optimizer state.
 # A checkpoint after every step: a write is nearly always in flight when the kill lands.
 WRITES = ["--no-progress", "--optimizer", "adam", "--lr", "0.0001", "--async-checkpoint",
