@@ -79,12 +79,14 @@ class Loss:
 class Membership:
     """A server's record of the workers it lost, and the drop itself."""
 
-    def __init__(self, index: int, recovery: bool | None = None):
+    def __init__(self, index: int, recovery: bool | None = None, replacements=None):
         self.index = index
         self.recovery = recovery_enabled() if recovery is None else recovery
         self.lost: list[Loss] = []
+        self.gone: set[int] = set()  # lost and not replaced
         self.started = time.perf_counter()
         self.dropped = 0  # drops the server's loop has not yet counted off its active workers
+        self.replacements = replacements  # server 0 with --max-restarts: replacement.py
 
     @property
     def lost_workers(self) -> list[int]:
@@ -120,28 +122,51 @@ class Membership:
                              "rerun the same command with --auto-resume")
         return worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
 
-    def wait(self, server, request, status) -> None:
+    def receive(self, server, status) -> None:
+        """Receive the next request header from any worker into ``server.header`` (with
+        --max-restarts, from a replacement's link too: routes.py), or raise StuckError."""
+        routes = getattr(server.comm, "post_requests", None)
+        requests = routes(server.header, Tag.REQUEST) if routes else [server.comm.Irecv(
+            server.header, source=server.MPI.ANY_SOURCE, tag=Tag.REQUEST)]
+        try:
+            index = self.wait(server, requests, status)
+        except BaseException:
+            for request in ([] if routes else requests):
+                request.Cancel()
+            if routes:
+                server.comm.cancel()
+            raise
+        if routes:
+            server.comm.take(index, server.header, status)
+
+    def wait(self, server, requests: list, status) -> int:
         """Server 0's wait for the next request. Under recovery it checks for silent workers
         every second meanwhile: when the live workers all wait for a lost one (the end of
         training is collective), no request comes that would start the check."""
         MPI, timeout_s = server.MPI, server.cfg.ps.timeout_s
         if not (self.recovery and self.index == 0 and timeout_s):
-            wait_any(MPI, [request], timeout_s, server._describe_wait, status)
-            return
+            return wait_any(MPI, requests, timeout_s, server._describe_wait, status)
         start = time.monotonic()
         while True:
             try:
-                wait_any(MPI, [request], 1.0, server._describe_wait, status)
-                return
+                return wait_any(MPI, requests, 1.0, server._describe_wait, status)
             except StuckError:
                 if self._scan(server, time.perf_counter()):
                     start = time.monotonic()
+                    requests = self._requests_after_join(server, requests)
                 elif time.monotonic() - start > timeout_s:
                     raise
 
+    @staticmethod
+    def _requests_after_join(server, requests: list) -> list:
+        """A replacement that joined meanwhile has a link of its own to listen on."""
+        routes = getattr(server.comm, "post_requests", None)
+        return routes(server.header, Tag.REQUEST) if routes else requests
+
     def drop(self, server, worker: int, now: float) -> int:
-        if worker in self.lost_workers or server.clocks.is_done(worker):
+        if worker in self.gone or server.clocks.is_done(worker):
             return 0
+        self.gone.add(worker)
         pushes = int(server.clocks.clocks[worker])
         self.lost.append(Loss(worker, round(now - self.started, 3), pushes,
                               round(now - server.silence.last_heard[worker], 3)))
@@ -160,6 +185,9 @@ class Membership:
             print(f"hvdtrain: worker {worker} (rank {worker}) lost: silent for "
                   f"{self.lost[-1].silent_s:.0f} s after {pushes} pushes; training goes on "
                   "with the other workers", file=sys.stderr, flush=True)
+            if self.replacements and self.replacements.replace(server, worker, pushes):
+                self.gone.discard(worker)  # a live worker again: the loop's count keeps it
+                self.dropped -= 1
         return 1
 
     def _tell(self, server, worker: int, pushes: int) -> None:
@@ -169,8 +197,14 @@ class Membership:
             server.comm.Send(header, dest=rank, tag=Tag.REQUEST)
         word = np.array([worker, pushes], dtype=np.int64)
         for w in range(server.num_workers):
-            if not server.clocks.is_done(w) and w not in self.lost_workers:
+            if not server.clocks.is_done(w) and w not in self.lost_workers:  # a newcomer
+                # is exempt from the survivors' collectives (replacement.py): no word for it
                 server.comm.Send(word, dest=w, tag=Tag.LOST)
 
-    def report(self) -> dict:
-        return {"workers_lost": [asdict(loss) for loss in self.lost]} if self.lost else {}
+    def report(self, load=None) -> dict:
+        replaced = {}
+        if self.replacements is not None and load is not None:
+            self.replacements.finish(load.pushes_reported)
+            replaced = self.replacements.report()
+        return {"workers_lost": [asdict(loss) for loss in self.lost], **replaced} \
+            if self.lost else {}

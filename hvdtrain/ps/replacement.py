@@ -1,0 +1,154 @@
+"""A replacement joins (--max-restarts R): after server 0 drops a lost worker (membership.py),
+it starts a new worker process in its place with MPI_Comm_spawn, running the same command. The
+newcomer takes the lost worker's index, pulls the current parameters and asks server 0 for
+batches of the job's plan like any worker (newcomer.py is its side).
+
+Only server 0 takes part in the spawn (``COMM_SELF.Spawn``): the live workers may be inside
+their own collectives, and the dead rank can join none. So the newcomer reaches the job through
+one intercommunicator to server 0 (routes.py), which is why --max-restarts needs --num-servers
+1, and why it needs the job's batch plan (no --bsp: lock-step rounds give each worker a fixed
+share, which a newcomer would start again from the first epoch). It joins none of the workers'
+collectives (the epochs' metric sums, the end's agreement): those stay the survivors'
+(survivors.py), whose sums stay matched one for one; the epoch lines' figures are theirs, and
+the newcomer's pushes are counted by the server (the scheme line's ``workers_replaced``).
+
+The spawn holds server 0's loop until the newcomer has started MPI (seconds: python, torch, the
+data set); the workers wait for their replies meanwhile, well within --timeout-s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from ..config import ConfigError
+from .membership import LAUNCH_HINT, recovery_enabled
+from .protocol import Tag
+
+# The newcomer's start: python, torch, the data set; its MPI_Init answers the spawn. Measured
+# here at ~3 s with Open MPI 4.1; a start longer than this is taken for a failed one.
+SPAWN_WAIT_S = 120.0
+
+
+def check_restarts(max_restarts: int, recovery: bool) -> None:
+    """--max-restarts needs mpirun's recovery: without it a lost worker ends the job. (Its
+    other needs, --mode async, one server and no --bsp, are config.py's checks.)"""
+    if max_restarts and not recovery:
+        raise ConfigError(f"--max-restarts {max_restarts}: without mpirun's recovery settings a "
+                          f"lost worker ends the job, so none would be replaced; {LAUNCH_HINT}, "
+                          "or drop --max-restarts")
+
+
+def should_replace(max_restarts: int, started: int, finished: bool) -> bool:
+    """Whether a lost worker gets a replacement: fewer than --max-restarts were started, and
+    the job's batches are not all handed out (a newcomer would find nothing to train)."""
+    return started < max_restarts and not finished
+
+
+def job_step(dispatcher) -> int:
+    """The job's global step where the plan's next fresh batch is: the newcomer fires no
+    injected fault due at or before it (faults fire once per job)."""
+    if dispatcher is None:
+        return 0
+    plan = dispatcher.plan
+    epoch, step, _ = plan.locate(min(dispatcher.next, plan.total - 1))
+    return epoch * plan.steps_per_epoch + step
+
+
+@dataclass
+class Replaced:
+    worker: int
+    after_s: float       # seconds since the server started serving, when it joined
+    pid: int             # the newcomer's process
+    spawn_s: float       # how long the spawn took
+    pushes_before: int   # what the lost worker had pushed; the newcomer's clock starts there
+    pushes: int = 0      # the newcomer's own pushes, at the end
+
+
+class Replacements:
+    """Server 0's side: the decision, the spawn, and the newcomer's place in the books."""
+
+    def __init__(self, max_restarts: int):
+        self.max_restarts = max_restarts
+        self.started_at = time.perf_counter()
+        self.replaced: list[Replaced] = []
+
+    @classmethod
+    def at_server(cls, max_restarts: int, index: int) -> "Replacements | None":
+        """Server 0 starts the replacements, under recovery; the other servers start none."""
+        return cls(max_restarts) if max_restarts and index == 0 and recovery_enabled() else None
+
+    def replace(self, server, worker: int, pushes: int) -> bool:
+        """Start a worker in ``worker``'s place; True once it has joined the books."""
+        finished = server.dispatcher is not None and server.dispatcher.finished
+        if not should_replace(self.max_restarts, len(self.replaced), finished):
+            why = (f"--max-restarts {self.max_restarts} used up" if not finished else
+                   "every batch of the job's plan is trained")
+            print(f"hvdtrain: worker {worker} not replaced: {why}", file=sys.stderr, flush=True)
+            return False
+        t0 = time.perf_counter()
+        try:
+            child, pid = self._spawn(server, worker, pushes)
+        except Exception as e:  # noqa: BLE001 - the job trains on without it
+            print(f"hvdtrain: worker {worker} not replaced: the spawn failed ({e}); training "
+                  "goes on with the other workers", file=sys.stderr, flush=True)
+            return False
+        now = time.perf_counter()
+        self._join(server, worker, child, pushes, now)
+        self.replaced.append(Replaced(worker, round(now - self.started_at, 3), pid,
+                                      round(now - t0, 3), pushes))
+        print(f"hvdtrain: worker {worker} replaced by a new process (pid {pid}) after "
+              f"{now - t0:.1f} s; it starts from the servers' current parameters",
+              file=sys.stderr, flush=True)
+        return True
+
+    def _spawn(self, server, worker: int, pushes: int):
+        MPI = server.MPI
+        info = MPI.Info.Create()
+        info.Set("wdir", os.getcwd())
+        args = ["-m", "hvdtrain", *sys.argv[1:]]
+        child = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=1, info=info)
+        info.Free()
+        child.Set_errhandler(MPI.ERRORS_RETURN)
+        welcome = {"worker": worker, "world_size": server.comm.Get_size(), "clock": pushes,
+                   "job_step": job_step(server.dispatcher), "version": server.versions.version}
+        child.send(welcome, dest=0, tag=Tag.INFO)
+        request = child.irecv(source=0, tag=Tag.INFO)  # its pid, once it has read the welcome
+        deadline = time.monotonic() + SPAWN_WAIT_S
+        while True:
+            done, answer = request.test()
+            if done:
+                return child, int(answer["pid"])
+            if time.monotonic() > deadline:
+                request.Cancel()
+                raise TimeoutError(f"no answer from the new process in {SPAWN_WAIT_S:g} s")
+            time.sleep(0.001)
+
+    def _join(self, server, worker: int, child, pushes: int, now: float) -> None:
+        """The newcomer is worker ``worker`` again: its clock, its batches and its silence
+        count as a live worker's; its messages travel through ``child``."""
+        server.comm.link(worker, child)
+        server.clocks.clocks[worker] = pushes
+        server.clocks.finished.discard(worker)
+        server.clocks.idle.discard(worker)
+        server.shard.shared_grads.pop(worker, None)  # on no host window: messages only
+        server.load.last_push_of[worker] = None
+        server.load.intervals[worker].clear()
+        if server.dispatcher is not None:
+            server.dispatcher.told_none.discard(worker)
+        # The spawn held the loop: nobody was heard meanwhile, and nobody was silent.
+        server.silence.last_heard = [now] * len(server.silence.last_heard)
+
+    def finish(self, pushes_reported: list[int]) -> None:
+        for entry in self.replaced:
+            entry.pushes = int(pushes_reported[entry.worker]) - entry.pushes_before
+
+    def report(self) -> dict:
+        return {"workers_replaced": [asdict(r) for r in self.replaced]} if self.replaced else {}
+
+
+def restarts_allowed(max_restarts: int) -> None:
+    """At the start of an async job, on every rank alike (launch.py)."""
+    check_restarts(max_restarts, recovery_enabled())
