@@ -101,6 +101,16 @@ class Membership:
         dropped, self.dropped = self.dropped, 0
         return dropped
 
+    def _joined(self, server, now: float) -> bool:
+        """A replacement's spawn is over (replacement.py): it joined, or it failed and its
+        worker is lost for good, which the loop's count of active workers takes off."""
+        outcome = self.replacements.poll(server, now) if self.replacements else 0
+        if outcome == 1:
+            self.gone.discard(self.replacements.replaced[-1].worker)
+        elif outcome == -1:
+            self.dropped += 1
+        return outcome != 0
+
     def _scan(self, server, now: float) -> bool:
         # Also while the job stops (a stop signal, a --stop-at target: the live workers wait in
         # the end-of-training agreement for a dead one) and while an evaluation pauses the
@@ -110,6 +120,7 @@ class Membership:
         paused = server.pauses.paused_by
         waiting = [server.pending, server.pauses.held, server.verdicts.arrived,
                    () if paused is None else (paused,)]
+        joined = self._joined(server, now)
         worker = server.silence.overdue(now, server.clocks, waiting)
         if worker is not None and not self.recovery:
             raise StuckError(f"{server.silence.describe(worker, now, server.clocks)}; "
@@ -120,7 +131,8 @@ class Membership:
                              "evaluates, writes the checkpoints and the log, and the job cannot "
                              "go on without it: the last checkpoint in --run-dir is intact, "
                              "rerun the same command with --auto-resume")
-        return worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
+        dropped = worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
+        return dropped or joined
 
     def receive(self, server, status) -> None:
         """Receive the next request header from any worker into ``server.header`` (with
@@ -151,8 +163,8 @@ class Membership:
             try:
                 return wait_any(MPI, requests, 1.0, server._describe_wait, status)
             except StuckError:
-                if self._scan(server, time.perf_counter()):
-                    start = time.monotonic()
+                if self._scan(server, time.perf_counter()) or self.starting:
+                    start = time.monotonic()  # a replacement that starts is no hang
                     requests = self._requests_after_join(server, requests)
                 elif time.monotonic() - start > timeout_s:
                     raise
@@ -162,6 +174,10 @@ class Membership:
         """A replacement that joined meanwhile has a link of its own to listen on."""
         routes = getattr(server.comm, "post_requests", None)
         return routes(server.header, Tag.REQUEST) if routes else requests
+
+    @property
+    def starting(self) -> bool:
+        return self.replacements is not None and self.replacements.pending is not None
 
     def drop(self, server, worker: int, now: float) -> int:
         if worker in self.gone or server.clocks.is_done(worker):
@@ -186,8 +202,7 @@ class Membership:
                   f"{self.lost[-1].silent_s:.0f} s after {pushes} pushes; training goes on "
                   "with the other workers", file=sys.stderr, flush=True)
             if self.replacements and self.replacements.replace(server, worker, pushes):
-                self.gone.discard(worker)  # a live worker again: the loop's count keeps it
-                self.dropped -= 1
+                self.dropped -= 1  # the loop's count keeps it: its replacement is on its way
         return 1
 
     def _tell(self, server, worker: int, pushes: int) -> None:

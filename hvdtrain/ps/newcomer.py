@@ -103,14 +103,18 @@ def newcomer_config(cfg, job_step: int):
 
 
 def run_newcomer(cfg, workload, model, parent, build_trainer, finished):
-    """This process's whole part of the job, as a replacement; ends the process."""
+    """This process's whole part of the job, as a replacement. It never calls MPI_Finalize,
+    which would wait for its parent (server 0 skips it after a lost worker, membership.py); a
+    failure ends this process alone, and server 0 takes it for lost."""
+    import atexit
+
     from mpi4py import MPI
 
     from ..layout import Layout
     from ..runtime import Runtime, configure_torch, detect_launcher, pick_device
     from .membership import exit_without_finalize
 
-    code = 0
+    atexit.register(exit_without_finalize)
     try:
         parent.Set_errhandler(MPI.ERRORS_RETURN)
         welcome = receive_welcome(parent)
@@ -127,18 +131,11 @@ def run_newcomer(cfg, workload, model, parent, build_trainer, finished):
         trainer = build_trainer(cfg, runtime, layout, scheme, workload, model)
         trainer.fit()
         workload.close()
-        print(f"hvdtrain: replacement worker {worker} (pid {os.getpid()}) done after "
-              f"{scheme.clock - int(welcome['clock'])} pushes", file=sys.stderr, flush=True)
-        return finished(trainer.history, trainer.run_dir, trainer, trainer.stopping.verdict)
-    except BaseException:  # noqa: BLE001 - server 0 takes it for lost; the job goes on
+    except BaseException:  # noqa: BLE001 - this process alone ends; the job goes on
         traceback.print_exc()
-        code = 1
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    finally:
-        if code == 0:
-            import atexit
-
-            atexit.register(exit_without_finalize)  # MPI_Finalize waits for the parent
-
+        print(f"hvdtrain: error: the replacement worker (pid {os.getpid()}) failed; server 0 "
+              "takes it for lost", file=sys.stderr, flush=True)
+        os._exit(1)
+    print(f"hvdtrain: replacement worker {worker} (pid {os.getpid()}) done after "
+          f"{scheme.clock - int(welcome['clock'])} pushes", file=sys.stderr, flush=True)
+    return finished(trainer.history, trainer.run_dir, trainer, trainer.stopping.verdict)

@@ -12,14 +12,15 @@ collectives (the epochs' metric sums, the end's agreement): those stay the survi
 (survivors.py), whose sums stay matched one for one; the epoch lines' figures are theirs, and
 the newcomer's pushes are counted by the server (the scheme line's ``workers_replaced``).
 
-The spawn holds server 0's loop until the newcomer has started MPI (seconds: python, torch, the
-data set); the workers wait for their replies meanwhile, well within --timeout-s.
+While the newcomer starts, the survivors train on: a job whose batches are all handed out by
+the time it has joined ends with the newcomer's first request for one.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -27,8 +28,8 @@ from ..config import ConfigError
 from .membership import LAUNCH_HINT, recovery_enabled
 from .protocol import Tag
 
-# The newcomer's start: python, torch, the data set; its MPI_Init answers the spawn. Measured
-# here at ~3 s with Open MPI 4.1; a start longer than this is taken for a failed one.
+# The newcomer's start: python, torch, the data set, then its MPI_Init answers the spawn (3 to
+# 13 s measured here with Open MPI 4.1 on a busy machine); a longer one is taken for a failure.
 SPAWN_WAIT_S = 120.0
 
 
@@ -68,12 +69,19 @@ class Replaced:
 
 
 class Replacements:
-    """Server 0's side: the decision, the spawn, and the newcomer's place in the books."""
+    """Server 0's side: the decision, the spawn, and the newcomer's place in the books.
+
+    MPI_Comm_spawn returns once the new process has started MPI, seconds later (python, torch,
+    the data set), so it runs in a thread of its own (mpi4py asks for MPI_THREAD_MULTIPLE) while
+    the server's loop goes on serving the survivors; the loop takes the newcomer into the books
+    when the thread is done (``poll``)."""
 
     def __init__(self, max_restarts: int):
         self.max_restarts = max_restarts
         self.started_at = time.perf_counter()
         self.replaced: list[Replaced] = []
+        self.started = 0  # spawns started, the pending one included
+        self.pending: tuple[int, int, float, threading.Thread, dict] | None = None
 
     @classmethod
     def at_server(cls, max_restarts: int, index: int) -> "Replacements | None":
@@ -81,50 +89,63 @@ class Replacements:
         return cls(max_restarts) if max_restarts and index == 0 and recovery_enabled() else None
 
     def replace(self, server, worker: int, pushes: int) -> bool:
-        """Start a worker in ``worker``'s place; True once it has joined the books."""
+        """Start a worker in ``worker``'s place; True if one is on its way (``poll`` says when
+        it has joined, or that it failed)."""
         finished = server.dispatcher is not None and server.dispatcher.finished
-        if not should_replace(self.max_restarts, len(self.replaced), finished):
-            why = (f"--max-restarts {self.max_restarts} used up" if not finished else
+        if self.pending is not None or not should_replace(self.max_restarts, self.started,
+                                                          finished):
+            why = ("another replacement is starting" if self.pending is not None else
+                   f"--max-restarts {self.max_restarts} used up" if not finished else
                    "every batch of the job's plan is trained")
             print(f"hvdtrain: worker {worker} not replaced: {why}", file=sys.stderr, flush=True)
             return False
-        t0 = time.perf_counter()
-        try:
-            child, pid = self._spawn(server, worker, pushes)
-        except Exception as e:  # noqa: BLE001 - the job trains on without it
-            print(f"hvdtrain: worker {worker} not replaced: the spawn failed ({e}); training "
-                  "goes on with the other workers", file=sys.stderr, flush=True)
-            return False
-        now = time.perf_counter()
-        self._join(server, worker, child, pushes, now)
-        self.replaced.append(Replaced(worker, round(now - self.started_at, 3), pid,
-                                      round(now - t0, 3), pushes))
-        print(f"hvdtrain: worker {worker} replaced by a new process (pid {pid}) after "
-              f"{now - t0:.1f} s; it starts from the servers' current parameters",
-              file=sys.stderr, flush=True)
+        self.started += 1
+        welcome = {"worker": worker, "world_size": server.comm.Get_size(), "clock": pushes,
+                   "job_step": job_step(server.dispatcher)}
+        result: dict = {}
+        thread = threading.Thread(target=self._spawn, args=(server.MPI, welcome, result),
+                                  name=f"hvdtrain-spawn-{worker}", daemon=True)
+        self.pending = (worker, pushes, time.perf_counter(), thread, result)
+        thread.start()
         return True
 
-    def _spawn(self, server, worker: int, pushes: int):
-        MPI = server.MPI
-        info = MPI.Info.Create()
-        info.Set("wdir", os.getcwd())
-        args = ["-m", "hvdtrain", *sys.argv[1:]]
-        child = MPI.COMM_SELF.Spawn(sys.executable, args=args, maxprocs=1, info=info)
-        info.Free()
-        child.Set_errhandler(MPI.ERRORS_RETURN)
-        welcome = {"worker": worker, "world_size": server.comm.Get_size(), "clock": pushes,
-                   "job_step": job_step(server.dispatcher), "version": server.versions.version}
-        child.send(welcome, dest=0, tag=Tag.INFO)
-        request = child.irecv(source=0, tag=Tag.INFO)  # its pid, once it has read the welcome
-        deadline = time.monotonic() + SPAWN_WAIT_S
-        while True:
-            done, answer = request.test()
-            if done:
-                return child, int(answer["pid"])
-            if time.monotonic() > deadline:
-                request.Cancel()
-                raise TimeoutError(f"no answer from the new process in {SPAWN_WAIT_S:g} s")
-            time.sleep(0.001)
+    def poll(self, server, now: float) -> int:
+        """Whether the pending spawn is over: 1 if the newcomer joined the books now, -1 if it
+        failed (its worker stays lost), 0 otherwise."""
+        if self.pending is None:
+            return 0
+        worker, pushes, t0, thread, result = self.pending
+        if thread.is_alive() and now - t0 < SPAWN_WAIT_S:
+            return 0
+        self.pending = None
+        if "child" not in result:
+            why = result.get("error", f"no answer from the new process in {SPAWN_WAIT_S:g} s")
+            print(f"hvdtrain: worker {worker} not replaced: the spawn failed ({why}); training "
+                  "goes on with the other workers", file=sys.stderr, flush=True)
+            return -1
+        self._join(server, worker, result["child"], pushes, now)
+        self.replaced.append(Replaced(worker, round(now - self.started_at, 3), result["pid"],
+                                      round(now - t0, 3), pushes))
+        print(f"hvdtrain: worker {worker} replaced by a new process (pid {result['pid']}) "
+              f"after {now - t0:.1f} s; it starts from the servers' current parameters",
+              file=sys.stderr, flush=True)
+        return 1
+
+    @staticmethod
+    def _spawn(MPI, welcome: dict, result: dict) -> None:
+        """In the spawn thread: start the process, tell it who it is, and learn its pid."""
+        try:
+            info = MPI.Info.Create()
+            info.Set("wdir", os.getcwd())
+            child = MPI.COMM_SELF.Spawn(sys.executable, args=["-m", "hvdtrain", *sys.argv[1:]],
+                                        maxprocs=1, info=info)
+            info.Free()
+            child.Set_errhandler(MPI.ERRORS_RETURN)
+            child.send(welcome, dest=0, tag=Tag.INFO)
+            result["pid"] = int(child.recv(source=0, tag=Tag.INFO)["pid"])
+            result["child"] = child
+        except Exception as e:  # noqa: BLE001 - reported by poll; the job trains on
+            result["error"] = f"{type(e).__name__}: {e}"
 
     def _join(self, server, worker: int, child, pushes: int, now: float) -> None:
         """The newcomer is worker ``worker`` again: its clock, its batches and its silence
@@ -136,10 +157,9 @@ class Replacements:
         server.shard.shared_grads.pop(worker, None)  # on no host window: messages only
         server.load.last_push_of[worker] = None
         server.load.intervals[worker].clear()
+        server.silence.last_heard[worker] = now
         if server.dispatcher is not None:
             server.dispatcher.told_none.discard(worker)
-        # The spawn held the loop: nobody was heard meanwhile, and nobody was silent.
-        server.silence.last_heard = [now] * len(server.silence.last_heard)
 
     def finish(self, pushes_reported: list[int]) -> None:
         for entry in self.replaced:

@@ -184,8 +184,21 @@ def _server(num_workers=3, dispatcher=None):
 class _Spawned(Replacements):
     """Replacements whose spawn returns a fake link instead of starting a process."""
 
-    def _spawn(self, server, worker, pushes):
-        return _Comm("child", server.log), 4242
+    welcomes: list = []
+
+    @staticmethod
+    def _spawn(MPI, welcome, result):
+        _Spawned.welcomes.append(welcome)
+        result.update(child=_Comm("child", []), pid=4242)
+
+    def wait_for_spawn(self):
+        self.pending[3].join(10)
+
+
+class _Failing(_Spawned):
+    @staticmethod
+    def _spawn(MPI, welcome, result):
+        result["error"] = "RuntimeError: no slots"
 
 
 def test_a_replacement_takes_the_lost_workers_place_in_the_books(capsys):
@@ -193,16 +206,21 @@ def test_a_replacement_takes_the_lost_workers_place_in_the_books(capsys):
     server = _server(dispatcher=dispatcher)
     server.clocks.push(2, 7)
     server.clocks.finished.add(1)  # worker 1's batches are used up, nobody else's
-    m = Membership(0, recovery=True, replacements=_Spawned(max_restarts=1))
+    replacements = _Spawned(max_restarts=1)
+    m = Membership(0, recovery=True, replacements=replacements)
     now = time.perf_counter()
     server.silence.last_heard = [now, now, now - 10]
-    assert m.check(server, now) == 0  # dropped and replaced: the loop's count is unchanged
-    assert m.report()["workers_lost"][0]["worker"] == 2
+    assert m.check(server, now) == 0  # dropped, and a replacement is on its way: still counted
+    assert m.report()["workers_lost"][0]["worker"] == 2 and m.starting
+    assert server.clocks.is_done(2) and 2 in m.gone  # no round waits for it meanwhile
+    replacements.wait_for_spawn()
+    assert m.check(server, time.perf_counter()) == 0 and not m.starting and 2 not in m.gone
+    assert _Spawned.welcomes[-1] == {"worker": 2, "world_size": 4, "clock": 7, "job_step": 0}
     assert server.clocks.clocks[2] == 7 and not server.clocks.is_done(2)  # its clock goes on
     assert 2 not in server.clocks.finished and 2 not in server.shard.shared_grads
     assert server.load.last_push_of[2] is None and not server.load.intervals[2]
     server.comm.Send(np.zeros(1), dest=2, tag=14)
-    assert server.log[-1] == ("child", "Send", 0, 14)
+    assert server.comm.links[2].log == [("child", "Send", 0, 14)]
     assert "worker 2 replaced by a new process (pid 4242)" in capsys.readouterr().err
     server.load.pushes_reported[2] = 19  # its DONE: the lost worker's 7 and its own 12
     report = m.report(server.load)
@@ -223,3 +241,15 @@ def test_no_replacement_once_every_batch_is_trained(capsys):
     assert m.drop(server, 1, time.perf_counter()) == 1 and m.check(server, 0.0) == 1
     assert "every batch of the job's plan is trained" in capsys.readouterr().err
     assert "workers_replaced" not in m.report(server.load)
+
+
+def test_a_failed_spawn_leaves_the_worker_lost_and_the_job_going(capsys):
+    server = _server(dispatcher=BatchDispatcher(SlotPlan(steps_per_epoch=4, num_parts=3,
+                                                         epochs=2)))
+    replacements = _Failing(max_restarts=1)
+    m = Membership(0, recovery=True, replacements=replacements)
+    assert m.drop(server, 1, time.perf_counter()) == 1 and m.starting
+    replacements.wait_for_spawn()
+    assert m.check(server, time.perf_counter()) == 1  # counted off the active workers now
+    assert "spawn failed (RuntimeError: no slots)" in capsys.readouterr().err
+    assert server.clocks.is_done(1) and 1 in m.gone and not m.starting
