@@ -143,10 +143,7 @@ class Membership:
         try:
             index = self.wait(server, requests, status)
         except BaseException:
-            for request in ([] if routes else requests):
-                request.Cancel()
-            if routes:
-                server.comm.cancel()
+            server.comm.cancel() if routes else requests[0].Cancel()
             raise
         if routes:
             server.comm.take(index, server.header, status)

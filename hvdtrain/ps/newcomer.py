@@ -70,7 +70,7 @@ class NewcomerClient(ParameterServerClient):
         super().__init__(cfg, runtime, comm, worker_comm, topology)
         self.worker_rank = int(welcome["worker"])
         self.is_main = False
-        self.clock = int(welcome["clock"])  # the lost worker's pushes: the job's count goes on
+        self.clock = int(welcome["clock"])  # where server 0 put it (replacement.start_clock)
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         self.host = HostWindow(self.comm, 0, enabled=False)  # no window: messages only

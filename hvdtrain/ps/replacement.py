@@ -18,6 +18,7 @@ the time it has joined ends with the newcomer's first request for one.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -48,6 +49,14 @@ def should_replace(max_restarts: int, started: int, finished: bool) -> bool:
     return started < max_restarts and not finished
 
 
+def start_clock(pushes: int, clocks: list[float]) -> int:
+    """The newcomer's clock: the lost worker's pushes, or the slowest live worker's clock if
+    that is further, so that a staleness bound (--staleness) never holds the others back
+    while the newcomer catches up with pushes its predecessor never made."""
+    live = [c for c in clocks if not math.isinf(c)]
+    return int(max([pushes, min(live)] if live else [pushes]))
+
+
 def job_step(dispatcher) -> int:
     """The job's global step where the plan's next fresh batch is: the newcomer fires no
     injected fault due at or before it (faults fire once per job)."""
@@ -64,7 +73,8 @@ class Replaced:
     after_s: float       # seconds since the server started serving, when it joined
     pid: int             # the newcomer's process
     spawn_s: float       # how long the spawn took
-    pushes_before: int   # what the lost worker had pushed; the newcomer's clock starts there
+    pushes_before: int   # what the lost worker had pushed
+    clock_at_join: int   # where the newcomer's clock started (start_clock)
     pushes: int = 0      # the newcomer's own pushes, at the end
 
 
@@ -81,7 +91,9 @@ class Replacements:
         self.started_at = time.perf_counter()
         self.replaced: list[Replaced] = []
         self.started = 0  # spawns started, the pending one included
+        # the lost worker, its pushes, the spawn's start, its thread, and what the thread got
         self.pending: tuple[int, int, float, threading.Thread, dict] | None = None
+        self.counted = False  # finish() has run
 
     @classmethod
     def at_server(cls, max_restarts: int, index: int) -> "Replacements | None":
@@ -100,8 +112,12 @@ class Replacements:
             print(f"hvdtrain: worker {worker} not replaced: {why}", file=sys.stderr, flush=True)
             return False
         self.started += 1
-        welcome = {"worker": worker, "world_size": server.comm.Get_size(), "clock": pushes,
-                   "job_step": job_step(server.dispatcher)}
+
+        def welcome() -> dict:  # in the spawn thread, once the process has started
+            return {"worker": worker, "world_size": server.comm.Get_size(),
+                    "clock": start_clock(pushes, list(server.clocks.clocks)),
+                    "job_step": job_step(server.dispatcher)}
+
         result: dict = {}
         thread = threading.Thread(target=self._spawn, args=(server.MPI, welcome, result),
                                   name=f"hvdtrain-spawn-{worker}", daemon=True)
@@ -123,17 +139,18 @@ class Replacements:
             print(f"hvdtrain: worker {worker} not replaced: the spawn failed ({why}); training "
                   "goes on with the other workers", file=sys.stderr, flush=True)
             return -1
-        self._join(server, worker, result["child"], pushes, now)
+        self._join(server, worker, result["child"], result["clock"], now)
         self.replaced.append(Replaced(worker, round(now - self.started_at, 3), result["pid"],
-                                      round(now - t0, 3), pushes))
+                                      round(now - t0, 3), pushes, result["clock"]))
         print(f"hvdtrain: worker {worker} replaced by a new process (pid {result['pid']}) "
               f"after {now - t0:.1f} s; it starts from the servers' current parameters",
               file=sys.stderr, flush=True)
         return 1
 
     @staticmethod
-    def _spawn(MPI, welcome: dict, result: dict) -> None:
-        """In the spawn thread: start the process, tell it who it is, and learn its pid."""
+    def _spawn(MPI, welcome, result: dict) -> None:
+        """In the spawn thread: start the process, tell it who it is (``welcome()``), and
+        learn its pid."""
         try:
             info = MPI.Info.Create()
             info.Set("wdir", os.getcwd())
@@ -141,17 +158,18 @@ class Replacements:
                                         maxprocs=1, info=info)
             info.Free()
             child.Set_errhandler(MPI.ERRORS_RETURN)
-            child.send(welcome, dest=0, tag=Tag.INFO)
+            word = welcome()
+            child.send(word, dest=0, tag=Tag.INFO)
             result["pid"] = int(child.recv(source=0, tag=Tag.INFO)["pid"])
-            result["child"] = child
+            result.update(clock=word["clock"], child=child)
         except Exception as e:  # noqa: BLE001 - reported by poll; the job trains on
             result["error"] = f"{type(e).__name__}: {e}"
 
-    def _join(self, server, worker: int, child, pushes: int, now: float) -> None:
+    def _join(self, server, worker: int, child, clock: int, now: float) -> None:
         """The newcomer is worker ``worker`` again: its clock, its batches and its silence
         count as a live worker's; its messages travel through ``child``."""
         server.comm.link(worker, child)
-        server.clocks.clocks[worker] = pushes
+        server.clocks.clocks[worker] = clock
         server.clocks.finished.discard(worker)
         server.clocks.idle.discard(worker)
         server.shard.shared_grads.pop(worker, None)  # on no host window: messages only
@@ -162,8 +180,15 @@ class Replacements:
             server.dispatcher.told_none.discard(worker)
 
     def finish(self, pushes_reported: list[int]) -> None:
+        """At the end: each newcomer's own pushes (its last clock, at its DONE or its loss,
+        less where it started), and the job's count of ``worker``'s pushes made true again
+        (the lost worker's and the newcomer's own), in place."""
+        if self.counted:
+            return
+        self.counted = True
         for entry in self.replaced:
-            entry.pushes = int(pushes_reported[entry.worker]) - entry.pushes_before
+            entry.pushes = int(pushes_reported[entry.worker]) - entry.clock_at_join
+            pushes_reported[entry.worker] = entry.pushes_before + entry.pushes
 
     def report(self) -> dict:
         return {"workers_replaced": [asdict(r) for r in self.replaced]} if self.replaced else {}

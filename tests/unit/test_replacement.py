@@ -15,7 +15,7 @@ from hvdtrain.ps.dispatch import BatchDispatcher, SlotPlan
 from hvdtrain.ps.membership import Membership
 from hvdtrain.ps.newcomer import faults_after, newcomer_config
 from hvdtrain.ps.replacement import (Replacements, check_restarts, job_step,
-                                     should_replace)
+                                     should_replace, start_clock)
 from hvdtrain.ps.routes import Routes
 from hvdtrain.ps.silence import SilenceWatch
 from hvdtrain.rules.clocks import Versions, WorkerClocks
@@ -60,6 +60,13 @@ def test_without_mpiruns_recovery_the_message_says_how_to_launch():
 def test_a_lost_worker_is_replaced_while_restarts_and_batches_are_left(max_restarts, started,
                                                                        finished, expected):
     assert should_replace(max_restarts, started, finished) is expected
+
+
+def test_a_newcomers_clock_never_holds_the_others_back_under_a_staleness_bound():
+    inf = float("inf")
+    assert start_clock(7, [30, 25, inf]) == 25  # the slowest live worker's
+    assert start_clock(40, [30, 25, inf]) == 40  # the lost worker was further: its own
+    assert start_clock(7, [inf, inf, inf]) == 7
 
 
 def test_the_job_step_is_where_the_plans_next_batch_is():
@@ -188,8 +195,9 @@ class _Spawned(Replacements):
 
     @staticmethod
     def _spawn(MPI, welcome, result):
-        _Spawned.welcomes.append(welcome)
-        result.update(child=_Comm("child", []), pid=4242)
+        word = welcome()
+        _Spawned.welcomes.append(word)
+        result.update(child=_Comm("child", []), pid=4242, clock=word["clock"])
 
     def wait_for_spawn(self):
         self.pending[3].join(10)
@@ -226,6 +234,7 @@ def test_a_replacement_takes_the_lost_workers_place_in_the_books(capsys):
     report = m.report(server.load)
     assert report["workers_replaced"][0]["pushes"] == 12
     assert report["workers_replaced"][0]["pushes_before"] == 7
+    assert m.report(server.load) == report  # counted once
     server.silence.last_heard[2] = time.perf_counter() - 10  # the replacement is lost too
     server.silence._checked = 0.0  # the watch looks once a second
     assert m.check(server, time.perf_counter()) == 1  # dropped; no restart is left
@@ -253,3 +262,20 @@ def test_a_failed_spawn_leaves_the_worker_lost_and_the_job_going(capsys):
     assert m.check(server, time.perf_counter()) == 1  # counted off the active workers now
     assert "spawn failed (RuntimeError: no slots)" in capsys.readouterr().err
     assert server.clocks.is_done(1) and 1 in m.gone and not m.starting
+
+
+def test_a_newcomer_behind_the_others_starts_at_the_slowest_clock_and_counts_its_own():
+    server = _server(dispatcher=BatchDispatcher(SlotPlan(steps_per_epoch=40, num_parts=3,
+                                                         epochs=2)))
+    for w, clock in enumerate((30, 25, 7)):
+        server.clocks.push(w, clock)
+    replacements = _Spawned(max_restarts=1)
+    m = Membership(0, recovery=True, replacements=replacements)
+    m.drop(server, 2, time.perf_counter())
+    replacements.wait_for_spawn()
+    m.check(server, time.perf_counter())
+    assert server.clocks.clocks[2] == 25
+    server.load.pushes_reported[2] = 35  # its DONE: clock 35, 10 pushes of its own
+    entry = m.report(server.load)["workers_replaced"][0]
+    assert (entry["pushes_before"], entry["clock_at_join"], entry["pushes"]) == (7, 25, 10)
+    assert server.load.pushes_reported[2] == 17  # the job's count: 7 and 10 pushes made
