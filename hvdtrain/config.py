@@ -329,6 +329,10 @@ class PSConfig:
                             "workers that never reach the end) before the job is declared "
                             "stuck and ended with an error (0: wait forever); a slow worker is "
                             "never silent: each of its steps is a message")
+    max_restarts: int = _opt(0, "replace up to this many lost workers with new processes "
+                             "(MPI_Comm_spawn from server 0), which pull the current "
+                             "parameters and train on; needs mpirun's recovery settings and "
+                             "--num-servers 1; see docs/async.md")
     shared_memory: bool = _opt(True, "between a server and the workers on its host, keep "
                                "gradients and parameters in an MPI shared-memory window instead "
                                "of copying them through messages")
@@ -346,6 +350,8 @@ class PSConfig:
                  f"use a size in MiB of at least {MIN_CHUNK_MB:g} (smaller chunks only add "
                  "per-message overhead), e.g. 1")
         _require(p.timeout_s >= 0, "--timeout-s", p.timeout_s, "use 0 (wait forever) or seconds")
+        _require(p.max_restarts >= 0, "--max-restarts", p.max_restarts,
+                 "use 0 (no replacement) or the number of lost workers to replace, e.g. 1")
         _require(p.backup_workers >= 0, "--backup-workers", p.backup_workers,
                  "use 0 (plain --bsp) or a positive number below the number of workers, "
                  "e.g. 1")
@@ -589,6 +595,23 @@ class Config:
         return dataclasses.asdict(self)
 
     # --- checking -----------------------------------------------------------------------------
+    def _check_restarts(self) -> None:
+        """--max-restarts: a replacement joins an async job through server 0 (ps/replacement.py);
+        mpirun's recovery settings are the launch layer's check."""
+        ps, restarts = self.ps, self.ps.max_restarts
+        if not restarts:
+            return
+        _require(self.run.mode == "async", "--max-restarts", restarts,
+                 "replacing a lost worker is for --mode async (a parameter server job under "
+                 "mpirun's recovery settings); sync jobs use --elastic: drop --max-restarts "
+                 "or add --mode async")
+        _require(ps.num_servers == 1, "--max-restarts", restarts,
+                 f"a replacement reaches the job through server 0 alone, and this job has "
+                 f"--num-servers {ps.num_servers}: use --num-servers 1, or drop --max-restarts")
+        _require(not ps.bsp, "--max-restarts", restarts,
+                 "a replacement joins the job's batch plan, and --bsp rounds give each worker "
+                 "a fixed share instead: drop --bsp (or --max-restarts)")
+
     def validate(self) -> "Config":
         """Raise :class:`ConfigError` for the first value that cannot work: each section checks
         its own fields, then the rules that span sections."""
@@ -615,6 +638,7 @@ class Config:
             _require(self.ps.pull_every == 1, "--pull-every", self.ps.pull_every,
                      "--backup-workers drops late gradients and sends their workers the new "
                      "parameters, which needs a pull with every push; use --pull-every 1")
+        self._check_restarts()
         if s.elastic:
             _require(r.mode == "sync", "--elastic", s.elastic,
                      "elastic training is for --mode sync (an MPI job cannot change its ranks)")

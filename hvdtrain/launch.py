@@ -142,6 +142,13 @@ def _run_async(cfg: Config, workload: Workload, model):
     def is_server(rank: int, world_size: int) -> bool:  # the job's one rank layout
         return Layout.job_topology(cfg, world_size).is_server(rank)
 
+    from .ps.newcomer import parent_link, run_newcomer
+    from .ps.replacement import restarts_allowed
+
+    restarts_allowed(cfg.ps.max_restarts)  # on every rank alike
+    parent = parent_link() if cfg.ps.max_restarts else None
+    if parent is not None:  # a replacement worker that server 0 started (--max-restarts)
+        return run_newcomer(cfg, workload, model, parent, _build_trainer, Finished)
     runtime = start_mpi(cfg.run, is_server)
     # The same on every rank: errors need no abort. A worker's local rank and size count this
     # host's workers, whose pipeline stages take its GPUs; servers hold no stages.
@@ -155,6 +162,9 @@ def _run_async(cfg: Config, workload: Workload, model):
     world = MPI.COMM_WORLD
     is_server = topology.is_server(runtime.rank)
     comm = world.Dup()  # the parameter server's private channel
+    if cfg.ps.max_restarts:  # ... which reaches a replacement too (ps/routes.py)
+        from .ps.routes import Routes
+        comm = Routes(comm, MPI.ANY_SOURCE)
     worker_comm = world.Split(1 if is_server else 0, runtime.rank)
     trainer = None
     try:
@@ -235,7 +245,7 @@ def survivors_of(world, lost: list[int]):
     from .ps.membership import exit_without_finalize
 
     atexit.register(exit_without_finalize)
-    group = world.Get_group().Excl(sorted(lost))
+    group = world.Get_group().Excl(sorted(set(lost)))  # a replacement may be lost again
     return world.Create_group(group, tag=999)
 
 

@@ -604,7 +604,8 @@ class ParameterServerClient(UpdateScheme):
                 "samples": stats[0]["samples"],
                 "samples_per_sec": stats[0]["samples_per_sec"],
                 **{k: stats[0][k] for k in ("batches_completed", "batches_per_worker",
-                                            "batches_left", "workers_lost") if k in stats[0]}}
+                                            "batches_left", "workers_lost", "workers_replaced")
+                                            if k in stats[0]}}
 
 
 class _PendingAllreduce(PendingSum):

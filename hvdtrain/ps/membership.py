@@ -85,12 +85,14 @@ class Loss:
 class Membership:
     """A server's record of the workers it lost, and the drop itself."""
 
-    def __init__(self, index: int, recovery: bool | None = None):
+    def __init__(self, index: int, recovery: bool | None = None, replacements=None):
         self.index = index
         self.recovery = recovery_enabled() if recovery is None else recovery
         self.lost: list[Loss] = []
+        self.gone: set[int] = set()  # lost and not replaced
         self.started = time.perf_counter()
         self.dropped = 0  # drops the server's loop has not yet counted off its active workers
+        self.replacements = replacements  # server 0 with --max-restarts: replacement.py
 
     @property
     def lost_workers(self) -> list[int]:
@@ -105,6 +107,16 @@ class Membership:
         dropped, self.dropped = self.dropped, 0
         return dropped
 
+    def _joined(self, server, now: float) -> bool:
+        """A replacement's spawn is over (replacement.py): it joined, or it failed and its
+        worker is lost for good, which the loop's count of active workers takes off."""
+        outcome = self.replacements.poll(server, now) if self.replacements else 0
+        if outcome == 1:
+            self.gone.discard(self.replacements.replaced[-1].worker)
+        elif outcome == -1:
+            self.dropped += 1
+        return outcome != 0
+
     def _scan(self, server, now: float) -> bool:
         # Also while the job stops (a stop signal, a --stop-at target: the live workers wait in
         # the end-of-training agreement for a dead one) and while an evaluation pauses the
@@ -114,6 +126,7 @@ class Membership:
         paused = server.pauses.paused_by
         waiting = [server.pending, server.pauses.held, server.verdicts.arrived,
                    () if paused is None else (paused,)]
+        joined = self._joined(server, now)
         worker = server.silence.overdue(now, server.clocks, waiting)
         if worker is not None and not self.recovery:
             raise StuckError(f"{server.silence.describe(worker, now, server.clocks)}; "
@@ -124,30 +137,55 @@ class Membership:
                              "evaluates, writes the checkpoints and the log, and the job cannot "
                              "go on without it: the last checkpoint in --run-dir is intact, "
                              "rerun the same command with --auto-resume")
-        return worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
+        dropped = worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
+        return dropped or joined
 
-    def wait(self, server, request, status) -> None:
+    def receive(self, server, status) -> None:
+        """Receive the next request header from any worker into ``server.header`` (with
+        --max-restarts, from a replacement's link too: routes.py), or raise StuckError."""
+        routes = getattr(server.comm, "post_requests", None)
+        requests = routes(server.header, Tag.REQUEST) if routes else [server.comm.Irecv(
+            server.header, source=server.MPI.ANY_SOURCE, tag=Tag.REQUEST)]
+        try:
+            index = self.wait(server, requests, status)
+        except BaseException:
+            server.comm.cancel() if routes else requests[0].Cancel()
+            raise
+        if routes:
+            server.comm.take(index, server.header, status)
+
+    def wait(self, server, requests: list, status) -> int:
         """Server 0's wait for the next request. Under recovery it checks for silent workers
         every second meanwhile: when the live workers all wait for a lost one (the end of
         training is collective), no request comes that would start the check."""
         MPI, timeout_s = server.MPI, server.cfg.ps.timeout_s
         if not (self.recovery and self.index == 0 and timeout_s):
-            wait_any(MPI, [request], timeout_s, server._describe_wait, status)
-            return
+            return wait_any(MPI, requests, timeout_s, server._describe_wait, status)
         start = time.monotonic()
         while True:
             try:
-                wait_any(MPI, [request], 1.0, server._describe_wait, status)
-                return
+                return wait_any(MPI, requests, 1.0, server._describe_wait, status)
             except StuckError:
-                if self._scan(server, time.perf_counter()):
-                    start = time.monotonic()
+                if self._scan(server, time.perf_counter()) or self.starting:
+                    start = time.monotonic()  # a replacement that starts is no hang
+                    requests = self._requests_after_join(server, requests)
                 elif time.monotonic() - start > timeout_s:
                     raise
 
+    @staticmethod
+    def _requests_after_join(server, requests: list) -> list:
+        """A replacement that joined meanwhile has a link of its own to listen on."""
+        routes = getattr(server.comm, "post_requests", None)
+        return routes(server.header, Tag.REQUEST) if routes else requests
+
+    @property
+    def starting(self) -> bool:
+        return self.replacements is not None and self.replacements.pending is not None
+
     def drop(self, server, worker: int, now: float) -> int:
-        if worker in self.lost_workers or server.clocks.is_done(worker):
+        if worker in self.gone or server.clocks.is_done(worker):
             return 0
+        self.gone.add(worker)
         pushes = int(server.clocks.clocks[worker])
         self.lost.append(Loss(worker, round(now - self.started, 3), pushes,
                               round(now - server.silence.last_heard[worker], 3)))
@@ -166,6 +204,8 @@ class Membership:
             print(f"hvdtrain: worker {worker} (rank {worker}) lost: silent for "
                   f"{self.lost[-1].silent_s:.0f} s after {pushes} pushes; training goes on "
                   "with the other workers", file=sys.stderr, flush=True)
+            if self.replacements and self.replacements.replace(server, worker, pushes):
+                self.dropped -= 1  # the loop's count keeps it: its replacement is on its way
         return 1
 
     def _tell(self, server, worker: int, pushes: int) -> None:
@@ -175,8 +215,14 @@ class Membership:
             server.comm.Send(header, dest=rank, tag=Tag.REQUEST)
         word = np.array([worker, pushes], dtype=np.int64)
         for w in range(server.num_workers):
-            if not server.clocks.is_done(w) and w not in self.lost_workers:
+            if not server.clocks.is_done(w) and w not in self.lost_workers:  # a newcomer
+                # is exempt from the survivors' collectives (replacement.py): no word for it
                 server.comm.Send(word, dest=w, tag=Tag.LOST)
 
-    def report(self) -> dict:
-        return {"workers_lost": [asdict(loss) for loss in self.lost]} if self.lost else {}
+    def report(self, load=None) -> dict:
+        replaced = {}
+        if self.replacements is not None and load is not None:
+            self.replacements.finish(load.pushes_reported)
+            replaced = self.replacements.report()
+        return {"workers_lost": [asdict(loss) for loss in self.lost], **replaced} \
+            if self.lost else {}

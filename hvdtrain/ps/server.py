@@ -34,11 +34,11 @@ from .pushes import AsyncPushes, RoundPushes
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_SLOT, H_WORKER, HAS_PLAN,
                        HAS_STATE, HEADER_LEN, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP,
                        Kind, Tag, word_to_lr)
+from .replacement import Replacements
 from .server_stats import ServerLoad
 from .shard import Shard
 from .silence import SilenceWatch
 from .verdicts import Verdicts
-from .waiting import wait_any
 
 
 class ParameterServer:
@@ -59,7 +59,8 @@ class ParameterServer:
         self.pending: dict[int, bool] = {}  # worker -> wants params: replies the policy holds
         self.pauses = EvalPauses(comm, charges=self.index == 0)
         self.verdicts = Verdicts(comm, topology, self.index, cfg.ps.backup_workers)
-        self.membership = Membership(self.index)  # workers lost on the way
+        self.membership = Membership(self.index, replacements=Replacements.at_server(
+            cfg.ps.max_restarts, self.index))  # workers lost on the way, and replaced
         self.silence = SilenceWatch(self.index, n, cfg.ps.timeout_s,
                                     self.load.intervals if self.membership.recovery else None)
         self.dispatcher: BatchDispatcher | None = None  # server 0: the job's batch plan
@@ -181,12 +182,7 @@ class ParameterServer:
 
     def _next_request(self, status) -> None:
         """Receive the next request header from any worker, or raise StuckError."""
-        request = self.comm.Irecv(self.header, source=self.MPI.ANY_SOURCE, tag=Tag.REQUEST)
-        try:
-            self.membership.wait(self, request, status)  # wait_any, or with silence checks
-        except BaseException:
-            request.Cancel()
-            raise
+        self.membership.receive(self, status)  # wait_any, or with silence checks
 
     def _describe_wait(self) -> str:
         clocks = ", ".join(f"worker {w}: {'done' if self.clocks.is_done(w) else int(c)}"
@@ -248,5 +244,6 @@ class ParameterServer:
         if ps.eval_pauses_workers and self.index == 0:
             rules["eval_pause_debt_seconds"] = round(self.pauses.debt_seconds, 3)
         return self.load.report(self.index, self.versions.version,
-                                {**rules, **self.membership.report(), **self.ledger.report(),
+                                {**rules, **self.membership.report(self.load),
+                                 **self.ledger.report(),
                                  **(self.dispatcher.statistics() if self.dispatcher else {})})

@@ -2,7 +2,9 @@
 mpirun with recovery enabled, server 0 drops a worker silent past --timeout-s and the others
 train its batches; without recovery the job ends as before, with a non-zero exit and a message
 that says how to launch for recovery. The workers die by SIGKILL from outside, so the path does
-not depend on how a worker died."""
+not depend on how a worker died. With --max-restarts a new process takes the lost worker's place
+(ps/replacement.py); that test kills by --inject-faults, which the replacement must not fire
+again."""
 
 import subprocess
 import time
@@ -16,11 +18,11 @@ pytestmark = pytest.mark.multiproc
 RECOVERY = recovery_launcher_args()
 
 
-def _train(run_dir, mca, epochs):
+def _train(run_dir, mca, epochs, *extra):
     """mpirun -np 4: workers 0-2, server 3."""
     cmd = mpirun(4, *mca, *hvdtrain("train", "--no-progress", "--seed", "1", "--mode", "async",
                                     "--epochs", str(epochs), "--batch-size", "16",
-                                    "--timeout-s", "3", "--run-dir", str(run_dir)))
+                                    "--timeout-s", "3", "--run-dir", str(run_dir), *extra))
     # Files, not pipes: a pipe nobody reads until the end fills up and blocks the job.
     out, err = (open(run_dir.parent / f"{run_dir.name}.{n}", "w+") for n in ("out", "err"))
     job = subprocess.Popen(cmd, env=launcher_env(), stdout=out, stderr=err, text=True,
@@ -90,3 +92,28 @@ def test_under_recovery_a_lost_server_still_ends_the_job_non_zero(tmp_path):
     code, out, err = _finish(job)
     assert code != 0, err[-3000:]
     assert "--auto-resume" in err, err[-3000:]
+
+
+def test_a_replacement_joins_trains_and_the_job_ends_with_three_workers(tmp_path):
+    # The Done line of issue 28 (digits, default batch size), stretched so that the survivors
+    # have not trained every batch by the time the new process has started (3 to 15 s here):
+    # 40 epochs, and every step waits a random 30 ms on average, so that the job's length
+    # depends on the delays more than on the machine's load (100 epochs without them took 9 to
+    # 23 s). A staleness bound would calm the accuracy, but a survivor held for the dead worker
+    # times out (--timeout-s) as soon as the server drops it.
+    job = _train(tmp_path, RECOVERY, 40, "--batch-size", "32", "--timeout-s", "6",
+                 "--straggler", "exp:30ms",
+                 "--inject-faults", "kill:rank=2,step=40", "--max-restarts", "1")
+    code, out, err = _finish(job, timeout=200)
+    assert code == 0, err[-3000:]
+    assert err.count("injected fault: kill rank 2") == 1, err[-3000:]  # not again in the newcomer
+    assert "worker 2 (rank 2) lost" in err and "worker 2 replaced by a new process (pid" in err
+    summary = records(tmp_path, "scheme")[0]
+    replaced = summary["workers_replaced"]
+    assert [r["worker"] for r in replaced] == [2] and replaced[0]["pushes"] > 0, summary
+    assert f"replacement worker 2 (pid {replaced[0]['pid']}) done" in err
+    # Every worker's DONE counted, the newcomer's too: three live workers at the end.
+    assert summary["pushes_made_by_workers"] == summary["pushes_applied"], summary
+    assert summary["batches_left"] == 0
+    epochs = records(tmp_path, "epoch")
+    assert len(epochs) == 40 and epochs[-1]["test_acc"] >= 0.95, epochs[-1]
