@@ -107,10 +107,13 @@ def test_the_issues_command_runs_async_bf16_with_clipping(tmp_path):
     assert len(epochs) == 6 and epochs[-1]["test_acc"] >= 0.9, epochs[-1]
     # Late in training a whole epoch of worker 0's gradients can stay under the norm (CI saw
     # it once), so only what must hold: a fraction, some clipping, and an epoch whose mean norm
-    # is above the limit clipped at least one step.
-    assert all(0 <= e["clipped_fraction"] <= 1 for e in epochs), epochs
-    assert any(e["clipped_fraction"] > 0 for e in epochs), epochs
-    assert all(e["clipped_fraction"] > 0 for e in epochs if e["grad_norm_mean"] > 1), epochs
+    # is above the limit clipped at least one step. The figures are worker 0's own: an epoch in
+    # which it trained no step (a loaded machine; it also evaluates) has none.
+    clipping = [e for e in epochs if "clipped_fraction" in e]
+    assert len(clipping) >= 3, epochs
+    assert all(0 <= e["clipped_fraction"] <= 1 for e in clipping), epochs
+    assert any(e["clipped_fraction"] > 0 for e in clipping), epochs
+    assert all(e["clipped_fraction"] > 0 for e in clipping if e["grad_norm_mean"] > 1), epochs
 
 
 # --- GPUs -------------------------------------------------------------------------------------
