@@ -51,27 +51,41 @@ PARITY = ["--epochs", "2", "--no-progress", "--log-steps", "--optimizer", "sgd",
           "--momentum", "0.9", "--lr", "0.05", "--lr-scaling", "none", "--warmup-epochs", "0"]
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
-def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, launcher):
-    one, two, accum = tmp_path / "one", tmp_path / "two", tmp_path / "accum"
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """The single-process run that the 2-rank runs below must match, step for step."""
+    one = tmp_path_factory.mktemp("one")
     run(hvdtrain("train", *PARITY, "--batch-size", "32", "--run-dir", str(one)))
+    return step_losses(one)
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
+def test_two_ranks_match_one_rank_with_the_same_global_batch(tmp_path, launcher, one_rank):
+    two = tmp_path / "two"
     run(launch(launcher, 2, *hvdtrain("train", *PARITY, "--batch-size", "16",
                                       "--run-dir", str(two))))
-    single, double = step_losses(one), step_losses(two)
-    assert len(single) == len(double) > 50
-    worst = max(abs(a - b) for a, b in zip(single, double))
+    double = step_losses(two)
+    assert len(one_rank) == len(double) > 50
+    worst = max(abs(a - b) for a, b in zip(one_rank, double))
     assert worst < 1e-5, f"per-step losses differ by up to {worst}"
+
+
+def test_accumulation_and_clipping_on_two_ranks_match_one_rank(tmp_path, one_rank):
+    """What the launcher does not change, under one launcher (mpirun)."""
     # Gradient accumulation: 2 backward passes of 8 samples per step make the same update.
-    run(launch(launcher, 2, *hvdtrain("train", *PARITY, "--batch-size", "16",
-                                      "--backward-passes-per-step", "2", "--run-dir", str(accum))))
-    worst = max(abs(a - b) for a, b in zip(single, step_losses(accum)))
+    accum = tmp_path / "accum"
+    run(mpirun(2, *hvdtrain("train", *PARITY, "--batch-size", "16",
+                            "--backward-passes-per-step", "2", "--run-dir", str(accum))))
+    accumulated = step_losses(accum)
+    assert len(accumulated) == len(one_rank)
+    worst = max(abs(a - b) for a, b in zip(one_rank, accumulated))
     assert worst < 1e-5, f"accumulated per-step losses differ by up to {worst}"
     # --clip-grad-norm clips the averaged gradient, which 2 ranks hold as 1 rank does.
     clipped = [*PARITY, "--clip-grad-norm", "0.3"]
     one_clip, two_clip = tmp_path / "one_clip", tmp_path / "two_clip"
     run(hvdtrain("train", *clipped, "--batch-size", "32", "--run-dir", str(one_clip)))
-    run(launch(launcher, 2, *hvdtrain("train", *clipped, "--batch-size", "16",
-                                      "--run-dir", str(two_clip))))
+    run(mpirun(2, *hvdtrain("train", *clipped, "--batch-size", "16",
+                            "--run-dir", str(two_clip))))
     for folder in (one_clip, two_clip):
         epochs = records(folder, "epoch")
         assert all(e["clipped_fraction"] > 0.5 for e in epochs), epochs  # clipping mostly on
