@@ -423,11 +423,17 @@ class ParameterServerClient(UpdateScheme):
                     sends.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
         return sends
 
+    def _reply_timeout_s(self) -> float:
+        """Under recovery a reply held for a dead worker (--staleness, --bsp) comes once server
+        0 drops it, which takes up to --timeout-s after its last push (silence.py): waiting
+        only as long would time out just as the server lets this worker go."""
+        return self.cfg.ps.timeout_s * (2 if self.survivors.recovery else 1)
+
     def _complete(self, kind: Kind, requests: list, copies: list) -> None:
         """Wait for every request; copy each parameter chunk to the device as it arrives."""
         params = self.params_flat.numpy()
         while True:
-            index = wait_any(self.MPI, requests, self.cfg.ps.timeout_s, lambda: (
+            index = wait_any(self.MPI, requests, self._reply_timeout_s(), lambda: (
                 f"worker {self.worker_rank}: no reply from the parameter server to its "
                 f"{kind.name} (clock {self.clock}); under --staleness or --bsp the server holds "
                 "a reply until the slowest worker catches up"))

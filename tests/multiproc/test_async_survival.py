@@ -63,7 +63,10 @@ def _finish(job, timeout=150):
 
 
 def test_a_killed_worker_is_dropped_and_the_others_finish_the_job(tmp_path):
-    job = _train(tmp_path, RECOVERY, epochs=16)
+    # Under a staleness bound a survivor soon waits for the dead worker: the server's reply
+    # comes when it drops it, up to --timeout-s after its last push, and the survivor waits
+    # for it longer than that (it timed out at the same moment before).
+    job = _train(tmp_path, RECOVERY, 16, "--staleness", "2")
     _kill_after(job, tmp_path, rank=2)
     code, out, err = _finish(job)
     assert code == 0, err[-3000:]
