@@ -73,8 +73,8 @@ class Checkpointer:
         self.auto_resume = cfg.run.auto_resume or cfg.sync.elastic
         # Other components' own state (state_dict/load_state_dict), saved under their names.
         self.components: dict[str, Any] = {}
-        # --tracker's run ids (tracker.json) ride in every checkpoint: a resume continues them
-        self.components["trackers"] = CheckpointRecord(lambda: self.run_dir, cfg.run.resume)
+        if cfg.run.tracker:  # --tracker's run ids (tracker.json) ride in every checkpoint
+            self.components["trackers"] = CheckpointRecord(lambda: self.run_dir, cfg.run.resume)
         # --async-checkpoint: writes in a background thread (checkpoint_writer.py), on worker 0
         self.writer = CheckpointWriter() if cfg.run.async_checkpoint else None
 

@@ -143,15 +143,17 @@ class Membership:
     def receive(self, server, status) -> None:
         """Receive the next request header from any worker into ``server.header`` (with
         --max-restarts, from a replacement's link too: routes.py), or raise StuckError."""
-        routes = getattr(server.comm, "post_requests", None)
-        requests = routes(server.header, Tag.REQUEST) if routes else [server.comm.Irecv(
-            server.header, source=server.MPI.ANY_SOURCE, tag=Tag.REQUEST)]
+        routed = hasattr(server.comm, "post_requests")
+        requests = self._post_requests(server)
         try:
             index = self.wait(server, requests, status)
         except BaseException:
-            server.comm.cancel() if routes else requests[0].Cancel()
+            if routed:
+                server.comm.cancel()
+            else:
+                requests[0].Cancel()
             raise
-        if routes:
+        if routed:
             server.comm.take(index, server.header, status)
 
     def wait(self, server, requests: list, status) -> int:
@@ -173,10 +175,17 @@ class Membership:
                     raise
 
     @staticmethod
-    def _requests_after_join(server, requests: list) -> list:
+    def _post_requests(server) -> list:
+        """The receives of the next request header: one from any rank, or with routes.py one
+        per link."""
+        if hasattr(server.comm, "post_requests"):
+            return server.comm.post_requests(server.header, Tag.REQUEST)
+        return [server.comm.Irecv(server.header, source=server.MPI.ANY_SOURCE, tag=Tag.REQUEST)]
+
+    @classmethod
+    def _requests_after_join(cls, server, requests: list) -> list:
         """A replacement that joined meanwhile has a link of its own to listen on."""
-        routes = getattr(server.comm, "post_requests", None)
-        return routes(server.header, Tag.REQUEST) if routes else requests
+        return cls._post_requests(server) if hasattr(server.comm, "post_requests") else requests
 
     @property
     def starting(self) -> bool:
