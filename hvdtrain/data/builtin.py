@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from ..config import DataConfig
+from . import digits_cache
 
 
 class DataError(ValueError):
@@ -44,11 +45,16 @@ def load_dataset(cfg: DataConfig) -> Dataset:
 
 # --- the datasets ----------------------------------------------------------------------------
 def _digits(cfg: DataConfig) -> Dataset:
-    from sklearn.datasets import load_digits
+    cached = digits_cache.cache_path(cfg.test_fraction, cfg.data_seed)
+    arrays = digits_cache.load(cached)
+    if arrays is None:
+        from sklearn.datasets import load_digits
 
-    bunch = load_digits()  # ships inside scikit-learn: 1,797 real 8x8 images, no download
-    x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]  # pixel values are 0..16
-    return _split("digits", x, bunch.target, cfg, where="--dataset digits")
+        bunch = load_digits()  # ships inside scikit-learn: 1,797 real 8x8 images, no download
+        x = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]  # pixel values are 0..16
+        arrays = _split_arrays("digits", x, bunch.target, cfg)
+        digits_cache.store(cached, arrays)
+    return _make("digits", *arrays, cfg, "--dataset digits")
 
 
 def _synthetic(cfg: DataConfig) -> Dataset:
@@ -148,6 +154,12 @@ def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> np.ndarray:
 
 def _split(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, where: str,
            stratify: bool = True) -> Dataset:
+    return _make(name, *_split_arrays(name, x, y, cfg, stratify), cfg, where)
+
+
+def _split_arrays(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig,
+                  stratify: bool = True) -> tuple[np.ndarray, ...]:
+    """(x_train, y_train, x_test, y_test): scikit-learn's split, stratified by label."""
     from sklearn.model_selection import train_test_split
 
     try:
@@ -157,7 +169,7 @@ def _split(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, where: str,
     except ValueError as e:  # e.g. a class with a single sample cannot be stratified
         raise DataError(f"{name}: cannot split {len(x)} samples into train and test ({e}); "
                         "add samples or change --test-fraction") from None
-    return _make(name, x_tr, y_tr, x_te, y_te, cfg, where)
+    return x_tr, y_tr, x_te, y_te
 
 
 def _make(name, x_tr, y_tr, x_te, y_te, cfg: DataConfig, where: str) -> Dataset:

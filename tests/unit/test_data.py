@@ -19,6 +19,37 @@ def test_digits_is_real_and_stratified():
     assert np.abs(train_share - test_share).max() < 0.01  # stratified: same class mix
 
 
+def _same(a, b) -> bool:
+    return all(np.array_equal(getattr(a, k).numpy(), getattr(b, k).numpy())
+               for k in ("x_train", "y_train", "x_test", "y_test"))
+
+
+def test_the_digits_split_is_cached_and_a_broken_cache_file_is_made_again(tmp_path, monkeypatch):
+    import sklearn.model_selection
+
+    monkeypatch.setenv("HVDTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    cfg = DataConfig(dataset="digits", data_seed=3, test_fraction=0.25)
+    made = load_dataset(cfg)
+    [cached] = (tmp_path / "cache").glob("digits-*seed3.npz")
+    assert len(made.x_test) == 450  # a quarter of 1,797, rounded up
+    split = sklearn.model_selection.train_test_split
+    def no_split(*args, **kwargs):
+        raise AssertionError("the cached split was not used")
+    monkeypatch.setattr(sklearn.model_selection, "train_test_split", no_split)
+    assert _same(load_dataset(cfg), made)  # read back, without scikit-learn
+    cached.write_bytes(cached.read_bytes()[:1000])  # a write cut short by a crash
+    monkeypatch.setattr(sklearn.model_selection, "train_test_split", split)
+    assert _same(load_dataset(cfg), made)
+    assert _same(load_dataset(DataConfig(dataset="digits", data_seed=3, test_fraction=0.25)),
+                 made) and cached.stat().st_size > 100_000  # written whole again
+    other = load_dataset(DataConfig(dataset="digits", data_seed=4, test_fraction=0.25))
+    assert not _same(other, made)  # another seed, another split and file
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    # a cache folder that cannot be made (here a file is in the way): the split is made anyway
+    monkeypatch.setenv("HVDTRAIN_CACHE_DIR", str(cached))
+    assert _same(load_dataset(cfg), made)
+
+
 def test_synthetic_is_seeded():
     cfg = DataConfig(dataset="synthetic", synthetic_samples=100, synthetic_shape=(1, 4, 4))
     a, b = load_dataset(cfg), load_dataset(cfg)
