@@ -141,18 +141,20 @@ def test_a_second_run_into_a_busy_folder_exits_2_and_the_first_finishes_intact(t
     """Reproduction 1: two jobs with one --run-dir. Before the lock, the second trained into the
     first's folder: mixed log lines, and a checkpoint of the wrong model."""
     folder = tmp_path / "X"
-    # 2 ms a step (about 9 s in all) keeps the first run in its folder until the second has
-    # started, also on a busy machine where starting takes longer than the first run trains.
     first = subprocess.Popen(
-        hvdtrain("train", "--batch-size", "1", "--epochs", "3", "--seed", "1", "--run-dir",
-                 str(folder), "--no-progress", "--straggler", "2ms"),
+        hvdtrain("train", "--epochs", "3", "--seed", "1", "--run-dir", str(folder),
+                 "--no-progress"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env(),
         stdin=subprocess.DEVNULL)
     try:
         wait_until_locked(folder, first)
+        # The first run is stopped while the second starts (seconds, on a busy machine longer
+        # than the first needs to train), so it is surely still in its folder; then it goes on.
+        first.send_signal(signal.SIGSTOP)
         second = run(hvdtrain("train", "--batch-size", "1", "--epochs", "3", "--seed", "2",
                               "--hidden", "32", "--run-dir", str(folder), "--no-progress"),
                      check=False)
+        first.send_signal(signal.SIGCONT)
         out, err = first.communicate(timeout=LAUNCH_TIMEOUT)
     finally:
         if first.poll() is None:
