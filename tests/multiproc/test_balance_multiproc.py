@@ -56,10 +56,10 @@ def test_a_straggler_gets_a_smaller_share_and_digits_still_learns(tmp_path):
 
 def test_a_resumed_run_continues_with_the_checkpoints_shares(tmp_path):
     flags = ["--straggler", "3x", "--balance", "--no-progress", "--run-dir", str(tmp_path)]
-    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "3")))
+    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "2")))  # shares move after epoch 1
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["batch_shares"]
     assert saved == records(tmp_path, "epoch")[-1]["next_batch_shares"] and saved != [32, 32]
-    proc = run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "4", "--resume",
+    proc = run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "3", "--resume",
                                    str(tmp_path))))
     assert records(tmp_path, "epoch")[-1]["batch_shares"] == saved
     assert "are not used" not in proc.stdout
