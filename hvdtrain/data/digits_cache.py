@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from importlib import metadata
 from pathlib import Path
 
@@ -51,9 +52,9 @@ def load(path: Path) -> tuple[np.ndarray, ...] | None:
 
 
 def store(path: Path, arrays: tuple[np.ndarray, ...]) -> None:
-    """Write atomically (ranks of one job, and other jobs, may store the same file at once);
-    a folder that cannot be written is skipped silently."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """Write atomically (ranks of one job, and other jobs, may store the same file at once, on
+    hosts that share the home folder); a folder that cannot be written is skipped silently."""
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as f:
