@@ -23,23 +23,33 @@ FORMAT = 1
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 
-def cache_dir() -> Path:
+def cache_dir() -> Path | None:
+    """None where there is no home folder to put it in (a container user without one)."""
     if os.environ.get("HVDTRAIN_CACHE_DIR"):
         return Path(os.environ["HVDTRAIN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "hvdtrain"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "hvdtrain"
+    try:
+        return Path.home() / ".cache" / "hvdtrain"
+    except RuntimeError:
+        return None
 
 
-def cache_path(test_fraction: float, seed: int) -> Path:
+def cache_path(test_fraction: float, seed: int) -> Path | None:
+    folder = cache_dir()
+    if folder is None:
+        return None
     try:
         sklearn = metadata.version("scikit-learn")
     except metadata.PackageNotFoundError:
         sklearn = "none"
-    return cache_dir() / f"digits-v{FORMAT}-sklearn{sklearn}-test{test_fraction!r}-seed{seed}.npz"
+    return folder / f"digits-v{FORMAT}-sklearn{sklearn}-test{test_fraction!r}-seed{seed}.npz"
 
 
-def load(path: Path) -> tuple[np.ndarray, ...] | None:
+def load(path: Path | None) -> tuple[np.ndarray, ...] | None:
     """The four split arrays, or None when the file is missing or not a whole cache file."""
+    if path is None:
+        return None
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = tuple(npz[k] for k in ARRAYS)
@@ -51,9 +61,11 @@ def load(path: Path) -> tuple[np.ndarray, ...] | None:
     return arrays
 
 
-def store(path: Path, arrays: tuple[np.ndarray, ...]) -> None:
+def store(path: Path | None, arrays: tuple[np.ndarray, ...]) -> None:
     """Write atomically (ranks of one job, and other jobs, may store the same file at once, on
     hosts that share the home folder); a folder that cannot be written is skipped silently."""
+    if path is None:
+        return
     tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -45,8 +45,15 @@ def test_the_digits_split_is_cached_and_a_broken_cache_file_is_made_again(tmp_pa
     other = load_dataset(DataConfig(dataset="digits", data_seed=4, test_fraction=0.25))
     assert not _same(other, made)  # another seed, another split and file
     assert len(list((tmp_path / "cache").iterdir())) == 2
-    # a cache folder that cannot be made (here a file is in the way): the split is made anyway
+    # a cache folder that cannot be made (here a file is in the way), or no home folder at all:
+    # the split is made anyway
     monkeypatch.setenv("HVDTRAIN_CACHE_DIR", str(cached))
+    assert _same(load_dataset(cfg), made)
+    monkeypatch.delenv("HVDTRAIN_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    def no_home():
+        raise RuntimeError("Could not determine home directory")
+    monkeypatch.setattr("pathlib.Path.home", staticmethod(no_home))
     assert _same(load_dataset(cfg), made)
 
 
