@@ -3,10 +3,10 @@
 Importing scikit-learn pulls in SciPy: most of a second in every rank of every job, several times
 what training on digits takes per epoch. The train/test split is scikit-learn's, so it is made
 with scikit-learn once per (scikit-learn version, --test-fraction, --data-seed) and cached as a
-small .npz (about 0.5 MB) in $HVDTRAIN_CACHE_DIR, or $XDG_CACHE_HOME/hvdtrain, or
-~/.cache/hvdtrain. Later starts read that file with numpy alone. The cache is an optimisation
-only: a folder that cannot be written, or a file that cannot be read, means the split is made
-with scikit-learn as before, never an error."""
+small .npz (about 0.5 MB) in $HVDTRAIN_CACHE, by default ~/.cache/hvdtrain. Later starts read
+that file with numpy alone. The cache is an optimisation only: a folder that cannot be written,
+or a file that cannot be read, means the split is made with scikit-learn as before, never an
+error."""
 
 from __future__ import annotations
 
@@ -24,11 +24,10 @@ ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 
 
 def cache_dir() -> Path | None:
-    """None where there is no home folder to put it in (a container user without one)."""
-    if os.environ.get("HVDTRAIN_CACHE_DIR"):
-        return Path(os.environ["HVDTRAIN_CACHE_DIR"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "hvdtrain"
+    """The folder where setup also keeps the Horovod wheel (scripts/setup/build_horovod.sh);
+    None where there is no home folder to put it in (a container user without one)."""
+    if os.environ.get("HVDTRAIN_CACHE"):
+        return Path(os.environ["HVDTRAIN_CACHE"])
     try:
         return Path.home() / ".cache" / "hvdtrain"
     except RuntimeError:

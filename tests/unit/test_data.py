@@ -27,7 +27,7 @@ def _same(a, b) -> bool:
 def test_the_digits_split_is_cached_and_a_broken_cache_file_is_made_again(tmp_path, monkeypatch):
     import sklearn.model_selection
 
-    monkeypatch.setenv("HVDTRAIN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HVDTRAIN_CACHE", str(tmp_path / "cache"))
     cfg = DataConfig(dataset="digits", data_seed=3, test_fraction=0.25)
     made = load_dataset(cfg)
     [cached] = (tmp_path / "cache").glob("digits-*seed3.npz")
@@ -47,10 +47,9 @@ def test_the_digits_split_is_cached_and_a_broken_cache_file_is_made_again(tmp_pa
     assert len(list((tmp_path / "cache").iterdir())) == 2
     # a cache folder that cannot be made (here a file is in the way), or no home folder at all:
     # the split is made anyway
-    monkeypatch.setenv("HVDTRAIN_CACHE_DIR", str(cached))
+    monkeypatch.setenv("HVDTRAIN_CACHE", str(cached))
     assert _same(load_dataset(cfg), made)
-    monkeypatch.delenv("HVDTRAIN_CACHE_DIR")
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("HVDTRAIN_CACHE")
     def no_home():
         raise RuntimeError("Could not determine home directory")
     monkeypatch.setattr("pathlib.Path.home", staticmethod(no_home))
