@@ -40,8 +40,7 @@ def test_the_digits_split_is_cached_and_a_broken_cache_file_is_made_again(tmp_pa
     cached.write_bytes(cached.read_bytes()[:1000])  # a write cut short by a crash
     monkeypatch.setattr(sklearn.model_selection, "train_test_split", split)
     assert _same(load_dataset(cfg), made)
-    assert _same(load_dataset(DataConfig(dataset="digits", data_seed=3, test_fraction=0.25)),
-                 made) and cached.stat().st_size > 100_000  # written whole again
+    assert cached.stat().st_size > 100_000  # written whole again
     other = load_dataset(DataConfig(dataset="digits", data_seed=4, test_fraction=0.25))
     assert not _same(other, made)  # another seed, another split and file
     assert len(list((tmp_path / "cache").iterdir())) == 2
