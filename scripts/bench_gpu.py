@@ -151,6 +151,17 @@ def samples_per_sec(records: list[dict]) -> float:
     return statistics.fmean(r["samples_per_sec"] for r in later_epochs(records))
 
 
+def flops_note(records: list[dict]) -> str:
+    """" (T TFLOP/s, MFU m)" from the epochs after the first, where the run logged them."""
+    epochs = later_epochs(records)
+    if not epochs or any("tflops" not in e for e in epochs):
+        return ""
+    note = f"{statistics.fmean(e['tflops'] for e in epochs):.3g} TFLOP/s"
+    if all("mfu" in e for e in epochs):
+        note += f", MFU {statistics.fmean(e['mfu'] for e in epochs):.3f}"
+    return f" ({note})"
+
+
 def copy_figures(records: list[dict]) -> dict | None:
     """Worker 0's copy time and bytes per step, its step time, and the parameter bytes, from an
     async GPU run's log; None when its epoch lines carry no device_copy_seconds."""
@@ -297,7 +308,8 @@ def run_round(workers: int, args: argparse.Namespace, results: dict) -> list[str
                 copies.update(to_device=to_device, to_host=to_host)
             results.setdefault("copies", []).append(copies)
         name = " ".join(key)
-        line.append(f"{name} " + (f"{results[key][-1]:,.0f} samples/s" if ok else "failed"))
+        line.append(f"{name} " + (f"{results[key][-1]:,.0f} samples/s{flops_note(records)}"
+                                  if ok else "failed"))
     results.setdefault(("hand", "cuda"), []).append(hand_loop(workers, args))
     hand = results[("hand", "cuda")][-1]
     line.append("hand loop cuda " + (f"{hand:,.0f} samples/s" if isinstance(hand, float)

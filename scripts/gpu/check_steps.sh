@@ -99,7 +99,12 @@ why_no_gpu() {
     ((dry_run)) && echo "--cpu-dry-run"
 }
 
-choose_gpu_ops() { [[ -z "$(why_no_gpu)" ]] && echo NCCL; }
+# HVDTRAIN_GPU_OPS (with HOROVOD_BUILD_CUDA_CC_LIST) forces the GPU build where nvcc and a CUDA
+# torch are but no device is: it proves the NCCL build on a build host before the device time.
+choose_gpu_ops() {
+    if [[ -n "${HVDTRAIN_GPU_OPS:-}" ]]; then echo "$HVDTRAIN_GPU_OPS"; return; fi
+    [[ -z "$(why_no_gpu)" ]] && echo NCCL
+}
 
 # NCCL's header and library: HOROVOD_NCCL_HOME if set, else the pip package torch uses
 # (nvidia-nccl-*), whose library has only the versioned name, so a link gives CMake libnccl.so.
@@ -117,21 +122,37 @@ print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null)"
     echo "NCCL from $home"
 }
 
+# The CUDA toolkit's root for Horovod's CMake, which finds cudart beside the nvcc it runs: an nvcc
+# on PATH may be a wrapper script outside the toolkit (as on some build hosts). torch's extension
+# helpers, which give Horovod the cudart to link, read CUDA_HOME.
+cuda_env() {
+    local root nvcc_dir
+    nvcc_dir="$(dirname "$(readlink -f "$(command -v nvcc)")" 2>/dev/null)"
+    for root in "${HOROVOD_CUDA_HOME:-}" "${CUDA_HOME:-}" "$(dirname "$nvcc_dir")" /usr/local/cuda; do
+        [[ -n "$root" && -x "$root/bin/nvcc" && -f "$root/include/cuda_runtime.h" ]] || continue
+        export HOROVOD_CUDA_HOME="$root" CUDAToolkit_ROOT="$root" CUDA_HOME="$root"
+        echo "CUDA toolkit: $root"; return 0
+    done
+    echo "missing: a CUDA toolkit (bin/nvcc and include/cuda_runtime.h) for Horovod's GPU build"
+    return 1
+}
+
 # scripts/setup/build_horovod.sh does the patched build; with PIP_NO_INDEX and PIP_FIND_LINKS
 # (set by check.sh) its download takes the sdist from the bundle.
 build_horovod() {
     local ops="$1" wheel
     unset HOROVOD_GPU_OPERATIONS
     if [[ -n "$ops" ]]; then
-        nccl_env || return 1
+        cuda_env && nccl_env || return 1
         export HOROVOD_GPU_OPERATIONS="$ops"
         # Kernels for this GPU only: nvcc's whole list costs minutes.
-        HOROVOD_BUILD_CUDA_CC_LIST="$("$py" -c 'import torch
-print("%d%d" % torch.cuda.get_device_capability(0))')" || return 1
+        HOROVOD_BUILD_CUDA_CC_LIST="${HOROVOD_BUILD_CUDA_CC_LIST:-$("$py" -c 'import torch
+print("%d%d" % torch.cuda.get_device_capability(0))')}" || return 1
         export HOROVOD_BUILD_CUDA_CC_LIST
         echo "HOROVOD_GPU_OPERATIONS=$ops, CUDA capability $HOROVOD_BUILD_CUDA_CC_LIST"
     fi
-    wheel="$(PYTHON="$py" bash "$repo/scripts/setup/build_horovod.sh" | tail -n1)" || return 1
+    wheel="$(PYTHON="$py" bash "$repo/scripts/setup/build_horovod.sh" | tail -n1)"
+    [[ -f "$wheel" ]] || { echo "the Horovod build made no wheel (see above)"; return 1; }
     "$py" -m pip install -q --no-deps --force-reinstall "$wheel" || return 1
     echo "installed $(basename "$wheel")"
 }
@@ -161,5 +182,10 @@ run_cuda_tests() {
     local ids
     mapfile -t ids < <("$py" "$repo/scripts/gpu/cuda_tests.py")
     echo "CUDA-gated tests: ${#ids[@]}"
-    (cd "$repo" && "$py" -m pytest -q -rs -p no:cacheprovider --timeout 240 "${ids[@]}")
+    # In parallel where pytest-xdist is (the device images have it): they share the one GPU,
+    # which has room for all, and the device time is short.
+    local parallel=()
+    "$py" -c 'import xdist' 2>/dev/null && parallel=(-n "$(( ${#ids[@]} < 4 ? ${#ids[@]} : 4 ))")
+    (cd "$repo" && "$py" -m pytest -q -rs -p no:cacheprovider --timeout 240 "${parallel[@]}" \
+        "${ids[@]}")
 }

@@ -98,3 +98,16 @@ def test_bench_flags_in_check_parse():
     sys.path.insert(0, str(REPO / "scripts"))
     args = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu").parse_args(line.split())
     assert args.no_cpu and args.rounds == 1
+
+
+def test_flops_note_averages_the_timed_epochs_and_is_empty_without_tflops():
+    sys.path.insert(0, str(REPO / "scripts"))
+    bench = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu")
+    epochs = [{"type": "epoch", "tflops": 1.0, "mfu": 0.1},  # warm-up, left out
+              {"type": "epoch", "tflops": 2.0, "mfu": 0.2},
+              {"type": "epoch", "tflops": 4.0, "mfu": 0.4}]
+    assert bench.flops_note(epochs) == " (3 TFLOP/s, MFU 0.300)"
+    assert bench.flops_note([{**e, "mfu": None} for e in epochs][:1]) == ""
+    no_peak = [{"type": "epoch", "tflops": 5.0}, {"type": "epoch", "tflops": 5.0}]
+    assert bench.flops_note(no_peak) == " (5 TFLOP/s)"
+    assert bench.flops_note([{"type": "epoch"}, {"type": "epoch"}]) == ""
