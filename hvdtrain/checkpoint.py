@@ -42,8 +42,31 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     return p / CHECKPOINT_NAME if p.is_dir() else p
 
 
+def on_cpu(obj: Any, seen: dict[int, torch.Tensor] | None = None) -> Any:
+    """``obj`` with every GPU tensor copied to CPU memory (CPU tensors and other values as they
+    are; a tensor that appears twice, such as tied weights, stays one). A checkpoint saved with
+    GPU tensors needs ``map_location`` to load on a machine without that GPU; saved from here,
+    a plain ``torch.load`` reads it anywhere."""
+    seen = {} if seen is None else seen
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "cpu":
+            return obj
+        if id(obj) not in seen:
+            seen[id(obj)] = obj.detach().cpu()
+        return seen[id(obj)]
+    if isinstance(obj, dict):
+        out = type(obj)((k, on_cpu(v, seen)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):  # a state_dict's module versions, which loading reads
+            out._metadata = obj._metadata
+        return out
+    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
+        return type(obj)(on_cpu(v, seen) for v in obj)
+    return obj
+
+
 def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:
     path = Path(path)
+    state = on_cpu(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:

@@ -48,6 +48,28 @@ def test_checkpoint_round_trip(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == [checkpoint.CHECKPOINT_NAME]  # no temp files
 
 
+def test_on_cpu_leaves_cpu_state_as_it_is_and_keeps_module_versions():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    state = model.state_dict()
+    moved = checkpoint.on_cpu({"model": state, "epochs": [1, (2, "x")], "n": 3})
+    assert all(moved["model"][k] is v for k, v in state.items())  # no copies of CPU tensors
+    assert moved["model"]._metadata == state._metadata  # BatchNorm's version survives
+    assert moved["epochs"] == [1, (2, "x")] and moved["n"] == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_gpu_state_is_saved_with_cpu_tensors(tmp_path):
+    """A plain torch.load (no map_location) reads a checkpoint written from a GPU model on any
+    machine; tied weights stay one tensor."""
+    model = torch.nn.Linear(4, 4).cuda()
+    state = {"model": model.state_dict(), "tied": [model.weight, model.weight]}
+    checkpoint.save_atomic(state, tmp_path / "c.pt")
+    loaded = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert loaded["model"]["weight"].device.type == "cpu"
+    assert torch.equal(loaded["model"]["weight"], model.weight.detach().cpu())
+    assert loaded["tied"][0] is loaded["tied"][1]
+
+
 def test_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / checkpoint.CHECKPOINT_NAME
     checkpoint.save_atomic({"epoch": 1}, path)
