@@ -31,7 +31,8 @@ in interleaved rounds (each round runs every contender once); the table gives me
    are given as ratios of.
 
 The default model is a synthetic-data MLP 1024-4096-4096-10 (~21M parameters, 84 MB of float32),
-batch 256 per worker: big enough that a GPU has work and the copies are not negligible.
+batch 256 per worker, 200 steps an epoch: big enough that a GPU has work and the copies are not
+negligible.
 
     python scripts/bench_gpu.py [--rounds 3] [--workers N] [--hidden 4096,4096] [--copy-mib 256]
                                 [--no-cpu]
@@ -73,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hidden", default="4096,4096", help="the MLP's hidden layers")
     parser.add_argument("--batch-size", type=int, default=256, help="per worker")
     parser.add_argument("--epochs", type=int, default=3, help="per run; the first is warm-up")
-    parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
+    # An epoch's fixed costs (its permutation, the epoch line, an evaluation) count in its
+    # samples/s: 30 steps an epoch made them a third of a 1.5 ms GPU step's epoch (stop 36).
+    parser.add_argument("--steps", type=int, default=200, help="steps per epoch")
     parser.add_argument("--copy-mib", type=int, default=256, help="size of the bandwidth copy")
     parser.add_argument("--copy-repeats", type=int, default=20, help="timed copies per direction")
     parser.add_argument("--hvdtrain-flags", default="", help="extra flags for every hvdtrain run")
@@ -95,7 +98,9 @@ def train_command(mode: str, device: str, workers: int, run_dir: str,
     return ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none",
             str(BIN / "hvdtrain"), "train", "--mode", mode, "--device", device,
             "--dataset", "synthetic", "--synthetic-shape", str(args.features),
-            "--synthetic-samples", str(max(16384, args.batch_size * workers * args.steps)),
+            # the test split takes a fifth: enough training samples for --steps full steps
+            "--synthetic-samples",
+            str(max(16384, args.batch_size * workers * args.steps * 5 // 4 + 1)),
             "--hidden", args.hidden, "--batch-size", str(args.batch_size),
             "--epochs", str(epochs), "--max-steps-per-epoch", str(args.steps),
             "--eval-every", str(epochs), "--checkpoint-every", "0", "--no-progress",

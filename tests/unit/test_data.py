@@ -176,3 +176,22 @@ def test_npz_corrupt_and_missing(tmp_path):
         load_dataset(DataConfig(dataset="npz", data_path=str(path)))
     with pytest.raises(DataError, match="no such file"):
         load_dataset(DataConfig(dataset="npz", data_path=str(tmp_path / "none.npz")))
+
+
+@pytest.mark.parametrize("num_samples, world_size", [(1, 1), (10, 3), (97, 4), (1000, 8),
+                                                      (13107, 2)])
+def test_sampler_indices_are_what_distributed_sampler_yields(num_samples, world_size):
+    """epoch_batches reads the sampler's permutation from its tensor; resumes and the simulator
+    depend on it dealing exactly what torch's DistributedSampler deals."""
+    from torch.utils.data import DistributedSampler
+
+    from hvdtrain.data.builtin import sampler_indices
+
+    for rank in range(world_size):
+        for epoch, seed in [(0, 0), (3, 7), (11, 12345)]:
+            sampler = DistributedSampler(range(num_samples), num_replicas=world_size, rank=rank,
+                                         shuffle=True, seed=seed, drop_last=True)
+            sampler.set_epoch(epoch)
+            ours = sampler_indices(num_samples, world_size, rank, epoch, seed)
+            assert ours.tolist() == list(sampler), (rank, epoch, seed)
+            assert ours.dtype == np.int64
