@@ -29,7 +29,8 @@ class FitResult:
 
     history: list[dict[str, Any]] = field(default_factory=list)
     """One entry per epoch: epoch, train_loss, test_loss (None when not evaluated), train_<metric>
-    and test_<metric> for each metric, samples_per_sec (all workers), epoch_seconds,
+    and test_<metric> for each metric, samples_per_sec (all workers), epoch_seconds (the
+    epoch's training time: an evaluation inside it is left out, as from samples_per_sec),
     wall_seconds (since training started) and lr."""
     run_dir: Path | None = None
     log_path: Path | None = None         # the JSONL log: a header, then a line per epoch

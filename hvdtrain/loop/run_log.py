@@ -19,6 +19,7 @@ from ..run_output import ProgressBar, package_versions
 from ..models import count_parameters
 from ..replica import BatchStats
 from ..scheme import PendingSum, Progress, UpdateScheme
+from .clock import TrainingClock
 from .flops import epoch_throughput, throughput_header
 from .sinks import Sink, SinkFactory, close_all, default_sinks
 from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, StepTimer, table
@@ -101,8 +102,13 @@ class RunLog:
     def __init__(self, epochs: int, scheme: UpdateScheme, metric_names: list[str],
                  is_main: bool, progress_bar: bool, log_steps: bool,
                  sinks: SinkFactory = default_sinks, timer: StepTimer | None = None,
-                 step_times_listeners: list[Callable[[RankStepTimes, int], dict | None]] = ()):
+                 step_times_listeners: list[Callable[[RankStepTimes, int], dict | None]] = (),
+                 clock: TrainingClock | None = None):
         self.epochs = epochs
+        # The training clock's evaluation seconds leave an epoch's samples/s (and TFLOP/s): an
+        # evaluation inside an epoch is not training, and made evaluated epochs look slower.
+        self.clock = clock
+        self._eval_seconds_at_start = 0.0
         self.is_main = is_main
         self.scheme = scheme
         self.names = metric_names
@@ -161,6 +167,7 @@ class RunLog:
     # --- the epoch ------------------------------------------------------------------------------
     def start_epoch(self, epoch: int, steps: int) -> None:
         self.totals = EpochTotals(self.names)
+        self._eval_seconds_at_start = self.clock.eval_seconds if self.clock else 0.0
         self.timer.start_epoch()
         self.bar.start_epoch(epoch + 1, self.epochs, steps)
 
@@ -187,7 +194,8 @@ class RunLog:
     def end_epoch(self, epoch: int, global_step: int, lr: float, workers: int,
                   test: tuple[float, dict[str, float | None]] | None, wall_seconds: float,
                   extra: dict[str, Any]) -> None:
-        seconds = time.perf_counter() - self.totals.started
+        evaluating = (self.clock.eval_seconds - self._eval_seconds_at_start) if self.clock else 0
+        seconds = time.perf_counter() - self.totals.started - evaluating
         self.bar.end_epoch()
         record = {"type": "epoch", "epoch": epoch + 1, "step": global_step, "lr": lr,
                   "workers": workers, "seconds": seconds, "wall_seconds": wall_seconds,

@@ -57,7 +57,7 @@ class Trainer:
         self.hooks = [*default_hooks(run), self.stopping, slow_ranks, self.step_timer]
         self._bind_world()
         self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
-                          partial(build_sinks, run), self.step_timer, [slow_ranks])
+                          partial(build_sinks, run), self.step_timer, [slow_ranks], self.clock)
         self.history: list[EpochResult] = self.log.history  # the epochs' results, in order
         self.progress = Progress(workers=self.num_workers)
         # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.

@@ -83,3 +83,37 @@ def test_drain_waits_for_the_sums_every_worker_posted_and_no_others(tmp_path, ca
         ("epoch", 8), ("eval", 16)]
     assert len(scheme.waited) == 1  # the second epoch's sum is never waited for
     assert "1 step or epoch line(s) left out of the log" in capsys.readouterr().out
+
+
+class OneWorker(UpdateScheme):
+    def workers(self):
+        return 0, 1
+
+    def sum_later(self, values):
+        return PendingSum(values)
+
+
+def test_an_evaluation_inside_an_epoch_is_left_out_of_its_samples_per_second(tmp_path):
+    """The epoch line's samples/s (and so its TFLOP/s) counts training time only: an
+    evaluation timed on the training clock inside the epoch is taken out of the epoch's time."""
+    import time
+
+    import torch
+
+    from hvdtrain.loop.clock import TrainingClock
+    from hvdtrain.replica import BatchStats
+
+    clock = TrainingClock()
+    clock.start()
+    log = RunLog(epochs=1, scheme=OneWorker(), metric_names=[], is_main=True,
+                 progress_bar=False, log_steps=False, clock=clock)
+    log.open(tmp_path, append=False, header={})
+    log.start_epoch(0, 1)
+    log.step(0, 1, 0.1, 0.5, BatchStats(torch.tensor(16.0), 32))
+    clock.timed(lambda: time.sleep(0.5))  # an evaluation of half a second
+    log.end_epoch(0, 1, 0.1, 1, None, 0.6, {})
+    log.close()
+    epoch = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["type"] == "epoch"][0]
+    assert epoch["epoch_seconds"] < 0.25, epoch
+    assert epoch["samples_per_sec"] > 32 / 0.25, epoch
