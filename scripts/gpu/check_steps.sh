@@ -168,7 +168,18 @@ check_horovod_build() {
     mpirun -np 2 --oversubscribe --bind-to none "$py" -c 'import horovod.torch as hvd, torch
 hvd.init(); s = hvd.allreduce(torch.ones(1), op=hvd.Sum).item(); assert s == 2, s
 print("rank", hvd.rank(), "size", hvd.size(), "allreduce ok; nccl built:", hvd.nccl_built(),
-      "mpi:", hvd.mpi_enabled(), "gloo:", hvd.gloo_enabled())'
+      "mpi:", hvd.mpi_enabled(), "gloo:", hvd.gloo_enabled())' || return 1
+    [[ -n "$1" && -z "$(why_no_gpu)" ]] || return 0
+    # A GPU tensor through Horovod's NCCL path, on every GPU: training at one rank per GPU on a
+    # one-GPU machine never allreduces (Horovod skips it at size 1), so this is NCCL's one run.
+    local gpus
+    gpus="$("$py" -c 'import torch; print(torch.cuda.device_count())')" || return 1
+    mpirun -np "$gpus" --oversubscribe --bind-to none "$py" -c 'import horovod.torch as hvd, torch
+hvd.init(); torch.cuda.set_device(hvd.local_rank())
+t = torch.full((1 << 20,), float(hvd.rank() + 1), device="cuda")
+s = hvd.allreduce(t, op=hvd.Sum, name="check"); want = hvd.size() * (hvd.size() + 1) / 2
+assert s.is_cuda and torch.all(s == want).item(), (s[:4], want)
+print("rank", hvd.rank(), "of", hvd.size(), ": a 4 MiB CUDA allreduce through NCCL ok")'
 }
 
 install_hvdtrain() {
