@@ -11,7 +11,7 @@ import os
 import re
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,26 +42,32 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     return p / CHECKPOINT_NAME if p.is_dir() else p
 
 
-def on_cpu(obj: Any, seen: dict[int, torch.Tensor] | None = None) -> Any:
-    """``obj`` with every GPU tensor copied to CPU memory (CPU tensors and other values as they
-    are; a tensor that appears twice, such as tied weights, stays one). A checkpoint saved with
-    GPU tensors needs ``map_location`` to load on a machine without that GPU; saved from here,
-    a plain ``torch.load`` reads it anywhere."""
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor, tuple], torch.Tensor], key: tuple = (),
+                seen: dict[int, torch.Tensor] | None = None) -> Any:
+    """``obj`` with each tensor replaced by ``fn(tensor, key)``, ``key`` being the path of dict
+    keys and list indices to it. A tensor that appears twice (tied weights) is mapped once and
+    stays one tensor; dicts, lists and tuples are rebuilt (a state_dict keeps its
+    ``_metadata``, the module versions that loading reads); other values are shared."""
     seen = {} if seen is None else seen
     if isinstance(obj, torch.Tensor):
-        if obj.device.type == "cpu":
-            return obj
         if id(obj) not in seen:
-            seen[id(obj)] = obj.detach().cpu()
+            seen[id(obj)] = fn(obj, key)
         return seen[id(obj)]
     if isinstance(obj, dict):
-        out = type(obj)((k, on_cpu(v, seen)) for k, v in obj.items())
-        if hasattr(obj, "_metadata"):  # a state_dict's module versions, which loading reads
+        out = type(obj)((k, map_tensors(v, fn, (*key, k), seen)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
             out._metadata = obj._metadata
         return out
     if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(on_cpu(v, seen) for v in obj)
+        return type(obj)(map_tensors(v, fn, (*key, i), seen) for i, v in enumerate(obj))
     return obj
+
+
+def on_cpu(obj: Any) -> Any:
+    """``obj`` with every GPU tensor copied to CPU memory (CPU tensors as they are). A checkpoint
+    saved with GPU tensors needs ``map_location`` to load on a machine without that GPU; saved
+    from here, a plain ``torch.load`` reads it anywhere."""
+    return map_tensors(obj, lambda t, _: t if t.device.type == "cpu" else t.detach().cpu())
 
 
 def save_atomic(state: dict[str, Any], path: str | os.PathLike) -> Path:

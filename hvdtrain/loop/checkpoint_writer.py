@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import torch
 
+from ..checkpoint import map_tensors
+
 
 class StateCopy:
     """Copies of a state's tensors in CPU memory, in buffers kept from one save to the next:
@@ -36,23 +38,12 @@ class StateCopy:
         self.from_gpu = False  # a tensor came from a GPU: wait for its copy before writing
 
     def __call__(self, obj: Any) -> Any:
-        return self._copy(obj, (), {})
+        """``obj`` with every tensor copied (tied weights stay one tensor); containers rebuilt;
+        other values shared (the state's plain values are numbers, strings and fresh dicts,
+        never changed in place)."""
+        return map_tensors(obj, self._buffer)
 
-    def _copy(self, obj: Any, key: tuple, seen: dict[int, torch.Tensor]) -> Any:
-        """``obj`` with every tensor copied (a tensor that appears twice, such as tied weights,
-        stays one tensor); containers rebuilt; other values shared (the state's plain values
-        are numbers, strings and fresh dicts, never changed in place)."""
-        if isinstance(obj, torch.Tensor):
-            if id(obj) not in seen:
-                seen[id(obj)] = self._buffer(key, obj)
-            return seen[id(obj)]
-        if isinstance(obj, dict):
-            return type(obj)((k, self._copy(v, (*key, k), seen)) for k, v in obj.items())
-        if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-            return type(obj)(self._copy(v, (*key, i), seen) for i, v in enumerate(obj))
-        return obj
-
-    def _buffer(self, key: tuple, tensor: torch.Tensor) -> torch.Tensor:
+    def _buffer(self, tensor: torch.Tensor, key: tuple) -> torch.Tensor:
         tensor = tensor.detach()
         self.from_gpu = self.from_gpu or tensor.device.type == "cuda"
         buffer = self.buffers.get(key)

@@ -131,3 +131,14 @@ def test_a_failed_background_write_stops_training_with_what_is_intact(tmp_path, 
                                             r"left on device.*previous checkpoint .* is intact"):
         trainer.fit()
     assert checkpoint.load(tmp_path)["epoch"] == 1
+
+
+def test_the_background_copy_keeps_a_state_dicts_module_versions():
+    from hvdtrain.loop.checkpoint_writer import StateCopy
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    state = model.state_dict()
+    copy = StateCopy()({"model": state})
+    assert copy["model"]._metadata == state._metadata
+    assert all(copy["model"][k] is not v and torch.equal(copy["model"][k], v)
+               for k, v in state.items())
