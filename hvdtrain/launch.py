@@ -179,8 +179,8 @@ def _run_async(cfg: Config, workload: Workload, model):
             workload.close()
             lost = scheme.survivors.lost
         history, run_dir, verdict = survivors_of(world, lost).bcast(
-            (trainer.history, trainer.run_dir, trainer.stopping.verdict) if runtime.rank == 0
-            else None, root=0)
+            (trainer.history, trainer.run_dir, trainer.stopping.verdict)
+            if trainer is not None and trainer.is_main else None, root=0)  # root 0: the lead
         return Finished(history, run_dir, trainer, verdict)
     except BaseException as e:  # never leave the other ranks waiting for this one
         _leave_if_lost(e)

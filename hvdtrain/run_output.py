@@ -90,6 +90,22 @@ class JsonlLog:
             self._fd = None
 
 
+def cut_partial_line(path: str | Path) -> bool:
+    """Cut a log back to its last whole line, where a process killed as it wrote left part of
+    one; the next line appended would otherwise join it and neither would parse. True if
+    something was cut."""
+    try:
+        with open(path, "rb+") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0 or (f.seek(size - 1) is not None and f.read(1) == b"\n"):
+                return False
+            f.seek(0)
+            f.truncate(f.read().rfind(b"\n") + 1)  # rare: read whole only after such a kill
+            return True
+    except FileNotFoundError:
+        return False
+
+
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]

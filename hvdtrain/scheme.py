@@ -121,11 +121,22 @@ class UpdateScheme:
         be summed across workers; without it a step line is this worker's own."""
         return True
 
+    def leads(self) -> bool:
+        """Whether this worker is the lead: it decides for the others (main_decides), evaluates
+        where one worker does, writes the checkpoints and the log. Worker 0, and in async
+        training, once worker 0 is lost, the lowest live worker (ps/survivors.py)."""
+        return self.workers()[0] == 0
+
+    def when_leading(self, take_lead: Callable[[], None]) -> None:
+        """``take_lead()`` is called on the worker that becomes the lead during the run (async,
+        after the lead's loss): the trainer hands it the lead's roles (loop/lead.py). Schemes
+        whose lead never moves, or whose new lead starts the epochs again (elastic), ignore it."""
+
     def main_decides(self, decide: Callable[[], T]) -> T:
-        """``decide()`` as worker 0 computes it, known to every worker: rank 0 reads files and
-        the others learn its answer, so a bad file stops all ranks alike instead of hanging
-        them. Collective."""
-        return self.broadcast_object(decide() if self.workers()[0] == 0 else None)
+        """``decide()`` as the lead (worker 0) computes it, known to every worker: the lead
+        reads files and the others learn its answer, so a bad file stops all ranks alike
+        instead of hanging them. Collective."""
+        return self.broadcast_object(decide() if self.leads() else None)
 
     def sum_later(self, values: list[float]) -> PendingSum:
         """A sum across workers that the caller may collect later. Blocking by default; the

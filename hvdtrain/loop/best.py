@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .. import checkpoint
 from ..config import ConfigError, RunConfig, parse_metric_goal
 from ..scheme import Progress, UpdateScheme
 from .checkpointer import Checkpointer
@@ -86,6 +87,18 @@ class BestTracker:
             return  # a checkpoint written without --keep-best, or for another metric: start afresh
         self.best, self.best_epoch = state["value"], state["epoch"]
         self.since_best = state["evaluations_since"]
+
+    def take_over(self) -> None:
+        """This worker became the lead mid-run (async, loop/lead.py). With patience every
+        worker already holds the lost lead's record (broadcast after each evaluation); without
+        it the record is in best.pt, which the lost lead wrote at each new best, so that this
+        worker's first evaluation does not replace a better model there."""
+        if self.metric is None or self.patience or not self.path.exists():
+            return
+        try:
+            self.load_state_dict(checkpoint.load(self.path).get("best"))
+        except checkpoint.CheckpointError as e:
+            print(f"hvdtrain: warning: {e}; --keep-best starts its record afresh", flush=True)
 
     # --- the loop's calls -----------------------------------------------------------------------
     def start(self, progress: Progress) -> None:

@@ -68,6 +68,7 @@ class Checkpointer:
         self.model_state = model_state  # this run's model.state_dict(), to name a mismatch
         self.resumed_from: str | None = None
         self.lock: FolderLock | None = None
+        self.taken_over = False  # this worker became the lead mid-run (take_over)
         # Elastic training starts processes during the run (an added host); they find the
         # checkpoint this run wrote and must continue the run, so elastic implies auto-resume.
         self.auto_resume = cfg.run.auto_resume or cfg.sync.elastic
@@ -83,7 +84,7 @@ class Checkpointer:
         return self.run_dir / checkpoint.CHECKPOINT_NAME
 
     def _is_main(self) -> bool:
-        return self.scheme.workers()[0] == 0
+        return self.scheme.leads()
 
     # --- the folder -----------------------------------------------------------------------------
     def claim(self) -> Path:
@@ -113,6 +114,28 @@ class Checkpointer:
         if answer:
             self.run_dir = Path(answer["run_dir"])
         return self.run_dir
+
+    def take_over(self) -> None:
+        """This worker became the lead mid-run (async, loop/lead.py): it holds the run folder's
+        lock from here on, since the kernel freed the lost lead's with its process, and
+        removes a checkpoint write that the lost lead left half done."""
+        self.taken_over = True
+        self._hold_lock()
+        for tmp in checkpoint.remove_stale_temporaries(self.run_dir):
+            print(f"hvdtrain: removed {tmp}, left by the lost lead's unfinished checkpoint "
+                  "write", flush=True)
+
+    def _hold_lock(self) -> None:
+        """Take the run folder's lock if this lead does not hold it; a lost lead that is
+        frozen rather than dead still holds it, so the next checkpoint tries again."""
+        if self.lock is not None:
+            return
+        lock = FolderLock(self.run_dir)
+        try:
+            lock.acquire()
+        except ConfigError:  # FolderInUse: held for this same job by the frozen process
+            return
+        self.lock = lock
 
     def release(self) -> None:
         """Where the run ends, also after an error: the write in flight finishes first (a
@@ -285,6 +308,8 @@ class Checkpointer:
         state = self.scheme.state_dict()
         if not self._is_main():
             return None
+        if self.taken_over:
+            self._hold_lock()
         state = {**state, "identity": self.identity(), "epoch": progress.epoch,
                  "step": progress.step, "global_step": progress.global_step,
                  "num_workers": progress.workers, "config": self.cfg.to_dict(),

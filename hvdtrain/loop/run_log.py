@@ -9,19 +9,20 @@ epoch or step: lines stay in order, and their wall_seconds say when worker 0 got
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from ..config import Config
-from ..run_output import ProgressBar, package_versions
+from ..run_output import ProgressBar, cut_partial_line, package_versions
 from ..models import count_parameters
 from ..replica import BatchStats
 from ..scheme import PendingSum, Progress, UpdateScheme
 from .clock import TrainingClock
 from .flops import epoch_throughput, throughput_header
-from .sinks import Sink, SinkFactory, close_all, default_sinks
+from .sinks import LOG_NAME, Sink, SinkFactory, close_all, default_sinks
 from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, StepTimer, table
 
 
@@ -132,14 +133,18 @@ class RunLog:
         self._posted = 0  # sum_later calls so far
         self._last_step_line = -1  # the global step of the last step line (async)
         self.header: dict[str, Any] = {}  # the run's header line: FLOPs per sample, peak
+        self.logged_epochs = 0  # a new lead's: epoch lines the lost lead wrote (take_over)
 
     # --- the sinks ------------------------------------------------------------------------------
     def open(self, run_dir: Path, append: bool, header: dict[str, Any], global_step: int = 0,
              announce: bool = False) -> None:
         """global_step: where the run starts (a resumed run's checkpoint); announce: print what
-        runs where (run_header)."""
-        self.sinks = self.make_sinks(run_dir, append, global_step + 1)
+        runs where (run_header). Every process keeps the header (a new lead needs its FLOPs);
+        the lead alone opens the sinks."""
         self.header = header
+        if not self.is_main:
+            return
+        self.sinks = self.make_sinks(run_dir, append, global_step + 1)
         self.write("header", **header)
         if announce:
             print(opening_line(header, run_dir), flush=True)
@@ -155,6 +160,18 @@ class RunLog:
                   f"checkpoints in {run_dir}", flush=True)
         elif not is_main and self.sinks:
             self.close()
+
+    def take_over(self, run_dir: Path) -> None:
+        """Async: this worker became the lead after the lead's loss (loop/lead.py). It appends
+        to the run's log from here on, leaving out the epoch lines that the lost lead wrote
+        already: every worker computes each epoch's line, and the lost lead may have written
+        some that this worker's sums have not completed yet."""
+        if cut_partial_line(run_dir / LOG_NAME):
+            print(f"hvdtrain: cut {run_dir / LOG_NAME} back to its last whole line (the lost "
+                  "lead was killed while it wrote one)", flush=True)
+        self.logged_epochs = last_logged_epoch(run_dir / LOG_NAME)
+        self.is_main = True
+        self.sinks = self.sinks or self.make_sinks(run_dir, True, None)
 
     def write(self, kind: str, **fields: Any) -> None:
         for sink in self.sinks:
@@ -286,8 +303,9 @@ class RunLog:
                              values[2], record["wall_seconds"], record["lr"], train_metrics,
                              test_metrics, epoch_throughput(self.header, values[2]))
         self.history.append(result)
-        if self.is_main:
-            print(summary_line(result, self.epochs), flush=True)
+        if not self.is_main or result.epoch <= self.logged_epochs:
+            return  # another worker writes the log, or the lost lead wrote this line
+        print(summary_line(result, self.epochs), flush=True)
         rec = result.as_record()
         self.write("epoch", epoch=result.epoch, step=record["step"], lr=result.lr,
                    workers=record["workers"], samples=int(values[1]),
@@ -307,6 +325,24 @@ class RunLog:
         for listener in self.step_times_listeners:
             noted.update(listener(times, record["epoch"]) or {})
         return times, noted
+
+
+def last_logged_epoch(path: Path) -> int:
+    """The last epoch line's epoch in a run's log (0 for none, or no log). A line that does not
+    parse (cut short by a kill) counts for nothing."""
+    last = 0
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("type") == "epoch":
+                    last = max(last, int(record.get("epoch", 0)))
+    except OSError:
+        return 0
+    return last
 
 
 def summary_line(result: EpochResult, epochs: int) -> str:

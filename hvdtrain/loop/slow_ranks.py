@@ -17,16 +17,20 @@ from .hooks import StepHook
 from .step_times import RankStepTimes
 
 
-def slow_workers(compute_p50: tuple[float, ...], factor: float) -> dict[int, float]:
+def slow_workers(compute_p50: tuple[float, ...], factor: float,
+                 steps: tuple[int, ...] | None = None) -> dict[int, float]:
     """{worker: its median compute time over the median of the others'} for each worker at
-    ``factor`` or more (none with fewer than two workers, or factor 0)."""
-    if factor <= 0 or len(compute_p50) < 2:
+    ``factor`` or more (none with fewer than two workers, or factor 0). A worker that measured
+    no step in the epoch (``steps``: an async worker lost, or one that trained none of its
+    batches) has no median, and its zero would make the others look slow."""
+    measured = [w for w in range(len(compute_p50)) if steps is None or steps[w] > 0]
+    if factor <= 0 or len(measured) < 2:
         return {}
     slow = {}
-    for w, mine in enumerate(compute_p50):
-        others = statistics.median(v for v in (*compute_p50[:w], *compute_p50[w + 1:]))
-        if others > 0 and mine >= factor * others:
-            slow[w] = mine / others
+    for w in measured:
+        others = statistics.median(compute_p50[v] for v in measured if v != w)
+        if others > 0 and compute_p50[w] >= factor * others:
+            slow[w] = compute_p50[w] / others
     return slow
 
 
@@ -43,14 +47,14 @@ class SlowRankCheck(StepHook):
         self.worker = worker
 
     def __call__(self, times: RankStepTimes, epoch: int) -> dict:
-        slow = slow_workers(times.compute_p50, self.factor)
+        slow = slow_workers(times.compute_p50, self.factor, times.steps)
         if self.worker in slow:
             print(self.warning(times, epoch, slow[self.worker]), flush=True)
         return {"slow_workers": {str(w): round(f, 2) for w, f in slow.items()}} if slow else {}
 
     def warning(self, times: RankStepTimes, epoch: int, ratio: float) -> str:
         w = self.worker
-        others = [v for i, v in enumerate(times.compute_p50) if i != w]
+        others = [v for i, v in enumerate(times.compute_p50) if i != w and times.steps[i]]
         return (f"hvdtrain: warning: slow rank {self.rank} (worker {w}, host "
                 f"{socket.gethostname()}, pid {os.getpid()}): in epoch {epoch} its median "
                 f"compute per step was {times.compute_p50[w] * 1000:.1f} ms, {ratio:.1f}x the "

@@ -5,6 +5,7 @@
     checkpointer  resume decisions and the checkpoint cadence (checkpointer.py)
     evaluator     scoring the test split, timed on the run's clocks (evaluator.py, clock.py)
     log           progress bar, summary lines, the log's lines to its sinks (run_log.py, sinks.py)
+    lead          who evaluates, checkpoints and writes the log, and its hand-over (lead.py)
     hooks         after every step: straggler sleep, the loss guard, step times (hooks.py)
     best          after every evaluation: best.pt, and whether patience ran out (best.py)
     stopping      after every step and epoch: one verdict on a stop signal (preemption.py), the
@@ -29,6 +30,7 @@ from .clock import TrainingClock
 from .epoch_plan import EpochPlan
 from .evaluator import Evaluator
 from .hooks import StepResult, acting, default_hooks
+from .lead import take_lead
 from .run_log import EpochResult, RunLog, run_header
 from .sinks import build_sinks
 from .slow_ranks import SlowRankCheck
@@ -62,11 +64,12 @@ class Trainer:
         self.progress = Progress(workers=self.num_workers)
         # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.
         self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size)
+        scheme.when_leading(partial(take_lead, self))  # async: the lead was lost (lead.py)
 
     def _bind_world(self) -> None:
         """What depends on this worker's rank and the number of workers; again after a reset."""
         self.worker_rank, self.num_workers = self.scheme.workers()
-        self.is_main = self.worker_rank == 0  # elastic: another process, after rank 0 died
+        self.is_main = self.scheme.leads()  # elastic: another process, after rank 0 died
         self.plan.bind_world(self.worker_rank, self.num_workers)
         for hook in self.hooks:
             hook.bind_world(self.worker_rank, self.num_workers)
@@ -92,8 +95,7 @@ class Trainer:
             self.cfg, self.runtime, self.workload, self.replica, self.num_workers,
             self.plan.steps_per_epoch, self.progress)
         self.scheme.start(state, resuming=resuming)
-        if self.is_main:
-            self.log.open(self.run_dir, resuming, header, self.progress.global_step, announce=True)
+        self.log.open(self.run_dir, resuming, header, self.progress.global_step, announce=True)
         self.clock.start()
         try:
             self.scheme.run(self._epochs, self.progress)

@@ -67,7 +67,8 @@ class ParameterServerClient(UpdateScheme):
         self.stop_comm = worker_comm.Dup()
         self.topology = topology
         self.worker_rank = worker_comm.Get_rank()
-        self.is_main = self.worker_rank == 0
+        self.is_main = self.worker_rank == 0  # the lead: after its loss, the lowest live worker
+        self._take_lead = None  # the trainer's hand-over of the lead's roles (when_leading)
         self.pull_every = cfg.ps.pull_every
         self._waited = 0.0  # seconds the last step's push waited (take_wait_seconds)
         self.backup_workers = cfg.ps.backup_workers
@@ -101,6 +102,12 @@ class ParameterServerClient(UpdateScheme):
 
     def workers(self) -> tuple[int, int]:
         return self.worker_rank, self.topology.num_workers
+
+    def leads(self) -> bool:
+        return self.is_main
+
+    def when_leading(self, take_lead) -> None:
+        self._take_lead = take_lead
 
     def batch_feed(self, steps_per_epoch: int, epochs: int, lookahead: int) -> BatchFeed | None:
         """Progress is the job's (ps/dispatch.py): server 0 hands out the epochs' batches as
@@ -300,6 +307,12 @@ class ParameterServerClient(UpdateScheme):
         completed = next((i for i, s in enumerate(self._sums) if not s.ready()), len(self._sums))
         for pending in self._sums[self.survivors.agree_completed(self.worker_comm, completed):]:
             pending.post(self.worker_comm)
+        if not self.is_main and self.worker_comm.Get_rank() == 0:  # the lead was lost
+            self.is_main = True
+            print(f"hvdtrain: the lead worker was lost; worker {self.worker_rank} takes over "
+                  "its roles: evaluation, checkpoints and the log", flush=True)
+            if self._take_lead is not None:
+                self._take_lead()
         return True
 
     def take_wait_seconds(self) -> float:
@@ -610,8 +623,9 @@ class ParameterServerClient(UpdateScheme):
                 "samples": stats[0]["samples"],
                 "samples_per_sec": stats[0]["samples_per_sec"],
                 **{k: stats[0][k] for k in ("batches_completed", "batches_per_worker",
-                                            "batches_left", "workers_lost", "workers_replaced")
-                                            if k in stats[0]}}
+                                            "batches_left", "batches_handed_back",
+                                            "workers_lost",
+                                            "workers_replaced") if k in stats[0]}}
 
 
 class _PendingAllreduce(PendingSum):

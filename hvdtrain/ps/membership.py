@@ -98,6 +98,12 @@ class Membership:
     def lost_workers(self) -> list[int]:
         return [loss.worker for loss in self.lost]
 
+    def lead(self, num_workers: int) -> int:
+        """The worker that evaluates, checkpoints and collects the servers' statistics: the
+        lowest one never lost (a replacement never leads: it joins no worker collective)."""
+        lost = set(self.lost_workers)
+        return next((w for w in range(num_workers) if w not in lost), 0)
+
     def check(self, server, now: float) -> int:
         """Server 0 drops a worker silent past --timeout-s when the launcher can recover, or
         ends the job as before (StuckError) when it cannot. The other servers wait for server
@@ -123,20 +129,13 @@ class Membership:
         # workers (--eval-pauses-workers): the evaluating worker and those held are silent by
         # design, but a dead one never arrives to be held, and a job that evaluates every few
         # steps would otherwise never look for it.
-        paused = server.pauses.paused_by
-        waiting = [server.pending, server.pauses.held, server.verdicts.arrived,
-                   () if paused is None else (paused,)]
+        # The evaluating worker announced itself QUIET (silence.py bounds that by --timeout-s).
+        waiting = [server.pending, server.pauses.held, server.verdicts.arrived]
         joined = self._joined(server, now)
         worker = server.silence.overdue(now, server.clocks, waiting)
         if worker is not None and not self.recovery:
             raise StuckError(f"{server.silence.describe(worker, now, server.clocks)}; "
                              f"{LAUNCH_HINT}")
-        if worker == 0 and self.recovery:
-            # Handing worker 0's roles to the lowest live worker is not built yet.
-            raise StuckError(f"{server.silence.describe(0, now, server.clocks)}; worker 0 "
-                             "evaluates, writes the checkpoints and the log, and the job cannot "
-                             "go on without it: the last checkpoint in --run-dir is intact, "
-                             "rerun the same command with --auto-resume")
         dropped = worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
         return dropped or joined
 
@@ -162,7 +161,13 @@ class Membership:
         training is collective), no request comes that would start the check."""
         MPI, timeout_s = server.MPI, server.cfg.ps.timeout_s
         if not (self.recovery and self.index == 0 and timeout_s):
-            return wait_any(MPI, requests, timeout_s, server._describe_wait, status)
+            try:
+                return wait_any(MPI, requests, timeout_s, server._describe_wait, status)
+            except StuckError:
+                # No request at all: the live workers may all wait for a silent one (at the
+                # end of training): name it, rather than say that nobody sent anything.
+                self.check(server, time.perf_counter())
+                raise
         start = time.monotonic()
         while True:
             try:
@@ -202,6 +207,9 @@ class Membership:
         server.load.pushes_reported[worker] = pushes
         server.pending.pop(worker, None)  # nothing is sent to it any more
         server.pauses.held.pop(worker, None)
+        if server.pauses.paused_by == worker:  # it died evaluating: the held replies go out
+            server._send_all(server.silence.resumed(
+                server.pauses.resume(now, server.clocks, server.stopping), now))
         server.silence.quiet.discard(worker)
         if server.dispatcher is not None:
             server.dispatcher.give_back(worker)  # its batches go to the survivors

@@ -111,7 +111,7 @@ class ParameterServer:
             active -= self.membership.check(self, t0)
             self.load.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
-        self.comm.send(stats, dest=0, tag=Tag.INFO)
+        self.comm.send(stats, dest=self.membership.lead(self.num_workers), tag=Tag.INFO)
         if not self.membership.lost:  # a lost worker never joins the collective
             self.shard.host.close()  # collective with the workers' close()
         return stats

@@ -15,7 +15,8 @@ from .waiting import StuckError
 # recent gap between pushes, but never sooner than the floor, nor later than --timeout-s: a job
 # that can train on without it should not wait --timeout-s (300 s by default) for a SIGKILLed
 # worker, and a live worker between two pushes is never silent for 50 of its slowest steps
-# (its own pauses, evaluation and checkpoints, are announced as QUIET and never count).
+# (its own pauses, evaluation and checkpoints, are announced as QUIET and count only past
+# --timeout-s).
 LOST_AFTER_GAPS = 50
 LOST_AFTER_FLOOR_S = 10.0
 RECENT_GAPS = 64
@@ -53,16 +54,19 @@ class SilenceWatch:
         """A worker that has sent nothing for --timeout-s while the others go on (stopped, or
         hung in its own code), or None. A worker that waits on the servers (``waiting``: a
         held reply, a round, a pause), on the other workers (idle, done, its batches used up),
-        or that said it is busy with its own work (QUIET: worker 0 evaluating or writing a
-        checkpoint) is silent by design. The caller adds an evaluating worker to ``waiting``
-        (membership.py decides what a silent worker means)."""
+        is silent by design. One that said it is busy with its own work (QUIET: the lead
+        evaluating or writing a checkpoint) is too; under recovery only for up to --timeout-s,
+        not the limit of its pace (membership.py decides what a silent worker means)."""
         if not self.timeout_s or now - self._checked < 1.0:
             return None
         self._checked = now
         for w, heard in enumerate(self.last_heard):
             if now - heard <= self.limit(w) or clocks.is_done(w) or w in clocks.idle or \
-                    w in clocks.finished or w in self.quiet or any(w in c for c in waiting):
+                    w in clocks.finished or any(w in c for c in waiting):
                 continue
+            if w in self.quiet and (self.paces is None or now - heard <= self.timeout_s):
+                continue  # busy with its own work; under recovery for up to --timeout-s, as a
+                # lead that dies while it evaluates must be found for another to take over
             return w
         return None
 

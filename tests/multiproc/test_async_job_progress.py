@@ -141,8 +141,11 @@ def test_an_evaluation_longer_than_the_timeout_is_no_silence(tmp_path):
     # Worker 0's first evaluation (after epoch 50) takes 3 s while worker 1 trains on; its
     # silence is its own work (it says so, Kind.QUIET), not a hang, so the servers' --timeout-s 2
     # does not end the job. (The waits at the end are for worker 0's last evaluation, which is
-    # fast here: --timeout-s must exceed it, as --stall-timeout-s does in sync.)
+    # fast here: --timeout-s must exceed it, as --stall-timeout-s does in sync.) Worker 1 waits
+    # 5 ms a step, so that it cannot train the job's other 2,100 batches during those 3 s, as it
+    # did on a quiet machine at 0.2 ms a step: then it waited for worker 0 at the end.
     proc = run(mpirun(3, *hvdtrain("train", *QUIET, "--mode", "async", "--epochs", "100",
+                                   "--straggler", "5ms",
                                    "--eval-every", "50", "--checkpoint-every", "50",
                                    "--model", "tests/helpers/user/slow_eval_model.py:build",
                                    "--model-args", '{"eval_sleep": 3, "once": true}',

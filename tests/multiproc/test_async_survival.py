@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 
 from hvdtrain.compare.plan import recovery_launcher_args
 from launch import hvdtrain, launcher_env, mpirun, no_update_applied_twice, pid_of_rank, records
@@ -80,6 +81,33 @@ def test_a_killed_worker_is_dropped_and_the_others_finish_the_job(tmp_path):
     # it learns on without the dead worker (stale async updates move the last epoch's
     # accuracy by a few points from run to run: 0.93 to 0.97 seen)
     assert epochs[-1]["test_acc"] >= 0.9, [e["test_acc"] for e in epochs]
+
+
+def test_losing_worker_0_hands_its_roles_to_the_lowest_live_worker(tmp_path):
+    # Worker 0 is the lead: it evaluates, writes the checkpoints, best.pt and the log. After
+    # its loss worker 1 does (loop/lead.py), and the log holds every epoch once. Every step
+    # waits 30 ms on average, so that the survivors train on for several epochs after the loss
+    # is found (3 s of silence, --timeout-s) and the new lead's part is more than the end.
+    job = _train(tmp_path, RECOVERY, 16, "--straggler", "exp:30ms", "--eval-every", "1",
+                 "--checkpoint-every", "1", "--keep-best", "max:test_acc")
+    _kill_after(job, tmp_path, rank=0)
+    code, out, err = _finish(job)
+    assert code == 0, err[-3000:]
+    assert "worker 0 (rank 0) lost" in err
+    assert "worker 1 takes over its roles" in out, out[-3000:]
+    summary = records(tmp_path, "scheme")[0]  # the servers' statistics went to worker 1
+    assert [loss["worker"] for loss in summary["workers_lost"]] == [0], summary
+    no_update_applied_twice(summary)
+    epochs = records(tmp_path, "epoch")
+    assert [e["epoch"] for e in epochs] == list(range(1, 17))  # each once, whoever wrote it
+    assert len(records(tmp_path, "header")) == 1
+    new_lead = [e for e in epochs if e["test_acc"] is not None and e["epoch"] > 3]
+    assert len(new_lead) >= 3, [(e["epoch"], e["test_acc"]) for e in epochs]
+    assert epochs[-1]["test_acc"] >= 0.9, epochs[-1]
+    final = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert final["epoch"] == 16
+    best = torch.load(tmp_path / "best.pt", weights_only=True)["best"]
+    assert best["value"] >= max(e["test_acc"] for e in new_lead), best
 
 
 def test_without_recovery_a_killed_worker_ends_the_job_non_zero_and_says_how_to_launch(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 from hvdtrain.ps import membership
 from hvdtrain.ps.dispatch import BatchDispatcher, SlotPlan
 from hvdtrain.ps.membership import Membership, recovery_enabled
+from hvdtrain.ps.pauses import EvalPauses
 from hvdtrain.ps.protocol import Tag
 from hvdtrain.ps.silence import SilenceWatch
 from hvdtrain.ps.waiting import StuckError
@@ -84,10 +85,40 @@ def test_a_worker_holding_a_reply_is_waiting_not_lost():
     assert Membership(0, recovery=True).check(server, _silent(server, 1)) == 0
 
 
-def test_losing_worker_0_ends_the_job_and_points_to_auto_resume():
+def test_losing_worker_0_drops_it_like_any_other_and_the_lowest_live_worker_leads():
     server = _server()
-    with pytest.raises(StuckError, match="worker 0 evaluates.*--auto-resume"):
-        Membership(0, recovery=True).check(server, _silent(server, 0))
+    m = Membership(0, recovery=True)
+    assert m.lead(3) == 0
+    assert m.check(server, _silent(server, 0)) == 1
+    assert m.lost_workers == [0] and m.lead(3) == 1  # the servers' statistics go to worker 1
+    assert {dest for dest, tag, _ in server.comm.sent if tag == Tag.LOST} == {1, 2}
+    m.drop(server, 1, time.perf_counter())
+    assert m.lead(3) == 2
+
+
+def test_a_lead_lost_while_it_evaluates_releases_the_replies_it_held():
+    server = _server()
+    server.pauses = EvalPauses(server.comm, charges=True)
+    server.pauses.pause(0, time.perf_counter())
+    server.pauses.held[1] = True  # worker 1 pushed during the pause: its reply waits
+    replies = []
+    server._send_all = lambda held: replies.extend(sorted(held))
+    Membership(0, recovery=True).drop(server, 0, time.perf_counter())
+    assert replies == [1] and server.pauses.paused_by is None
+
+
+def test_under_recovery_a_quiet_worker_counts_as_lost_only_past_timeout_s():
+    """QUIET (evaluating, writing a checkpoint) exempts a worker from its pace's limit; under
+    recovery only up to --timeout-s, so that a lead that died while it evaluated is found."""
+    clocks = WorkerClocks(2)
+    for paces, expected in ((None, None), ([[], []], 1)):  # without recovery, then with it
+        silence = SilenceWatch(0, 2, timeout_s=3, paces=paces)
+        now = time.perf_counter()
+        silence.last_heard = [now, now - 10]
+        silence.quiet.add(1)
+        assert silence.overdue(now, clocks, []) == expected
+        silence.last_heard[1], silence._checked = now - 2, 0.0  # within --timeout-s
+        assert silence.overdue(now, clocks, []) is None
 
 
 def test_without_recovery_a_silent_worker_ends_the_job_with_the_launch_line():
@@ -139,10 +170,12 @@ def test_a_dead_worker_is_found_while_the_job_stops_and_while_an_evaluation_paus
     server = _server()
     server.stopping = True
     assert Membership(0, recovery=True).check(server, _silent(server, 2)) == 1
-    # Worker 0 evaluates and worker 1 is held: silent by design; worker 2 never arrived.
+    # Worker 0 evaluates (QUIET) and worker 1 is held: silent by design; worker 2 never
+    # arrived.
     server = _server()
     server.pauses = SimpleNamespace(held={1: True}, paused_by=0)
     now = _silent(server, 2)
+    server.silence.quiet.add(0)
     server.silence.last_heard[0] = server.silence.last_heard[1] = now - 10
     m = Membership(0, recovery=True)
     assert m.check(server, now) == 1 and m.lost_workers == [2]

@@ -53,6 +53,10 @@ def test_slow_workers_are_named_against_the_median_of_the_others():
     assert slow_workers((0.001, 0.0012, 0.0011, 0.004), 1.5) == {3: pytest.approx(4 / 1.1)}
     assert slow_workers((0.001, 0.0014), 1.5) == {}  # noise, not a straggler
     assert slow_workers((0.001, 0.01), 0) == {} and slow_workers((0.01,), 1.5) == {}
+    # an async worker lost before the epoch measured no step: its zero is no median
+    assert slow_workers((0.0, 0.0003, 0.00026), 1.5, steps=(0, 40, 44)) == {}
+    assert set(slow_workers((0.0, 0.0003, 0.00026), 1.5)) == {1, 2}  # false alarms without
+    assert slow_workers((0.0, 0.001, 0.004), 1.5, steps=(0, 40, 44)) == {2: pytest.approx(4)}
 
 
 def _times(p50):
