@@ -3,6 +3,10 @@ files and the tests read them."""
 
 EXIT_FAILED = 1     # training failed (a NaN loss, a stuck peer, Horovod gave up) or a run failed
 EXIT_BAD_INPUT = 2  # a wrong flag or value, a missing dataset or checkpoint: argparse's code too
+# A process of an async job that lost a worker, ending without MPI_Finalize under mpirun's
+# recovery settings: mpirun exits 0 regardless, but a host's Open MPI daemon reports every such
+# exit to mpirun only if it is non-zero (ps/membership.py exit_code_without_finalize).
+EXIT_NO_FINALIZE = 3
 # EX_TEMPFAIL of sysexits.h, "try again later": stopped by SIGTERM/SIGUSR1/SIGINT after a
 # checkpoint (loop/preemption.py); the Slurm script and the Kubernetes Job's podFailurePolicy in
 # deploy/ requeue the job on it.

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..exit_codes import EXIT_NO_FINALIZE
 from .protocol import Kind, Tag, make_header
 from .waiting import StuckError, wait_any
 
@@ -58,20 +59,34 @@ def lost_server_note(run_dir) -> str:
                                                    "(or fix the cause)"))
 
 
+def exit_code_without_finalize(env=None) -> int:
+    """The exit code of a process that ends without MPI_Finalize: EXIT_NO_FINALIZE where
+    mpirun ignores non-zero exits (``orte_abort_on_non_zero_status 0``, in RECOVERY_FLAGS),
+    else 0, since there a non-zero exit would end the job. Open MPI 4.1's daemon on a host
+    other than mpirun's tells mpirun of the first process of a job there that exits 0 without
+    MPI_Finalize, or dies, and of no later one: mpirun would wait for the others forever
+    (measured across two hosts, docs/async.md). A non-zero exit is an ordinary end to it,
+    reported once all of the job's processes there have ended, unless one of them died."""
+    env = os.environ if env is None else env
+    value = env.get("OMPI_MCA_orte_abort_on_non_zero_status", "").strip().lower()
+    return EXIT_NO_FINALIZE if value in ("0", "false", "no", "disabled") else 0
+
+
 def exit_without_finalize() -> None:
     """The last thing a process does after a lost worker (registered with atexit): MPI_Finalize
     hangs with a dead member in the job (seen here with Open MPI 4.1: the survivors' finalize
     never returned after the run's last line), and under recovery mpirun takes a process that
-    exits without it as done. Its exit code makes no difference there (mpirun exits 0)."""
+    exits without it as done. Its exit code does not reach mpirun's (mpirun exits 0), but it
+    decides whether mpirun learns of the exit at all (exit_code_without_finalize)."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(exit_code_without_finalize())
 
 
 class WorkerLost(Exception):
     """This worker was declared lost while it was frozen or cut off: its batches went to the
-    survivors and the servers refuse its pushes (ledger.py), so it leaves the job, exiting 0
-    without MPI_Finalize (exit_without_finalize), and the job goes on without it."""
+    survivors and the servers refuse its pushes (ledger.py), so it leaves the job without
+    MPI_Finalize (exit_without_finalize), and the job goes on without it."""
 
 
 @dataclass

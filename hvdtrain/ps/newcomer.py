@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import sys
 import time
 import traceback
@@ -48,7 +49,7 @@ def faults_after(schedule: str, step: int) -> str:
 
 def receive_welcome(parent) -> dict[str, Any]:
     """Server 0's word: which worker this process is, the job's size, its clock; answered with
-    this process's pid, which server 0 logs."""
+    this process's pid and host, which server 0 logs (MPI_Comm_spawn picks the host)."""
     request = parent.irecv(source=0, tag=Tag.INFO)
     deadline = time.monotonic() + WELCOME_WAIT_S
     while True:
@@ -58,7 +59,7 @@ def receive_welcome(parent) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no word from parameter server 0 in {WELCOME_WAIT_S:g} s")
         time.sleep(0.001)
-    parent.send({"pid": os.getpid()}, dest=0, tag=Tag.INFO)
+    parent.send({"pid": os.getpid(), "host": socket.gethostname()}, dest=0, tag=Tag.INFO)
     return welcome
 
 

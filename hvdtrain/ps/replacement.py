@@ -76,6 +76,7 @@ class Replaced:
     pushes_before: int   # what the lost worker had pushed
     clock_at_join: int   # where the newcomer's clock started (start_clock)
     pushes: int = 0      # the newcomer's own pushes, at the end
+    host: str = ""       # where MPI_Comm_spawn started it
 
 
 class Replacements:
@@ -141,16 +142,17 @@ class Replacements:
             return -1
         self._join(server, worker, result["child"], result["clock"], now)
         self.replaced.append(Replaced(worker, round(now - self.started_at, 3), result["pid"],
-                                      round(now - t0, 3), pushes, result["clock"]))
+                                      round(now - t0, 3), pushes, result["clock"],
+                                      host=result["host"]))
         print(f"hvdtrain: worker {worker} replaced by a new process (pid {result['pid']}) "
-              f"after {now - t0:.1f} s; it starts from the servers' current parameters",
-              file=sys.stderr, flush=True)
+              f"on host {result['host']} after {now - t0:.1f} s; it starts from the servers' "
+              "current parameters", file=sys.stderr, flush=True)
         return 1
 
     @staticmethod
     def _spawn(MPI, welcome, result: dict) -> None:
         """In the spawn thread: start the process, tell it who it is (``welcome()``), and
-        learn its pid."""
+        learn its pid and host."""
         try:
             info = MPI.Info.Create()
             info.Set("wdir", os.getcwd())
@@ -160,7 +162,8 @@ class Replacements:
             child.Set_errhandler(MPI.ERRORS_RETURN)
             word = welcome()
             child.send(word, dest=0, tag=Tag.INFO)
-            result["pid"] = int(child.recv(source=0, tag=Tag.INFO)["pid"])
+            answer = child.recv(source=0, tag=Tag.INFO)
+            result.update(pid=int(answer["pid"]), host=str(answer["host"]))
             result.update(clock=word["clock"], child=child)
         except Exception as e:  # noqa: BLE001 - reported by poll; the job trains on
             result["error"] = f"{type(e).__name__}: {e}"

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from hvdtrain.exit_codes import EXIT_NO_FINALIZE
 from hvdtrain.ps import membership
 from hvdtrain.ps.dispatch import BatchDispatcher, SlotPlan
 from hvdtrain.ps.membership import Membership, recovery_enabled
@@ -22,6 +23,17 @@ from hvdtrain.rules.clocks import WorkerClocks
 def test_recovery_is_read_from_mpiruns_mca_variable(value, expected):
     env = {} if value is None else {"OMPI_MCA_orte_enable_recovery": value}
     assert recovery_enabled(env) is expected
+
+
+@pytest.mark.parametrize("value, expected", [("0", EXIT_NO_FINALIZE), ("false", EXIT_NO_FINALIZE),
+                                             ("1", 0), ("", 0), (None, 0)])
+def test_an_exit_without_finalize_is_non_zero_only_where_mpirun_ignores_non_zero_exits(
+        value, expected):
+    # Non-zero, so that a host's Open MPI daemon reports the exit to mpirun (a second exit 0
+    # without MPI_Finalize on one host left mpirun waiting forever); 0 where a non-zero exit
+    # would end the job.
+    env = {} if value is None else {"OMPI_MCA_orte_abort_on_non_zero_status": value}
+    assert membership.exit_code_without_finalize(env) == expected
 
 
 class _Comm:

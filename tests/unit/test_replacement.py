@@ -197,7 +197,7 @@ class _Spawned(Replacements):
     def _spawn(MPI, welcome, result):
         word = welcome()
         _Spawned.welcomes.append(word)
-        result.update(child=_Comm("child", []), pid=4242, clock=word["clock"])
+        result.update(child=_Comm("child", []), pid=4242, host="node-7", clock=word["clock"])
 
     def wait_for_spawn(self):
         self.pending[3].join(10)
@@ -229,11 +229,13 @@ def test_a_replacement_takes_the_lost_workers_place_in_the_books(capsys):
     assert server.load.last_push_of[2] is None and not server.load.intervals[2]
     server.comm.Send(np.zeros(1), dest=2, tag=14)
     assert server.comm.links[2].log == [("child", "Send", 0, 14)]
-    assert "worker 2 replaced by a new process (pid 4242)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "worker 2 replaced by a new process (pid 4242) on host node-7" in err
     server.load.pushes_reported[2] = 19  # its DONE: the lost worker's 7 and its own 12
     report = m.report(server.load)
     assert report["workers_replaced"][0]["pushes"] == 12
     assert report["workers_replaced"][0]["pushes_before"] == 7
+    assert report["workers_replaced"][0]["host"] == "node-7"
     assert m.report(server.load) == report  # counted once
     server.silence.last_heard[2] = time.perf_counter() - 10  # the replacement is lost too
     server.silence._checked = 0.0  # the watch looks once a second
