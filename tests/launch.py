@@ -132,8 +132,9 @@ def no_update_applied_twice(summary: dict) -> None:
     server took each worker's pushes once, a lost worker's up to its loss, refused none but a
     lost worker's, and applied one update per push with a gradient; the job's batch plan
     completed no batch twice, handed one out again only when a lost worker gave it back, and
-    left none untrained but those (a loss noticed after the survivors had used up the plan's
-    other batches: they have left the training loop, and the batches stay untrained)."""
+    left none untrained but those (a batch handed back after every survivor was told that none
+    is left, hvdtrain/ps/slot_waiters.py: a worker lost while it trained the last batches it
+    had read ahead, or during a stop)."""
     lost = {loss["worker"]: loss["pushes"] for loss in summary.get("workers_lost", [])}
     for server in summary["servers"]:
         taken = server["pushes_per_worker"]

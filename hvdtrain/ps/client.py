@@ -129,15 +129,18 @@ class ParameterServerClient(UpdateScheme):
     def steps_agree(self) -> bool:
         return self.feed is None
 
-    def _request_slots(self, count: int) -> None:
+    def _request_slots(self, count: int, epoch: int) -> None:
         """Ask server 0 for ``count`` more slots and wait for them (at the start, and whenever
-        the source reads further ahead than the replies have brought)."""
+        the source reads further ahead than the replies have brought). Under recovery, in the
+        last epoch, server 0 holds the reply while a lost worker's batches may come back
+        (ps/slot_waiters.py): that takes up to its silence limit, hence the reply's timeout."""
         leader = self.routes[0][0]
         self.comm.Send(make_header(Kind.SLOTS, clock=self.clock, size=count,
-                                   worker=self.worker_rank), dest=leader, tag=Tag.REQUEST)
+                                   worker=self.worker_rank, slot=epoch),
+                       dest=leader, tag=Tag.REQUEST)
         slots = np.empty(count, dtype=np.int64)
         wait_any(self.MPI, [self.comm.Irecv(slots, source=leader, tag=Tag.SLOT)],
-                 self.cfg.ps.timeout_s, lambda: (
+                 self._reply_timeout_s(), lambda: (
                      f"worker {self.worker_rank}: parameter server 0 handed out no batch"))
         for slot in slots:
             self.feed.queue.receive(int(slot))
@@ -664,7 +667,7 @@ class _SlotFeed(BatchFeed):
     def next_part(self, epoch: int) -> tuple[int, int, int] | None:
         q = self.queue
         if not q.queued and not q.exhausted:
-            self.fetch(max(1, self.depth - len(q.training)))
+            self.fetch(max(1, self.depth - len(q.training)), epoch)
         return q.next_of_epoch(epoch)
 
     def part_trained(self) -> tuple[int, int, int] | None:

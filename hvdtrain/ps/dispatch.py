@@ -15,6 +15,14 @@ gradient arrives. A checkpoint records the next slot to hand out and the outstan
 resume hands the outstanding ones out again first, so every slot's gradient is applied once,
 whether the run was interrupted or not (up to the pushes in flight at the checkpoint, within one
 round, as for any asynchronous checkpoint).
+
+Under mpirun's recovery settings a lost worker's outstanding slots come back (``give_back``) and
+go to the next worker that asks. A loss is noticed only after a silence (silence.py), so the
+survivors may have used up the plan's other slots by then; a worker that runs out is therefore
+not told NO_SLOT while another live worker holds slots that may still come back: it is told
+NONE_YET, and an explicit request (its queue is empty) is held until one comes back or none can
+(``ask``, ``answers``; ps/slot_waiters.py sends the replies). Without recovery nothing comes
+back, and a worker that runs out is told NO_SLOT at once, as ever.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 NO_SLOT = -1  # on the wire: none left, training is over
+NONE_YET = -2  # on the wire, under recovery only: none now, but another worker's slots may come
+               # back; ask again once the queue is empty (nothing is queued, nothing exhausted)
 
 
 @dataclass(frozen=True)
@@ -56,8 +66,9 @@ class SlotPlan:
 class BatchDispatcher:
     """Server 0's side: hands out slots in order, outstanding ones of a resumed run first."""
 
-    def __init__(self, plan: SlotPlan):
+    def __init__(self, plan: SlotPlan, recovery: bool = False):
         self.plan = plan
+        self.recovery = recovery             # a lost worker's slots come back: wait for them
         self.next = 0                        # the next fresh slot
         self.redo: deque[int] = deque()      # outstanding at the checkpoint: handed out first
         self.outstanding: dict[int, int] = {}  # slot -> worker: handed out, push not arrived
@@ -66,18 +77,61 @@ class BatchDispatcher:
         self.pushed_twice = 0                # ... a slot not outstanding to its sender
         self.handed_back = 0                 # slots of lost workers, handed out again
         self.handed_to: Counter = Counter()  # worker -> slots handed out, for the statistics
+        self.waiting: dict[int, int] = {}    # worker -> slots asked for: its request is held
+        self.closed: set[int] = set()        # workers that sent DONE: they push no more
+        self.stopped = False                 # the job stops: nobody waits for a slot any more
 
     def take(self, worker: int) -> int:
+        """The next slot for ``worker``; NO_SLOT when none is left, or, under recovery, NONE_YET
+        while another worker's slots may still come back (``may_come_back``)."""
         if self.redo:
             slot = self.redo.popleft()
         elif self.next < self.plan.total:
             slot, self.next = self.next, self.next + 1
+        elif self.may_come_back(worker):
+            return NONE_YET
         else:
             self.told_none.add(worker)
             return NO_SLOT
         self.outstanding[slot] = worker
         self.handed_to[worker] += 1
         return slot
+
+    def may_come_back(self, worker: int) -> bool:
+        """Under recovery, whether a slot may still come back for ``worker``: another worker
+        that is neither waiting nor closed holds one, and may die before its push. A waiter's
+        own slots do not count: it may hold batches it read ahead, which it trains only once
+        answered, so two waiters counting on each other's slots would wait forever."""
+        return self.recovery and not self.stopped and any(
+            w != worker and w not in self.waiting and w not in self.closed
+            for w in self.outstanding.values())
+
+    def ask(self, worker: int, count: int, epoch: int) -> list[int] | None:
+        """An explicit request for ``count`` slots from a worker whose queue is empty, in
+        ``epoch``: the slots to send now, or None when the request is held until ``answers``
+        has a reply for it. Held only in the plan's last epoch: a worker in an earlier one
+        gets NONE_YET, which ends that epoch for it (it asks again in the next), so that a
+        blocking collective of workers at an epoch's end (--early-stop-patience's broadcast)
+        never waits for a held worker while the holder of the awaited slot waits in it."""
+        slots = [self.take(worker) for _ in range(count)]
+        if slots[0] == NONE_YET and epoch >= self.plan.epochs - 1:
+            self.waiting[worker] = count
+            return None
+        return slots
+
+    def answers(self) -> list[tuple[int, list[int]]]:
+        """The held requests that have their reply now, as (worker, slots), in the order they
+        came: a slot came back, or none can come back any more (NO_SLOT). Asked after every
+        event that may change it: a push that completes a slot, a give_back, a new waiter, a
+        worker's DONE, the stop."""
+        answered = []
+        for worker, count in list(self.waiting.items()):
+            first = self.take(worker)
+            if first == NONE_YET:
+                continue
+            del self.waiting[worker]  # from here on its slots count for the other waiters
+            answered.append((worker, [first, *(self.take(worker) for _ in range(count - 1))]))
+        return answered
 
     def complete(self, slot: int, worker: int | None = None) -> None:
         """The push carrying ``slot``'s gradient came (from ``worker``, when known). A slot
@@ -100,6 +154,7 @@ class BatchDispatcher:
             del self.outstanding[slot]
         self.redo.extendleft(reversed(slots))
         self.handed_back += len(slots)
+        self.waiting.pop(worker, None)  # nothing is sent to it any more
 
     @property
     def finished(self) -> bool:
@@ -157,7 +212,7 @@ class SlotQueue:
     def receive(self, slot: int) -> None:
         if slot == NO_SLOT:
             self.exhausted = True
-        else:
+        elif slot != NONE_YET:  # NONE_YET: nothing now; the next request, when the queue is empty
             self.queued.append(slot)
 
     def next_of_epoch(self, epoch: int) -> tuple[int, int, int] | None:

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..exit_codes import EXIT_NO_FINALIZE
+from . import slot_waiters
 from .protocol import Kind, Tag, make_header
 from .waiting import StuckError, wait_any
 
@@ -226,8 +227,7 @@ class Membership:
             server._send_all(server.silence.resumed(
                 server.pauses.resume(now, server.clocks, server.stopping), now))
         server.silence.quiet.discard(worker)
-        if server.dispatcher is not None:
-            server.dispatcher.give_back(worker)  # its batches go to the survivors
+        slot_waiters.give_back(server, worker)  # its batches go to the survivors, waiters first
         self.dropped += 1
         if self.index == 0:
             self._tell(server, worker, pushes)

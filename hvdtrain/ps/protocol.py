@@ -55,7 +55,8 @@ class Kind(IntEnum):
                # it computed meanwhile (Tag.DEBT); no reply
     RESUME = 10
     SLOTS = 11  # worker -> server 0: hand me `size` batch slots (Tag.SLOT replies, NO_SLOT when
-                # none is left)
+                # none is left); H_SLOT: the epoch it is in. Under recovery the reply may be held
+                # (ps/slot_waiters.py)
     LOST = 13  # server 0 -> the other servers: worker H_WORKER is lost (ps/membership.py)
     QUIET = 12  # worker -> every server: busy with its own work (an evaluation, a checkpoint
                 # write) until its next push, so its silence is no sign of a hang; no reply
@@ -64,7 +65,7 @@ class Kind(IntEnum):
 # Header words: the request kind; the worker's clock (pushes made, this one included); its learning
 # rate as float64 bits; flags; a size (parameter count for INIT, batch samples for PUSH, slots
 # asked for by SLOTS); the sending worker's index; and, on a PUSH with WANT_SLOT, the batch slot
-# whose gradient it carries.
+# whose gradient it carries (on SLOTS, the epoch the worker is in).
 HEADER_LEN = 7
 H_KIND, H_CLOCK, H_LR, H_FLAGS, H_SIZE, H_WORKER, H_SLOT = range(HEADER_LEN)
 WANT_PARAMS = 1

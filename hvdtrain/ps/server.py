@@ -38,6 +38,7 @@ from .replacement import Replacements
 from .server_stats import ServerLoad
 from .shard import Shard
 from .silence import SilenceWatch
+from . import slot_waiters
 from .verdicts import Verdicts
 
 
@@ -85,7 +86,7 @@ class ParameterServer:
             version = int(self.shard.receive_state(source=0).get("version", 0))
         if self.header[H_FLAGS] & HAS_PLAN:
             plan = self.comm.recv(source=0, tag=Tag.INFO)
-            self.dispatcher = BatchDispatcher(SlotPlan(*plan["plan"]))
+            self.dispatcher = BatchDispatcher(SlotPlan(*plan["plan"]), self.membership.recovery)
             if plan.get("state"):
                 self.dispatcher.load_state_dict(plan["state"])
         self.versions.start(version)
@@ -130,8 +131,8 @@ class ParameterServer:
                 self.shard.send_state(worker, self._state())
         elif kind == Kind.QUIET:
             self.silence.quiet.add(worker)
-        elif kind == Kind.SLOTS:
-            self._hand_out(worker, int(self.header[H_SIZE]))
+        elif kind == Kind.SLOTS:  # H_SLOT: the epoch it is in
+            slot_waiters.ask(self, worker, int(self.header[H_SIZE]), int(self.header[H_SLOT]))
         elif kind == Kind.IDLE:  # it waits for the other workers: rounds stop counting on it
             self.clocks.idle.add(worker)
             self.pushes.release()
@@ -149,6 +150,7 @@ class ParameterServer:
             self.load.pushes_reported[worker] = int(self.header[H_CLOCK])
             self.clocks.done(worker)
             self.pushes.release()
+            slot_waiters.closed(self, worker)
             return True
         else:
             raise RuntimeError(f"parameter server got unknown request kind {kind} from {worker}")
@@ -162,7 +164,7 @@ class ParameterServer:
         if flags & WANT_SLOT and self.dispatcher is not None:
             # Its slot is done; its next one goes out now, before the reply, which may be held.
             self.dispatcher.complete(int(self.header[H_SLOT]), worker)
-            self._hand_out(worker, 1)
+            slot_waiters.hand_out(self, worker)  # never held
         self.load.push(worker, int(self.header[H_SIZE]), now)
         has_gradient = not flags & NO_GRADIENT
         self.stats.pushed(has_gradient)
@@ -170,15 +172,6 @@ class ParameterServer:
         self.pushes.push(worker, word_to_lr(self.header[H_LR]), bool(flags & WANT_PARAMS),
                          bool(flags & WANTS_STOP), has_gradient)
         self.load.last_push = time.perf_counter()
-
-    def _hand_out(self, worker: int, count: int) -> None:
-        """Send ``worker`` its next ``count`` slots of the job's batch plan (NO_SLOT for each
-        one not left)."""
-        slots = np.array([self.dispatcher.take(worker) for _ in range(count)], dtype=np.int64)
-        self.comm.Send(slots, dest=worker, tag=Tag.SLOT)
-        if self.dispatcher.finished_pushing(worker) and worker not in self.clocks.finished:
-            self.clocks.finished.add(worker)
-            self.pushes.release()  # nobody waits for its clock any more
 
     def _next_request(self, status) -> None:
         """Receive the next request header from any worker, or raise StuckError."""
@@ -206,6 +199,7 @@ class ParameterServer:
             if not self.clocks.is_done(worker):
                 self.comm.Send(np.ones(1, dtype=np.int64), dest=worker, tag=Tag.STOP)
         self._send_all(self.pauses.release())  # nobody waits for an evaluation once stopping
+        slot_waiters.stop(self)  # ... nor for a slot: the held requests get NO_SLOT
 
     # --- replies -------------------------------------------------------------------------------
     def reply(self, worker: int, want_params: bool) -> None:

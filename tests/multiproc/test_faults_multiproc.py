@@ -62,6 +62,10 @@ def test_async_trains_on_without_a_killed_worker_under_mpiruns_recovery(tmp_path
     summary = records(tmp_path, "scheme")[0]
     assert [lost["worker"] for lost in summary["workers_lost"]] == [2]
     no_update_applied_twice(summary)
+    # The loss is noticed after 10 s of silence, when the survivors (about 6 s of training)
+    # have used up the plan's other batches: they wait for its batch (ps/slot_waiters.py).
+    server = summary["servers"][0]
+    assert server["batches_handed_back"] >= 1 and server["batches_untrained"] == 0, server
     epochs = records(tmp_path, "epoch")
     assert len(epochs) == 20 and epochs[-1]["test_acc"] >= 0.95, epochs[-1]
 

@@ -11,7 +11,7 @@ from hvdtrain.data.builtin import epoch_batches
 from hvdtrain.data.in_memory import InMemoryBatches
 from hvdtrain.loop.epoch_plan import EpochPlan
 from hvdtrain.config import RunConfig
-from hvdtrain.ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
+from hvdtrain.ps.dispatch import NO_SLOT, NONE_YET, BatchDispatcher, SlotPlan, SlotQueue
 from hvdtrain.scheme import BatchFeed, Progress
 
 
@@ -144,3 +144,114 @@ def test_step_cadence_counts_multiples_passed(before, after, due):
 
     ev = Evaluator(RunConfig(eval_every_steps=4, epochs=10), None, None, [])
     assert ev.due_at_step(before, after, False, 0) is due
+
+
+# --- under recovery: a lost worker's slots come back after the others ran out (slot_waiters.py)
+def _ran_out(recovery=True, epochs=1):
+    """A plan of 4 slots, all handed out: worker 0 holds 0 and 1 (1 read ahead), worker 1 holds
+    2, worker 2 holds 3."""
+    d = BatchDispatcher(SlotPlan(steps_per_epoch=2, num_parts=2, epochs=epochs), recovery)
+    for w in (0, 0, 1, 2):
+        d.take(w)
+    return d
+
+
+def test_a_request_waits_while_another_live_worker_holds_a_slot():
+    d = _ran_out()
+    d.complete(2, 1)
+    assert d.take(1) == NONE_YET  # the push path: nothing now, and nothing is held
+    assert d.ask(1, 2, epoch=0) is None and d.waiting == {1: 2}  # held: 0 and 2 hold slots
+    assert d.answers() == [] and 1 not in d.told_none
+    d.complete(3, 2)
+    assert d.take(2) == NONE_YET and d.answers() == []  # worker 0 still holds 0 and 1
+
+
+def test_no_slot_when_only_waiters_hold_slots():
+    """The deadlock case: a waiter cannot push the batches it read ahead until it is answered,
+    so a waiter that counted on another waiter's slots would wait forever."""
+    d = _ran_out()
+    assert d.ask(0, 1, epoch=0) is None  # worker 0 waits, holding 0 and 1 (read ahead)
+    d.complete(2, 1)
+    assert d.take(1) == NONE_YET and d.ask(1, 1, epoch=0) is None  # worker 2 holds slot 3
+    assert d.answers() == []
+    d.complete(3, 2)
+    assert d.take(2) == NO_SLOT  # only waiters hold slots: nothing to wait for
+    # Worker 0 is told first: its own slots and worker 1's wait do not count. Once told, it
+    # trains 0 and 1 again, which may still come back, so worker 1 waits for them.
+    assert d.answers() == [(0, [NO_SLOT])] and d.waiting == {1: 1}
+    d.complete(0, 0)
+    d.complete(1, 0)
+    assert d.take(0) == NO_SLOT and d.answers() == [(1, [NO_SLOT])]
+    assert d.finished and all(d.finished_pushing(w) for w in range(3))
+
+
+def test_a_worker_holding_only_its_own_slots_is_not_held():
+    d = _ran_out()
+    d.complete(2, 1)
+    d.complete(3, 2)
+    assert d.ask(0, 1, epoch=0) == [NO_SLOT]  # it trains its read-ahead 0 and 1, and ends
+    assert not d.waiting and not d.finished_pushing(0)
+
+
+def test_a_lost_workers_slot_goes_to_a_waiter():
+    d = _ran_out()
+    for slot, w in ((0, 0), (1, 0), (2, 1)):
+        d.complete(slot, w)
+    assert d.ask(0, 2, epoch=0) is None and d.ask(1, 1, epoch=0) is None  # 2 is silent
+    d.give_back(2)  # worker 2 is lost, holding slot 3
+    # the first waiter; nothing else can come back for it (1 only waits): it ends after slot 3
+    assert d.answers() == [(0, [3, NO_SLOT])]
+    assert d.waiting == {1: 1} and d.answers() == []  # 1 waits on: 0 may die too
+    d.complete(3, 0)
+    assert d.take(0) == NO_SLOT  # its push: only a waiter is left, nothing can come back
+    assert d.answers() == [(1, [NO_SLOT])]
+    assert d.finished and d.statistics()["batches_untrained"] == 0
+    assert d.statistics()["batches_handed_back"] == 1
+
+
+def test_a_waiter_lost_itself_is_no_longer_waited_on_nor_answered():
+    d = _ran_out()
+    d.complete(2, 1)
+    d.complete(3, 2)
+    assert d.ask(1, 1, epoch=0) is None
+    d.give_back(1)
+    assert not d.waiting and d.answers() == []
+
+
+def test_without_recovery_running_out_is_no_slot_at_once():
+    d = _ran_out(recovery=False)
+    d.complete(2, 1)
+    assert d.take(1) == NO_SLOT
+    assert d.ask(2, 2, epoch=0) == [NO_SLOT, NO_SLOT] and not d.waiting
+
+
+def test_the_push_path_never_holds():
+    d = _ran_out()
+    d.complete(2, 1)
+    for _ in range(3):
+        assert d.take(1) == NONE_YET  # as often as it pushes: never held, never exhausted
+    assert not d.waiting and 1 not in d.told_none
+    q = SlotQueue(d.plan)
+    q.receive(NONE_YET)
+    assert not q.queued and not q.exhausted  # it asks again once its queue is empty
+
+
+def test_a_request_before_the_last_epoch_is_answered_none_yet_at_once():
+    """A worker behind the others' epoch is not held: the epoch ends for it (its queue stays
+    empty), so it reaches the epoch ends' collectives that a slot's holder may wait in."""
+    d = _ran_out(epochs=2)
+    while d.next < d.plan.total:
+        d.take(0)
+    d.complete(2, 1)
+    assert d.ask(1, 2, epoch=0) == [NONE_YET, NONE_YET] and not d.waiting
+    assert d.ask(1, 2, epoch=1) is None and d.waiting == {1: 2}
+
+
+def test_the_stop_and_a_done_worker_end_the_wait():
+    d = _ran_out()
+    d.complete(2, 1)
+    assert d.ask(1, 1, epoch=0) is None
+    d.closed.add(2)  # worker 2 sent DONE holding slot 3 (it stopped): it never pushes it
+    assert d.answers() == []  # worker 0 still holds slots
+    d.stopped = True
+    assert d.answers() == [(1, [NO_SLOT])]

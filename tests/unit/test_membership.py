@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from hvdtrain.exit_codes import EXIT_NO_FINALIZE
-from hvdtrain.ps import membership
-from hvdtrain.ps.dispatch import BatchDispatcher, SlotPlan
+from hvdtrain.ps import membership, slot_waiters
+from hvdtrain.ps.dispatch import NO_SLOT, NONE_YET, BatchDispatcher, SlotPlan
 from hvdtrain.ps.membership import Membership, recovery_enabled
 from hvdtrain.ps.pauses import EvalPauses
 from hvdtrain.ps.protocol import Tag
@@ -198,3 +198,45 @@ def test_the_workers_an_evaluation_held_count_their_silence_from_its_end():
     silence.last_heard = [0.0, 0.0, 0.0]
     assert silence.resumed({1: True}, now=50.0) == {1: True}
     assert silence.last_heard == [0.0, 50.0, 0.0]
+
+
+def _slots_sent(server, worker):
+    return [words for dest, tag, words in server.comm.sent if dest == worker and tag == Tag.SLOT]
+
+
+def test_a_held_slot_request_gets_the_lost_workers_batch_when_it_is_dropped():
+    """Under recovery (ps/slot_waiters.py): a worker whose queue is empty when the plan is used
+    up waits, idle and quiet, for a silent worker's slot; the push path never waits."""
+    dispatcher = BatchDispatcher(SlotPlan(steps_per_epoch=1, num_parts=3, epochs=1), True)
+    server = _server(dispatcher=dispatcher)
+    handed = {w: dispatcher.take(w) for w in range(3)}
+    dispatcher.complete(handed[0], 0)
+    slot_waiters.hand_out(server, 0)  # its push's next slot: nothing now, not held
+    assert _slots_sent(server, 0) == [[NONE_YET]] and not dispatcher.waiting
+    slot_waiters.ask(server, 0, 2, epoch=0)  # its queue is empty: held, workers 1 and 2 hold slots
+    assert _slots_sent(server, 0) == [[NONE_YET]] and dispatcher.waiting == {0: 2}
+    assert 0 in server.silence.quiet and 0 in server.clocks.idle and server.released
+    dispatcher.complete(handed[1], 1)
+    slot_waiters.hand_out(server, 1)
+    slot_waiters.ask(server, 1, 1, epoch=0)
+    assert dispatcher.waiting == {0: 2, 1: 1}  # both wait for worker 2's slot
+    Membership(0, recovery=True).drop(server, 2, time.perf_counter())
+    assert _slots_sent(server, 0)[-1] == [handed[2], NO_SLOT]  # the first waiter gets it
+    assert 0 not in server.clocks.idle and 0 not in server.silence.quiet
+    assert dispatcher.waiting == {1: 1}  # worker 0 may die before its push: 1 waits on
+    dispatcher.complete(handed[2], 0)
+    slot_waiters.hand_out(server, 0)
+    assert _slots_sent(server, 1)[-1] == [NO_SLOT] and not dispatcher.waiting
+    assert dispatcher.statistics()["batches_untrained"] == 0
+    assert {0, 1} <= server.clocks.finished
+
+
+def test_the_stop_answers_the_held_slot_requests():
+    dispatcher = BatchDispatcher(SlotPlan(steps_per_epoch=1, num_parts=2, epochs=1), True)
+    server = _server(num_workers=2, dispatcher=dispatcher)
+    dispatcher.take(0)
+    dispatcher.complete(dispatcher.take(1), 1)
+    slot_waiters.ask(server, 1, 1, epoch=0)
+    assert _slots_sent(server, 1) == []
+    slot_waiters.stop(server)
+    assert _slots_sent(server, 1) == [[NO_SLOT]]

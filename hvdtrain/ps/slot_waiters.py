@@ -1,0 +1,79 @@
+"""Server 0's side of the job's batch slots on the wire (the plan is dispatch.py's): it sends each
+worker its slots, and under mpirun's recovery settings it holds the SLOTS requests that find
+none left while a lost worker's slots may still come back (BatchDispatcher.ask), so that a
+loss noticed after the survivors used up the plan still has its batches trained.
+
+Only an explicit request is held, sent when the worker's queue is empty; a push's next slot is
+never held (NONE_YET instead), since a worker still training would then wait for a worker that
+may be waiting for its slot. A held worker is silent by design and pushes nothing until its
+answer, so it is quiet for the silence check and idle for rounds and staleness bounds (as
+Kind.IDLE), or another worker's reply could wait for its clock while it waits for that worker's
+slot. Every event that may change an answer asks the dispatcher again (``answer``). Each
+function takes server 0's ParameterServer; its state is the dispatcher's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .protocol import Tag
+
+
+def hand_out(server, worker: int) -> None:
+    """A push's next slot, sent before its reply (which may be held): never held itself."""
+    _send(server, worker, [server.dispatcher.take(worker)])
+    answer(server)  # the push completed a slot, maybe the last one a waiter counted on
+
+
+def ask(server, worker: int, count: int, epoch: int) -> None:
+    """A SLOTS request: ``count`` slots for a worker in ``epoch`` whose queue is empty."""
+    slots = server.dispatcher.ask(worker, count, epoch)
+    if slots is None:  # held: it waits for the servers, not hung; no round counts on it
+        server.silence.quiet.add(worker)
+        server.clocks.idle.add(worker)
+        server.pushes.release()
+    else:
+        _send(server, worker, slots)
+    answer(server)  # another waiter may have counted on this worker's slots
+
+
+def answer(server) -> None:
+    """Send the held requests whose answer is known now."""
+    if server.dispatcher is None:
+        return
+    for worker, slots in server.dispatcher.answers():
+        # back to training: its silence counts from now, and rounds count on it again
+        server.silence.quiet.discard(worker)
+        server.silence.last_heard[worker] = time.perf_counter()
+        server.clocks.idle.discard(worker)
+        _send(server, worker, slots)
+
+
+def give_back(server, worker: int) -> None:
+    """A lost worker's outstanding slots go to the waiters first (membership.drop)."""
+    if server.dispatcher is not None:
+        server.dispatcher.give_back(worker)
+        answer(server)
+
+
+def closed(server, worker: int) -> None:
+    """``worker`` sent DONE: slots it still holds (it stopped) will never come back."""
+    if server.dispatcher is not None:
+        server.dispatcher.closed.add(worker)
+        answer(server)
+
+
+def stop(server) -> None:
+    """The job stops (a stop signal, a --stop-at target): nobody waits for a slot."""
+    if server.dispatcher is not None:
+        server.dispatcher.stopped = True
+        answer(server)
+
+
+def _send(server, worker: int, slots: list[int]) -> None:
+    server.comm.Send(np.array(slots, dtype=np.int64), dest=worker, tag=Tag.SLOT)
+    if server.dispatcher.finished_pushing(worker) and worker not in server.clocks.finished:
+        server.clocks.finished.add(worker)
+        server.pushes.release()  # nobody waits for its clock any more
