@@ -474,7 +474,11 @@ class ParameterServerClient(UpdateScheme):
         would never join, so tell server 0, which decides every shard's rounds, not to count
         on it until its next push. Plain --bsp needs no such message: its workers never drift
         apart. With --eval-pauses-workers every server is told, so that an evaluation's pause
-        charges a waiting worker nothing (pauses.EvalPauses.resume)."""
+        charges a waiting worker nothing (pauses.EvalPauses.resume). Under mpirun's recovery
+        settings server 0 is told too: a worker waiting for the others is silent by design,
+        and would otherwise be taken for lost before a dead worker that it waits for, whose
+        silence limit may be longer (silence.py; seen with --stop-at, which ends the job in
+        the end-of-training agreement)."""
         if not self._started:
             return
         bounded = not self.cfg.ps.bsp and self.cfg.ps.staleness != float("inf")
@@ -483,7 +487,7 @@ class ParameterServerClient(UpdateScheme):
         # epoch's end may be behind them): every server
         if self.cfg.ps.eval_pauses_workers or bounded:
             self._tell_servers(Kind.IDLE)
-        elif self.backup_workers:
+        elif self.backup_workers or self.survivors.recovery:
             leader = self.routes[0][0]
             self.comm.Send(make_header(Kind.IDLE, clock=self.clock, worker=self.worker_rank),
                            dest=leader, tag=Tag.REQUEST)
