@@ -29,7 +29,7 @@ from .dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
 from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
                        Tag, chunk_bounds, chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
-from .survivors import Survivors, wait_surviving
+from .survivors import Survivors, broadcast_surviving, wait_surviving
 from .waiting import wait_any
 
 
@@ -529,7 +529,12 @@ class ParameterServerClient(UpdateScheme):
 
     def broadcast_object(self, obj: Any) -> Any:
         self._going_idle()
-        return self.worker_comm.bcast(obj, root=0)
+        if not self.survivors.recovery:
+            return self.worker_comm.bcast(obj, root=0)
+        return broadcast_surviving(obj, lambda: self.worker_comm, self._regroup,
+                                   self.cfg.ps.timeout_s, lambda: (
+                                       f"worker {self.worker_rank}: the lead's broadcast never "
+                                       "came (--early-stop-patience waits for its evaluation)"))
 
     def eval_replica(self) -> Replica:
         self.pull()  # score the servers' current parameters

@@ -11,8 +11,9 @@ sums stay matched one for one."""
 
 from __future__ import annotations
 
+import pickle
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -78,3 +79,36 @@ def wait_surviving(request: Callable[[], object], regroup: Callable[[], bool], t
         elif deadline is not None and time.monotonic() > deadline:
             raise StuckError(f"{explain()} (waited {timeout_s:g} s, --timeout-s); a process "
                              "has stopped or hangs. Raise --timeout-s if it may pause this long.")
+
+
+BROADCAST_BYTES = 1 << 20  # the largest pickled object broadcast_surviving carries
+
+
+def broadcast_surviving(obj: Any, comm: Callable[[], Any], regroup: Callable[[], bool],
+                        timeout_s: float, explain: Callable[[], str]) -> Any:
+    """The lead's ``obj`` on every worker, through a non-blocking broadcast of a fixed-size
+    buffer from rank 0 of ``comm()``, posted again on the survivors' communicator when a worker
+    is lost meanwhile; rank 0 there is the lead, another worker if the lead was the one lost.
+    A blocking broadcast from a dead lead never completes, and blocks the regroup too. For the
+    small records a run broadcasts (--early-stop-patience's after each evaluation, the lead's
+    decisions at the start): up to BROADCAST_BYTES pickled."""
+    buffer = np.zeros(8 + BROADCAST_BYTES, dtype=np.uint8)
+    posted = {"comm": None, "request": None}
+
+    def request():
+        current = comm()
+        if posted["comm"] is not current:
+            posted["comm"] = current
+            if current.Get_rank() == 0:
+                data = pickle.dumps(obj)
+                if len(data) > BROADCAST_BYTES:
+                    raise ValueError(f"an object of {len(data)} bytes pickled is more than the "
+                                     f"{BROADCAST_BYTES} a broadcast among survivors carries")
+                buffer[:8] = np.frombuffer(np.int64(len(data)).tobytes(), dtype=np.uint8)
+                buffer[8:8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            posted["request"] = current.Ibcast(buffer, root=0)
+        return posted["request"]
+
+    wait_surviving(request, regroup, timeout_s, explain)
+    size = int(buffer[:8].view(np.int64)[0])
+    return pickle.loads(buffer[8:8 + size].tobytes())

@@ -88,8 +88,11 @@ def test_losing_worker_0_hands_its_roles_to_the_lowest_live_worker(tmp_path):
     # its loss worker 1 does (loop/lead.py), and the log holds every epoch once. Every step
     # waits 30 ms on average, so that the survivors train on for several epochs after the loss
     # is found (3 s of silence, --timeout-s) and the new lead's part is more than the end.
+    # --early-stop-patience makes every worker wait for the lead's record after each
+    # evaluation: a broadcast from a dead lead must hand on to the new one (survivors.py).
     job = _train(tmp_path, RECOVERY, 16, "--straggler", "exp:30ms", "--eval-every", "1",
-                 "--checkpoint-every", "1", "--keep-best", "max:test_acc")
+                 "--checkpoint-every", "1", "--keep-best", "max:test_acc",
+                 "--early-stop-patience", "100")
     _kill_after(job, tmp_path, rank=0)
     code, out, err = _finish(job)
     assert code == 0, err[-3000:]

@@ -240,3 +240,50 @@ def test_the_stop_answers_the_held_slot_requests():
     assert _slots_sent(server, 1) == []
     slot_waiters.stop(server)
     assert _slots_sent(server, 1) == [[NO_SLOT]]
+
+
+class _Request:
+    def __init__(self, done):
+        self.done = done
+
+    def Test(self):
+        return self.done
+
+
+class _BroadcastComm:
+    """A communicator whose Ibcast completes (or never does, a dead lead), copying
+    ``source``'s bytes into the receiver's buffer as the root's would arrive."""
+
+    def __init__(self, rank, completes, source=None):
+        self.rank, self.completes, self.source, self.sent = rank, completes, source, None
+
+    def Get_rank(self):
+        return self.rank
+
+    def Ibcast(self, buffer, root):
+        if self.source is not None:
+            buffer[:] = self.source
+        self.sent = buffer.copy()
+        return _Request(self.completes)
+
+
+def test_the_leads_object_reaches_the_others_and_a_dead_lead_hands_the_broadcast_on():
+    from hvdtrain.ps.survivors import broadcast_surviving
+
+    record = {"metric": "test_acc", "value": 0.93, "evaluations_since": 2}
+    lead = _BroadcastComm(0, True)
+    assert broadcast_surviving(record, lambda: lead, lambda: False, 5, str) == record
+    follower = _BroadcastComm(1, True, source=lead.sent)
+    assert broadcast_surviving({"mine": 1}, lambda: follower, lambda: False, 5, str) == record
+    # The lead dies before its broadcast: worker 1 regroups, leads the survivors' communicator
+    # (rank 0 there) and its own record is the answer, instead of a wait that never ends.
+    comms = [_BroadcastComm(1, False)]
+
+    def regroup():
+        if len(comms) == 1:
+            comms.append(_BroadcastComm(0, True))
+            return True
+        return False
+
+    mine = {"metric": "test_acc", "value": 0.91}
+    assert broadcast_surviving(mine, lambda: comms[-1], regroup, 5, str) == mine
