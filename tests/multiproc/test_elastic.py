@@ -93,6 +93,20 @@ def test_a_killed_worker_is_survived_and_training_reaches_the_target(tmp_path, k
     assert any("done: test accuracy" in line for line in job.lines)
 
 
+def test_an_injected_kill_is_survived_like_one_from_outside(tmp_path):
+    """--inject-faults under elastic sync: the schedule the other schemes' fault tests use
+    (issue 28) kills rank 1, once: the restored workers do not fire it again. At step 60, in
+    the second epoch (45 steps each), so that the first epoch's line has both workers."""
+    job = ElasticJob(tmp_path, ["localhost", "127.0.0.1"], 2, "--epochs", "8",
+                     "--batch-size", "16", "--inject-faults", "kill:rank=1,step=60")
+    job.wait_for("elastic reset 1: now 1 worker(s)")
+    assert job.finish() == 0, "\n".join(job.lines[-40:])
+    assert sum("injected fault: kill rank 1" in line for line in job.lines) == 1
+    epochs = job.epochs()
+    assert epochs[-1]["epoch"] == 8 and epochs[-1]["workers"] == 1
+    assert epochs[0]["workers"] == 2 and epochs[-1]["test_acc"] >= 0.9, epochs[-1]
+
+
 def _own_address() -> str | None:
     """A non-loopback IPv4 address of this machine (no packet is sent), or None."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
