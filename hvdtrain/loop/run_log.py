@@ -134,6 +134,7 @@ class RunLog:
         self._last_step_line = -1  # the global step of the last step line (async)
         self.header: dict[str, Any] = {}  # the run's header line: FLOPs per sample, peak
         self.logged_epochs = 0  # a new lead's: epoch lines the lost lead wrote (take_over)
+        self._unwritten: list[tuple[EpochResult, dict[str, Any]]] = []  # not the lead's: last
 
     # --- the sinks ------------------------------------------------------------------------------
     def open(self, run_dir: Path, append: bool, header: dict[str, Any], global_step: int = 0,
@@ -172,6 +173,12 @@ class RunLog:
         self.logged_epochs = last_logged_epoch(run_dir / LOG_NAME)
         self.is_main = True
         self.sinks = self.sinks or self.make_sinks(run_dir, True, None)
+        for result, line in self._unwritten:  # done here before the lead was lost
+            if result.epoch > self.logged_epochs:
+                print(summary_line(result, self.epochs), flush=True)
+                self.write("epoch", **line)
+                self.logged_epochs = result.epoch
+        self._unwritten = []
 
     def write(self, kind: str, **fields: Any) -> None:
         for sink in self.sinks:
@@ -303,15 +310,17 @@ class RunLog:
                              values[2], record["wall_seconds"], record["lr"], train_metrics,
                              test_metrics, epoch_throughput(self.header, values[2]))
         self.history.append(result)
-        if not self.is_main or result.epoch <= self.logged_epochs:
-            return  # another worker writes the log, or the lost lead wrote this line
-        print(summary_line(result, self.epochs), flush=True)
         rec = result.as_record()
-        self.write("epoch", epoch=result.epoch, step=record["step"], lr=result.lr,
-                   workers=record["workers"], samples=int(values[1]),
-                   train_loss=rec.pop("train_loss"),
-                   **{k: v for k, v in rec.items() if k not in ("epoch", "lr")},
-                   **record["extra"], step_times=step_times.as_record(), **noted)
+        line = dict(epoch=result.epoch, step=record["step"], lr=result.lr,
+                    workers=record["workers"], samples=int(values[1]),
+                    train_loss=rec.pop("train_loss"),
+                    **{k: v for k, v in rec.items() if k not in ("epoch", "lr")},
+                    **record["extra"], step_times=step_times.as_record(), **noted)
+        if not self.is_main:  # another worker writes the log; kept in case it is lost
+            self._unwritten = [*self._unwritten[-(UNWRITTEN_KEPT - 1):], (result, line)]
+        elif result.epoch > self.logged_epochs:  # not written by a lost lead already
+            print(summary_line(result, self.epochs), flush=True)
+            self.write("epoch", **line)
 
     def _step_times(self, values: list[float],
                     record: dict[str, Any]) -> tuple[RankStepTimes, dict[str, Any]]:
@@ -327,9 +336,14 @@ class RunLog:
         return times, noted
 
 
+UNWRITTEN_KEPT = 8  # epoch lines a worker that does not lead keeps for a take-over
+
+
 def last_logged_epoch(path: Path) -> int:
-    """The last epoch line's epoch in a run's log (0 for none, or no log). A line that does not
-    parse (cut short by a kill) counts for nothing."""
+    """The last epoch line's epoch of the current attempt in a run's log (0 for none, or no
+    log): a resumed run starts with a header line and repeats the epochs after its
+    checkpoint, so only the lines after the last header count. A line that does not parse
+    (cut short by a kill) counts for nothing."""
     last = 0
     try:
         with open(path) as f:
@@ -338,7 +352,9 @@ def last_logged_epoch(path: Path) -> int:
                     record = json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(record, dict) and record.get("type") == "epoch":
+                if isinstance(record, dict) and record.get("type") == "header":
+                    last = 0
+                elif isinstance(record, dict) and record.get("type") == "epoch":
                     last = max(last, int(record.get("epoch", 0)))
     except OSError:
         return 0

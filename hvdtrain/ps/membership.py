@@ -227,6 +227,7 @@ class Membership:
             server._send_all(server.silence.resumed(
                 server.pauses.resume(now, server.clocks, server.stopping), now))
         server.silence.quiet.discard(worker)
+        server.silence.waiting_for_others.discard(worker)
         slot_waiters.give_back(server, worker)  # its batches go to the survivors, waiters first
         self.dropped += 1
         if self.index == 0:

@@ -135,6 +135,7 @@ class ParameterServer:
             slot_waiters.ask(self, worker, int(self.header[H_SIZE]), int(self.header[H_SLOT]))
         elif kind == Kind.IDLE:  # it waits for the other workers: rounds stop counting on it
             self.clocks.idle.add(worker)
+            self.silence.waiting_for_others.add(worker)
             self.pushes.release()
         elif kind == Kind.PAUSE:
             self.pauses.pause(worker, now)

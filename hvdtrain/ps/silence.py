@@ -29,6 +29,10 @@ class SilenceWatch:
         self.paces = paces  # under recovery: each worker's push intervals (server_stats.py)
         self.last_heard: list[float] = [0.0] * num_workers  # each worker's last request
         self.quiet: set[int] = set()  # workers busy with their own work until their next push
+        # Workers that said they wait for the others (IDLE) and sent nothing since: a worker's
+        # next request of any kind ends it (the lead goes on to evaluate, QUIET, and to write
+        # the final checkpoint, SAVE), so that a lead that dies there is still found.
+        self.waiting_for_others: set[int] = set()
         self._checked = 0.0
 
     def start(self) -> None:
@@ -38,6 +42,7 @@ class SilenceWatch:
 
     def heard(self, worker: int, pushed: bool, now: float) -> None:
         self.last_heard[worker] = now
+        self.waiting_for_others.discard(worker)  # an IDLE puts it back (server.py)
         if pushed:  # back to training
             self.quiet.discard(worker)
 
@@ -61,8 +66,9 @@ class SilenceWatch:
             return None
         self._checked = now
         for w, heard in enumerate(self.last_heard):
-            if now - heard <= self.limit(w) or clocks.is_done(w) or w in clocks.idle or \
-                    w in clocks.finished or any(w in c for c in waiting):
+            if now - heard <= self.limit(w) or clocks.is_done(w) or \
+                    w in self.waiting_for_others or w in clocks.finished or \
+                    any(w in c for c in waiting):
                 continue
             if w in self.quiet and (self.paces is None or now - heard <= self.timeout_s):
                 continue  # busy with its own work; under recovery for up to --timeout-s, as a

@@ -49,14 +49,19 @@ def test_the_new_lead_continues_the_log_without_repeating_the_lost_leads_epochs(
         f.write('{"type": "epoch", "epo')  # a line cut short counts for nothing
     assert last_logged_epoch(tmp_path / "metrics.jsonl") == 2
     assert last_logged_epoch(tmp_path / "absent.jsonl") == 0
+    resumed = tmp_path / "resumed.jsonl"  # logged to epoch 9, resumed from epoch 5's checkpoint
+    resumed.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"type": "header"}, *({"type": "epoch", "epoch": e} for e in range(1, 10)),
+        {"type": "header"}, *({"type": "epoch", "epoch": e} for e in (6, 7))]))
+    assert last_logged_epoch(resumed) == 7
 
     new = RunLog(epochs=4, scheme=OneWorker(), metric_names=["acc"], is_main=False,
                  progress_bar=False, log_steps=False)
     new.open(tmp_path, append=True, header={"model": "m"})  # not the lead yet: no files
-    new.end_epoch(0, 10, 0.1, 2, None, 0.5, {})
-    new.take_over(tmp_path)
-    for epoch in range(1, 4):  # its sums for epoch 2 complete after it took over
+    for epoch in range(3):  # epoch 3's line: done here, while the lost lead never wrote it
         new.end_epoch(epoch, 10 * (epoch + 1), 0.1, 2, None, 0.5, {})
+    new.take_over(tmp_path)
+    new.end_epoch(3, 40, 0.1, 2, None, 0.5, {})
     new.close()
     assert [e["epoch"] for e in _lines(tmp_path, "epoch")] == [1, 2, 3, 4]
     assert len(_lines(tmp_path, "header")) == 1

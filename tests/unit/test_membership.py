@@ -148,10 +148,19 @@ def test_only_server_0_drops_the_others_wait_for_its_word():
     assert server.comm.sent == []  # a follower tells nobody
 
 
-def test_a_worker_waiting_on_the_others_is_not_lost():
+def test_a_worker_waiting_on_the_others_is_not_lost_until_it_sends_something_else():
     server = _server()
     server.clocks.idle.add(1)
+    server.silence.waiting_for_others.add(1)  # its IDLE (server.py)
     assert Membership(0, recovery=True).check(server, _silent(server, 1)) == 0
+    # The lead waits at the end, then evaluates (QUIET) and dies there: the IDLE no longer
+    # covers it, and QUIET covers it only up to --timeout-s (3 s here).
+    now = time.perf_counter()
+    server.silence.heard(1, pushed=False, now=now - 10)
+    server.silence.quiet.add(1)
+    server.silence.paces = [[], [], []]  # under recovery
+    server.silence._checked = 0.0
+    assert Membership(0, recovery=True).check(server, now) == 1
 
 
 def test_the_launcher_is_left_alone_without_recovery_or_failure(monkeypatch):
