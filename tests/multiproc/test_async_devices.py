@@ -36,7 +36,11 @@ def test_staged_copies_end_where_the_direct_path_ends(tmp_path, shared):
     assert "device_copy_bytes" not in records(direct, "epoch")[-1]
 
 
-@pytest.mark.parametrize("mode", [["--bsp"], ["--staleness", "inf"]], ids=["bsp", "async"])
+# Fully async, every step waits 2 ms on average: the job's batches go to whoever asks, and once
+# worker 0 trained 87 of the 88 before worker 1's first push came (on a busy machine), so an
+# overflow due at worker 1's 6th step never happened.
+@pytest.mark.parametrize("mode", [["--bsp"], ["--staleness", "inf", "--straggler", "exp:2ms"]],
+                         ids=["bsp", "async"])
 def test_an_fp16_step_that_overflows_on_one_worker_is_not_pushed(tmp_path, mode):
     flags = [f for f in FLAGS if f != "--bsp"]
     proc = run(mpirun(3, *hvdtrain("train", *flags, *mode, "--precision", "fp16",
