@@ -20,7 +20,9 @@ def _train(run_dir, *args, np=2):
 
 
 def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
-    out, epochs = _train(tmp_path / "slow", "--straggler", "3x", "--epochs", "3")
+    # 5x: in two full-suite runs on one machine rank 0's own compute per step was 1.6x rank
+    # 1's unslowed one (0.8 against 0.49 ms), which brought a 3x straggler to 1.7-1.8x of it.
+    out, epochs = _train(tmp_path / "slow", "--straggler", "5x", "--epochs", "3")
     warnings = WARNING.findall(out)
     # One warning per epoch, from rank 1 itself: its own host and PID, no message gathered.
     assert [(rank, worker, epoch) for rank, worker, _, _, epoch in warnings] == \
@@ -30,10 +32,10 @@ def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
     for epoch in epochs:
         times = epoch["step_times"]
         assert times["steps"] == [epoch["step"] // epoch["epoch"]] * 2
-        # the straggler computes about 3x as long and waits least; worker 0 waits for it
+        # the straggler computes about 5x as long and waits least; worker 0 waits for it
         assert times["compute_p50"][1] > 2 * times["compute_p50"][0], times
         assert times["wait_p50"][0] > times["wait_p50"][1], times
-        assert 2 < epoch["slow_workers"]["1"] < 5 and "0" not in epoch["slow_workers"]
+        assert 2 < epoch["slow_workers"]["1"] < 8 and "0" not in epoch["slow_workers"]
 
 
 def test_no_false_alarm_without_a_straggler(tmp_path):
@@ -41,7 +43,7 @@ def test_no_false_alarm_without_a_straggler(tmp_path):
     # scheduler. But two ranks on this 2-core machine share it with pytest and the launcher,
     # and a rank that loses its core for most of a 0.2 s epoch computes 1.5x as long (CI saw
     # it): that is a real, if short, slow rank, so the factor here is 2 (the straggler above
-    # is 3x, and the straggler test shows the check names it).
+    # is 5x, and the straggler test shows the check names it).
     out, epochs = _train(tmp_path / "even", "--epochs", "3", "--batch-size", "8",
                          "--slow-rank-factor", "2")
     assert "slow rank" not in out, out
