@@ -29,7 +29,7 @@ from .dispatch import NO_SLOT, BatchDispatcher, SlotPlan, SlotQueue
 from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
                        Tag, chunk_bounds, chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
-from .survivors import Survivors, broadcast_surviving, wait_surviving
+from .survivors import Survivors, broadcast_surviving, on_current, wait_surviving
 from .waiting import wait_any
 
 
@@ -510,14 +510,8 @@ class ParameterServerClient(UpdateScheme):
         survivors' one when a worker is lost meanwhile."""
         mine = np.array([value], dtype=np.int64)
         result = np.zeros(1, dtype=np.int64)
-        posted = {"comm": None, "request": None}
-
-        def request():
-            if posted["comm"] is not self.stop_comm:
-                posted["comm"] = self.stop_comm
-                posted["request"] = self.stop_comm.Iallreduce(mine, result, op=op)
-            return posted["request"]
-
+        request = on_current(lambda: self.stop_comm,
+                             lambda comm: comm.Iallreduce(mine, result, op=op))
         wait_surviving(request, self._regroup, self.cfg.ps.timeout_s,
                        lambda: f"worker {self.worker_rank}: not every worker reached {what}")
         return int(result[0])

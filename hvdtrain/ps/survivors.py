@@ -81,6 +81,20 @@ def wait_surviving(request: Callable[[], object], regroup: Callable[[], bool], t
                              "has stopped or hangs. Raise --timeout-s if it may pause this long.")
 
 
+def on_current(comm: Callable[[], Any], post: Callable[[Any], Any]) -> Callable[[], Any]:
+    """A request for wait_surviving: ``post(c)`` on the current communicator ``c = comm()``,
+    posted again whenever a regroup replaced it (the request on the old one is left behind)."""
+    posted = {"comm": None, "request": None}
+
+    def request():
+        current = comm()
+        if posted["comm"] is not current:
+            posted["comm"], posted["request"] = current, post(current)
+        return posted["request"]
+
+    return request
+
+
 BROADCAST_BYTES = 1 << 20  # the largest pickled object broadcast_surviving carries
 
 
@@ -93,22 +107,17 @@ def broadcast_surviving(obj: Any, comm: Callable[[], Any], regroup: Callable[[],
     small records a run broadcasts (--early-stop-patience's after each evaluation, the lead's
     decisions at the start): up to BROADCAST_BYTES pickled."""
     buffer = np.zeros(8 + BROADCAST_BYTES, dtype=np.uint8)
-    posted = {"comm": None, "request": None}
 
-    def request():
-        current = comm()
-        if posted["comm"] is not current:
-            posted["comm"] = current
-            if current.Get_rank() == 0:
-                data = pickle.dumps(obj)
-                if len(data) > BROADCAST_BYTES:
-                    raise ValueError(f"an object of {len(data)} bytes pickled is more than the "
-                                     f"{BROADCAST_BYTES} a broadcast among survivors carries")
-                buffer[:8] = np.frombuffer(np.int64(len(data)).tobytes(), dtype=np.uint8)
-                buffer[8:8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
-            posted["request"] = current.Ibcast(buffer, root=0)
-        return posted["request"]
+    def post(current):
+        if current.Get_rank() == 0:
+            data = pickle.dumps(obj)
+            if len(data) > BROADCAST_BYTES:
+                raise ValueError(f"an object of {len(data)} bytes pickled is more than the "
+                                 f"{BROADCAST_BYTES} a broadcast among survivors carries")
+            buffer[:8] = np.frombuffer(np.int64(len(data)).tobytes(), dtype=np.uint8)
+            buffer[8:8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        return current.Ibcast(buffer, root=0)
 
-    wait_surviving(request, regroup, timeout_s, explain)
+    wait_surviving(on_current(comm, post), regroup, timeout_s, explain)
     size = int(buffer[:8].view(np.int64)[0])
     return pickle.loads(buffer[8:8 + size].tobytes())
