@@ -158,7 +158,7 @@ class Membership:
     def receive(self, server, status) -> None:
         """Receive the next request header from any worker into ``server.header`` (with
         --max-restarts, from a replacement's link too: routes.py), or raise StuckError."""
-        routed = hasattr(server.comm, "post_requests")
+        routed = self._routed(server)
         requests = self._post_requests(server)
         try:
             index = self.wait(server, requests, status)
@@ -196,17 +196,23 @@ class Membership:
                     raise
 
     @staticmethod
-    def _post_requests(server) -> list:
+    def _routed(server) -> bool:
+        """Whether requests arrive over routes.py's links (--max-restarts), one per worker,
+        rather than from any rank of one communicator."""
+        return hasattr(server.comm, "post_requests")
+
+    @classmethod
+    def _post_requests(cls, server) -> list:
         """The receives of the next request header: one from any rank, or with routes.py one
         per link."""
-        if hasattr(server.comm, "post_requests"):
+        if cls._routed(server):
             return server.comm.post_requests(server.header, Tag.REQUEST)
         return [server.comm.Irecv(server.header, source=server.MPI.ANY_SOURCE, tag=Tag.REQUEST)]
 
     @classmethod
     def _requests_after_join(cls, server, requests: list) -> list:
         """A replacement that joined meanwhile has a link of its own to listen on."""
-        return cls._post_requests(server) if hasattr(server.comm, "post_requests") else requests
+        return cls._post_requests(server) if cls._routed(server) else requests
 
     @property
     def starting(self) -> bool:
