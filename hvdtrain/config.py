@@ -457,7 +457,8 @@ class RunConfig:
                           "optimizer state stay float32", choices=("32", "bf16", "fp16"))
     compile: bool = _opt(False, "compile the model (each pipeline stage) with torch.compile; "
                          "the first steps take longer while it compiles")
-    threads: int = _opt(0, "torch intra-op threads per process (0: cores / processes per host)")
+    threads: int = _opt(0, "torch intra-op threads per process (0: cores / processes per host, "
+                           "and ranks that no launcher bound get a share of the cores each)")
     deterministic: bool = _opt(False, "use deterministic torch kernels (for exact resume on GPU)")
     straggler: str = _opt("", "slow workers down, to study stragglers: 3x (the last worker's "
                           "steps take 3 times as long) or 50ms (it waits 50 ms per step); "

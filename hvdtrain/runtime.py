@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ConfigError, RunConfig, SyncConfig
+from .core_binding import bind_to_share
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,10 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
                           f"{started}: launch with horovodrun -np N --gloo --min-np/--max-np "
                           "--host-discovery-script, or drop --elastic")
     os.environ.update(horovod_environment(sync))
-    if not run.threads:
+    if not run.threads:  # --threads N: the user places the process
         release_default_binding(local_size_hint())
+        if not sync.elastic:  # an elastic reset renumbers the local ranks the shares follow
+            bind_to_share(local_size_hint())
     import horovod.torch as hvd
 
     hvd.init()

@@ -10,10 +10,13 @@ epoch or step: lines stay in order, and their wall_seconds say when worker 0 got
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+import torch
 
 from ..config import Config
 from ..run_output import ProgressBar, cut_partial_line, package_versions
@@ -383,9 +386,11 @@ def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_
     second or two, which other lazy first uses (an fp16 step) also load. So every process
     builds the header (the main process writes it), before the scheme's collective start: no
     worker starts training while another still loads, which in async would hand a short run's
-    batches to the one that started first."""
+    batches to the one that started first. ``cores`` and ``threads`` are the writing process's
+    CPU placement (runtime.py, core_binding.py)."""
     return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
+                cores=sorted(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
                 dataset=workload.describe(), model=workload.name,
                 num_parameters=count_parameters(replica.model), steps_per_epoch=steps_per_epoch,
                 resumed_from_epoch=progress.epoch, resumed_from_step=progress.step,

@@ -6,9 +6,12 @@ import horovod.torch as hvd
 from common import make_data, make_model, make_step, parse_args, report, timed_loop
 
 args = parse_args()
-if args.threads < 0:  # "same settings": hvdtrain's rule, Open MPI's unasked binding released too
+if args.threads < 0:  # "same settings": hvdtrain's rule, Open MPI's unasked binding released and
+    # unbound ranks given a share of the cores each, as hvdtrain does
+    from hvdtrain.core_binding import bind_to_share
     from hvdtrain.runtime import local_size_hint, release_default_binding
     release_default_binding(local_size_hint())
+    bind_to_share(local_size_hint())
 hvd.init()                                                      # Horovod: start
 if args.threads < 0:  # ... and cores per process on this host
     from hvdtrain.runtime import default_threads

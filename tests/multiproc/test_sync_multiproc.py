@@ -1,11 +1,13 @@
 """Tiers 2 and 3: real mpirun / horovodrun jobs of sync training, each with a timeout."""
 
+import os
 import sys
 
 import pytest
 import torch
 
 from hvdtrain import checkpoint
+from hvdtrain.core_binding import share_of_cores
 from hvdtrain.run_output import read_jsonl
 from launch import BIN, REPO, final_model, horovodrun, hvdtrain, mpirun, records, run
 
@@ -102,6 +104,14 @@ def test_digits_reaches_95_percent_under_horovodrun(tmp_path):
     assert epochs[-1]["test_acc"] >= 0.95, epochs[-1]
     assert "done: test accuracy" in proc.stdout
     assert "ms/step - loss:" in proc.stderr  # the progress bar ran on rank 0
+    # horovodrun binds nothing, so each rank takes its share of the physical cores
+    # (core_binding.py), unless this test itself runs on fewer cores than the machine has.
+    cpus = sorted(os.sched_getaffinity(0))
+    share = share_of_cores(0, 2, cpus) if len(cpus) == os.cpu_count() else []
+    header = records(tmp_path, "header")[0]
+    assert header["cores"] == (share or cpus), header["cores"]
+    if share:
+        assert header["threads"] == len(share)
 
 
 def test_resumed_run_ends_with_the_same_weights(tmp_path):
