@@ -35,12 +35,12 @@ def launcher_placed_ranks() -> bool:
             or "OMPI_MCA_hwloc_base_binding_policy" in os.environ)
 
 
-def physical_cores(cpus: list[int], sysfs: Path = SYSFS_CPUS) -> list[list[int]]:
+def physical_cores(cpus: list[int], sysfs: Path | None = None) -> list[list[int]]:
     """The logical CPUs grouped by physical core, in (package, core) order. A CPU whose topology
     cannot be read counts as a core of its own."""
     cores: dict[tuple[int, int], list[int]] = {}
     for cpu in sorted(cpus):
-        topology = sysfs / f"cpu{cpu}" / "topology"
+        topology = (sysfs or SYSFS_CPUS) / f"cpu{cpu}" / "topology"
         try:
             key = (int((topology / "physical_package_id").read_text()),
                    int((topology / "core_id").read_text()))
@@ -51,7 +51,7 @@ def physical_cores(cpus: list[int], sysfs: Path = SYSFS_CPUS) -> list[list[int]]
 
 
 def share_of_cores(local_rank: int, local_size: int, cpus: list[int],
-                   sysfs: Path = SYSFS_CPUS) -> list[int]:
+                   sysfs: Path | None = None) -> list[int]:
     """Local rank ``local_rank``'s slice of the physical cores among ``local_size`` ranks: an
     equal number of whole cores each, the first ranks on the first cores. Empty when there are
     fewer cores than ranks (binding would only stack ranks on each other)."""
