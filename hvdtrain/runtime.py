@@ -73,9 +73,10 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
                           "--host-discovery-script, or drop --elastic")
     os.environ.update(horovod_environment(sync))
     if not run.threads:  # --threads N: the user places the process
-        release_default_binding(local_size_hint())
+        on_host = local_size_hint()
+        release_default_binding(on_host)
         if not sync.elastic:  # an elastic reset renumbers the local ranks the shares follow
-            bind_to_share(local_size_hint())
+            bind_to_share(on_host)
     import horovod.torch as hvd
 
     hvd.init()
