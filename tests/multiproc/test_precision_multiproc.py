@@ -99,9 +99,12 @@ def initial_model(flags):
 
 
 def test_the_issues_command_runs_async_bf16_with_clipping(tmp_path):
+    # --batch-size 16: twice the steps of the default 32, so that worker 0 trains in most epochs.
+    # With 22 steps an epoch, a clean-clone run saw worker 1 take every batch of epochs 2-6
+    # while worker 0 evaluated, which left one epoch with clipping figures.
     proc = run(mpirun(3, *hvdtrain("train", "--mode", "async", "--precision", "bf16",
-                                   "--clip-grad-norm", "1", "--epochs", "6", "--no-progress",
-                                   "--run-dir", str(tmp_path))))
+                                   "--clip-grad-norm", "1", "--epochs", "6", "--batch-size", "16",
+                                   "--no-progress", "--run-dir", str(tmp_path))))
     assert "done: test accuracy" in proc.stdout
     epochs = records(tmp_path, "epoch")
     assert len(epochs) == 6 and epochs[-1]["test_acc"] >= 0.9, epochs[-1]
