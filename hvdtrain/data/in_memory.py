@@ -39,8 +39,8 @@ class InMemoryBatches(BatchSource):
                 if shares is None else
                 share_batches(self.num_samples, batch_size, worker, shares, epoch, seed))
         index = torch.from_numpy(rows[first_step:steps]).to(self.device)  # one copy per epoch
-        for idx in index:
-            yield self.x[idx], self.y[idx]
+        for idx in index.unbind(0):
+            yield self._rows(idx)
 
     @property
     def takes_shares(self) -> bool:
@@ -50,8 +50,13 @@ class InMemoryBatches(BatchSource):
                      batch_size: int, seed: int) -> Iterator[Batch]:
         rows = PartRows(self.num_samples, batch_size, num_parts, seed)
         for epoch, step, part in parts:
-            idx = torch.tensor(rows.of(epoch, step, part), device=self.device)
-            yield self.x[idx], self.y[idx]
+            yield self._rows(torch.tensor(rows.of(epoch, step, part), device=self.device))
+
+    def _rows(self, idx: torch.Tensor) -> Batch:
+        # index_select, not x[idx]: the same rows without advanced indexing's Python-side
+        # parsing; half the lookup's CPU time (3.5 against 6.6 us for x and y on CPU tensors).
+        # On a GPU a small step is bound by the CPU's launch work, so this is step time there.
+        return self.x.index_select(0, idx), self.y.index_select(0, idx)
 
     def eval_batches(self, part: int, parts: int, batch_size: int) -> Iterator[Batch]:
         shard = eval_shard(self.num_samples, part, parts)

@@ -111,3 +111,27 @@ def test_flops_note_averages_the_timed_epochs_and_is_empty_without_tflops():
     no_peak = [{"type": "epoch", "tflops": 5.0}, {"type": "epoch", "tflops": 5.0}]
     assert bench.flops_note(no_peak) == " (5 TFLOP/s)"
     assert bench.flops_note([{"type": "epoch"}, {"type": "epoch"}]) == ""
+
+
+def test_no_async_skips_the_async_runs_and_says_so(monkeypatch):
+    sys.path.insert(0, str(REPO / "scripts"))
+    bench = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu")
+    launched = []
+    monkeypatch.setattr(bench, "pinned_bandwidth", lambda mib, repeats: (1e10, 1e10))
+    monkeypatch.setattr(bench, "hand_loop", lambda workers, args: 200.0)
+
+    def train(mode, device, workers, args, extra=()):
+        launched.append((mode, device, *extra))
+        return [{"type": "epoch", "samples_per_sec": 100.0}] * 3
+
+    monkeypatch.setattr(bench, "train", train)
+    results: dict = {}
+    bench.run_round(1, bench.parse_args(["--no-cpu", "--no-async"]), results)
+    assert launched == [("sync", "cuda"), ("sync", "cuda", "--precision", "bf16"),
+                        ("sync", "cuda", "--compile")]
+    rows = {row[0]: row for row in bench.variant_rows(results)}
+    assert rows["async / hand loop"][1:] == ["not run", "-"]
+    assert rows["sync / hand loop"][2] == "0.50"
+    launched.clear()
+    bench.run_round(1, bench.parse_args(["--no-cpu"]), {})
+    assert ("async", "cuda") in launched and ("async", "cpu") not in launched
