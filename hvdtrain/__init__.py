@@ -6,9 +6,19 @@ for PyTorch, driven by one trainer loop.
 See hvdtrain.api.fit for the arguments, and ``hvdtrain train --help`` for the options.
 """
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-from .api import FitResult, fit  # noqa: E402
 from .config import Config, ConfigError  # noqa: E402
 
 __all__ = ["Config", "ConfigError", "FitResult", "fit", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # fit and FitResult import torch: only when asked for, so that the command line
+    # (hvdtrain.cli) can place the process on its cores before torch loads OpenMP
+    if name in ("fit", "FitResult"):
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from . import __version__
 from .config import Config, ConfigError
-from .data import DataError
+from .core_binding import local_size_hint, release_default_binding
 from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED
 from .train_flags import config_from_args, train_parser
 
@@ -66,6 +66,8 @@ def fail(message: str, code: int, user_traceback: str | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports torch: OpenMP counts its cores when torch loads it (core_binding)
+    release_default_binding(local_size_hint())
     args = build_parser().parse_args(argv)  # argparse exits with 2 on an unknown flag
     if args.command == "run":
         from .requeue import main as run_launcher
@@ -76,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return compare(args)
         except ConfigError as e:
             return fail(str(e), EXIT_BAD_INPUT)
+    from .data import DataError
     from .workload import workload_from_config
 
     try:

@@ -35,6 +35,37 @@ def launcher_placed_ranks() -> bool:
             or "OMPI_MCA_hwloc_base_binding_policy" in os.environ)
 
 
+def local_size_hint() -> int:
+    """The processes on this host as the launcher tells it, before hvd.init(); 1 if unknown."""
+    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
+        if os.environ.get(name, "").isdigit():
+            return max(1, int(os.environ[name]))
+    return 1
+
+
+def release_default_binding(local_size: int) -> None:
+    """Undo a core binding that Open MPI chose by itself, when it leaves this process fewer cores
+    than its share. mpirun binds each rank to one core when it starts 2 ranks or fewer, unasked:
+    at -np 1 on 2 cores that left hvdtrain one torch thread against DDP's two (torchrun binds
+    nothing), 0.68 of DDP's samples/s in scripts/bench_sync.py. A binding the user asked for
+    (--bind-to, which Open MPI passes on as OMPI_MCA_hwloc_base_binding_policy) stays.
+
+    Call it before torch is imported: OpenMP (libgomp) counts the cores it may use once, when
+    torch loads it, and where it runs more threads than it counted its idle threads sleep
+    instead of spinning. Released after the import, mpirun -np 1 on 2 cores left a fifth of the
+    cores idle and trained 0.8 as fast (docs/benchmarks.md). cli.main calls it first thing."""
+    if os.environ.get("OMPI_MCA_orte_bound_at_launch") != "1" or \
+            "OMPI_MCA_hwloc_base_binding_policy" in os.environ:
+        return
+    total = os.cpu_count() or 1
+    if len(os.sched_getaffinity(0)) >= max(1, total // local_size):
+        return
+    try:
+        os.sched_setaffinity(0, range(total))
+    except OSError:  # a cpuset narrower than cpu_count(): keep what the launcher gave
+        pass
+
+
 def physical_cores(cpus: list[int], sysfs: Path | None = None) -> list[list[int]]:
     """The logical CPUs grouped by physical core, in (package, core) order. A CPU whose topology
     cannot be read counts as a core of its own."""

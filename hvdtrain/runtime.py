@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import ConfigError, RunConfig, SyncConfig
-from .core_binding import bind_to_share
+from .core_binding import bind_to_share, local_size_hint, release_default_binding
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,13 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
                           f"{started}: launch with horovodrun -np N --gloo --min-np/--max-np "
                           "--host-discovery-script, or drop --elastic")
     os.environ.update(horovod_environment(sync))
-    if not run.threads:  # --threads N: the user places the process
-        on_host = local_size_hint()
-        release_default_binding(on_host)
-        if not sync.elastic:  # an elastic reset renumbers the local ranks the shares follow
-            bind_to_share(on_host)
+    on_host = local_size_hint()
+    # Done already where the command line started this process (cli.main); here for fit().
+    release_default_binding(on_host)
+    # --threads N: the user places the process; an elastic reset renumbers the local ranks that
+    # the shares follow
+    if not run.threads and not sync.elastic:
+        bind_to_share(on_host)
     import horovod.torch as hvd
 
     hvd.init()
@@ -138,33 +140,6 @@ def configure_torch(run: RunConfig, processes_on_host: int) -> None:
     torch.set_num_threads(run.threads or default_threads(processes_on_host))
     if run.deterministic:
         torch.use_deterministic_algorithms(True)
-
-
-def local_size_hint() -> int:
-    """The processes on this host as the launcher tells it, before hvd.init(); 1 if unknown."""
-    for name in ("OMPI_COMM_WORLD_LOCAL_SIZE", "HOROVOD_LOCAL_SIZE", "MPI_LOCALNRANKS"):
-        if os.environ.get(name, "").isdigit():
-            return max(1, int(os.environ[name]))
-    return 1
-
-
-def release_default_binding(local_size: int) -> None:
-    """Undo a core binding that Open MPI chose by itself, when it leaves this process fewer cores
-    than its share. mpirun binds each rank to one core when it starts 2 ranks or fewer, unasked:
-    at -np 1 on 2 cores that left hvdtrain one torch thread against DDP's two (torchrun binds
-    nothing), 0.68 of DDP's samples/s in scripts/bench_sync.py. A binding the user asked for
-    (--bind-to, which Open MPI passes on as OMPI_MCA_hwloc_base_binding_policy) stays. Runs
-    before hvd.init() and torch's thread pool, whose threads inherit this thread's cores."""
-    if os.environ.get("OMPI_MCA_orte_bound_at_launch") != "1" or \
-            "OMPI_MCA_hwloc_base_binding_policy" in os.environ:
-        return
-    total = os.cpu_count() or 1
-    if len(os.sched_getaffinity(0)) >= max(1, total // local_size):
-        return
-    try:
-        os.sched_setaffinity(0, range(total))
-    except OSError:  # a cpuset narrower than cpu_count(): keep what the launcher gave
-        pass
 
 
 def default_threads(local_size: int) -> int:

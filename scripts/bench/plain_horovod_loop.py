@@ -8,8 +8,7 @@ from common import make_data, make_model, make_step, parse_args, report, timed_l
 args = parse_args()
 if args.threads < 0:  # "same settings": hvdtrain's rule, Open MPI's unasked binding released and
     # unbound ranks given a share of the cores each, as hvdtrain does
-    from hvdtrain.core_binding import bind_to_share
-    from hvdtrain.runtime import local_size_hint, release_default_binding
+    from hvdtrain.core_binding import bind_to_share, local_size_hint, release_default_binding
     release_default_binding(local_size_hint())
     bind_to_share(local_size_hint())
 hvd.init()                                                      # Horovod: start
