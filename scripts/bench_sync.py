@@ -14,6 +14,8 @@ All figures come from one run of this script and are reported as ratios:
           interleaved rounds (the order alternates from round to round); ratio of the medians
 
 The model is a synthetic-data MLP 1024-1024-1024-10 (~2.1M parameters), batch 64 per process.
+A goal launch that fails is printed with its output and its round left out of the medians (the
+table says how many rounds ran); the script then exits 1 after the tables.
 
     python scripts/bench_sync.py [--launcher mpi|gloo] [--rounds 3] [--hvdtrain-flags "..."]
                                  [--sections goal,floor,compile]
@@ -138,8 +140,11 @@ def main() -> None:
     for round_ in range(args.rounds):
         for np in nps:
             for name, measure in contenders.items():
-                rate = measure(np, args)
-                samples.setdefault((name, np), []).append(rate)
+                rate = attempt(measure, np, args)
+                samples.setdefault((name, np), [])
+                if rate is None:
+                    continue
+                samples[(name, np)].append(rate)
                 print(f"round {round_ + 1}/{args.rounds} np={np} {name:<30} {rate:10.0f} samples/s",
                       flush=True)
             if "compile" in sections:
@@ -158,8 +163,8 @@ def main() -> None:
         ab[np] = measure_ab(np, args)
         print(f"A/B np={np}: hvdtrain / plain with the same settings, per block: "
               + ", ".join(f"{r:.3f}" for r in ab[np]), flush=True)
-    median = {key: statistics.median(v) for key, v in samples.items()}
-    spread = {key: (min(v), max(v)) for key, v in samples.items()}
+    median = {key: statistics.median(v) for key, v in samples.items() if v}
+    spread = {key: (min(v), max(v)) for key, v in samples.items() if v}
 
     print(f"\nlauncher: {args.launcher}; model: MLP {MODEL['features']}-{MODEL['hidden']}-"
           f"{MODEL['classes']} (~2.1M params); batch {args.batch_size} per process; "
@@ -172,10 +177,9 @@ def main() -> None:
         print("|---" * (len(nps) + 1 + both) + "|")
         for name in contenders:
             row = f"| {name} | " + " | ".join(
-                f"{median[(name, n)]:,.0f} "
-                f"({spread[(name, n)][0]:,.0f}-{spread[(name, n)][1]:,.0f})" for n in nps)
+                rate_cell(samples[(name, n)], args.rounds) for n in nps)
             if both:
-                row += f" | {median[(name, 2)] / (2 * median[(name, 1)]):.2f}"
+                row += f" | {ratio(median, (name, 2), (name, 1), 2)}"
             print(row + " |")
     if contenders or ab:
         print("\n| ratio | " + " | ".join(f"np={n}" for n in nps) + " |")
@@ -185,9 +189,39 @@ def main() -> None:
               + " | ".join(f"{statistics.median(ab[n]):.3f}" for n in nps) + " |")
     for name in list(contenders)[1:]:
         print(f"| goal: hvdtrain / {name} (separate launches, medians) | " +
-              " | ".join(f"{median[('hvdtrain', n)] / median[(name, n)]:.3f}" for n in nps) + " |")
+              " | ".join(ratio(median, ("hvdtrain", n), (name, n)) for n in nps) + " |")
     if compiled:
         print_compile_table(compiled, nps, args.steps)
+    failed = sum(args.rounds - len(rates) for rates in samples.values())
+    if failed:
+        raise SystemExit(f"{failed} launch(es) failed (output above); the tables leave their "
+                         "rounds out")
+
+
+def attempt(measure, np: int, args: argparse.Namespace) -> float | None:
+    """The measurement, or None after saying why it failed: a launch that crashes (torch's Gloo
+    aborted one DDP job in stop 39) loses its round, not the rounds measured before it."""
+    try:
+        return measure(np, args)
+    except SystemExit as e:
+        print(f"np={np}: a launch failed; its round is left out of the medians:\n{e}", flush=True)
+        return None
+
+
+def rate_cell(rates: list[float], rounds: int) -> str:
+    """"median (min-max)" of the rounds that ran, saying how many did where some failed."""
+    if not rates:
+        return "failed"
+    cell = f"{statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f})"
+    return cell if len(rates) == rounds else f"{cell}, {len(rates)} of {rounds} rounds"
+
+
+def ratio(median: dict, top: tuple[str, int], bottom: tuple[str, int], times: int = 1) -> str:
+    """median[top] / (times x median[bottom]), or "-" where either never ran."""
+    if top not in median or bottom not in median:
+        return "-"
+    value = median[top] / (times * median[bottom])
+    return f"{value:.2f}" if times != 1 else f"{value:.3f}"
 
 
 def print_compile_table(compiled: dict[tuple[str, int], list[float]], nps: list[int],

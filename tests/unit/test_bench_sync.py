@@ -1,0 +1,38 @@
+"""scripts/bench_sync.py keeps the rounds it measured when one launch crashes (torch's Gloo
+aborted a DDP job in one of stop 39's rounds, and the whole table was lost)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_bench():
+    sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("bench_sync", REPO / "scripts" / "bench_sync.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_failed_launch_loses_its_round_only(capsys):
+    bench = load_bench()
+
+    def crashes(np, args):
+        raise SystemExit("failed (-6): torchrun ... terminate called without an active exception")
+
+    assert bench.attempt(crashes, 2, None) is None
+    assert "terminate called" in capsys.readouterr().out
+    assert bench.attempt(lambda np, args: 6000.0 + np, 2, None) == 6002.0
+
+
+def test_cells_and_ratios_say_how_many_rounds_ran():
+    bench = load_bench()
+    assert bench.rate_cell([6000.0, 7000.0, 6500.0], 3) == "6,500 (6,000-7,000)"
+    assert bench.rate_cell([6000.0, 7000.0], 3) == "6,500 (6,000-7,000), 2 of 3 rounds"
+    assert bench.rate_cell([], 3) == "failed"
+    median = {("hvdtrain", 2): 6000.0, ("DDP", 2): 5000.0, ("hvdtrain", 1): 4000.0}
+    assert bench.ratio(median, ("hvdtrain", 2), ("DDP", 2)) == "1.200"
+    assert bench.ratio(median, ("hvdtrain", 2), ("hvdtrain", 1), 2) == "0.75"
+    assert bench.ratio(median, ("hvdtrain", 1), ("DDP", 1)) == "-"
