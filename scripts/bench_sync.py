@@ -27,6 +27,7 @@ import argparse
 import json
 import shlex
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -164,7 +165,6 @@ def main() -> None:
         print(f"A/B np={np}: hvdtrain / plain with the same settings, per block: "
               + ", ".join(f"{r:.3f}" for r in ab[np]), flush=True)
     median = {key: statistics.median(v) for key, v in samples.items() if v}
-    spread = {key: (min(v), max(v)) for key, v in samples.items() if v}
 
     print(f"\nlauncher: {args.launcher}; model: MLP {MODEL['features']}-{MODEL['hidden']}-"
           f"{MODEL['classes']} (~2.1M params); batch {args.batch_size} per process; "
@@ -203,7 +203,7 @@ def attempt(measure, np: int, args: argparse.Namespace) -> float | None:
     aborted one DDP job in stop 39) loses its round, not the rounds measured before it."""
     try:
         return measure(np, args)
-    except SystemExit as e:
+    except (SystemExit, subprocess.TimeoutExpired) as e:  # launching.run: failed, timed out
         print(f"np={np}: a launch failed; its round is left out of the medians:\n{e}", flush=True)
         return None
 

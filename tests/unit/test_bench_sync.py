@@ -26,6 +26,11 @@ def test_a_failed_launch_loses_its_round_only(capsys):
     assert "terminate called" in capsys.readouterr().out
     assert bench.attempt(lambda np, args: 6000.0 + np, 2, None) == 6002.0
 
+    def hangs(np, args):
+        raise bench.subprocess.TimeoutExpired(["torchrun"], 600)
+
+    assert bench.attempt(hangs, 2, None) is None
+
 
 def test_cells_and_ratios_say_how_many_rounds_ran():
     bench = load_bench()
