@@ -22,7 +22,12 @@ def _train(run_dir, *args, np=2):
 def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
     # 5x: in two full-suite runs on one machine rank 0's own compute per step was 1.6x rank
     # 1's unslowed one (0.8 against 0.49 ms), which brought a 3x straggler to 1.7-1.8x of it.
-    out, epochs = _train(tmp_path / "slow", "--straggler", "5x", "--epochs", "3")
+    # --hidden 1024,1024: a 3.5 ms step, so that the straggler sleeps ~14 ms and worker 0
+    # waits 13-15 ms for it here (the straggler ~2 ms). With the default model (0.5 ms a step)
+    # a loaded full-suite run saw every allreduce take ~20 ms on both ranks, and the 2.4 ms
+    # sleep was lost in that (worker 0 waited 19.3 ms, the straggler 21.2).
+    out, epochs = _train(tmp_path / "slow", "--straggler", "5x", "--epochs", "3",
+                         "--hidden", "1024,1024")
     warnings = WARNING.findall(out)
     # One warning per epoch, from rank 1 itself: its own host and PID, no message gathered.
     assert [(rank, worker, epoch) for rank, worker, _, _, epoch in warnings] == \
