@@ -179,7 +179,7 @@ def main() -> None:
             row = f"| {name} | " + " | ".join(
                 rate_cell(samples[(name, n)], args.rounds) for n in nps)
             if both:
-                row += f" | {ratio(median, (name, 2), (name, 1), 2)}"
+                row += f" | {ratio(median, (name, 2), (name, 1), times=2, digits=2)}"
             print(row + " |")
     if contenders or ab:
         print("\n| ratio | " + " | ".join(f"np={n}" for n in nps) + " |")
@@ -216,12 +216,13 @@ def rate_cell(rates: list[float], rounds: int) -> str:
     return cell if len(rates) == rounds else f"{cell}, {len(rates)} of {rounds} rounds"
 
 
-def ratio(median: dict, top: tuple[str, int], bottom: tuple[str, int], times: int = 1) -> str:
-    """median[top] / (times x median[bottom]), or "-" where either never ran."""
+def ratio(median: dict, top: tuple[str, int], bottom: tuple[str, int], times: int = 1,
+          digits: int = 3) -> str:
+    """median[top] / (times x median[bottom]) to ``digits`` decimals, or "-" where either never
+    ran."""
     if top not in median or bottom not in median:
         return "-"
-    value = median[top] / (times * median[bottom])
-    return f"{value:.2f}" if times != 1 else f"{value:.3f}"
+    return f"{median[top] / (times * median[bottom]):.{digits}f}"
 
 
 def print_compile_table(compiled: dict[tuple[str, int], list[float]], nps: list[int],

@@ -39,5 +39,5 @@ def test_cells_and_ratios_say_how_many_rounds_ran():
     assert bench.rate_cell([], 3) == "failed"
     median = {("hvdtrain", 2): 6000.0, ("DDP", 2): 5000.0, ("hvdtrain", 1): 4000.0}
     assert bench.ratio(median, ("hvdtrain", 2), ("DDP", 2)) == "1.200"
-    assert bench.ratio(median, ("hvdtrain", 2), ("hvdtrain", 1), 2) == "0.75"
+    assert bench.ratio(median, ("hvdtrain", 2), ("hvdtrain", 1), times=2, digits=2) == "0.75"
     assert bench.ratio(median, ("hvdtrain", 1), ("DDP", 1)) == "-"
