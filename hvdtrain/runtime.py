@@ -23,6 +23,8 @@ class Runtime:
     local_size: int
     device: torch.device
     launcher: str  # "horovodrun --gloo", "mpirun" or "none": shown in logs
+    # Horovod starts each collective as soon as it is enqueued (horovod_wakes_on_enqueue)
+    horovod_wakes: bool = False
 
     @property
     def is_main_process(self) -> bool:
@@ -41,9 +43,27 @@ def detect_launcher() -> str:
     return "none"
 
 
-def horovod_environment(sync: SyncConfig) -> dict[str, str]:
-    """Horovod's tuning knobs as environment variables; Horovod reads them in hvd.init()."""
-    env = {"HOROVOD_CYCLE_TIME": f"{sync.cycle_time_ms:g}"}
+# --cycle-time-ms 0 (the default): with the wake, the cycle only paces Horovod's idle
+# negotiation, and 10 ms leaves the forward and backward passes their CPU; without it every
+# collective waits up to a cycle, and Horovod's own 1 ms stays (docs/benchmarks.md, "Stop 40").
+IDLE_CYCLE_MS_WITH_WAKE = 10.0
+HOROVOD_CYCLE_MS = 1.0
+
+
+def horovod_wakes_on_enqueue() -> bool:
+    """Whether the installed Horovod is hvdtrain's build, whose background thread starts a
+    collective as soon as it is enqueued when HVDTRAIN_WAKE_ON_ENQUEUE=1
+    (scripts/setup/horovod-0.28.1-wake-on-enqueue.patch). Loads Horovod without starting it."""
+    from horovod.torch.mpi_ops import _basics
+
+    return hasattr(_basics.MPI_LIB_CTYPES, "horovod_wakes_on_enqueue")
+
+
+def horovod_environment(sync: SyncConfig, wake: bool = False) -> dict[str, str]:
+    """Horovod's tuning knobs as environment variables; Horovod reads them in hvd.init().
+    ``wake``: turn on the wake on enqueue (CPU training with hvdtrain's Horovod build)."""
+    cycle = sync.cycle_time_ms or (IDLE_CYCLE_MS_WITH_WAKE if wake else HOROVOD_CYCLE_MS)
+    env = {"HOROVOD_CYCLE_TIME": f"{cycle:g}", "HVDTRAIN_WAKE_ON_ENQUEUE": "1" if wake else "0"}
     if not sync.elastic:
         # Measured with Horovod 0.28.1 and Gloo: with both HOROVOD_FUSION_THRESHOLD and
         # HOROVOD_CYCLE_TIME set, hvd.init() segfaults when elastic training re-initialises after
@@ -71,7 +91,6 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
         raise ConfigError(f"--elastic needs horovodrun's elastic mode, and this job was started "
                           f"{started}: launch with horovodrun -np N --gloo --min-np/--max-np "
                           "--host-discovery-script, or drop --elastic")
-    os.environ.update(horovod_environment(sync))
     on_host = local_size_hint()
     # Done already where the command line started this process (cli.main); here for fit().
     release_default_binding(on_host)
@@ -81,11 +100,23 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
         bind_to_share(on_host)
     import horovod.torch as hvd
 
+    # On GPUs the per-gradient allreduces keep Horovod's cadence, which fuses them; see sync.py.
+    # Not under --elastic: a job that took in a third worker hung after the reset with it on
+    # (tests/multiproc/test_elastic.py; not investigated further).
+    wake = trains_on_cpu(run.device) and not sync.elastic and horovod_wakes_on_enqueue()
+    os.environ.update(horovod_environment(sync, wake))
+    if wake:
+        # With the wake, a rank that waits for a slower one negotiates at once and stays in
+        # that collective until the slower rank's thread joins, up to a 10 ms cycle; under MPI
+        # (Open MPI polls) it would spin a second thread beside the main thread's wait and,
+        # where ranks share cores, slow the rank it waits for (a 5x straggler measured up to
+        # 10x). Polling that yields gives such a rank its core first. A value given is kept.
+        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     hvd.init()
     runtime = Runtime(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                       local_size=hvd.local_size(),
                       device=pick_device(run.device, hvd.local_rank()),
-                      launcher=detect_launcher())
+                      launcher=detect_launcher(), horovod_wakes=wake)
     configure_torch(run, runtime.local_size)
     return runtime
 
@@ -118,6 +149,12 @@ def start_mpi(run: RunConfig, is_server: Callable[[int, int], bool]) -> Runtime:
                       device=device, launcher=launcher)
     configure_torch(run, host_size)  # every process on the host shares its cores
     return runtime
+
+
+def trains_on_cpu(requested: str) -> bool:
+    """Whether --device ``requested`` trains on the CPU (pick_device's choice, known before
+    Horovod starts)."""
+    return requested == "cpu" or (requested == "auto" and not torch.cuda.is_available())
 
 
 def pick_device(requested: str, local_rank: int) -> torch.device:

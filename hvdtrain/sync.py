@@ -81,11 +81,15 @@ class HorovodSync(UpdateScheme):
         op = hvd.Adasum if self.cfg.sync.reduce_op == "adasum" else hvd.Average
         optimizer = build_optimizer(replica.parameters(), self.cfg.optim)
         # Horovod: allreduce each gradient as soon as backward produces it, overlapping
-        # communication with the rest of the backward pass.
+        # communication with the rest of the backward pass (on GPUs). Where Horovod starts each
+        # collective as it is enqueued (CPU ranks, runtime.py), one group instead: all gradients
+        # in one allreduce that starts when backward ends. On CPUs the overlap bought nothing (the
+        # cores compute either way), and per-gradient enqueues would each start their own.
         self.optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=replica.model.named_parameters(),
             compression=compression, op=op,
-            backward_passes_per_step=self.accumulation * replica.backward_passes)
+            backward_passes_per_step=self.accumulation * replica.backward_passes,
+            groups=1 if self.runtime.horovod_wakes else None)
 
     def step(self, x: Any, y: Any, lr: float) -> BatchStats:
         assert self.replica is not None and self.optimizer is not None, "call attach() first"

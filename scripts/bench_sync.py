@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from hvdtrain.config import SyncConfig  # noqa: E402
-from hvdtrain.runtime import horovod_environment  # noqa: E402
+from hvdtrain.runtime import horovod_environment, horovod_wakes_on_enqueue  # noqa: E402
 from launching import BIN, run  # noqa: E402
 
 MODEL = dict(features=1024, hidden="1024,1024", classes=10)
@@ -168,7 +168,8 @@ def main() -> None:
 
     print(f"\nlauncher: {args.launcher}; model: MLP {MODEL['features']}-{MODEL['hidden']}-"
           f"{MODEL['classes']} (~2.1M params); batch {args.batch_size} per process; "
-          f"{args.rounds} rounds; hvdtrain's Horovod settings: {horovod_environment(SyncConfig())}, "
+          f"{args.rounds} rounds; hvdtrain's Horovod settings: "
+          f"{horovod_environment(SyncConfig(), horovod_wakes_on_enqueue())}, "
           "torch threads per process = cores / processes")
     both = {1, 2} <= set(nps)
     if contenders:

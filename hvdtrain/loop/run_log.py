@@ -379,6 +379,11 @@ def summary_line(result: EpochResult, epochs: int) -> str:
     return " - ".join(parts)
 
 
+def _horovod_cycle_ms() -> float | None:
+    value = os.environ.get("HOROVOD_CYCLE_TIME")
+    return float(value) if value else None
+
+
 def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_per_epoch: int,
                progress: Progress) -> dict[str, Any]:
     """The log's first line: what runs where, and from which step, and the model's FLOPs per
@@ -387,10 +392,14 @@ def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_
     builds the header (the main process writes it), before the scheme's collective start: no
     worker starts training while another still loads, which in async would hand a short run's
     batches to the one that started first. ``cores`` and ``threads`` are the writing process's
-    CPU placement (runtime.py, core_binding.py)."""
+    CPU placement (runtime.py, core_binding.py); ``horovod_wakes`` and ``horovod_cycle_ms``
+    Horovod's start of a collective (on enqueue, or at its next cycle) and its cycle time, as
+    hvd.init() took them (sync only)."""
     return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
                 cores=sorted(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
+                horovod_wakes=runtime.horovod_wakes,
+                horovod_cycle_ms=_horovod_cycle_ms(),
                 dataset=workload.describe(), model=workload.name,
                 num_parameters=count_parameters(replica.model), steps_per_epoch=steps_per_epoch,
                 resumed_from_epoch=progress.epoch, resumed_from_step=progress.step,

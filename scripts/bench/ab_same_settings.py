@@ -39,9 +39,12 @@ with tempfile.TemporaryDirectory() as run_dir:
         trainer._train_epoch()
         return trainer.history[-1].samples_per_sec
 
-    # The plain loop, as in Horovod's pytorch_mnist example, on a second copy of the model.
+    # The plain loop, as in Horovod's pytorch_mnist example, on a second copy of the model,
+    # with the trainer's gradient grouping (one group where Horovod wakes on enqueue, sync.py).
+    groups = 1 if trainer.scheme.runtime.horovod_wakes else None
     plain_block = plain_horovod_block(hvd, build_model("mlp", (1024,), 10, cfg.model),
-                                      workload.train.x, workload.train.y, BATCH, STEPS, "plain")
+                                      workload.train.x, workload.train.y, BATCH, STEPS, "plain",
+                                      groups)
 
     hvdtrain_epoch(0)  # warm up both
     plain_block()

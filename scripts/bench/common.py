@@ -57,14 +57,16 @@ def make_step(model: nn.Module, optimizer: torch.optim.Optimizer):
 
 
 def plain_horovod_block(hvd, model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
-                        steps: int, prefix: str):
+                        steps: int, prefix: str, groups: int | None = None):
     """The plain loop of Horovod's pytorch_mnist example on ``model``, a second copy beside a
     trainer in the same job (its parameters named under ``prefix``, so that Horovod's tensor
-    names differ from the trainer's). Returns a function that runs ``steps`` steps on random
-    batches of (x, y) and gives samples/s across the job."""
+    names differ from the trainer's). ``groups``: DistributedOptimizer's, as the trainer's.
+    Returns a function that runs ``steps`` steps on random batches of (x, y) and gives
+    samples/s across the job."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size(), momentum=0.9)
     optimizer = hvd.DistributedOptimizer(                               # Horovod
-        optimizer, named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()])
+        optimizer, named_parameters=[(f"{prefix}.{n}", p) for n, p in model.named_parameters()],
+        groups=groups)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)          # Horovod
     generator = torch.Generator().manual_seed(hvd.rank())
     step = make_step(model, optimizer)

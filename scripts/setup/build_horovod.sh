@@ -14,7 +14,9 @@ set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-patch_file="$here/horovod-${HOROVOD_VERSION}-torch2.patch"
+# Every horovod-<version>-*.patch here, in name order: the torch2 build fix, then the
+# wake-on-enqueue change (each file says why).
+patch_files=("$here/horovod-${HOROVOD_VERSION}-"*.patch)
 PYTHON="${PYTHON:-python3}"
 cache_root="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"
 
@@ -23,7 +25,7 @@ log() { echo "[build_horovod] $*" >&2; }
 versions="$("$PYTHON" -c 'import sys, torch; print(f"py{sys.version_info[0]}.{sys.version_info[1]}-torch{torch.__version__}")')" || {
     log "error: torch is not importable from $PYTHON; install torch first"; exit 1; }
 gpu_ops="${HOROVOD_GPU_OPERATIONS:-none}"
-key="horovod${HOROVOD_VERSION}-${versions}-gpu_${gpu_ops}-$(sha1sum "$patch_file" | cut -c1-8)"
+key="horovod${HOROVOD_VERSION}-${versions}-gpu_${gpu_ops}-$(cat "${patch_files[@]}" | sha1sum | cut -c1-8)"
 cache_dir="$cache_root/wheels/$key"
 
 cached="$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n1 || true)"
@@ -42,7 +44,9 @@ trap 'rm -rf "$work"' EXIT
     "horovod==${HOROVOD_VERSION}" -d "$work" >&2
 tar -xzf "$work/horovod-${HOROVOD_VERSION}.tar.gz" -C "$work"
 src="$work/horovod-${HOROVOD_VERSION}"
-patch -p1 --forward --directory "$src" < "$patch_file" >&2
+for patch_file in "${patch_files[@]}"; do
+    patch -p1 --forward --directory "$src" < "$patch_file" >&2
+done
 
 # The build runs against the torch already installed (--no-build-isolation) and never against a
 # fresh copy that pip would otherwise pull into an isolated build environment.

@@ -68,10 +68,14 @@ then
 fi
 
 # --- Horovod (patched build, cached wheel) ---------------------------------------------------
-if ! "$py" -c 'import horovod.torch' 2>/dev/null; then
-    wheel="$(PYTHON="$py" bash "$repo/scripts/setup/build_horovod.sh" | tail -n1)"
-    log "installing $(basename "$wheel")"
+# The wheel's path names its build (versions, flags, patches), so a venv whose Horovod came from
+# other patches (an older checkout) gets this one; a cache hit takes a few seconds.
+wheel="$(PYTHON="$py" bash "$repo/scripts/setup/build_horovod.sh" | tail -n1)"
+if ! "$py" -c 'import horovod.torch' 2>/dev/null || \
+        [[ "$(cat "$VENV/.horovod-wheel" 2>/dev/null)" != "$wheel" ]]; then
+    log "installing $(basename "$(dirname "$wheel")")"
     "$py" -m pip install "${pip_quiet[@]}" --no-deps --force-reinstall "$wheel"
+    echo "$wheel" > "$VENV/.horovod-wheel"
     rm -f "$VENV/.horovod-check-build-ok"
 fi
 

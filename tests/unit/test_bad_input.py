@@ -278,8 +278,10 @@ def test_a_seed_beyond_what_the_generators_take(flag, value, capsys, no_training
     (["--dataset", "synthetic", "--dataset-args", '{"n": 3}'],
      "--dataset-args is for your own --dataset MODULE:CALLABLE; the built-in synthetic would "
      "ignore it"),
-    (["--cycle-time-ms", "1e7"], "--cycle-time-ms: invalid value 10000000.0; use a positive time "
-                                 "in ms, at most 1000"),
+    (["--cycle-time-ms", "1e7"], "--cycle-time-ms: invalid value 10000000.0; use 0 (chosen for "
+                                 "you) or a time in ms, at most 1000"),
+    (["--cycle-time-ms", "-1"], "--cycle-time-ms: invalid value -1.0; use 0 (chosen for you) or a "
+                                "time in ms, at most 1000"),
     (["--chunk-mb", "1e-7"], "--chunk-mb: invalid value 1e-07; use a size in MiB of at least "
                              "0.001"),
 ])
