@@ -64,6 +64,13 @@ def horovod_environment(sync: SyncConfig, wake: bool = False) -> dict[str, str]:
     ``wake``: turn on the wake on enqueue (CPU training with hvdtrain's Horovod build)."""
     cycle = sync.cycle_time_ms or (IDLE_CYCLE_MS_WITH_WAKE if wake else HOROVOD_CYCLE_MS)
     env = {"HOROVOD_CYCLE_TIME": f"{cycle:g}", "HVDTRAIN_WAKE_ON_ENQUEUE": "1" if wake else "0"}
+    if wake and "OMPI_MCA_mpi_yield_when_idle" not in os.environ:  # a value given is kept
+        # With the wake, a rank that waits for a slower one negotiates at once and stays in
+        # that collective until the slower rank's thread joins, up to a 10 ms cycle; under MPI
+        # (Open MPI polls) it would spin a second thread beside the main thread's wait and,
+        # where ranks share cores, slow the rank it waits for (a 5x straggler measured up to
+        # 10x). Polling that yields gives such a rank its core first.
+        env["OMPI_MCA_mpi_yield_when_idle"] = "1"
     if not sync.elastic:
         # Measured with Horovod 0.28.1 and Gloo: with both HOROVOD_FUSION_THRESHOLD and
         # HOROVOD_CYCLE_TIME set, hvd.init() segfaults when elastic training re-initialises after
@@ -105,13 +112,6 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
     # (tests/multiproc/test_elastic.py; not investigated further).
     wake = trains_on_cpu(run.device) and not sync.elastic and horovod_wakes_on_enqueue()
     os.environ.update(horovod_environment(sync, wake))
-    if wake:
-        # With the wake, a rank that waits for a slower one negotiates at once and stays in
-        # that collective until the slower rank's thread joins, up to a 10 ms cycle; under MPI
-        # (Open MPI polls) it would spin a second thread beside the main thread's wait and,
-        # where ranks share cores, slow the rank it waits for (a 5x straggler measured up to
-        # 10x). Polling that yields gives such a rank its core first. A value given is kept.
-        os.environ.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
     hvd.init()
     runtime = Runtime(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                       local_size=hvd.local_size(),

@@ -44,6 +44,12 @@ def to_sync_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def gradient_groups(runtime: Runtime) -> int | None:
+    """``hvd.DistributedOptimizer``'s ``groups``: one group where Horovod starts each collective
+    as it is enqueued (CPU ranks, runtime.py), else Horovod's per-gradient allreduces."""
+    return 1 if runtime.horovod_wakes else None
+
+
 class HorovodSync(UpdateScheme):
     """The sync update scheme: every step is one allreduce of every worker's gradients."""
 
@@ -89,7 +95,7 @@ class HorovodSync(UpdateScheme):
             optimizer, named_parameters=replica.model.named_parameters(),
             compression=compression, op=op,
             backward_passes_per_step=self.accumulation * replica.backward_passes,
-            groups=1 if self.runtime.horovod_wakes else None)
+            groups=gradient_groups(self.runtime))
 
     def step(self, x: Any, y: Any, lr: float) -> BatchStats:
         assert self.replica is not None and self.optimizer is not None, "call attach() first"

@@ -19,6 +19,7 @@ from hvdtrain import launch
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.models import build_model
 from hvdtrain.scheme import Progress
+from hvdtrain.sync import gradient_groups
 from hvdtrain.workload import workload_from_config
 
 ROUNDS, STEPS, BATCH = int(sys.argv[1]), 50, 64
@@ -40,11 +41,10 @@ with tempfile.TemporaryDirectory() as run_dir:
         return trainer.history[-1].samples_per_sec
 
     # The plain loop, as in Horovod's pytorch_mnist example, on a second copy of the model,
-    # with the trainer's gradient grouping (one group where Horovod wakes on enqueue, sync.py).
-    groups = 1 if trainer.scheme.runtime.horovod_wakes else None
+    # with the trainer's gradient grouping.
     plain_block = plain_horovod_block(hvd, build_model("mlp", (1024,), 10, cfg.model),
                                       workload.train.x, workload.train.y, BATCH, STEPS, "plain",
-                                      groups)
+                                      gradient_groups(trainer.scheme.runtime))
 
     hvdtrain_epoch(0)  # warm up both
     plain_block()

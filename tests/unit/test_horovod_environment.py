@@ -14,6 +14,14 @@ def test_the_cycle_is_long_only_where_horovod_wakes_on_enqueue():
     assert plain["HVDTRAIN_WAKE_ON_ENQUEUE"] == "0" and plain["HOROVOD_CYCLE_TIME"] == "1"
 
 
+def test_mpi_waits_yield_with_the_wake_unless_set(monkeypatch):
+    monkeypatch.delenv("OMPI_MCA_mpi_yield_when_idle", raising=False)
+    assert horovod_environment(SyncConfig(), wake=True)["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert "OMPI_MCA_mpi_yield_when_idle" not in horovod_environment(SyncConfig(), wake=False)
+    monkeypatch.setenv("OMPI_MCA_mpi_yield_when_idle", "0")  # the user's choice stays
+    assert "OMPI_MCA_mpi_yield_when_idle" not in horovod_environment(SyncConfig(), wake=True)
+
+
 def test_a_cycle_time_given_is_kept_either_way():
     for wake in (True, False):
         env = horovod_environment(SyncConfig(cycle_time_ms=2.5), wake=wake)
