@@ -13,6 +13,7 @@ import torch
 
 from .config import ConfigError, RunConfig, SyncConfig
 from .core_binding import bind_to_share, local_size_hint, release_default_binding
+from .freed_memory import keep_freed_memory
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class Runtime:
     launcher: str  # "horovodrun --gloo", "mpirun" or "none": shown in logs
     # Horovod starts each collective as soon as it is enqueued (horovod_wakes_on_enqueue)
     horovod_wakes: bool = False
+    # glibc keeps freed blocks for the next step (freed_memory.py; CPU training under Horovod)
+    keeps_freed_memory: bool = False
 
     @property
     def is_main_process(self) -> bool:
@@ -110,13 +113,16 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
     # On GPUs the per-gradient allreduces keep Horovod's cadence, which fuses them; see sync.py.
     # Not under --elastic: a job that took in a third worker hung after the reset with it on
     # (tests/multiproc/test_elastic.py; not investigated further).
-    wake = trains_on_cpu(run.device) and not sync.elastic and horovod_wakes_on_enqueue()
+    on_cpu = trains_on_cpu(run.device)
+    wake = on_cpu and not sync.elastic and horovod_wakes_on_enqueue()
     os.environ.update(horovod_environment(sync, wake))
+    keeps_freed = on_cpu and keep_freed_memory()  # freed_memory.py
     hvd.init()
     runtime = Runtime(rank=hvd.rank(), size=hvd.size(), local_rank=hvd.local_rank(),
                       local_size=hvd.local_size(),
                       device=pick_device(run.device, hvd.local_rank()),
-                      launcher=detect_launcher(), horovod_wakes=wake)
+                      launcher=detect_launcher(), horovod_wakes=wake,
+                      keeps_freed_memory=keeps_freed)
     configure_torch(run, runtime.local_size)
     return runtime
 

@@ -394,11 +394,13 @@ def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_
     batches to the one that started first. ``cores`` and ``threads`` are the writing process's
     CPU placement (runtime.py, core_binding.py); ``horovod_wakes`` and ``horovod_cycle_ms``
     Horovod's start of a collective (on enqueue, or at its next cycle) and its cycle time, as
-    hvd.init() took them (sync only)."""
+    hvd.init() took them, and ``keeps_freed_memory`` whether malloc keeps freed blocks for the
+    next step (freed_memory.py) (sync only)."""
     return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
                 cores=sorted(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
                 horovod_wakes=runtime.horovod_wakes,
+                keeps_freed_memory=runtime.keeps_freed_memory,
                 horovod_cycle_ms=_horovod_cycle_ms(),
                 dataset=workload.describe(), model=workload.name,
                 num_parameters=count_parameters(replica.model), steps_per_epoch=steps_per_epoch,

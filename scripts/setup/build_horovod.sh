@@ -14,8 +14,8 @@ set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-# Every horovod-<version>-*.patch here, in name order: the torch2 build fix, then the
-# wake-on-enqueue change (each file says why).
+# Every horovod-<version>-*.patch here, in name order: the torch2 build fix, the
+# wake-on-enqueue change, then the zero-copy allreduce (each file says why).
 patch_files=("$here/horovod-${HOROVOD_VERSION}-"*.patch)
 PYTHON="${PYTHON:-python3}"
 cache_root="${HVDTRAIN_CACHE:-$HOME/.cache/hvdtrain}"

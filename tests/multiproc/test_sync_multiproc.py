@@ -115,6 +115,7 @@ def test_digits_reaches_95_percent_under_horovodrun(tmp_path):
     # On CPUs hvdtrain's Horovod build starts each allreduce as it is enqueued, and the cycle
     # then only paces the idle loop (runtime.horovod_environment)
     assert header["horovod_wakes"] is True and header["horovod_cycle_ms"] == 10, header
+    assert header["keeps_freed_memory"] is True  # freed_memory.py
 
 
 def test_resumed_run_ends_with_the_same_weights(tmp_path):

@@ -1,0 +1,29 @@
+"""hvdtrain.freed_memory: malloc keeps freed blocks, so a training step stops faulting in
+fresh pages; and a malloc the user tuned is left alone."""
+
+import subprocess
+import sys
+
+from hvdtrain.freed_memory import user_tuned_malloc
+from launch import REPO
+
+HELPER = REPO / "tests" / "helpers" / "step_page_faults.py"
+
+
+def faults_per_step(*args: str) -> float:
+    out = subprocess.run([sys.executable, str(HELPER), *args], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    return float(next(line for line in out.splitlines() if line.startswith("FAULTS "))[7:])
+
+
+def test_a_step_stops_faulting_in_pages():
+    plain, kept = faults_per_step(), faults_per_step("keep")
+    assert plain > 200, plain  # glibc hands the gradients' blocks back each step
+    assert kept < plain / 5, (plain, kept)
+
+
+def test_a_malloc_the_user_tuned_is_left_alone():
+    assert not user_tuned_malloc({"PATH": "/bin", "LD_PRELOAD": "libfoo.so"})
+    assert user_tuned_malloc({"MALLOC_TRIM_THRESHOLD_": "0"})
+    assert user_tuned_malloc({"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=65536"})
+    assert user_tuned_malloc({"LD_PRELOAD": "/usr/lib/libjemalloc.so.2"})
