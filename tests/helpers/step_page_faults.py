@@ -14,8 +14,10 @@ if sys.argv[1:] == ["keep"] and not keep_freed_memory():
     sys.exit("keep_freed_memory() did not set malloc's thresholds")
 torch.set_num_threads(1)
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-                            torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+model = torch.nn.Sequential(
+    torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+    torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+    torch.nn.Linear(1024, 10))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(64, 1024), torch.randint(0, 10, (64,))
 

@@ -1,7 +1,8 @@
 """Grouped allreduces whose tensors are views into one flat buffer (hvdtrain.flat_gradients),
 against separate tensors, and one where rank 0 has views and the others separate tensors; run
 under horovodrun or mpirun with HOROVOD_TIMELINE set (tests/multiproc/test_zero_copy_allreduce_
-multiproc.py). Prints ``RESULT {json}``: for each group, whether every rank got the average."""
+multiproc.py). Prints ``RESULT {json}``: for each group, whether every rank got the average (or
+the sum)."""
 
 import json
 
@@ -26,22 +27,25 @@ def separate() -> list[torch.Tensor]:
     return [torch.zeros(shape) for shape in SHAPES]
 
 
-def averaged_right(tensors: list[torch.Tensor], name: str, op=hvd.Average) -> bool:
-    for i, tensor in enumerate(tensors):  # element j of tensor i on rank r: r + i + j / numel
-        tensor.copy_(rank + i + torch.arange(tensor.numel()).reshape(tensor.shape) / tensor.numel())
+def ramp(tensor: torch.Tensor) -> torch.Tensor:
+    """0, 1/n, 2/n, ... shaped like ``tensor``: every element differs, so a misplaced one shows."""
+    return torch.arange(tensor.numel()).reshape(tensor.shape) / tensor.numel()
+
+
+def reduced_right(tensors: list[torch.Tensor], name: str, op=hvd.Average) -> bool:
+    for i, tensor in enumerate(tensors):  # tensor i on rank r: r + i + its ramp
+        tensor.copy_(rank + i + ramp(tensor))
     hvd.grouped_allreduce_(tensors, op=op, name=name)
-    mean_rank = (size - 1) / 2 if op == hvd.Average else size * (size - 1) / 2
+    ranks = (size - 1) / 2 if op == hvd.Average else size * (size - 1) / 2  # of r
     scale = 1 if op == hvd.Average else size
-    return all(torch.allclose(t, scale * (i + torch.arange(t.numel()).reshape(t.shape) / t.numel())
-                              + mean_rank)
-               for i, t in enumerate(tensors))
+    return all(torch.allclose(t, scale * (i + ramp(t)) + ranks) for i, t in enumerate(tensors))
 
 
 results = {
-    "flat": averaged_right(in_one_buffer(), "flat"),
-    "flat_sum": averaged_right(in_one_buffer(), "flat_sum", op=hvd.Sum),
-    "separate": averaged_right(separate(), "separate"),
-    "mixed": averaged_right(in_one_buffer() if rank == 0 else separate(), "mixed"),
+    "flat": reduced_right(in_one_buffer(), "flat"),
+    "flat_sum": reduced_right(in_one_buffer(), "flat_sum", op=hvd.Sum),
+    "separate": reduced_right(separate(), "separate"),
+    "mixed": reduced_right(in_one_buffer() if rank == 0 else separate(), "mixed"),
 }
 everyone = hvd.allgather_object(results)
 if rank == 0:
