@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 M_TRIM_THRESHOLD = -1  # glibc's <malloc.h>
 M_MMAP_THRESHOLD = -3
@@ -30,7 +31,7 @@ MMAP_THRESHOLD = 32 * 1024 * 1024  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bi
 TRIM_THRESHOLD = 1024 * 1024 * 1024
 
 
-def user_tuned_malloc(environ: dict[str, str]) -> bool:
+def user_tuned_malloc(environ: Mapping[str, str]) -> bool:
     """Whether the user chose malloc's behaviour already: theirs wins."""
     return (any(name.startswith("MALLOC_") and name.endswith("_") for name in environ)
             or "glibc.malloc" in environ.get("GLIBC_TUNABLES", "")
@@ -40,7 +41,7 @@ def user_tuned_malloc(environ: dict[str, str]) -> bool:
 
 def keep_freed_memory() -> bool:
     """Fix glibc's thresholds as above; whether they were set."""
-    if user_tuned_malloc(dict(os.environ)):
+    if user_tuned_malloc(os.environ):
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the malloc this process runs on

@@ -88,6 +88,7 @@ class HorovodSync(UpdateScheme):
         compression = hvd.Compression.fp16 if self.cfg.sync.compression == "fp16" else hvd.Compression.none
         op = hvd.Adasum if self.cfg.sync.reduce_op == "adasum" else hvd.Average
         optimizer = build_optimizer(replica.parameters(), self.cfg.optim)
+        groups = gradient_groups(self.runtime)
         # Horovod: allreduce each gradient as soon as backward produces it, overlapping
         # communication with the rest of the backward pass (on GPUs). Where Horovod starts each
         # collective as it is enqueued (CPU ranks, runtime.py), one group instead: all gradients
@@ -97,8 +98,8 @@ class HorovodSync(UpdateScheme):
             optimizer, named_parameters=replica.model.named_parameters(),
             compression=compression, op=op,
             backward_passes_per_step=self.accumulation * replica.backward_passes,
-            groups=gradient_groups(self.runtime))
-        if gradient_groups(self.runtime) == 1 and compression is hvd.Compression.none and \
+            groups=groups)
+        if groups == 1 and compression is hvd.Compression.none and \
                 op == hvd.Average and hvd.size() > 1:
             # The one group's order is the optimizer's (Horovod's _register_hooks); gradients
             # laid out in that order are allreduced where they are (flat_gradients.py). A
