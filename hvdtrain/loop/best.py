@@ -139,6 +139,9 @@ class BestTracker:
     def _check_patience(self, progress: Progress) -> None:
         # Patience that runs out at the last epoch stops nothing: the run ends there anyway.
         if self.patience and self.since_best >= self.patience and progress.epoch < self.epochs:
-            self.stop_reason = (f"{self.metric} has not improved in {self.since_best} "
-                                f"evaluations (best {self.best:.6g}, after epoch "
-                                f"{self.best_epoch})")
+            self.stop_reason = f"{self.metric} has not improved in {self.since_best} evaluations "
+            # None: no evaluation has given a number yet (a NaN or infinite test loss each time)
+            self.stop_reason += (f"(best {self.best:.6g}, after epoch {self.best_epoch})"
+                                 if self.best is not None else
+                                 "(none gave a finite value: a NaN or infinite test loss; "
+                                 "there is no best model)")

@@ -188,4 +188,6 @@ class Stopping(StepHook):
         reason = f"stopped early after epoch {p.epoch}: {self.verdict.detail}"
         log.write("stop", epoch=p.epoch, reason=reason)
         if log.is_main:
-            print(f"hvdtrain: {reason}; the best model is in {self.best.path}", flush=True)
+            where = (f"; the best model is in {self.best.path}" if self.best.best is not None
+                     else "")  # no evaluation gave a number: no best.pt was written
+            print(f"hvdtrain: {reason}{where}", flush=True)

@@ -102,3 +102,22 @@ def test_a_resumed_run_keeps_its_best_and_its_patience(tmp_path):
                          auto_resume=True)
     assert again.fit() == []
     assert read_jsonl(tmp_path / "metrics.jsonl")[-1]["type"] == "stop"
+
+
+def test_patience_running_out_on_nan_losses_stops_without_a_traceback(tmp_path, capsys):
+    # NaN in the test data: every evaluation's loss is NaN, so none is ever the best (the record
+    # stays None) and patience runs out with nothing to format as "best". This raised TypeError.
+    from test_trainer import data
+    x, y = data()
+    x = x.clone()
+    x[200:] = float("nan")
+    trainer = make_trainer(tmp_path, x=(x, y), epochs=6, keep_best="test_acc",
+                           early_stop_patience=2)
+    history = trainer.fit()
+    assert [e.epoch for e in history] == [1, 2]
+    assert len(epoch_lines(tmp_path)) == 2  # the epoch that ran out of patience keeps its line
+    stop = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert stop["type"] == "stop" and "none gave a finite value" in stop["reason"]
+    out = capsys.readouterr().out
+    assert "stopped early after epoch 2" in out and "the best model is in" not in out
+    assert not (tmp_path / "best.pt").exists()
