@@ -760,6 +760,14 @@ def coerce(section: Any, name: str, value: Any) -> Any:
     f = {f.name: f for f in dataclasses.fields(section)}[name]
     flag = "--" + name.replace("_", "-")
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if value is None and default is not None:
+        # fit(epochs=None), or a YAML null: the checks after this one compare numbers and would
+        # raise a bare TypeError. None is a value only where it is the default (--run-dir).
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        kind = {bool: "True or False", int: "a whole number", float: "a number",
+                tuple: "a list of whole numbers"}.get(type(default), "a string")
+        raise ConfigError(f"{flag}: got None; give {kind} (the default is {shown!r}), or "
+                          "leave the option out for its default")
     try:
         if value is None:
             out = None

@@ -422,6 +422,26 @@ def test_fit_refuses_a_model_with_nothing_to_train():
         hvdtrain.fit(torch.nn.Linear(4, 2).requires_grad_(False), (x, y), epochs=1)
 
 
+@pytest.mark.parametrize("name, message", [
+    ("timeout_s", r"--timeout-s: got None; give a number \(the default is 300.0\)"),
+    ("max_restarts", r"--max-restarts: got None; give a whole number \(the default is 0\)"),
+    ("balance_floor", r"--balance-floor: got None; give a number \(the default is 0.25\)"),
+    ("slow_rank_factor", r"--slow-rank-factor: got None"),
+    ("hidden", r"--hidden: got None; give a list of whole numbers \(the default is '256,128'"),
+    ("balance", r"--balance: got None; give True or False")])
+def test_fit_names_an_option_given_as_none(name, message):
+    # These raised a bare TypeError from the range checks ('>=' between NoneType and int).
+    import hvdtrain
+
+    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
+    with pytest.raises(ConfigError, match=message):
+        hvdtrain.fit(torch.nn.Linear(4, 2), (x, y), epochs=1, **{name: None})
+
+
+def test_none_stays_a_value_where_it_is_the_default():
+    assert Config.from_overrides({"run_dir": None, "resume": None}).validate().run.run_dir is None
+
+
 def test_tensorboard_on_a_full_disk_stops_with_one_message(tmp_path, monkeypatch):
     """TensorBoard writes from a thread, which printed its traceback, and the next write raised
     the same error as a second one; now it is one TrainingError saying what is intact."""
