@@ -138,6 +138,7 @@ class RunLog:
         self.header: dict[str, Any] = {}  # the run's header line: FLOPs per sample, peak
         self.logged_epochs = 0  # a new lead's: epoch lines the lost lead wrote (take_over)
         self._unwritten: list[tuple[EpochResult, dict[str, Any]]] = []  # not the lead's: last
+        self._checkpoint_pending: list[dict[str, Any]] = []  # a resume's (load_state_dict)
 
     # --- the sinks ------------------------------------------------------------------------------
     def open(self, run_dir: Path, append: bool, header: dict[str, Any], global_step: int = 0,
@@ -148,10 +149,51 @@ class RunLog:
         self.header = header
         if not self.is_main:
             return
+        covered = log_coverage(run_dir / LOG_NAME) if append else None
         self.sinks = self.make_sinks(run_dir, append, global_step + 1)
         self.write("header", **header)
         if announce:
             print(opening_line(header, run_dir), flush=True)
+        if covered is not None:
+            self._account_for_gap(*covered, int(header.get("resumed_from_epoch") or 0))
+
+    # --- a resume's gap -------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """In the checkpoint: the epoch lines still waiting for their sums. The async lead
+        writes an epoch's checkpoint before its line, which waits for the slowest worker's
+        sums; a job killed meanwhile resumes after epochs that its log never got. Their
+        evaluations (the lead's own) are kept here, and the resume writes them."""
+        return {"pending_epochs": [
+            {"epoch": r["epoch"], "step": r["step"], "wall_seconds": r["wall_seconds"],
+             "test": r["test"], "train_seconds": r["extra"].get("train_seconds")}
+            for _, r, _ in self._pending if r["type"] == "epoch"]}
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self._checkpoint_pending = list((state or {}).get("pending_epochs") or [])
+
+    def _account_for_gap(self, covered: int, evals: set[tuple[int, int]], resumed: int) -> None:
+        """A resume from epoch ``resumed`` whose log accounts only for the epochs up to
+        ``covered``: the epochs between were trained (the checkpoint holds them) but their
+        lines never written. Their evaluations that the checkpoint kept become eval lines,
+        and one ``missing`` line names the epochs and says why, so that the log has a line
+        for every epoch or says which it lacks."""
+        missing = list(range(covered + 1, resumed + 1))
+        if not missing:
+            return
+        for kept in self._checkpoint_pending:
+            if kept["epoch"] in missing and kept["test"] is not None and \
+                    (kept["epoch"], kept["step"]) not in evals:
+                self.write("eval", **self._eval_fields(
+                    kept["epoch"], kept["step"], tuple(kept["test"]), kept["wall_seconds"],
+                    kept["train_seconds"]))
+        span = f"{missing[0]}" if len(missing) == 1 else f"{missing[0]}-{missing[-1]}"
+        reason = (f"the previous attempt wrote its epoch {resumed} checkpoint and stopped before "
+                  f"the line(s) of epoch(s) {span}, which wait for every worker's sums (async); "
+                  "their training is in the checkpoint, their figures are lost, and their "
+                  "evaluations, where the checkpoint kept them, are the eval lines above")
+        self.write("missing", epochs=missing, reason=reason)
+        print(f"hvdtrain: the log has no line for epoch(s) {span}: {reason}; a 'missing' line "
+              "in the log says so", flush=True)
 
     def follow_main(self, is_main: bool, run_dir: Path, global_step: int | None = None) -> None:
         """After an elastic reset that lost rank 0, the new rank 0 continues the log (elastic
@@ -362,6 +404,38 @@ def last_logged_epoch(path: Path) -> int:
     except OSError:
         return 0
     return last
+
+
+def log_coverage(path: Path) -> tuple[int, set[tuple[int, int]]]:
+    """(the last epoch a run's log accounts for, the (epoch, step) of its latest attempt's eval
+    lines). An attempt's header accounts for the epochs before it resumed (an attempt that
+    found some unlogged says so in a ``missing`` line right after its header); its epoch and
+    missing lines for theirs. Lines that do not parse (cut by a kill) count for nothing."""
+    covered, evals = 0, set()
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                try:
+                    record = json.loads(raw)
+                except ValueError:
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                kind = record.get("type")
+                try:
+                    if kind == "header":
+                        covered, evals = int(record.get("resumed_from_epoch") or 0), set()
+                    elif kind == "epoch":
+                        covered = max(covered, int(record.get("epoch", 0)))
+                    elif kind == "missing":
+                        covered = max(covered, *map(int, record.get("epochs") or [0]))
+                    elif kind == "eval":
+                        evals.add((int(record.get("epoch", 0)), int(record.get("step", 0))))
+                except (TypeError, ValueError):
+                    continue
+    except OSError:
+        pass
+    return covered, evals
 
 
 def summary_line(result: EpochResult, epochs: int) -> str:

@@ -7,7 +7,8 @@ W&B) is a new file with a class that has ``record`` and ``close``, and a line in
     MLflow, W&B     --tracker mlflow,wandb (hvdtrain/trackers/)
 
 Every sink receives every line, the header first: ``record(kind, fields)``, with kind the line's
-type (header, step, eval, epoch, stop, scheme) and fields what metrics.jsonl holds after it.
+type (header, step, eval, epoch, stop, scheme, and a resume's missing) and fields what
+metrics.jsonl holds after it.
 Only the main process has sinks.
 """
 

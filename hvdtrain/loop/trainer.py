@@ -61,6 +61,7 @@ class Trainer:
         self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
                           partial(build_sinks, run), self.step_timer, [slow_ranks], self.clock)
         self.history: list[EpochResult] = self.log.history  # the epochs' results, in order
+        self.checkpointer.components["log"] = self.log  # its epoch lines still pending
         self.progress = Progress(workers=self.num_workers)
         # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.
         self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size)
@@ -180,8 +181,7 @@ class Trainer:
         return self.stopping.decide_at_epoch_end(p, self.num_workers)  # also a step evaluation's
 
     def _stop_at_step(self) -> None:
-        """Stopped after this step (sync and --bsp all after the same one, async each after its
-        own): a step checkpoint, from which --auto-resume continues as if nothing happened."""
+        """Stopped after this step (async: each worker after its own): a step checkpoint."""
         self.scheme.end_of_training()  # the checkpoint sees every worker's last update
         self.watchdog.beat("writing the stop checkpoint")
         self.checkpointer.save(self.progress)

@@ -66,7 +66,7 @@ def data(n=256, seed=0):
     return x, (x[:, :3].sum(1) > 0).long()
 
 
-def make_trainer(tmp_path, hooks=(), x=None, **options):
+def make_trainer(tmp_path, hooks=(), x=None, scheme=None, **options):
     opts = {"epochs": 2, "batch_size": 16, "progress": False, "warmup_epochs": 0,
             "run_dir": str(tmp_path), "seed": 4, **options}
     cfg = Config.from_overrides(opts).validate()
@@ -79,7 +79,7 @@ def make_trainer(tmp_path, hooks=(), x=None, **options):
     workload.bind(CPU, cfg)
     model = workload.build_model()
     runtime = Runtime(0, 1, 0, 1, CPU, "none")
-    trainer = Trainer(cfg, runtime, LocalScheme(), workload,
+    trainer = Trainer(cfg, runtime, scheme or LocalScheme(), workload,
                       Replica(model, CPU, workload.objective()))
     trainer.hooks += list(hooks)
     return trainer
@@ -193,3 +193,48 @@ def test_a_new_run_keeps_an_old_log_and_removes_a_dead_writers_temporary(tmp_pat
     new = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["type"] for r in new] == ["header", "epoch"]
     assert not dead.exists() and alive.exists()
+
+
+class LaggingSums(LocalScheme):
+    """The async lead's sums: an epoch's line waits for a slow worker, whose sums come in two
+    epochs later; the epoch's checkpoint is written before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.posted: list[list] = []
+
+    def sum_later(self, values):
+        from hvdtrain.scheme import PendingSum
+        posted = self.posted
+
+        class Lagging(PendingSum):
+            def __init__(self):
+                super().__init__(list(values))
+                self.index = len(posted)
+                posted.append(values)
+
+            def ready(self):
+                return len(posted) > self.index + 2
+
+        return Lagging()
+
+
+def test_a_resume_names_the_epochs_whose_lines_a_kill_lost_and_keeps_their_evaluations(tmp_path):
+    # Killed early in epoch 5: checkpoints of epochs 1-4 were written, lines only of 1 and 2.
+    first = make_trainer(tmp_path, hooks=[CrashAt(4 * 12 + 2)], epochs=6, scheme=LaggingSums())
+    with pytest.raises(KeyboardInterrupt):
+        first.fit()
+    assert checkpoint.load(tmp_path)["epoch"] == 4
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["epoch"] for r in lines if r["type"] == "epoch"] == [1, 2]
+    resumed = make_trainer(tmp_path, epochs=6, auto_resume=True)
+    resumed.fit()
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    after = lines[[i for i, r in enumerate(lines) if r["type"] == "header"][-1]:]
+    assert [(r["type"], r["epoch"]) for r in after[1:3]] == [("eval", 3), ("eval", 4)]
+    assert after[3]["type"] == "missing" and after[3]["epochs"] == [3, 4]
+    assert "stopped before the line(s) of epoch(s) 3-4" in after[3]["reason"]
+    assert [r["epoch"] for r in after if r["type"] == "epoch"] == [5, 6]
+    # a second resume of the finished run finds nothing missing
+    from hvdtrain.loop.run_log import log_coverage
+    assert log_coverage(tmp_path / "metrics.jsonl")[0] == 6
