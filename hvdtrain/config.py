@@ -9,6 +9,7 @@ with a message that names the flag and the fix.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -567,6 +568,7 @@ def _check_tracker(text: str) -> None:
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
             "sync": SyncConfig, "ps": PSConfig, "pipeline": PipelineConfig, "run": RunConfig}
+RECORDED_ARGS_LIMIT = 64 * 1024  # bytes of --model-args/--dataset-args copied into the records
 
 
 @dataclass
@@ -595,6 +597,21 @@ class Config:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
+
+    def to_record(self) -> dict[str, dict[str, Any]]:
+        """to_dict for what the run records again and again (every checkpoint, the log's header,
+        a tracker's parameters): keyword arguments longer than RECORDED_ARGS_LIMIT (a 20 MB
+        --model-args) are kept as their size and digest, with a note; the command line has
+        them, and a copy in every checkpoint would cost that much each time."""
+        out = self.to_dict()
+        for section, name in (("data", "dataset_args"), ("model", "model_args")):
+            value = out[section][name]
+            text = value if isinstance(value, str) else json.dumps(value, default=str)
+            if len(text.encode()) > RECORDED_ARGS_LIMIT:
+                digest = hashlib.sha256(text.encode()).hexdigest()
+                out[section][name] = (f"<{len(text.encode())} bytes, sha256 {digest}: too long "
+                                      "to copy into every checkpoint and log header; not stored>")
+        return out
 
     # --- checking -----------------------------------------------------------------------------
     def _check_restarts(self) -> None:

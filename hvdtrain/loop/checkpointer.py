@@ -312,7 +312,7 @@ class Checkpointer:
             self._hold_lock()
         state = {**state, "identity": self.identity(), "epoch": progress.epoch,
                  "step": progress.step, "global_step": progress.global_step,
-                 "num_workers": progress.workers, "config": self.cfg.to_dict(),
+                 "num_workers": progress.workers, "config": self.cfg.to_record(),
                  **{name: c.state_dict() for name, c in self.components.items()}}
         where = (f"epoch {progress.epoch}" if not progress.step
                  else f"epoch {progress.epoch + 1}, step {progress.step}")

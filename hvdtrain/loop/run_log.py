@@ -470,7 +470,7 @@ def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_
     Horovod's start of a collective (on enqueue, or at its next cycle) and its cycle time, as
     hvd.init() took them, and ``keeps_freed_memory`` whether malloc keeps freed blocks for the
     next step (freed_memory.py) (sync only)."""
-    return dict(config=cfg.to_dict(), world_size=runtime.size, num_workers=num_workers,
+    return dict(config=cfg.to_record(), world_size=runtime.size, num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
                 cores=sorted(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
                 horovod_wakes=runtime.horovod_wakes,

@@ -238,3 +238,16 @@ def test_a_resume_names_the_epochs_whose_lines_a_kill_lost_and_keeps_their_evalu
     # a second resume of the finished run finds nothing missing
     from hvdtrain.loop.run_log import log_coverage
     assert log_coverage(tmp_path / "metrics.jsonl")[0] == 6
+
+
+def test_huge_model_args_are_recorded_as_their_size_and_digest(tmp_path):
+    # A 20 MB --model-args was copied into every checkpoint and the log's header.
+    import hashlib
+    big = '{"table": "' + "x" * 200_000 + '"}'
+    make_trainer(tmp_path, epochs=1, model_args=big).fit()
+    recorded = [checkpoint.load(tmp_path)["config"]["model"]["model_args"],
+                read_jsonl(tmp_path / "metrics.jsonl")[0]["config"]["model"]["model_args"]]
+    digest = hashlib.sha256(big.encode()).hexdigest()
+    assert all(r.startswith(f"<{len(big)} bytes, sha256 {digest}") for r in recorded)
+    small = '{"width": 4}'
+    assert Config.from_overrides({"model_args": small}).to_record()["model"]["model_args"] == small
