@@ -497,7 +497,7 @@ class RunConfig:
                 raise ConfigError("--tensorboard needs the tensorboard package, which is not "
                                   "installed: pip install tensorboard (or leave out --tensorboard)")
         if r.tracker:
-            _check_tracker(r.tracker)
+            _check_tracker(r.tracker, r.tracker_project)
         if r.auto_resume and not r.run_dir:
             # With --resume A as well: a requeued job continues its own checkpoint in --run-dir
             # once it has written one, and starts from A before that (loop/checkpointer.py).
@@ -556,12 +556,13 @@ def check_faults(schedule: str, flag: str = "--inject-faults") -> None:
         raise ConfigError(f"{flag}: invalid value {schedule!r}; {e}") from None
 
 
-def _check_tracker(text: str) -> None:
-    from .trackers.names import missing_package, tracker_names
+def _check_tracker(text: str, project: str) -> None:
+    from .trackers.names import missing_package, project_problem, tracker_names
     try:
-        problem = missing_package(tracker_names(text))
+        names = tracker_names(text)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    problem = missing_package(names) or project_problem(names, project)
     if problem:
         raise ConfigError(problem)
 

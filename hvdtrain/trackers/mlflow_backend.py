@@ -27,12 +27,62 @@ def local_store(folder: Path) -> str:
     return f"sqlite:///{folder.resolve() / 'mlflow.db'}"
 
 
+SQLITE = "sqlite:///"
+CHECK_TIMEOUT = 5.0  # seconds a store may stay locked before its check gives up
+
+
+def sqlite_file(uri: str) -> Path | None:
+    """The file of a SQLite store URI (``sqlite:///m.db`` is relative to the working folder,
+    ``sqlite:////abs/m.db`` absolute), None for other stores."""
+    if not uri.startswith(SQLITE):
+        return None
+    path = uri[len(SQLITE):].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def absolute_uri(uri: str) -> str:
+    """A relative SQLite URI made absolute, so that tracker.json names the same store from a
+    resume started in another folder."""
+    path = sqlite_file(uri)
+    if path is None or path.is_absolute():
+        return uri
+    query = uri[len(SQLITE) + len(uri[len(SQLITE):].split("?", 1)[0]):]
+    return f"{SQLITE}{path.resolve()}{query}"
+
+
 def store_exists(uri: str) -> bool:
     """False for a local SQLite store whose file is gone (MLflow would make an empty one)."""
-    return not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).is_file()
+    path = sqlite_file(uri)
+    return path is None or path.is_file()
+
+
+def check_store(uri: str) -> None:
+    """A SQLite store that MLflow cannot use fails here at once, in one line: MLflow itself
+    retries a corrupt file for about 100 s, printing each retry. A file that does not exist yet
+    is fine (MLflow creates it) if its folder exists."""
+    import sqlite3
+
+    path = sqlite_file(uri)
+    if path is None:
+        return
+    if not path.is_file():
+        if not path.parent.is_dir():
+            raise RuntimeError(f"the folder of the SQLite store {uri} does not exist: create "
+                               f"{path.parent} or set MLFLOW_TRACKING_URI to another store")
+        return
+    try:
+        connection = sqlite3.connect(path, timeout=CHECK_TIMEOUT)
+        try:
+            connection.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        finally:
+            connection.close()
+    except sqlite3.Error as e:
+        raise RuntimeError(f"the SQLite store {path} cannot be used ({e}): move it away, or "
+                           f"set MLFLOW_TRACKING_URI to another store") from None
 
 
 def client_for(uri: str):
+    check_store(uri)
     for name, value in HTTP_DEFAULTS.items():
         os.environ.setdefault(name, value)
     for noisy in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database..."
@@ -85,10 +135,13 @@ def experiment_id(client, project: str, folder: Path, uri: str) -> str:
 
 def logged_so_far(client, run) -> dict[str, Any]:
     """What tracker.json would have said of a run found by its job key: whether it has its
-    parameters (MLflow refuses to change one), and its last step, after which a resume logs."""
-    steps = [m.step for key in run.data.metrics
-             for m in client.get_metric_history(run.info.run_id, key)]
-    return {"params": bool(run.data.params), "last_step": max(steps, default=-1)}
+    parameters (MLflow refuses to change one), its last step, after which a resume logs, and
+    the metrics it has at that step."""
+    points = [(m.step, key) for key in run.data.metrics
+              for m in client.get_metric_history(run.info.run_id, key)]
+    last = max((step for step, _ in points), default=-1)
+    return {"params": bool(run.data.params), "last_step": last,
+            "last_names": sorted({key for step, key in points if step == last})}
 
 
 class MlflowBackend:
@@ -101,7 +154,11 @@ class MlflowBackend:
         self.run_id = ""
 
     def locate(self, previous: dict[str, Any]) -> dict[str, Any]:
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or previous.get("tracking_uri") or ""
+        # The user's store, even one that does not exist yet (MLflow creates it); check_store
+        # says why when it cannot be used.
+        if os.environ.get("MLFLOW_TRACKING_URI"):
+            return {"tracking_uri": absolute_uri(os.environ["MLFLOW_TRACKING_URI"])}
+        uri = previous.get("tracking_uri") or ""
         # a checkpoint copied from a run folder that is gone: a new run, in this folder
         return {"tracking_uri": uri if uri and store_exists(uri) else local_store(self.run_dir)}
 
@@ -124,6 +181,7 @@ class MlflowBackend:
                 tags["mlflow.parentRunId"] = os.environ[PARENT_ENV]
             run = self.client.create_run(exp, run_name=self.run_dir.name, tags=tags)
             self.run_id = run.info.run_id
+            entry.update(params=False, last_step=-1, last_names=[])  # nothing in it yet
         return {**entry, "run_id": self.run_id}
 
     def _run_tagged(self, exp: str, job_key: str | None):

@@ -34,3 +34,21 @@ def missing_package(names: list[str]) -> str | None:
                         f"{package}: {TRACKERS['mlflow'][2]} (or set MLFLOW_TRACKING_URI to a "
                         f"tracking server)")
     return None
+
+
+WANDB_PROJECT_CHARS = "/\\#?%:"  # characters that W&B refuses in a project name
+
+
+def project_problem(names: list[str], project: str) -> str | None:
+    """What is wrong with --tracker-project for these trackers (found at run time by the tracker
+    otherwise, after the training started), or None."""
+    if not project.strip():
+        return ("--tracker-project: an empty name; pass the MLflow experiment or W&B project to "
+                "log to, e.g. --tracker-project hvdtrain (the default)")
+    bad = sorted({c for c in project if c in WANDB_PROJECT_CHARS})
+    if "wandb" in names and (bad or len(project) > 128):
+        return (f"--tracker-project: W&B takes project names of at most 128 characters without "
+                f"{' '.join(WANDB_PROJECT_CHARS)}; {project!r} "
+                + (f"has {' '.join(bad)}" if bad else f"has {len(project)} characters"))
+    return None
+

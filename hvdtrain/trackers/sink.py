@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from .metrics import line_step, metrics_of, tags_of
-from .state import write_state
+from .state import resume_point, write_state
 
 # How long the end of a run waits for the tracker to take its last lines and artifacts
 # (seconds): a tracker that hangs must not hold the job past its end for long.
@@ -66,8 +66,9 @@ class TrackerSink:
         self.entry.setdefault("job_key", uuid.uuid4().hex)
         self.entry = {**backend.locate(self.entry), **self.entry}  # what start() compares
         self._save()
-        # Steps up to here were logged by an earlier attempt: a resume trains them again.
-        self.resume_after = int(previous.get("last_step", -1)) if previous.get("run_id") else -1
+        # What an earlier attempt logged, which a resume trains again: every step before
+        # last_step, and the metrics named in last_names at last_step itself.
+        self.resume_after, self.resume_names = resume_point(previous)
         self.artifacts = list(artifacts)
         self.timeout = timeout if timeout is not None else float(
             os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
@@ -100,8 +101,9 @@ class TrackerSink:
     def _work(self) -> None:
         try:
             self.entry.update(self.backend.start(self.entry))
-            if self.entry.get("run_id"):  # a run found by its job key says what it has
-                self.resume_after = max(self.resume_after, int(self.entry.get("last_step", -1)))
+            # start() said what the run has: the previous attempt's run, one found by its job
+            # key, or a new one (a store that changed), which has nothing yet
+            self.resume_after, self.resume_names = resume_point(self.entry)
             self._save()
             while (item := self.queue.get()) is not None:
                 self._send(*item)
@@ -117,10 +119,10 @@ class TrackerSink:
             return
         step = line_step(fields)
         self.step = self.step if step is None else step
-        metrics = metrics_of(kind, fields)
-        if metrics and self.step > self.resume_after:
+        metrics = self._not_logged(metrics_of(kind, fields))
+        if metrics:
             self.backend.log_metrics(metrics, self.step)
-            self.entry["last_step"] = max(self.step, int(self.entry.get("last_step", -1)))
+            self._logged(metrics)
         tags = tags_of(kind, fields)
         if tags:
             self.backend.set_tags(tags)
@@ -128,6 +130,26 @@ class TrackerSink:
             self.status = "KILLED"
         if kind != "step":  # a killed job keeps its epochs' last step; step lines are many
             self._save()
+
+    def _not_logged(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Without what an earlier attempt logged: a line at the step where that attempt
+        stopped may be new there (the epoch line that ends at a stop's step, after the stop
+        line and the scheme's summary went out at that step)."""
+        if self.step < self.resume_after:
+            return {}
+        if self.step == self.resume_after:
+            if self.resume_names is None:  # a tracker.json that kept no names: all of them
+                return {}
+            return {k: v for k, v in metrics.items() if k not in self.resume_names}
+        return metrics
+
+    def _logged(self, metrics: dict[str, float]) -> None:
+        last = int(self.entry.get("last_step", -1))
+        if self.step > last:
+            self.entry["last_step"] = self.step
+            self.entry["last_names"] = sorted(metrics)
+        elif self.step == last:
+            self.entry["last_names"] = sorted({*self.entry.get("last_names", ()), *metrics})
 
     def _finish(self) -> None:
         present = [p for p in self.artifacts if p.is_file()]

@@ -1,10 +1,12 @@
-"""tracker.json in the run folder: which tracker run this folder's job logs to, and the last
-global step it logged. A resumed run (--resume, --auto-resume) continues that tracker run and
-skips the steps it trains again, which the first attempt logged already (TensorBoard's purge
-does the same for event files).
+"""tracker.json in the run folder: which tracker run this folder's job logs to, the last global
+step it logged and the metrics it logged at that step. A resumed run (--resume, --auto-resume)
+continues that tracker run and skips the steps it trains again, which the first attempt logged
+already (TensorBoard's purge does the same for event files). At the last step itself only the
+metrics named are skipped: a stop line and the scheme's summary go out at a stop's step, and the
+epoch line that ends at that step comes after the resume.
 
     {"mlflow": {"job_key": "...", "run_id": "...", "tracking_uri": "...", "last_step": 120,
-                "params": true}}
+                "last_names": ["scheme/pushes_applied", ...], "params": true}}
 
 job_key is hvdtrain's name for the job's tracker run, written before the tracker opens it (a
 new MLflow store takes seconds to create): MLflow's run is tagged with it, W&B's id is made of
@@ -40,6 +42,16 @@ def previous_state(run_dir: Path, resume: str | None, name: str) -> dict[str, An
         source = Path(resume)
         found = read_state(source if source.is_dir() else source.parent).get(name)
     return dict(found) if isinstance(found, dict) else {}
+
+
+def resume_point(entry: dict[str, Any]) -> tuple[int, frozenset[str] | None]:
+    """The last step that the entry's tracker run logged (-1: none, or no run yet) and the
+    metric names it logged there; None for an entry that kept no names (all of them)."""
+    if not entry.get("run_id"):
+        return -1, frozenset()
+    names = entry.get("last_names")
+    return (int(entry.get("last_step", -1)),
+            frozenset(names) if isinstance(names, list) else None)
 
 
 def write_state(run_dir: Path, name: str, entry: dict[str, Any]) -> None:

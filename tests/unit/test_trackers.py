@@ -99,13 +99,53 @@ def test_a_resume_continues_the_tracker_run_and_skips_the_steps_it_logged(tmp_pa
     feed(TrackerSink(first, tmp_path, {}), [1, 2, 3, 4])
     entry = read_state(tmp_path)["fake"]
     assert len(entry.pop("job_key")) == 32  # known before the backend opened its run
-    assert entry == {"run_id": "r1", "last_step": 4, "params": True}
+    assert entry == {"run_id": "r1", "last_step": 4, "last_names": ["step/loss"], "params": True}
     assert first.calls[-1] == ("finish", "KILLED")
     again = FakeBackend()  # resumed from a checkpoint at step 2: steps 3 and 4 come again
     feed(TrackerSink(again, tmp_path, entry), [3, 4, 5, 6])
     assert [c[1] for c in again.calls if c[0] == "metrics"] == [5, 6]
     assert not [c for c in again.calls if c[0] == "params"]  # parameters went in once
     assert read_state(tmp_path)["fake"]["last_step"] == 6
+
+
+def test_a_resume_logs_the_epoch_line_that_ends_at_the_stops_step(tmp_path):
+    # An async job stopped where epoch 3 ends (global step 30) before that epoch's line: the
+    # stop line and the scheme's summary go out at step 30; the resume writes epoch 3's line.
+    first = FakeBackend()
+    sink = TrackerSink(first, tmp_path, {})
+    sink.record("header", {"config": {"a": 1}})
+    for epoch in (1, 2):
+        sink.record("epoch", {"epoch": epoch, "step": 10 * epoch, "train_loss": 1.0 / epoch})
+    sink.record("stop", {"epoch": 3, "step": 0, "global_step": 30, "reason": "preempted: TERM"})
+    sink.record("scheme", {"pushes_applied": 30})
+    sink.close()
+    entry = read_state(tmp_path)["fake"]
+    assert (entry["last_step"], entry["last_names"]) == (30, ["scheme/pushes_applied"])
+    again = FakeBackend()
+    sink = TrackerSink(again, tmp_path, entry)
+    sink.record("header", {"config": {"a": 1}})
+    for epoch in (3, 4):
+        sink.record("epoch", {"epoch": epoch, "step": 10 * epoch, "train_loss": 1.0 / epoch})
+    sink.record("scheme", {"pushes_applied": 40})
+    sink.close()
+    sent = [(c[1], sorted(c[2])) for c in first.calls + again.calls if c[0] == "metrics"]
+    assert sent == [(10, ["train/loss"]), (20, ["train/loss"]), (30, ["scheme/pushes_applied"]),
+                    (30, ["train/loss"]), (40, ["train/loss"]), (40, ["scheme/pushes_applied"])]
+    assert read_state(tmp_path)["fake"]["last_names"] == ["scheme/pushes_applied", "train/loss"]
+    # a third attempt from a checkpoint at step 30 sends nothing twice
+    third = FakeBackend()
+    sink = TrackerSink(third, tmp_path, read_state(tmp_path)["fake"])
+    sink.record("epoch", {"epoch": 3, "step": 30, "train_loss": 1 / 3})
+    sink.record("epoch", {"epoch": 4, "step": 40, "train_loss": 0.25})
+    sink.close()
+    assert [c for c in third.calls if c[0] == "metrics"] == []
+
+
+def test_a_tracker_json_of_before_that_kept_no_names_skips_its_whole_last_step(tmp_path):
+    backend = FakeBackend()
+    feed(TrackerSink(backend, tmp_path, {"run_id": "r1", "last_step": 4, "params": True}),
+         [4, 5])
+    assert [c[1] for c in backend.calls if c[0] == "metrics"] == [5]
 
 
 def test_a_failing_tracker_warns_once_and_goes_quiet(tmp_path, capsys):
@@ -138,6 +178,17 @@ def test_bad_or_missing_trackers_are_refused_with_what_to_do(monkeypatch):
     with pytest.raises(ConfigError, match=r"--tracker wandb needs the wandb package, which is not "
                                           r"installed: pip install 'hvdtrain\[wandb\]'"):
         make_trainer_config(tracker="wandb")
+
+
+def test_a_tracker_project_the_tracker_would_refuse_is_refused_before_training():
+    with pytest.raises(ConfigError, match="--tracker-project: an empty name; pass the MLflow "
+                                          "experiment or W&B project"):
+        make_trainer_config(tracker="mlflow", tracker_project=" ")
+    with pytest.raises(ConfigError, match="W&B takes project names of at most 128 characters "
+                                          r".*; 'a:b' has :"):
+        make_trainer_config(tracker="mlflow,wandb", tracker_project="a:b")
+    make_trainer_config(tracker="mlflow", tracker_project="a:b")  # an MLflow experiment may
+    make_trainer_config(tracker_project="")  # without --tracker it names nothing
 
 
 def make_trainer_config(**options):
@@ -226,6 +277,35 @@ def test_an_unreachable_tracking_server_warns_and_training_goes_on(tmp_path, mon
     # the log is the record
     assert [r["type"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == ["header", "epoch",
                                                                            "epoch"]
+
+
+@needs_mlflow
+def test_a_tracking_uri_naming_a_store_not_made_yet_gets_the_run(tmp_path, monkeypatch):
+    work, run_dir = tmp_path / "work", tmp_path / "run"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///team.db")  # relative: MLflow makes it
+    make_trainer(run_dir, tracker="mlflow", epochs=1).fit()
+    store = f"sqlite:///{work / 'team.db'}"
+    assert read_state(run_dir)["mlflow"]["tracking_uri"] == store  # the same from anywhere
+    [run] = mlflow_runs(store)
+    assert run.data.metrics["test/acc"] > 0 and not (run_dir / "mlflow.db").exists()
+
+
+@needs_mlflow
+def test_a_store_that_cannot_be_used_warns_in_one_line_at_once(tmp_path, monkeypatch, capsys):
+    from hvdtrain.trackers.mlflow_backend import MlflowBackend
+    (tmp_path / "mlflow.db").write_bytes(b"not a database" * 100)  # MLflow retries it for 100 s
+    started = time.monotonic()
+    feed(TrackerSink(MlflowBackend(tmp_path, "hvdtrain"), tmp_path, {}), [1, 2])
+    err = capsys.readouterr().err
+    assert time.monotonic() - started < 20 and len(err.splitlines()) == 1, err
+    assert f"the SQLite store {tmp_path / 'mlflow.db'} cannot be used (file is not a " \
+           "database): move it away, or set MLFLOW_TRACKING_URI to another store" in err
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'nowhere' / 'm.db'}")
+    feed(TrackerSink(MlflowBackend(tmp_path, "hvdtrain"), tmp_path, {}), [1, 2])
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and f"create {tmp_path / 'nowhere'}" in err, err
 
 
 @needs_wandb
