@@ -111,6 +111,67 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+MAX_DEPTH = 32  # hvdtrain's lines nest 4 deep; a deeper line is not one (json recurses on it)
+
+
+def read_run_log(path: str | Path) -> tuple[list[dict[str, Any]], str]:
+    """The lines of a run's log, for the commands that read one afterwards (replay, compare
+    --from-run), and a note when its last line is cut short: a run killed while it wrote that
+    line leaves it so, and the whole lines before it are the record. ValueError, naming the
+    line, for a file that is not such a log (binary, a line that is not a JSON object)."""
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not a text file (byte {e.start} is not UTF-8): give the "
+                         f"metrics.jsonl that hvdtrain wrote") from None
+    lines = text.split("\n")
+    records: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = _log_line(line)
+        except ValueError as e:
+            if number == len(lines) and isinstance(e, NotJson):  # no newline: the write was cut
+                return records, (f"the last line of {path} (line {number}) is cut short, as a "
+                                 f"run killed while writing it leaves it; using the "
+                                 f"{len(records)} whole line(s) before it")
+            raise ValueError(f"{path}, line {number}: {e}") from None
+        records.append(record)
+    return records, ""
+
+
+class NotJson(ValueError):
+    pass
+
+
+def _log_line(line: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line)
+    except RecursionError:
+        record = None  # deeper than Python's json can follow
+    except ValueError as e:
+        raise NotJson(f"not JSON ({e})") from None
+    if record is None or _depth(record) > MAX_DEPTH:
+        raise ValueError(f"nested more than {MAX_DEPTH} deep, not a line hvdtrain writes")
+    if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+        raise ValueError("not a JSON object with a 'type', as every line hvdtrain writes is")
+    return record
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in a parsed line, without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict)
+                                                 else value))
+    return deepest
+
+
 class ProgressBar:
     """One Keras-style line per epoch::
 

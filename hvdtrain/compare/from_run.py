@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..config import ConfigError
 from ..loop.step_times import RankStepTimes
-from ..run_output import read_jsonl
+from ..run_output import read_run_log
 from ..stragglers import _uniform
 from .results import curve
 from .simulate import Timing
@@ -241,11 +242,16 @@ def read_run(folder: str | Path) -> RunLog:
         raise ConfigError(f"--from-run: {folder} has no {LOG}; give the --run-dir of a finished "
                           "hvdtrain train run")
     try:
-        records = read_jsonl(path)
+        records, cut = read_run_log(path)
+    except ValueError as e:  # not a log: binary, a line that is not one
+        raise ConfigError(f"--from-run: {e}; give the folder of a finished run") from None
+    if cut:  # a killed run's log: its whole lines are the run
+        print(f"hvdtrain compare: warning: {cut}", file=sys.stderr, flush=True)
+    try:
         header = next(r for r in records if r.get("type") == "header")
         epochs = [_epoch_times(r, i, records) for i, r in enumerate(records)
                   if r.get("type") == "epoch"]
-    except (ValueError, StopIteration, KeyError, TypeError) as e:
+    except (ValueError, StopIteration, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"--from-run: {path} cannot be read ({type(e).__name__}: {e}); give "
                           "the folder of a finished run, whose log hvdtrain wrote") from None
     epochs = [e for e in epochs if e is not None]

@@ -9,22 +9,29 @@ the tracker run that tracker.json names, after the last step that reached it, or
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from ..config import ConfigError
 from ..loop.sinks import LOG_NAME
+from ..run_output import read_run_log
 from .build import check_installed, make_backend, tracker_names
+from .names import project_problem
 from .sink import TrackerSink
 from .state import previous_state
 
 
 def replay(run_dir: Path, tracker: str, project: str) -> int:
-    """Sends every line of run_dir's log to each tracker; 0 when all of them took it."""
+    """Sends every line of run_dir's log to each tracker; 0 when all of them took it.
+    ConfigError for a tracker that is not one or not installed, ValueError for a log that is
+    not one (run_output.read_run_log)."""
     names = tracker_names(tracker)
     check_installed(names)
-    lines = [json.loads(text) for text in (run_dir / LOG_NAME).read_text().splitlines()
-             if text.strip()]
+    if problem := project_problem(names, project):
+        raise ConfigError(problem)
+    lines, cut = read_run_log(run_dir / LOG_NAME)
+    if cut:
+        print(f"hvdtrain: warning: {cut}", file=sys.stderr, flush=True)
     failed = 0
     for name in names:
         sink = TrackerSink(make_backend(name, run_dir, project), run_dir,
@@ -49,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not (args.run_dir / LOG_NAME).is_file():
         parser.error(f"{args.run_dir / LOG_NAME} does not exist: pass a run folder")
-    return replay(args.run_dir, args.tracker, args.tracker_project)
+    try:
+        return replay(args.run_dir, args.tracker, args.tracker_project)
+    except (ConfigError, ValueError, OSError) as e:  # one line: no usage for a bad log
+        print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -153,6 +153,37 @@ def test_a_run_that_cannot_answer_gets_a_message_that_says_what_to_do(tmp_path, 
     assert str(e.value).startswith("--from-run: ")
 
 
+def _append(text):
+    def make(folder):
+        with open(_write_log(folder) / "metrics.jsonl", "a") as f:
+            f.write(text)
+    return make
+
+
+@pytest.mark.parametrize("make,words", [
+    (_append('{"type": "epoch", "x": ' + "[" * 100000 + "]" * 100000 + "}\n"),
+     "line 5: nested more than 32 deep, not a line hvdtrain writes"),
+    (_append('["not", "a", "line"]\n{"type": "epoch"}\n'),
+     "line 5: not a JSON object with a 'type'"),
+    (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_bytes(b"\x80\x00" * 50)),
+     "is not a text file"),
+])
+def test_a_log_that_is_not_one_is_a_one_line_config_error(tmp_path, make, words):
+    make(tmp_path / "r")
+    with pytest.raises(ConfigError, match=words) as e:
+        read_run(tmp_path / "r")
+    assert str(e.value).startswith("--from-run: ") and "\n" not in str(e.value)
+
+
+def test_a_killed_runs_cut_last_line_is_named_and_its_whole_lines_read(tmp_path, capsys):
+    _append('{"type": "epoch", "epoch": 4, "st')(tmp_path / "r")
+    assert len(read_run(tmp_path / "r").epochs) == 3
+    assert capsys.readouterr().err == (
+        f"hvdtrain compare: warning: the last line of {tmp_path / 'r' / 'metrics.jsonl'} "
+        "(line 5) is cut short, as a run killed while writing it leaves it; using the 4 whole "
+        "line(s) before it\n")
+
+
 # --- the replay's pieces ------------------------------------------------------------------------
 def test_the_train_args_rebuild_the_runs_config():
     flags = ["--model", "cnn", "--channels", "8,16", "--lr", "0.01", "--batch-size", "16",

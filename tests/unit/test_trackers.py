@@ -191,6 +191,38 @@ def test_a_tracker_project_the_tracker_would_refuse_is_refused_before_training()
     make_trainer_config(tracker_project="")  # without --tracker it names nothing
 
 
+@pytest.mark.parametrize("log,args,words", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00", [], "metrics.jsonl is not a text file (byte 0 is not UTF-8)"),
+    (b'{"type": "header"}\n{"type": "epoch", "x": ' + b"[" * 100000 + b"]" * 100000 + b"}\n",
+     [], "metrics.jsonl, line 2: nested more than 32 deep, not a line hvdtrain writes"),
+    (b'{"type": "header"}\n', ["--tracker", "bogus"], "--tracker: unknown tracker 'bogus'"),
+    (b'{"type": "header"}\n', ["--tracker-project", ""], "--tracker-project: an empty name"),
+])
+def test_replay_of_a_log_it_cannot_send_is_one_line_of_error(tmp_path, capsys, log, args, words):
+    from hvdtrain.trackers import replay
+    (tmp_path / "metrics.jsonl").write_bytes(log)
+    assert replay.main([str(tmp_path), "--tracker", "mlflow", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("python -m hvdtrain.trackers.replay: error: ") and words in err, err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "tracker.json").exists()
+
+
+def test_replay_of_a_killed_runs_log_sends_its_whole_lines_and_names_the_cut_one(
+        tmp_path, capsys, monkeypatch):
+    from hvdtrain.trackers import replay
+    backend = FakeBackend()
+    monkeypatch.setattr(replay, "make_backend", lambda *args: backend)
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"type": "header", "config": {}}\n{"type": "epoch", "step": 5, "train_loss": 0.5}\n'
+        '{"type": "epoch", "step": 10, "train_lo')
+    assert replay.main([str(tmp_path), "--tracker", "mlflow"]) == 0
+    err = capsys.readouterr().err
+    assert err == (f"hvdtrain: warning: the last line of {tmp_path / 'metrics.jsonl'} (line 3) "
+                   "is cut short, as a run killed while writing it leaves it; using the 2 whole "
+                   "line(s) before it\n")
+    assert [c for c in backend.calls if c[0] == "metrics"] == [("metrics", 5, {"train/loss": 0.5})]
+
+
 def make_trainer_config(**options):
     from hvdtrain.config import Config
     return Config.from_overrides(options).validate()
