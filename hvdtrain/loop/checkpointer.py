@@ -20,7 +20,7 @@ from typing import Any, Callable
 from .. import checkpoint
 from ..config import Config, ConfigError
 from ..models import count_parameters
-from ..run_lock import FolderLock
+from ..run_lock import LOCK_NAME, FolderLock
 from ..scheme import Progress, UpdateScheme
 from ..trackers.state import CheckpointRecord
 from .checkpoint_writer import CheckpointWriter
@@ -51,6 +51,17 @@ def make_fresh_folder(folder: Path) -> Path:
             candidate = folder.with_name(f"{folder.name}-{n}")
 
 
+def remove_if_unused(folder: Path) -> None:
+    """Remove a run folder that this run created and left with nothing but its lock (it was
+    refused before it wrote anything), so that a refused run leaves no folder behind."""
+    try:
+        if {p.name for p in folder.iterdir()} <= {LOCK_NAME}:
+            (folder / LOCK_NAME).unlink(missing_ok=True)
+            folder.rmdir()
+    except OSError:
+        pass  # in use again, or not ours to remove: leave it
+
+
 def run_identity(cfg: Config, workload, model) -> dict[str, Any]:
     """What must match for a checkpoint to be loadable into this run."""
     return {"mode": cfg.run.mode, "model": workload.name, **workload.identity(),
@@ -69,6 +80,9 @@ class Checkpointer:
         self.resumed_from: str | None = None
         self.lock: FolderLock | None = None
         self.taken_over = False  # this worker became the lead mid-run (take_over)
+        self._made_folder = False  # claim() created the run folder (release() may remove it)
+        # The --stop-at target that the resumed checkpoint's run reached already (restore)
+        self.finished_target: str | None = None
         # Elastic training starts processes during the run (an added host); they find the
         # checkpoint this run wrote and must continue the run, so elastic implies auto-resume.
         self.auto_resume = cfg.run.auto_resume or cfg.sync.elastic
@@ -98,6 +112,7 @@ class Checkpointer:
             try:
                 # (a --run-dir that is a file was refused by config.check_writable_folder)
                 folder = self.run_dir if chosen else make_fresh_folder(self.run_dir)
+                self._made_folder = not chosen or not folder.exists()
                 lock = FolderLock(folder)
                 lock.acquire()
             except ConfigError as e:
@@ -147,6 +162,8 @@ class Checkpointer:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+            if self._made_folder:
+                remove_if_unused(self.run_dir)
 
     # --- resume ---------------------------------------------------------------------------------
     def restore(self, num_workers: int) -> tuple[dict[str, Any] | None, Progress]:
@@ -174,12 +191,15 @@ class Checkpointer:
             except checkpoint.CheckpointError as e:
                 return {"error": str(e)}
             return {"progress": Progress(state["epoch"], state.get("step", 0),
-                                         state["global_step"], state["num_workers"])}
+                                         state["global_step"], state["num_workers"]),
+                    "finished": state.get("finished")}
 
         answer = self.scheme.main_decides(read)
         if "error" in answer:
             raise checkpoint.CheckpointError(answer["error"])
         progress = answer["progress"]
+        self.finished_target = self._target_reached(answer.get("finished"))
+        self._check_branch_has_work(progress, checkpoint.checkpoint_path(source))
         self._check_epochs_left(progress, source)
         if state is not None:
             for name, component in self.components.items():
@@ -189,6 +209,31 @@ class Checkpointer:
                   f"has {num_workers}; the data order differs from an uninterrupted run",
                   flush=True)
         return state, progress
+
+    def _target_reached(self, finished: dict[str, Any] | None) -> str | None:
+        """How the checkpoint's run reached this run's --stop-at target, where it ended there
+        (the record of loop/stopping.py); None where it did not, or this run asks for another
+        target (or none), and so trains on."""
+        if not finished or not self.run.stop_at.strip() or \
+                finished.get("target") != self.run.stop_at.strip():
+            return None
+        return str(finished.get("reached"))
+
+    def _check_branch_has_work(self, progress: Progress, source: Path) -> None:
+        """--resume FINISHED --run-dir NEW would leave NEW with a header and nothing else:
+        refused before the log is opened (release() removes the folder that claim made)."""
+        run = self.run
+        done = progress.epoch == run.epochs or self.finished_target is not None
+        if not (done and run.resume and run.run_dir and
+                source.resolve() != self.path.resolve()):
+            return
+        why = (f"reached its --stop-at target ({self.finished_target})" if self.finished_target
+               else f"has finished all {run.epochs} epoch(s)")
+        raise ConfigError(f"--resume {run.resume} --run-dir {run.run_dir}: the checkpoint "
+                          f"{why}; nothing is left to train into {run.run_dir}. Pass "
+                          f"--epochs {progress.epoch + 1} or more"
+                          + (" or another --stop-at" if self.finished_target else "")
+                          + " to train further from it")
 
     def _check_epochs_left(self, progress: Progress, source: str) -> None:
         epochs = self.run.epochs

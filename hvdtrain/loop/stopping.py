@@ -79,6 +79,19 @@ class Stopping(StepHook):
         self.signals = signals  # installed by launch.run; unset elsewhere (tests)
         self.verdict = Verdict()
         self.cadence = StopCadence()  # at which global steps the workers vote
+        checkpointer.components["finished"] = self  # a target reached ends the run for good
+
+    # --- checkpoint state -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, str] | None:
+        """In the checkpoint of a run that reached its --stop-at target: which target, and how,
+        so that the same command run again (--auto-resume, a requeue) says it is finished
+        instead of training on (Checkpointer.finished_target)."""
+        if self.verdict.why != TARGET:
+            return None
+        return {"target": self.target.text, "reached": self.verdict.detail}
+
+    def load_state_dict(self, state: dict[str, str] | None) -> None:
+        """Read by the checkpointer on every worker (restore), not here."""
 
     # --- the loop's questions -------------------------------------------------------------------
     def after_step(self, step: StepResult) -> None:
@@ -122,7 +135,12 @@ class Stopping(StepHook):
         """Where the epochs start (again, after an elastic reset): a resumed run whose patience
         ran out stops at once."""
         self.cadence.reset()  # an elastic reset: every worker votes again from the next step
-        if not self.verdict.stop and self.best.stop_reason:
+        reached = self.checkpointer.finished_target
+        if not self.verdict.stop and reached is not None:
+            self.target.reached = reached
+            self.verdict = Verdict(TARGET, f"{reached}, before this resume; nothing is left to "
+                                   "train", clock=self.clock.now())
+        elif not self.verdict.stop and self.best.stop_reason:
             self.verdict = Verdict(EARLY_STOP, self.best.stop_reason)
         return self.verdict
 

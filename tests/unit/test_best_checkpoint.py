@@ -64,11 +64,11 @@ def test_best_pt_holds_the_best_evaluation_and_loads_like_a_checkpoint(tmp_path)
     assert best["best"]["value"] == worst["test_acc"]
     assert set(best) == set(checkpoint.load(tmp_path / "run"))  # checkpoint.pt's content
     # --resume run/best.pt continues from that epoch, with that epoch's weights
-    resumed = make_trainer(tmp_path / "from_best", epochs=best["epoch"], keep_best="min:test_acc",
-                           resume=str(tmp_path / "run" / "best.pt"))
-    assert resumed.fit() == [] and resumed.progress.epoch == best["epoch"]
+    resumed = make_trainer(tmp_path / "from_best", epochs=best["epoch"] + 1,
+                           keep_best="min:test_acc", resume=str(tmp_path / "run" / "best.pt"))
+    assert [e.epoch for e in resumed.fit()] == [best["epoch"] + 1]
     for name, tensor in best["model"].items():
-        assert torch.equal(resumed.replica.model.state_dict()[name], tensor), name
+        assert torch.equal(resumed.scheme.started_with[0]["model"][name], tensor), name
 
 
 def test_early_stopping_stops_writes_the_checkpoint_and_says_why(tmp_path, capsys):

@@ -148,3 +148,33 @@ def test_a_target_reached_by_the_last_evaluation_is_no_early_stop(tmp_path):
     assert [e.epoch for e in trainer.fit()] == [1, 2]
     assert trainer.stopping.target.reached is not None and trainer.stopping.verdict.target is None
     assert lines(tmp_path / "run", "stop") == []
+
+
+def test_a_run_that_reached_its_target_is_finished_when_run_again(tmp_path, capsys):
+    # The same command again (--auto-resume, a requeue) used to train on after the target.
+    options = {"epochs": 8, "eval_every_steps": 4, "stop_at": "test_acc>=0.85"}
+    make_trainer(tmp_path / "run", **options).fit()
+    before = checkpoint.load(tmp_path / "run")
+    assert before["finished"]["target"] == "test_acc>=0.85"
+    capsys.readouterr()
+    again = make_trainer(tmp_path / "run", **options, auto_resume=True)
+    assert again.fit() == []  # no epoch trained
+    assert again.stopping.verdict.why == "target" and not again.stopping.verdict.requeue
+    assert "before this resume; nothing is left to train" in capsys.readouterr().out
+    after = checkpoint.load(tmp_path / "run")
+    assert after["global_step"] == before["global_step"]
+    # another target trains on from the checkpoint
+    further = make_trainer(tmp_path / "run", **{**options, "stop_at": "test_acc>=0.99"},
+                           auto_resume=True)
+    further.fit()
+    assert checkpoint.load(tmp_path / "run")["global_step"] > before["global_step"]
+
+
+@pytest.mark.parametrize("finish", [{"epochs": 2}, {"epochs": 8, "stop_at": "test_acc>=0.8"}])
+def test_a_finished_checkpoint_resumed_into_a_new_folder_is_refused_and_leaves_none(tmp_path,
+                                                                                   finish):
+    make_trainer(tmp_path / "old", **finish).fit()
+    new = tmp_path / "new"
+    with pytest.raises(ConfigError, match=r"nothing is left to train into .*new\. Pass --epochs"):
+        make_trainer(new, **finish, resume=str(tmp_path / "old")).fit()
+    assert not new.exists()

@@ -46,6 +46,10 @@ class Best:
 
 class Checkpointer:
     path, run_dir = "run/checkpoint.pt", "run"
+    finished_target = None  # the resumed run's target reached (none: a fresh run)
+
+    def __init__(self):
+        self.components = {}
 
     def finish_writes(self):  # nothing in flight: this one writes nothing
         pass
