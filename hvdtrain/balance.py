@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import Config
+from .config import Config, ConfigError
 from .replica import batch_length
-from .rules.balance import balance_settings, equal_shares, gradient_weight, plan_shares
+from .rules.balance import (FixedCost, balance_settings, equal_shares, gradient_weight,
+                            plan_shares)
 from .runtime import Runtime
 from .sync import HorovodSync
 
@@ -39,10 +40,16 @@ class BalancedSync(HorovodSync):
     def __init__(self, cfg: Config, runtime: Runtime):
         super().__init__(cfg, runtime)
         self.num_workers = self.hvd.size()
+        if self.num_workers < 2:
+            raise ConfigError("--balance moves samples between workers, and this run has one "
+                              "process: start 2 or more (horovodrun -np 2 / mpirun -np 2), or "
+                              "drop --balance")
         self.global_batch = cfg.run.batch_size * self.num_workers
         self.granularity = self.accumulation
         self.floor, self.damping = balance_settings(cfg)
         self.shares = equal_shares(self.global_batch, self.num_workers)
+        # a share move smaller than an eighth of --batch-size measures noise more than a slope
+        self.fixed_cost = FixedCost(min_move=max(self.granularity, -(-cfg.run.batch_size // 8)))
 
     def batch_shares(self) -> list[int]:
         return list(self.shares)
@@ -67,13 +74,14 @@ class BalancedSync(HorovodSync):
 
     def plan(self, times: RankStepTimes) -> list[int]:
         """The shares for the measured samples per step and median compute time per step of
-        every worker; the current ones where a worker measured no step (a resume at an
-        epoch's end)."""
+        every worker, less the step's fixed part (rules/balance.py FixedCost); the current ones
+        where a worker measured no step (a resume at an epoch's end)."""
         if times.num_workers != self.num_workers or min(times.steps) < 1:
             return list(self.shares)
         per_step = [s / n for s, n in zip(times.samples, times.steps)]
+        fixed = self.fixed_cost.update(per_step, times.compute_p50)
         return plan_shares(self.global_batch, per_step, times.compute_p50, self.floor,
-                           self.granularity, self.damping)
+                           self.granularity, self.damping, fixed)
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

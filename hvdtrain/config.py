@@ -241,6 +241,12 @@ class SyncConfig:
                  "use a value in (0, 1], e.g. 0.5 (1: move all the way at each re-plan)")
         if s.balance:
             s._check_balance()
+        else:  # silently ignored, they would look like settings that took effect
+            for name in ("balance_floor", "balance_damping"):
+                flag = "--" + name.replace("_", "-")
+                _require(getattr(s, name) == getattr(SyncConfig, name), flag, getattr(s, name),
+                         f"it tunes --balance, which this run does not use: add --balance, or "
+                         f"drop {flag}")
 
     def _check_balance(self) -> None:
         """Where unequal shares of a weighted average have no correct form."""
@@ -478,7 +484,9 @@ class RunConfig:
                               "long) or exception:rank=R,step=S (an error in the loop). R: the "
                               "world rank of a training process (async: a worker, 0..W-1); S: "
                               "the job's global step, after which it fires, once per job (the "
-                              "run folder records it, so a resumed run does not fire it again)")
+                              "run folder and each checkpoint record it, so a resumed run, also "
+                              "one into another --run-dir, does not fire it again); a step after "
+                              "the run's last is refused")
     peak_tflops: float = _opt(0.0, "peak TFLOP/s of one device at this run's --precision, for "
                               "the mfu field of the epoch lines (achieved TFLOP/s over peak x "
                               "devices); 0: look the GPU up in a table of common ones (on a "
@@ -632,6 +640,27 @@ class Config:
                  "a replacement joins the job's batch plan, and --bsp rounds give each worker "
                  "a fixed share instead: drop --bsp (or --max-restarts)")
 
+    def _check_balance_room(self) -> None:
+        """--balance where its shares can move: a share's smallest size (rules/balance.py
+        balance_settings) below --batch-size. The world size is the scheme's check."""
+        r, s = self.run, self.sync
+        if not s.balance:
+            return
+        _require(r.mode != "async", "--balance", s.balance,
+                 "balancing is for --mode sync; async workers already take batches as "
+                 "they are ready, a fast one more of them: drop --balance")
+        from .rules.balance import balance_settings, least_share
+
+        floor, _ = balance_settings(self)
+        least = least_share(floor, s.backward_passes_per_step)
+        if least >= r.batch_size:
+            raise ConfigError(
+                f"--balance: no share can move: every worker's share must be at least {least} "
+                f"sample{'s' if least > 1 else ''} (--balance-floor {s.balance_floor:g} of --batch-size {r.batch_size}, "
+                "and a sample per backward pass and pipeline micro-batch), which is all of "
+                f"--batch-size {r.batch_size}; use a larger --batch-size (or fewer "
+                "--backward-passes-per-step / --micro-batches), or drop --balance")
+
     def validate(self) -> "Config":
         """Raise :class:`ConfigError` for the first value that cannot work: each section checks
         its own fields, then the rules that span sections."""
@@ -666,10 +695,8 @@ class Config:
                 raise ConfigError("--elastic needs --run-dir, a folder every host shares: if rank "
                                   "0 dies, the process that becomes rank 0 continues its log and "
                                   "checkpoints there")
+        self._check_balance_room()
         if r.mode == "async":
-            _require(not s.balance, "--balance", s.balance,
-                     "balancing is for --mode sync; async workers already take batches as "
-                     "they are ready, a fast one more of them: drop --balance")
             _require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
                      "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
                      "every worker keeps its own BatchNorm statistics")

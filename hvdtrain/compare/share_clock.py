@@ -16,7 +16,7 @@ import statistics
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..rules.balance import equal_shares, plan_shares
+from ..rules.balance import FixedCost, equal_shares, plan_shares
 
 if TYPE_CHECKING:
     from .simulate import Timing
@@ -45,6 +45,8 @@ class ShareClock:
         self.shares = equal_shares(self.global_batch, workers)
         self.plans: list[list[int]] = [list(self.shares)]
         self._compute: list[list[float]] = [[] for _ in range(workers)]
+        # as the real run plans (balance.py): the step's fixed part learned from the epochs
+        self.fixed_cost = FixedCost(min_move=max(granularity, -(-batch_size // 8)))
 
     def round_seconds(self, step: int) -> float:
         """The duration of global step ``step``'s round (counted from 0)."""
@@ -63,7 +65,8 @@ class ShareClock:
         """--balance: the next epoch's shares, from this epoch's median compute times."""
         if self.balance and all(self._compute):
             p50 = [statistics.median(seconds) for seconds in self._compute]
+            fixed = self.fixed_cost.update(self.shares, p50)
             self.shares = plan_shares(self.global_batch, self.shares, p50,
-                                      granularity=self.granularity, **self.options)
+                                      granularity=self.granularity, fixed=fixed, **self.options)
             self.plans.append(list(self.shares))
         self._compute = [[] for _ in self._compute]

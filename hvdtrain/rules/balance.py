@@ -29,14 +29,17 @@ def equal_shares(global_batch: int, workers: int) -> list[int]:
 
 
 def plan_shares(global_batch: int, samples: Sequence[int], compute: Sequence[float],
-                floor: int = 1, granularity: int = 1, damping: float = 0.5) -> list[int]:
+                floor: int = 1, granularity: int = 1, damping: float = 0.5,
+                fixed: float = 0.0) -> list[int]:
     """The next shares of ``global_batch`` (each a multiple of ``granularity``, at least
     ``floor``, adding up to ``global_batch``) from the shares ``samples`` that took ``compute``
-    seconds per step. A worker without a figure (compute 0) keeps its share."""
+    seconds per step, of which ``fixed`` seconds (FixedCost) are a step's cost whatever its
+    samples: a worker's speed is its samples over the rest, its time per sample. A worker
+    without a figure (compute 0) keeps its share."""
     n = len(samples)
     if n != len(compute) or n == 0:
         raise ValueError(f"{n} shares but {len(compute)} step times")
-    least = max(1, math.ceil(floor / granularity)) * granularity  # apportion's smallest share
+    least = least_share(floor, granularity)
     if granularity < 1 or global_batch % granularity or global_batch < n * least:
         raise ValueError(f"a global batch of {global_batch} cannot give {n} workers at least "
                          f"{least} samples each in multiples of {granularity}")
@@ -44,10 +47,57 @@ def plan_shares(global_batch: int, samples: Sequence[int], compute: Sequence[flo
         raise ValueError(f"damping {damping}: must be in (0, 1]")
     if any(c <= 0 or not math.isfinite(c) for c in compute):
         return list(samples)
-    speed = [s / c for s, c in zip(samples, compute)]
+    fixed = min(max(0.0, fixed), MAX_FIXED_FRACTION * min(compute))
+    speed = [s / (c - fixed) for s, c in zip(samples, compute)]
     target = [global_batch * v / sum(speed) for v in speed]
     wanted = [s + damping * (t - s) for s, t in zip(samples, target)]
     return apportion(global_batch, wanted, floor, granularity)
+
+
+# The fixed part is never taken as more than this much of the fastest step: an estimate near
+# the whole step would make its small remainder, and the speeds planned from it, mostly noise.
+MAX_FIXED_FRACTION = 0.9
+
+
+class FixedCost:
+    """The part of a step's compute that does not grow with its samples (the optimizer's step,
+    each layer's launch and Python's overhead): on a small model most of the step. Planned from
+    the whole step time, a worker with a small share looks slow for that part alone, and a
+    device that recovered never got its share back (issue 41: 50/14 for five epochs). So the
+    step is taken as ``fixed + per_sample x share``, with ``fixed`` the same on every worker
+    (the same model and optimizer); the per-sample costs then differ where the devices do.
+
+    ``fixed`` is learned from the epochs: a worker measured at two shares at least
+    ``min_move`` apart (the plan moves them) gives a line whose value at no samples is it.
+    A line that does not rise (the worker's speed changed between the two epochs) tells
+    nothing. Each worker's latest estimate is kept, and the smallest of them is used: a worker
+    whose device changed speed between its two points tends to overstate it. 0 (the whole step
+    time, as before) until an estimate exists. Plain arithmetic on figures every rank has, so
+    every rank learns the same value."""
+
+    def __init__(self, min_move: int = 1):
+        self.min_move = max(1, min_move)
+        self.before: tuple[list[int], list[float]] | None = None
+        self.estimates: dict[int, float] = {}
+
+    def update(self, samples: Sequence[int], compute: Sequence[float]) -> float:
+        """Take an epoch's shares (``samples`` per step) and median ``compute`` per step;
+        the fixed cost to plan its next shares with."""
+        if self.before is not None and len(self.before[0]) == len(samples):
+            for w, (s0, c0, s1, c1) in enumerate(zip(*self.before, samples, compute)):
+                if abs(s1 - s0) >= self.min_move and min(c0, c1) > 0 and \
+                        (c1 - c0) / (s1 - s0) > 0:
+                    self.estimates[w] = c1 - (c1 - c0) / (s1 - s0) * s1
+        elif self.before is not None:
+            self.estimates = {}  # another world: other workers
+        self.before = (list(samples), list(compute))
+        return max(0.0, min(self.estimates.values())) if self.estimates else 0.0
+
+
+def least_share(floor: int, granularity: int = 1) -> int:
+    """apportion's smallest share: ``floor`` rounded up to a whole multiple of
+    ``granularity``, and at least one."""
+    return max(1, math.ceil(floor / granularity)) * granularity
 
 
 def apportion(total: int, wanted: Sequence[float], floor: int = 1,

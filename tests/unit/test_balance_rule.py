@@ -10,7 +10,8 @@ from hvdtrain.data.builtin import epoch_batches, share_batches
 from hvdtrain.data.in_memory import InMemoryBatches
 from hvdtrain.data.loader import LoaderBatches
 from hvdtrain.loop.epoch_plan import EpochPlan
-from hvdtrain.rules.balance import apportion, equal_shares, gradient_weight, plan_shares
+from hvdtrain.rules.balance import (FixedCost, apportion, equal_shares, gradient_weight,
+                                   plan_shares)
 from hvdtrain.scheme import Progress, UpdateScheme
 
 
@@ -45,6 +46,53 @@ def test_equal_speeds_keep_equal_shares():
 
 def test_a_worker_without_a_figure_keeps_the_shares():
     assert plan_shares(64, [40, 24], [0.01, 0.0]) == [40, 24]
+
+
+def test_the_fixed_part_of_a_step_is_not_taken_for_slowness():
+    # Issue 41: worker 1 recovered at a share of 14, and both now take 0.005 ms a sample plus a
+    # fixed 0.6 ms a step. From the whole step times its speed looks like 14 / 0.67 against
+    # 50 / 0.85, and the shares crept back a sample an epoch; per sample the two are equal.
+    compute = [0.0006 + 0.000005 * s for s in (50, 14)]
+    assert plan_shares(64, [50, 14], compute, floor=8, damping=1.0) == [47, 17]
+    assert plan_shares(64, [50, 14], compute, floor=8, damping=1.0, fixed=0.0006) == [32, 32]
+    # an estimate at or above a step's time is capped: the speeds stay finite and positive
+    assert sum(plan_shares(64, [50, 14], compute, floor=8, fixed=1.0)) == 64
+
+
+def test_the_fixed_cost_is_learned_from_a_worker_measured_at_two_shares():
+    cost = FixedCost(min_move=4)
+    assert cost.update([32, 32], [0.00076, 0.00228]) == 0.0  # one epoch: no line yet
+    # worker 0 at 32 then 40 samples: the line through both meets 0 samples at 0.6 ms;
+    # worker 1's time fell with its share, at its own (slower) pace: 0.6 ms as well
+    assert cost.update([40, 24], [0.0008, 0.00186]) == pytest.approx(0.0006)
+    # shares that did not move keep the estimate; a line that falls as its share grows (the
+    # device got faster in between) tells nothing
+    assert cost.update([40, 24], [0.0008, 0.0007]) == pytest.approx(0.0006)
+    assert cost.update([48, 16], [0.0007, 0.0007]) == pytest.approx(0.0006)
+    cost.update([32, 32], [0.001, 0.001])  # another world size forgets the estimates
+    assert cost.update([32, 32, 32], [0.001] * 3) == 0.0
+
+
+def recovery(fixed_cost: bool, epochs=14, slow=range(1, 7)):
+    """Shares of worker 1 over the epochs of a run whose worker 1 is a 3x straggler (as
+    --straggler 3x stretches a step) for epochs 1-6, then recovers: a small model, where
+    0.6 ms of a 0.76 ms step is fixed."""
+    fixed, per_sample, batch = 0.0006, 0.000005, 32
+    shares, cost, history = [32, 32], FixedCost(min_move=4), []
+    for epoch in range(1, epochs + 1):
+        slowdown = 2 * (fixed + per_sample * batch) / batch if epoch in slow else 0.0
+        compute = [fixed + per_sample * shares[0],
+                   fixed + (per_sample + slowdown) * shares[1]]
+        known = cost.update(shares, compute) if fixed_cost else 0.0
+        shares = plan_shares(64, shares, compute, floor=8, damping=0.5, fixed=known)
+        history.append(shares[1])
+    return history
+
+
+def test_a_recovered_worker_gets_its_share_back():
+    before, after = recovery(fixed_cost=False), recovery(fixed_cost=True)
+    assert before[5] < 16 and max(before[6:11]) < 16  # the old plan: still under half after 5
+    assert after[5] == 8 and after[10] >= 28 and after[-1] >= 30, after
 
 
 @pytest.mark.parametrize("args", [
@@ -217,6 +265,39 @@ def test_a_source_that_cannot_cut_shares_refuses_balance():
 def test_what_balance_does_not_compose_with_is_refused(flags, match):
     with pytest.raises(ConfigError, match=match):
         Config.from_overrides({"balance": True, **flags}).validate()
+
+
+@pytest.mark.parametrize("flags, match", [
+    (dict(batch_size=1), "--balance: no share can move: every worker's share must be at least "
+                         "1 sample .* all of --batch-size 1"),
+    (dict(batch_size=4, backward_passes_per_step=4), "at least 4 samples"),
+    (dict(batch_size=8, balance_floor=1.0), "--balance-floor 1 of --batch-size 8"),
+    (dict(batch_size=4, stages=2, micro_batches=4), "at least 4 samples"),
+])
+def test_balance_where_no_share_can_move_is_refused(flags, match):
+    with pytest.raises(ConfigError, match=match):
+        Config.from_overrides({"balance": True, **flags}).validate()
+
+
+@pytest.mark.parametrize("flags", [dict(balance_floor=0.5), dict(balance_damping=1.0)])
+def test_the_balance_options_without_balance_are_refused(flags):
+    (name, _), = flags.items()
+    flag = "--" + name.replace("_", "-")
+    with pytest.raises(ConfigError, match=f"{flag}: .*add --balance, or drop {flag}"):
+        Config.from_overrides(flags).validate()
+    Config.from_overrides({"balance": True, **flags}).validate()
+
+
+def test_balance_in_one_process_is_refused(monkeypatch):
+    import horovod.torch as hvd
+
+    monkeypatch.setattr(hvd, "size", lambda: 1)
+    monkeypatch.setattr(hvd, "rank", lambda: 0)
+    from hvdtrain.balance import BalancedSync
+
+    cfg = Config.from_overrides({"balance": True}).validate()
+    with pytest.raises(ConfigError, match="this run has one process: start 2 or more"):
+        BalancedSync(cfg, runtime=None)
 
 
 def test_balance_composes_with_accumulation_and_fp16():
