@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import ConfigError, check_faults, check_writable_folder
+from ..faults.schedule import parse_faults
 from ..rules.registry import FAMILIES
 from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
@@ -109,7 +110,8 @@ class CompareConfig:
                        "checkpoint with --auto-resume when the job fails (up to --max-restarts "
                        "times, the failed attempts' time counted), async runs under mpirun's "
                        "recovery settings; the report adds goodput, the final model's samples "
-                       "per second of the whole job, restarts included")
+                       "per second of the whole job, restarts included; not with "
+                       "--simulate or --from-run, which inject no faults")
     max_restarts: int = _opt(3, "--faults: launches of a failed sync run after the first")
     target: float = _opt(0.95, "test accuracy to reach")
     epochs: int | None = _opt(None, "the budget of every run", type=int)
@@ -256,7 +258,7 @@ class CompareConfig:
         if self.eval_every_steps < 0:
             raise ConfigError(f"--eval-every-steps: invalid value {self.eval_every_steps}; use 0 "
                               "or more")
-        check_faults(self.faults, "--faults")
+        self._check_faults()
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts: invalid value {self.max_restarts}; use 0 or more")
         for s in self.stragglers.split(","):
@@ -271,6 +273,23 @@ class CompareConfig:
                               f"(fewer than the {self.workers} workers)")
         if any(h < 1 for h in ints(self.local_steps, "--local-steps")):
             raise ConfigError("--local-steps: each number must be 1 or more")
+
+    def _check_faults(self) -> None:
+        """Before any run starts: a run that refused its schedule's rank at its own start left
+        the plan half done. The simulator and --from-run inject no faults, so --faults there
+        would be ignored in silence."""
+        check_faults(self.faults, "--faults")
+        if not self.faults:
+            return
+        if self.simulate or self.from_run is not None:
+            raise ConfigError("--faults: the simulator (--simulate) and --from-run inject no "
+                              "faults; drop --faults there, or run the plan for real without "
+                              "--simulate/--from-run")
+        ranks = sorted({f.rank for f in parse_faults(self.faults) if f.rank >= self.workers})
+        if ranks:
+            raise ConfigError(f"--faults: rank {ranks[0]} is not a training process: each run "
+                              f"has --workers {self.workers} (ranks 0..{self.workers - 1}); "
+                              f"name a rank below {self.workers}")
 
     def _check_from_run(self) -> None:
         if not Path(self.from_run).is_dir():

@@ -64,24 +64,34 @@ def freeze(seconds: float) -> None:
     os.kill(os.getpid(), signal.SIGSTOP)
 
 
-def already_fired(folder: Path | None, fault: Fault) -> bool:
+def fired_lines(folder: Path | None) -> list[str]:
+    """The record of a folder: the faults that fired there, as written (Fault.text)."""
     if folder is None:
-        return False
+        return []
     try:
-        lines = (folder / RECORD).read_text().splitlines()
+        return [line for line in (folder / RECORD).read_text().splitlines() if line.strip()]
     except OSError:
-        return False
-    return fault.text() in lines
+        return []
+
+
+def already_fired(folder: Path | None, fault: Fault) -> bool:
+    return fault.text() in fired_lines(folder)
 
 
 def record_fired(folder: Path | None, fault: Fault) -> None:
     """Written, and flushed to disk, before the fault fires: a kill leaves no time after."""
-    if folder is None:
+    add_fired(folder, [fault.text()])
+
+
+def add_fired(folder: Path | None, lines: list[str]) -> None:
+    """Append to the folder's record the lines it does not hold yet."""
+    new = [line for line in dict.fromkeys(lines) if line not in fired_lines(folder)]
+    if folder is None or not new:
         return
     folder.mkdir(parents=True, exist_ok=True)
     fd = os.open(folder / RECORD, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        os.write(fd, (fault.text() + "\n").encode())
+        os.write(fd, "".join(line + "\n" for line in new).encode())
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..checkpoint import checkpoint_path
 from ..config import ConfigError
 from . import actions
-from .schedule import Fault, parse_faults
+from .schedule import Fault, check_within, parse_faults
 
 
 def record_folder(run_dir: str | None, resume: str | None) -> Path | None:
@@ -24,10 +25,31 @@ def record_folder(run_dir: str | None, resume: str | None) -> Path | None:
     return checkpoint_path(resume).parent if resume else None
 
 
+class FiredRecord:
+    """The record of fired faults in every checkpoint (a component of loop/checkpointer.py),
+    so that ``--resume OLD --run-dir NEW`` meets no fault again that fired in OLD's run: at the
+    resume the lead adds to NEW's record the checkpoint's lines and those of OLD's folder (the
+    faults that fired after that checkpoint, such as the kill that ended OLD's run)."""
+
+    def __init__(self, folder: Callable[[], Path], resumed: str | None):
+        self.folder = folder    # the run's folder, as claimed
+        self.resumed = resumed  # --resume: a run folder or a checkpoint file
+
+    def state_dict(self) -> list[str]:
+        return actions.fired_lines(self.folder())
+
+    def load_state_dict(self, state: list[str] | None) -> None:
+        """On the lead, as the run resumes, before any step (a collective start follows)."""
+        old = checkpoint_path(self.resumed).parent if self.resumed else None
+        actions.add_fired(self.folder(), [*(state or []), *actions.fired_lines(old)])
+
+
 class FaultInjector:
-    def __init__(self, schedule: str, folder: Path | None = None):
+    def __init__(self, schedule: str, folder: Path | None = None,
+                 last_step: Callable[[], int] | None = None):
         self.faults = parse_faults(schedule)
         self.folder = folder
+        self.last_step = last_step  # the run's length in global steps, once the world is known
         self.rank = 0
         self.start: int | None = None  # the global step at this process's first step
         self.done: set[Fault] = set()
@@ -42,6 +64,11 @@ class FaultInjector:
                 f"{num_workers} (ranks 0..{num_workers - 1}; async servers come after the "
                 "workers, and a server has no step to fire at); name a rank below "
                 f"{num_workers}")
+        if self.last_step is not None and self.start is None:
+            try:
+                check_within(self.faults, self.last_step())
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
 
     def after_step(self, step) -> None:
         if not self.faults:

@@ -54,6 +54,17 @@ class Fault:
         return f"{self.kind} rank {self.rank} at step {self.step}{extra}"
 
 
+def check_within(faults: list[Fault], last_step: int, flag: str = "--inject-faults") -> None:
+    """ValueError for an event whose step comes after the run's last step: it would never
+    fire, and a test of recovery would pass without its fault."""
+    late = [f for f in faults if f.step > last_step]
+    if late:
+        key = "steps" if late[0].kind == "slow" else "step"
+        raise ValueError(f"{flag}: {late[0].text()} would never fire: this run's last step is "
+                         f"{last_step} (the job's global steps, over every epoch); give a "
+                         f"{key} of {last_step} or less, or more --epochs")
+
+
 def parse_faults(text: str) -> list[Fault]:
     """The events of a schedule, in order; ``""`` or ``"none"``: none. ValueError says what is
     wrong and how to write it."""
@@ -72,12 +83,19 @@ def _event(part: str) -> Fault:
     keys: dict[str, str] = {}
     for item in rest.split(","):
         key, eq, value = item.partition("=")
-        if not eq or not key.strip():
+        key = key.strip().lower()
+        if not eq or not key:
             raise ValueError(f"{part!r}: {item.strip()!r} is not KEY=VALUE; {FORMS}")
-        keys[key.strip().lower()] = value.strip()
+        if key in keys:  # the last would silently win: say which one the user meant
+            raise ValueError(f"{part!r}: {key} is given twice ({key}={keys[key]} and "
+                             f"{key}={value.strip()}); keep one")
+        keys[key] = value.strip()
     if set(keys) != KINDS[kind]:
-        raise ValueError(f"{part!r}: {kind} takes the keys {', '.join(sorted(KINDS[kind]))}, "
-                         f"got {', '.join(sorted(keys))}; {FORMS}")
+        missing, unknown = sorted(KINDS[kind] - set(keys)), sorted(set(keys) - KINDS[kind])
+        wrong = "; ".join([*([f"missing {', '.join(missing)}"] if missing else []),
+                           *([f"unknown {', '.join(unknown)}"] if unknown else [])])
+        raise ValueError(f"{part!r}: {wrong} ({kind} takes the keys "
+                         f"{', '.join(sorted(KINDS[kind]))}); {FORMS}")
     try:
         return _checked(kind, keys)
     except ValueError as e:

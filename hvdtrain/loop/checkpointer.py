@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from .. import checkpoint
 from ..config import Config, ConfigError
+from ..faults.inject import FiredRecord, record_folder
 from ..models import count_parameters
 from ..run_lock import LOCK_NAME, FolderLock
 from ..scheme import Progress, UpdateScheme
@@ -90,6 +91,9 @@ class Checkpointer:
         self.components: dict[str, Any] = {}
         if cfg.run.tracker:  # --tracker's run ids (tracker.json) ride in every checkpoint
             self.components["trackers"] = CheckpointRecord(lambda: self.run_dir, cfg.run.resume)
+        if cfg.run.inject_faults and record_folder(cfg.run.run_dir, cfg.run.resume):
+            # the faults fired so far: a resume into another folder meets none of them again
+            self.components["faults_fired"] = FiredRecord(lambda: self.run_dir, cfg.run.resume)
         # --async-checkpoint: writes in a background thread (checkpoint_writer.py), on worker 0
         self.writer = CheckpointWriter() if cfg.run.async_checkpoint else None
 

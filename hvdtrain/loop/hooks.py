@@ -78,12 +78,14 @@ class Straggler(StepHook):
         return samples / self.batch_size if samples and self.batch_size else 1.0
 
 
-def default_hooks(run: RunConfig) -> list[StepHook]:
+def default_hooks(run: RunConfig, plan=None) -> list[StepHook]:
     """The hooks the run's flags turn on (none at all without --straggler or --inject-faults).
     The faults come after the straggler: a slow fault stretches the step's own compute, as the
-    straggler's factor does, and the step timer (the trainer's last hook) counts both."""
+    straggler's factor does, and the step timer (the trainer's last hook) counts both. ``plan``
+    (loop/epoch_plan.py) tells the faults the run's last step, to refuse one past it."""
     straggler = Straggler(run.straggler, run.seed, run.batch_size)
-    faults = FaultInjector(run.inject_faults, record_folder(run.run_dir, run.resume))
+    faults = FaultInjector(run.inject_faults, record_folder(run.run_dir, run.resume),
+                           (lambda: plan.total_steps) if plan is not None else None)
     return [hook for hook, on in ((straggler, straggler.model.active), (faults, faults.faults))
             if on]
 

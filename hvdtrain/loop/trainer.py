@@ -56,7 +56,7 @@ class Trainer:
         self.stopping = Stopping(run, scheme, self.checkpointer, self.best,
                                  TargetStop(run, names, has_test), self.clock)
         self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(run, runtime.rank)
-        self.hooks = [*default_hooks(run), self.stopping, slow_ranks, self.step_timer]
+        self.hooks = [*default_hooks(run, self.plan), self.stopping, slow_ranks, self.step_timer]
         self._bind_world()
         self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
                           partial(build_sinks, run), self.step_timer, [slow_ranks], self.clock)

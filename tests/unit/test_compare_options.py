@@ -55,3 +55,20 @@ def test_sim_sample_ms_is_a_part_of_a_given_step(tmp_path):
     assert timing.compute_seconds(16, 32) == pytest.approx(0.00052)  # 0.44 ms fixed + 16 x 5 us
     assert "balanced" in [m.name for m in options(tmp_path, "--simulate", "--modes",
                                                   "sync,balanced").planned_modes()]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workers", "2", "--faults", "kill:rank=2,step=4"],
+     r"--faults: rank 2 is not a training process: each run has --workers 2 \(ranks 0\.\.1\)"),
+    (["--simulate", "--faults", "kill:rank=1,step=4"], "inject no faults; drop --faults"),
+])
+def test_faults_are_checked_before_any_run_and_refused_where_nothing_injects_them(
+        tmp_path, flags, message):
+    with pytest.raises(ConfigError, match=message):
+        options(tmp_path, *flags)
+
+
+def test_faults_with_from_run_are_refused(tmp_path):
+    (tmp_path / "run").mkdir()
+    with pytest.raises(ConfigError, match="--from-run inject no faults"):
+        options(tmp_path, "--from-run", str(tmp_path / "run"), "--faults", "kill:rank=1,step=4")

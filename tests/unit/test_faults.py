@@ -84,3 +84,52 @@ def test_a_rank_without_a_training_process_is_refused():
     hook = FaultInjector("kill:rank=2,step=3")
     with pytest.raises(ConfigError, match="rank 2 is not a training process.*below 2"):
         hook.bind_world(0, 2)
+
+
+@pytest.mark.parametrize("bad, named", [
+    ("kill:rank=1,step=2,step=5", "step is given twice (step=2 and step=5); keep one"),
+    ("stop:rank=1,step=5", "missing seconds (stop takes the keys rank, seconds, step)"),
+    ("kill:rank=1", "missing step (kill takes"),
+    ("kill:rank=1,steps=4", "missing step; unknown steps (kill takes"),
+])
+def test_a_repeated_or_missing_key_is_named(bad, named):
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(")", r"\)")):
+        check_faults(bad)
+
+
+def test_a_step_past_the_end_of_the_run_is_refused_with_the_last_step():
+    hook = FaultInjector("kill:rank=0,step=30;slow:rank=0,steps=31-40,factor=2", None,
+                         lambda: 30)
+    with pytest.raises(ConfigError, match=r"slow:rank=0,steps=31-40,factor=2 would never fire: "
+                                          r"this run's last step is 30"):
+        hook.bind_world(0, 1)
+    FaultInjector("kill:rank=0,step=30", None, lambda: 30).bind_world(0, 1)  # the last step fires
+
+
+def test_the_trainer_refuses_a_fault_after_its_last_step(tmp_path):
+    from test_trainer import make_trainer
+    with pytest.raises(ConfigError, match=r"exception:rank=0,step=25 would never fire: this "
+                                          r"run's last step is 24"):
+        make_trainer(tmp_path / "run", epochs=2, inject_faults="exception:rank=0,step=25")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_fault_that_fired_does_not_fire_again_after_a_resume_into_another_folder(tmp_path):
+    # 12 steps an epoch: the fault at step 30 ends the first run after its epoch 2 checkpoint.
+    from test_trainer import make_trainer
+    from hvdtrain import checkpoint
+    schedule = "exception:rank=0,step=30"
+    with pytest.raises(actions.InjectedFault):
+        make_trainer(tmp_path / "old", epochs=3, inject_faults=schedule).fit()
+    assert checkpoint.load(tmp_path / "old")["epoch"] == 2
+    resumed = make_trainer(tmp_path / "new", epochs=3, inject_faults=schedule,
+                           resume=str(tmp_path / "old"))
+    assert [e.epoch for e in resumed.fit()] == [3]  # used to raise the fault again at step 30
+    assert actions.fired_lines(tmp_path / "new") == [schedule]
+    assert checkpoint.load(tmp_path / "new")["faults_fired"] == [schedule]
+    # and a resume of NEW into a third folder knows it from NEW's checkpoint
+    (tmp_path / "old" / actions.RECORD).unlink()
+    again = make_trainer(tmp_path / "third", epochs=4, inject_faults=schedule,
+                         resume=str(tmp_path / "new"))
+    assert actions.fired_lines(tmp_path / "third") == [] and again.fit()
+    assert actions.fired_lines(tmp_path / "third") == [schedule]
