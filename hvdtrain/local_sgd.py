@@ -34,8 +34,13 @@ class LocalSGDSync(HorovodSync):
     optimizer state is averaged too, so a checkpoint holds the state every rank continues with.
     The outer optimizer's momentum and the round's start are the same on every rank and go into
     the checkpoint. A resume from an epoch checkpoint therefore continues exactly as an
-    uninterrupted run; a step or preemption checkpoint ends its round early, which an
-    uninterrupted run without that checkpoint does not (one extra round).
+    uninterrupted run. A checkpoint inside an epoch (--checkpoint-steps, a stop signal, a
+    target reached at a step) ends no round and averages nothing: it holds every rank's own
+    parameters, buffers and optimizer state (gathered to rank 0: the checkpoint is that many
+    models large) and the steps into the round, as its ``local_round``, so that a resume with
+    the same number of ranks continues exactly too; its ``model`` is the ranks' average, for
+    whoever reads the checkpoint as a model (and for a resume with another number of ranks,
+    which starts the rest of the round from it, and says so).
     """
 
     def __init__(self, cfg: Config, runtime: Runtime):
@@ -46,6 +51,7 @@ class LocalSGDSync(HorovodSync):
         self._state_apart = False   # optimizer state stepped apart since it was last averaged
         self._rounds = 0            # averaging rounds for this epoch's log line
         self._rounds_total = 0
+        self._position = None       # the trainer's Progress (step_done): inside an epoch or not
 
     @property
     def lr_scale(self) -> float:
@@ -131,6 +137,15 @@ class LocalSGDSync(HorovodSync):
         self._share_model()
         self._average_optimizer_state()
 
+    def step_done(self, progress) -> None:
+        super().step_done(progress)
+        self._position = progress  # the trainer's own object: its step is 0 at an epoch's end
+
+    def _inside_epoch(self) -> bool:
+        """Whether the loop stands inside an epoch (a step checkpoint or a stop at a step),
+        where an uninterrupted run would average nothing."""
+        return self._position is not None and self._position.step > 0
+
     def epoch_done(self, progress) -> None:
         # Every epoch ends on a full average, whether or not it was evaluated or checkpointed
         # (those average on their own, earlier), so the result does not depend on
@@ -149,7 +164,8 @@ class LocalSGDSync(HorovodSync):
 
     def end_of_training(self) -> bool:
         super().end_of_training()
-        self._share_everything()  # the last round may be shorter than H steps
+        if not self._inside_epoch():  # a stop at a step keeps the round for its checkpoint
+            self._share_everything()  # the last round may be shorter than H steps
         return False
 
     def _warn_of_early_rounds(self) -> None:
@@ -166,9 +182,55 @@ class LocalSGDSync(HorovodSync):
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()  # ends the round: the rule's start is the shared model
+        if self._inside_epoch() and (self._unaveraged_steps or self._state_apart):
+            state = self._state_inside_round()
+        else:
+            state = super().state_dict()  # ends the round: the rule's start is the shared model
         outer = self.rule.state_dict()
         return {**state, "outer": outer} if outer else state
+
+    def _state_inside_round(self) -> dict[str, Any]:
+        """Collective: the checkpoint of the ranks as they stand apart (class docstring)."""
+        own = {"model": self.replica.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+               "grad_scaler": self.replica.precision.state_dict()}
+        ranks = self.hvd.allgather_object(own, name="hvdtrain.local_sgd.ranks")
+        average = {k: v.detach().clone() for k, v in own["model"].items()}
+        self._average_in_place([(f"checkpoint.{k}", v) for k, v in average.items()
+                                if v.is_floating_point()])
+        counts = {"steps": self._unaveraged_steps, "state_apart": self._state_apart,
+                  "rounds": self._rounds, "rounds_total": self._rounds_total}
+        state = {"model": average, "optimizer": own["optimizer"],
+                 "local_round": {**counts, "ranks": ranks}}
+        scale = own["grad_scaler"]
+        return {**state, "grad_scaler": scale} if scale is not None else state
+
+    def _resume_round(self, state: dict[str, Any] | None) -> None:
+        """Collective, on resume: each rank takes its own part of a checkpoint written inside a
+        round (rank 0 read it; the parts go out one at a time, so no rank holds them all)."""
+        local = state.get("local_round") if state is not None else None
+        counts = None
+        if local:  # what every rank needs to know, without the ranks' parts themselves
+            counts = {**{k: v for k, v in local.items() if k != "ranks"},
+                      "ranks": len(local["ranks"])}
+        counts = self.broadcast_object(counts)
+        if counts is None:
+            return
+        size, rank = self.hvd.size(), self.hvd.rank()
+        if counts["ranks"] != size:
+            if rank == 0:
+                print(f"hvdtrain: warning: the checkpoint was written inside a local SGD round "
+                      f"by {counts['ranks']} ranks; this run's {size} start the rest of the "
+                      "round from their average, so it does not continue exactly as the "
+                      "uninterrupted run would", flush=True)
+            return
+        for r in range(size):
+            part = self.broadcast_object(local["ranks"][r] if local else None)
+            if r == rank:
+                self.replica.model.load_state_dict(part["model"])
+                self.optimizer.load_state_dict(part["optimizer"])
+                self.replica.precision.load_state_dict(part["grad_scaler"])
+        self._unaveraged_steps, self._state_apart = counts["steps"], counts["state_apart"]
+        self._rounds, self._rounds_total = counts["rounds"], counts["rounds_total"]
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         """As sync's start; then the rule starts its first round from the shared parameters,
@@ -179,3 +241,4 @@ class LocalSGDSync(HorovodSync):
         if resuming:
             outer = state.get("outer") if state is not None else None
             self.rule.load_state_dict(self.broadcast_object(outer))
+            self._resume_round(state)

@@ -126,6 +126,32 @@ def test_resume_from_an_epoch_checkpoint_continues_exactly(tmp_path):
     assert [e["epoch"] for e in records(stopped, "epoch")] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("scheme", [["--local-steps", "4"],
+                                    ["--local-steps", "8", "--outer-lr", "0.7",
+                                     "--outer-momentum", "0.9"]], ids=["local-sgd", "diloco"])
+def test_resume_from_a_checkpoint_inside_a_round_continues_exactly(tmp_path, scheme):
+    """A step checkpoint inside a round (step 6 of rounds of 4 or 8) ends no round: it holds
+    each rank's own state and the steps into the round. The run that fails at step 9 and is
+    resumed from it ends with the weights of the run that never stopped (they were 0.62 apart
+    when the checkpoint ended the round early)."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    flags = ["--no-progress", "--seed", "5", "--epochs", "2", "--eval-every", "2", *scheme]
+    run(mpirun(WORKERS, *hvdtrain("train", *flags, "--run-dir", str(straight))))
+    failed = run(mpirun(WORKERS, *hvdtrain("train", *flags, "--run-dir", str(stopped),
+                                           "--checkpoint-steps", "6", "--inject-faults",
+                                           "exception:rank=0,step=9")), check=False)
+    assert failed.returncode != 0
+    inside = torch.load(stopped / "checkpoint.pt", weights_only=True)
+    assert (inside["global_step"], inside["local_round"]["steps"]) == (6, 6 % int(scheme[1]))
+    assert len(inside["local_round"]["ranks"]) == WORKERS
+    run(mpirun(WORKERS, *hvdtrain("train", *flags, "--run-dir", str(stopped),
+                                  "--checkpoint-steps", "6", "--auto-resume",
+                                  "--inject-faults", "exception:rank=0,step=9")))
+    a, b = final_model(straight), final_model(stopped)
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after resume"
+
+
 def test_digits_trains_to_90_percent_with_4_local_steps(tmp_path):
     run(mpirun(WORKERS, *hvdtrain("train", "--dataset", "digits", "--epochs", "10",
                                   "--local-steps", "4", "--no-progress",

@@ -154,3 +154,43 @@ def test_end_of_training_shares_a_short_last_round():
     hvd.take()
     assert scheme.end_of_training() is False
     assert kinds(hvd.take()) == {"param", "buffer", "optim"}
+
+
+class GatheringHorovod(RecordingHorovod):
+    """One rank's object collectives as well: a gather and a broadcast of one rank are the
+    object itself."""
+
+    def allgather_object(self, obj, name=None):
+        self.names.append(name)
+        return [obj]
+
+    def broadcast_object(self, obj, root_rank=0, name=None):
+        return obj
+
+    def size(self):
+        return 1
+
+    def rank(self):
+        return 0
+
+
+def test_a_checkpoint_inside_an_epoch_averages_nothing_and_keeps_the_round():
+    from hvdtrain.scheme import Progress
+    scheme, _ = local_sgd_scheme(local_steps=4, optimizer="sgd")
+    scheme.hvd = hvd = GatheringHorovod()
+    take_steps(scheme, 6)  # one round after step 4, two steps into the next
+    scheme.step_done(Progress(epoch=0, step=6, global_step=6))
+    hvd.take()
+    before = {k: v.clone() for k, v in scheme.replica.model.state_dict().items()}
+    assert scheme.end_of_training() is False  # a stop at a step: the round goes on
+    state = scheme.state_dict()
+    names = hvd.take()
+    assert names[0] == "hvdtrain.local_sgd.ranks" and kinds(names[1:]) == {"checkpoint"}
+    assert state["local_round"]["steps"] == 2 and state["local_round"]["rounds"] == 1
+    [own] = state["local_round"]["ranks"]
+    for k, v in scheme.replica.model.state_dict().items():
+        assert torch.equal(v, before[k]) and torch.equal(own["model"][k], v), k
+    # at an epoch's end (the trainer's progress at step 0) the checkpoint averages, as before
+    scheme.step_done(Progress(epoch=1, step=0, global_step=12))
+    assert "local_round" not in scheme.state_dict()
+    assert kinds(hvd.take()) == {"param", "buffer", "optim"}
