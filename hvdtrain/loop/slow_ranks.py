@@ -4,7 +4,18 @@ In sync every rank's step lasts as long as the slowest one's, because the allred
 step times out; what differs is how long each rank computed before it waited. A worker whose
 median compute time per step is ``factor`` times the median of the others' is named once per
 epoch, by that worker itself, so that the warning carries its own host and PID without any
-message to gather them."""
+message to gather them.
+
+A ratio alone raised false alarms: on a shared machine a rank that loses its core for part of a
+short epoch (a few steps of under a millisecond) computes 2-3 times as long for that epoch only,
+and once a 0.4 ms difference was named. So a worker is named only when it is slow in two
+measured epochs in a row, when even its fastest steps (the 10th percentile) are slow, and when
+its extra time per step matters: at least
+``MIN_EXCESS_SECONDS``, and at least ``MIN_EXCESS_FRACTION`` of the others' whole step (compute
+and wait), so that a difference lost in the communication's time is not called slowness. The
+figures are per step, from the start of a step to its last hook (step_times.StepTimer): the
+epoch's evaluation, its line and its checkpoint, which worker 0 alone writes, come between
+steps and are not in them."""
 
 from __future__ import annotations
 
@@ -17,21 +28,46 @@ from .hooks import StepHook
 from .step_times import RankStepTimes
 
 
+# Below these, a slower worker costs the others too little to be worth a warning (see above).
+MIN_EXCESS_SECONDS = 0.00075
+MIN_EXCESS_FRACTION = 0.25
+
+
 def slow_workers(compute_p50: tuple[float, ...], factor: float,
-                 steps: tuple[int, ...] | None = None) -> dict[int, float]:
-    """{worker: its median compute time over the median of the others'} for each worker at
-    ``factor`` or more (none with fewer than two workers, or factor 0). A worker that measured
-    no step in the epoch (``steps``: an async worker lost, or one that trained none of its
-    batches) has no median, and its zero would make the others look slow."""
+                 steps: tuple[int, ...] | None = None,
+                 wait_p50: tuple[float, ...] | None = None,
+                 compute_p10: tuple[float, ...] | None = None) -> dict[int, float]:
+    """{worker: its median compute time over the median of the others'} for each worker slow in
+    one epoch: at ``factor`` or more, and computing longer than the others by at least
+    MIN_EXCESS_SECONDS and MIN_EXCESS_FRACTION of the median of the others' whole steps
+    (compute plus ``wait_p50``) per step; and, given ``compute_p10``, its fastest steps at
+    ``factor`` of the others' as well: a slow device is slow at every step, while a rank that
+    lost its core to another process for part of an epoch still has steps at full speed. None
+    with fewer than two workers, or factor 0. A worker that measured no step in the epoch
+    (``steps``: an async worker lost, or one that trained none of its batches) has no median,
+    and its zero would make the others look slow."""
     measured = [w for w in range(len(compute_p50)) if steps is None or steps[w] > 0]
     if factor <= 0 or len(measured) < 2:
         return {}
+    wait = wait_p50 or (0.0,) * len(compute_p50)
     slow = {}
     for w in measured:
-        others = statistics.median(compute_p50[v] for v in measured if v != w)
-        if others > 0 and compute_p50[w] >= factor * others:
-            slow[w] = compute_p50[w] / others
+        others = [v for v in measured if v != w]
+        compute = statistics.median(compute_p50[v] for v in others)
+        step = statistics.median(compute_p50[v] + wait[v] for v in others)
+        excess = compute_p50[w] - compute
+        fastest = not compute_p10 or compute_p10[w] >= factor * statistics.median(
+            compute_p10[v] for v in others)
+        if (compute > 0 and compute_p50[w] >= factor * compute and excess >= MIN_EXCESS_SECONDS
+                and excess >= MIN_EXCESS_FRACTION * step and fastest):
+            slow[w] = compute_p50[w] / compute
     return slow
+
+
+def persisting(slow: dict[int, float], before: set[int]) -> dict[int, float]:
+    """The workers of ``slow`` (this epoch's) that were slow in the epoch before as well
+    (``before``): one slow epoch is a hiccup of the machine, two in a row a slow worker."""
+    return {w: ratio for w, ratio in slow.items() if w in before}
 
 
 class SlowRankCheck(StepHook):
@@ -42,12 +78,19 @@ class SlowRankCheck(StepHook):
         self.factor, self.rank = run.slow_rank_factor, rank
         self.mode = "async" if run.mode == "async" else "sync"
         self.worker = 0
+        self.before: set[int] = set()  # the workers slow in the epoch before (persisting)
+        self.workers_before = 0
 
     def bind_world(self, worker: int, num_workers: int) -> None:
         self.worker = worker
 
     def __call__(self, times: RankStepTimes, epoch: int) -> dict:
-        slow = slow_workers(times.compute_p50, self.factor, times.steps)
+        now = slow_workers(times.compute_p50, self.factor, times.steps, times.wait_p50,
+                           times.compute_p10)
+        if times.num_workers != self.workers_before:  # the first epoch, or an elastic reset
+            self.before = set()
+        slow, self.before = persisting(now, self.before), set(now)
+        self.workers_before = times.num_workers
         if self.worker in slow:
             print(self.warning(times, epoch, slow[self.worker]), flush=True)
         return {"slow_workers": {str(w): round(f, 2) for w, f in slow.items()}} if slow else {}
@@ -58,7 +101,8 @@ class SlowRankCheck(StepHook):
         return (f"hvdtrain: warning: slow rank {self.rank} (worker {w}, host "
                 f"{socket.gethostname()}, pid {os.getpid()}): in epoch {epoch} its median "
                 f"compute per step was {times.compute_p50[w] * 1000:.1f} ms, {ratio:.1f}x the "
-                f"median of the others' ({statistics.median(others) * 1000:.1f} ms). "
+                f"median of the others' ({statistics.median(others) * 1000:.1f} ms), and it was "
+                f"slow in the epoch before as well. "
                 f"{REMEDIES.get(self.mode, REMEDIES['sync'])}")
 
 

@@ -17,8 +17,11 @@ import numpy as np
 from .hooks import StepHook, StepResult
 
 # The figures of one worker, in order, in the epoch line's vector.
+# compute_p10 came last, so that older logs read as before (from_record): a worker's fastest
+# steps tell a slow device (every step slow) from a rank that lost its core for part of an
+# epoch on a busy host (slow_ranks.py).
 FIELDS = ("steps", "samples", "compute_p50", "compute_p90", "compute_mean", "wait_p50",
-          "wait_p90")
+          "wait_p90", "compute_p10")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class RankStepTimes:
     compute_mean: tuple[float, ...]
     wait_p50: tuple[float, ...]
     wait_p90: tuple[float, ...]
+    compute_p10: tuple[float, ...] = ()  # () in a log written before it was recorded
 
     @property
     def num_workers(self) -> int:
@@ -50,7 +54,7 @@ class RankStepTimes:
     @classmethod
     def from_record(cls, record: dict[str, list]) -> RankStepTimes:
         """Back from an epoch line's ``step_times`` (a finished run's log, compare --from-run)."""
-        return cls(**{name: tuple(record[name]) for name in FIELDS})
+        return cls(**{name: tuple(record[name]) for name in FIELDS if name in record})
 
 
 class StepTimer(StepHook):
@@ -79,9 +83,9 @@ class StepTimer(StepHook):
         out = [0.0] * (len(FIELDS) * num_workers)
         if self.compute:
             compute, wait = np.asarray(self.compute), np.asarray(self.wait)
-            c50, c90, w50, w90 = (*np.percentile(compute, [50, 90]),
-                                  *np.percentile(wait, [50, 90]))
-            mine = [len(compute), self.samples, c50, c90, compute.mean(), w50, w90]
+            c10, c50, c90, w50, w90 = (*np.percentile(compute, [10, 50, 90]),
+                                       *np.percentile(wait, [50, 90]))
+            mine = [len(compute), self.samples, c50, c90, compute.mean(), w50, w90, c10]
             out[worker * len(FIELDS):(worker + 1) * len(FIELDS)] = [float(v) for v in mine]
         return out
 

@@ -29,9 +29,10 @@ def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
     out, epochs = _train(tmp_path / "slow", "--straggler", "5x", "--epochs", "3",
                          "--hidden", "1024,1024")
     warnings = WARNING.findall(out)
-    # One warning per epoch, from rank 1 itself: its own host and PID, no message gathered.
+    # One warning per epoch from the second on (one slow epoch may be a hiccup of the machine),
+    # from rank 1 itself: its own host and PID, no message gathered.
     assert [(rank, worker, epoch) for rank, worker, _, _, epoch in warnings] == \
-        [("1", "1", "1"), ("1", "1", "2"), ("1", "1", "3")], out
+        [("1", "1", "2"), ("1", "1", "3")], out
     assert {host for _, _, host, _, _ in warnings} == {socket.gethostname()}
     assert "--balance" in out
     for epoch in epochs:
@@ -40,7 +41,8 @@ def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
         # the straggler computes about 5x as long and waits least; worker 0 waits for it
         assert times["compute_p50"][1] > 2 * times["compute_p50"][0], times
         assert times["wait_p50"][0] > times["wait_p50"][1], times
-        assert 2 < epoch["slow_workers"]["1"] < 8 and "0" not in epoch["slow_workers"]
+        if epoch["epoch"] > 1:
+            assert 2 < epoch["slow_workers"]["1"] < 8 and "0" not in epoch["slow_workers"]
 
 
 def test_no_false_alarm_without_a_straggler(tmp_path):
