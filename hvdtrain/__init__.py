@@ -10,15 +10,17 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-from .config import Config, ConfigError  # noqa: E402
-
 __all__ = ["Config", "ConfigError", "FitResult", "fit", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
     # fit and FitResult import torch: only when asked for, so that the command line
-    # (hvdtrain.cli) can place the process on its cores before torch loads OpenMP
+    # (hvdtrain.cli) can place the process on its cores before torch loads OpenMP. Config too,
+    # so that `hvdtrain run` installs its stop handler within the first tenth of a second.
     if name in ("fit", "FitResult"):
         from . import api
         return getattr(api, name)
+    if name in ("Config", "ConfigError"):
+        from . import config
+        return getattr(config, name)
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -12,19 +12,33 @@ import argparse
 import os
 import signal
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from . import __version__
-from .config import Config, ConfigError
 from .core_binding import local_size_hint, release_default_binding
 from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED
-from .train_flags import config_from_args, train_parser
+
+if TYPE_CHECKING:
+    from .config import Config
 
 
-def build_parser() -> argparse.ArgumentParser:
+def __getattr__(name: str):
+    # Imported when asked for (tests, scripts): `hvdtrain run` must install its stop handler
+    # before anything heavier than argparse is imported.
+    if name == "config_from_args":
+        from .train_flags import config_from_args
+        return config_from_args
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
+    """``train_flags=False``: the train command without its flags, for the other commands: the
+    flags' help names the built-in models and datasets, whose registries import torch."""
     # allow_abbrev=False on every parser: argparse would otherwise take --epoch for --epochs, and
     # a later flag that shares the prefix would silently change what an old command line means.
     # The train flags come from train_flags.py, which compare parses its --train-args with too.
+    from .train_flags import train_parser
+
     parser = argparse.ArgumentParser(
         prog="hvdtrain", allow_abbrev=False,
         description="Distributed PyTorch training: sync (Horovod) or async (parameter server).")
@@ -34,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         "train", help="train a model",
         description="Train a model. Launch with horovodrun -np N, mpirun -np N, or on its own.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False,
-        parents=[train_parser()])
+        parents=[train_parser()] if train_flags else [])
     from .compare.command import add_parser as add_compare
     add_compare(commands)
     from .requeue import add_parser as add_run
@@ -66,19 +80,42 @@ def fail(message: str, code: int, user_traceback: str | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    exiting = argv is None  # the command line, not a test
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:  # the wrapper: its stop handler first, and no torch (requeue.py)
+        from .requeue import StopRelay, add_parser, main as run_launcher
+
+        relay = StopRelay()
+        # `run` alone: compare's flags import torch (its update rules), train's too
+        parser = argparse.ArgumentParser(prog="hvdtrain", allow_abbrev=False)
+        add_parser(parser.add_subparsers(dest="command", required=True))
+        return run_launcher(parser.parse_args(argv), relay)
     # Before anything imports torch: OpenMP counts its cores when torch loads it (core_binding)
     release_default_binding(local_size_hint())
-    args = build_parser().parse_args(argv)  # argparse exits with 2 on an unknown flag
-    if args.command == "run":
-        from .requeue import main as run_launcher
-        return run_launcher(args)
-    if args.command == "compare":
-        from .compare.command import main as compare
-        try:
-            return compare(args)
-        except ConfigError as e:
-            return fail(str(e), EXIT_BAD_INPUT)
+    if argv[:1] != ["train"]:
+        return _other_command(build_parser(train_flags=False).parse_args(argv))
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # argparse: a wrong flag (2) on every rank alike, or --help (0)
+        ended(e.code if isinstance(e.code, int) else EXIT_BAD_INPUT, exiting)
+        raise
+    return ended(_train_command(args, exiting), exiting)
+
+
+def _other_command(args) -> int:
+    from .config import ConfigError
+
+    from .compare.command import main as compare
+    try:
+        return compare(args)
+    except ConfigError as e:
+        return fail(str(e), EXIT_BAD_INPUT)
+
+
+def _train_command(args, exiting: bool) -> int:
+    from .config import ConfigError
     from .data import DataError
+    from .train_flags import config_from_args
     from .workload import workload_from_config
 
     try:
@@ -86,7 +123,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         workload = workload_from_config(cfg)  # bad input fails here, on every rank alike
     except (ConfigError, DataError) as e:
         return fail(str(e), EXIT_BAD_INPUT, getattr(e, "user_traceback", None))
-    return train(cfg, workload, exiting=argv is None)
+    return train(cfg, workload, exiting)
+
+
+def ended(code: int, exiting: bool = True) -> int:
+    """A rank's exit code, told to `hvdtrain run` (requeue.py), and to mpirun under its
+    recovery settings, where it exits 0 whatever its ranks return: a job that every rank
+    refused, or one that failed, must not look like a success (ps/membership.py
+    fail_launcher). Only on the command line (``exiting``): a test's process goes on."""
+    if not exiting:
+        return code
+    from .requeue import tell_wrapper
+
+    tell_wrapper("exit", code)
+    if code not in (0, EXIT_PREEMPTED):  # under recovery a stop ends with mpirun's 0
+        from .ps.membership import fail_launcher
+
+        fail_launcher(code)
+    return code
 
 
 def train(cfg: Config, workload, exiting: bool = False) -> int:

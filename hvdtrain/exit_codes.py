@@ -1,6 +1,8 @@
 """The exit codes of hvdtrain's commands, defined once: launchers, deploy/'s Slurm and Kubernetes
 files and the tests read them."""
 
+import signal
+
 EXIT_FAILED = 1     # training failed (a NaN loss, a stuck peer, Horovod gave up) or a run failed
 EXIT_BAD_INPUT = 2  # a wrong flag or value, a missing dataset or checkpoint: argparse's code too
 # A process of an async job that lost a worker, ending without MPI_Finalize under mpirun's
@@ -11,3 +13,6 @@ EXIT_NO_FINALIZE = 3
 # checkpoint (loop/preemption.py); the Slurm script and the Kubernetes Job's podFailurePolicy in
 # deploy/ requeue the job on it.
 EXIT_PREEMPTED = 75
+# The signals that stop a job after a checkpoint, with EXIT_PREEMPTED. Here rather than in
+# loop/preemption.py, whose package imports torch: `hvdtrain run` (requeue.py) needs them at once.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)

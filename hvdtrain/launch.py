@@ -27,6 +27,7 @@ from .config import Config, ConfigError
 from .data import DataError
 from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from .layout import Layout
+from .requeue import rank_started, tell_wrapper
 from .workload import Workload
 
 BAD_INPUT = (ConfigError, DataError, CheckpointError)
@@ -170,6 +171,7 @@ def _run_async(cfg: Config, workload: Workload, model):
     try:
         if is_server:
             server = ParameterServer(comm, cfg, topology)
+            rank_started()  # `hvdtrain run` may pass a stop on to it now
             server.serve()
             lost = server.membership.lost_workers
         else:
@@ -260,5 +262,6 @@ def abort(world, message: str, code: int, collective: bool = False) -> None:
         time.sleep(10)
     else:
         print(message, file=sys.stderr, flush=True)
+    tell_wrapper("exit", code)  # `hvdtrain run` exits with it (mpirun's says 0 or 1)
     fail_launcher(code)
     world.Abort(code)

@@ -25,7 +25,20 @@ the scheduler and the launcher:
   the launcher's code. Ranks elsewhere exit 75, which mpirun passes on after a SIGUSR1;
 - once the record is there and no rank is left on this host, the launcher has LINGER_S seconds
   to end: mpirun that got a SIGTERM itself (Slurm) waits out its sigkill timeout once or twice
-  even when every rank has ended, longer than a scheduler's grace period.
+  even when every rank has ended, longer than a scheduler's grace period;
+- a stop that comes while the ranks start, before every rank on this host has said that it has
+  started (rank_started, in the file named by RANKS_FILE_ENV), is not passed on: mpirun would forward the SIGUSR1 to ranks that
+  have no handler yet and die of it (then wait about 120 s in its abort), and a rank with one
+  would first finish its start-up, which can take longer than a grace period. Nothing has
+  trained yet, or a step or two of a rank that started first, which --auto-resume trains
+  again: so the launcher and every process of its session are ended at once, and this process
+  exits 75. A launcher whose ranks never say so (a command that is not hvdtrain, ranks only on
+  other hosts) is ended the same way;
+- the ranks on this host write their exit codes to that file too, and this process exits with
+  the first non-zero one when there is one: mpirun under its recovery settings exits 0 or 1,
+  and horovodrun 1, whatever code its ranks returned (2: bad input).
+
+This module imports nothing heavy (no torch): the wrapper must install its handler at once.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,10 +54,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from .exit_codes import EXIT_BAD_INPUT, EXIT_PREEMPTED
-from .loop.preemption import STOP_SIGNALS
+from .exit_codes import EXIT_BAD_INPUT, EXIT_PREEMPTED, STOP_SIGNALS
 
 PREEMPTED_FILE_ENV = "HVDTRAIN_PREEMPTED_FILE"
+RANKS_FILE_ENV = "HVDTRAIN_RANKS_FILE"  # "ready PID LOCAL_SIZE" and "exit PID CODE" lines
 SIGKILL_TIMEOUT_ENV = "OMPI_MCA_odls_base_sigkill_timeout"
 SIGKILL_TIMEOUT_S = "60"  # one step plus a checkpoint write, as in deploy/
 RESCAN_S = 0.5  # how often ranks that install their handlers late are looked for
@@ -62,74 +76,219 @@ def add_parser(commands) -> None:
     p.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="LAUNCHER ARGS")
 
 
-def main(args) -> int:
-    command = args.launch_command
+class StopRelay:
+    """The wrapper's handler for the stop signals, installed before anything else it does (the
+    flags, the launcher): a signal that lands meanwhile is recorded, never the end of it."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.launcher: subprocess.Popen | None = None
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+
+    def _handle(self, signum, frame) -> None:
+        self.received.append(signum)
+        if len(self.received) > 1 and self.launcher is not None:  # a second signal: the
+            _send(self.launcher.pid, signum)  # launcher's own way, at once
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def main(args, relay: StopRelay | None = None) -> int:
+    relay = relay or StopRelay()
+    try:
+        return _run(args.launch_command, relay)
+    finally:
+        relay.restore()
+
+
+def _run(command: list[str], relay: StopRelay) -> int:
     if not command:
         print("hvdtrain run: give the command to run, e.g. hvdtrain run mpirun -np 2 hvdtrain "
               "train --run-dir RUN --auto-resume", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    if relay.received:  # before the launcher started: nothing to stop
+        return _ended_before_training(relay)
     with tempfile.TemporaryDirectory(prefix="hvdtrain-run-") as folder:
-        record = Path(folder) / "preempted"
-        env = {**os.environ, PREEMPTED_FILE_ENV: str(record)}
+        record, ranks = Path(folder) / "preempted", Path(folder) / "ranks"
+        env = {**os.environ, PREEMPTED_FILE_ENV: str(record), RANKS_FILE_ENV: str(ranks)}
         env.setdefault(SIGKILL_TIMEOUT_ENV, SIGKILL_TIMEOUT_S)
         try:
-            launcher = subprocess.Popen(command, env=env, start_new_session=True,
-                                        preexec_fn=_end_with_this_process)
+            relay.launcher = subprocess.Popen(command, env=env, start_new_session=True,
+                                              preexec_fn=_end_with_this_process)
         except OSError as e:
             print(f"hvdtrain run: cannot start {command[0]} ({e.strerror or e}); give a "
                   "launcher on PATH, e.g. hvdtrain run mpirun -np 2 hvdtrain train",
                   file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
-        code = _supervise(launcher, record)
+        code = _supervise(relay, record, ranks)
+        for folder in mpirun_session_folders(relay.launcher.pid):  # ended by force
+            shutil.rmtree(folder, ignore_errors=True)
+        if code is None:
+            return _ended_before_training(relay)
         if record.exists():
             print(f"hvdtrain run: the job stopped after its checkpoint; exit {EXIT_PREEMPTED} "
                   f"(requeue: the same command with --auto-resume continues it)"
                   + (f"; the launcher's exit code {code}, and any error it printed, report that "
                      "stop" if code else ""), file=sys.stderr, flush=True)
             return EXIT_PREEMPTED
-        return code
+        return _job_code(code, ranks, stopped=bool(relay.received))
 
 
-def _supervise(launcher: subprocess.Popen, record: Path) -> int:
-    received: list[int] = []
-    lingering_since: float | None = None  # the ranks here have ended after their checkpoint
+def _ended_before_training(relay: StopRelay) -> int:
+    name = signal.Signals(relay.received[0]).name
+    print(f"hvdtrain run: {name} while the job started, before its ranks could stop at a step; "
+          f"the launcher and its processes were ended; exit "
+          f"{EXIT_PREEMPTED} (requeue: the same command continues it)",
+          file=sys.stderr, flush=True)
+    return EXIT_PREEMPTED
 
-    def handle(signum, frame):
-        received.append(signum)
-        if len(received) > 1:  # a second signal: the launcher's own way, at once
-            _send(launcher.pid, signum)
 
-    previous = {sig: signal.signal(sig, handle) for sig in STOP_SIGNALS}
-    stopped: set[int] = set()  # processes sent the stop, so each gets it once
+def _job_code(code: int, ranks: Path, stopped: bool) -> int:
+    """The launcher's code, or the first non-zero code that a rank on this host returned where
+    the launcher's says something else (mpirun's recovery settings: 0 or 1; horovodrun: 1)."""
+    failed = [c for c in rank_lines(ranks, "exit").values() if c not in (0, EXIT_PREEMPTED)]
+    if failed and failed[0] != code:
+        print(f"hvdtrain run: exit {failed[0]}, the ranks' own code (the launcher's: {code})",
+              file=sys.stderr, flush=True)
+        return failed[0]
+    if stopped and code not in (0, EXIT_PREEMPTED):
+        print(f"hvdtrain run: the launcher exited {code} after the stop, and no rank recorded "
+              "a checkpoint of it", file=sys.stderr, flush=True)
+    return code
+
+
+def rank_lines(path: Path, kind: str) -> dict[int, int]:
+    """PID -> value of the ``kind`` lines the ranks wrote (tell_wrapper), in order."""
+    found: dict[int, int] = {}
     try:
-        while True:
-            try:
-                code = launcher.wait(timeout=RESCAN_S)
-                break
-            except subprocess.TimeoutExpired:
-                pass
-            handlers = _stop_handlers(launcher.pid)
-            if received:
-                for pid in handlers - stopped:
-                    _send(pid, signal.SIGUSR1)
-                    stopped.add(pid)
-            if lingering_since is None and record.exists() and not handlers - {launcher.pid}:
-                lingering_since = time.monotonic()
-            if lingering_since is not None and time.monotonic() - lingering_since > LINGER_S:
-                # Nothing of the job is left to wait for (the record says so). Two SIGINTs:
-                # mpirun's forced end, which still writes out the ranks' last lines; then a kill.
-                _send(launcher.pid, signal.SIGINT)
-                time.sleep(0.2)
-                _send(launcher.pid, signal.SIGINT)
-                try:
-                    code = launcher.wait(timeout=LINGER_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    launcher.kill()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        lines = path.read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        words = line.split()
+        if len(words) == 3 and words[0] == kind and words[1].isdigit() and \
+                words[2].lstrip("-").isdigit():
+            found.setdefault(int(words[1]), int(words[2]))
+    return found
+
+
+def ranks_ready(path: Path) -> bool:
+    """Whether every rank on this host has said that it has started (rank_started): as many
+    ready lines as the local size any of them names."""
+    ready = rank_lines(path, "ready")
+    return bool(ready) and len(ready) >= max(ready.values())
+
+
+def rank_started() -> None:
+    """In a rank: tell `hvdtrain run` that this rank has started, its stop handler in place and
+    its start-up over (MPI, the model, the checkpoint, the first broadcast: the trainer's first
+    epoch, or a server's loop), so that a stop now costs a step and a checkpoint. A stop that
+    comes before every rank on the host has said so ends the job's processes at once instead:
+    a rank would first have to finish its start-up, which can take longer than a grace
+    period, and a rank without a handler yet would die of it."""
+    from .core_binding import local_size_hint
+
+    tell_wrapper("ready", local_size_hint())
+
+
+def tell_wrapper(kind: str, value: int) -> None:
+    """In a rank under `hvdtrain run`: a line for the wrapper (``ready`` with the number of
+    ranks on this host, once it has started; ``exit`` with its exit code)."""
+    path = os.environ.get(RANKS_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "a") as f:  # one short append per line: the ranks' lines never mix
+            f.write(f"{kind} {os.getpid()} {value}\n")
+    except OSError:
+        pass  # another host's rank: the wrapper goes by the launcher's code
+
+
+def _supervise(relay: StopRelay, record: Path, ranks: Path) -> int | None:
+    """The launcher's exit code, or None where a stop came before the ranks had started and
+    the launcher's processes were ended."""
+    launcher = relay.launcher
+    lingering_since: float | None = None  # the ranks here have ended after their checkpoint
+    stopped: set[int] = set()  # processes sent the stop, so each gets it once
+    started = False  # every rank here had started at some point: the stop is passed on
+    while True:
+        try:
+            code = launcher.wait(timeout=RESCAN_S)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        started = started or ranks_ready(ranks)
+        if relay.received and not started:
+            end_session(launcher)
+            return None
+        handlers = _stop_handlers(launcher.pid)
+        if relay.received:
+            for pid in handlers - stopped:
+                _send(pid, signal.SIGUSR1)
+                stopped.add(pid)
+        if lingering_since is None and record.exists() and not handlers - {launcher.pid}:
+            lingering_since = time.monotonic()
+        if lingering_since is not None and time.monotonic() - lingering_since > LINGER_S:
+            code = _end_lingering(launcher)
+            break
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+
+def _end_lingering(launcher: subprocess.Popen) -> int:
+    """Nothing of the job is left to wait for (the record says so). Two SIGINTs: mpirun's
+    forced end, which still writes out the ranks' last lines; then a kill."""
+    _send(launcher.pid, signal.SIGINT)
+    time.sleep(0.2)
+    _send(launcher.pid, signal.SIGINT)
+    try:
+        return launcher.wait(timeout=LINGER_S)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        return launcher.wait()
+
+
+def end_session(launcher: subprocess.Popen) -> None:
+    """End the launcher and every process of its session (its ranks, and any that left its
+    tree). The ranks get SIGKILL; mpirun then aborts the job, which with the sigkill timeout
+    set above takes it about 120 s, so it gets two SIGINTs (its forced end, as a second Ctrl-C),
+    and a SIGKILL if still there after a moment (its session folder is then removed:
+    mpirun_session_folders)."""
+    for pid in session_members(launcher.pid) - {launcher.pid}:
+        _send(pid, signal.SIGKILL)
+    for _ in range(2):
+        _send(launcher.pid, signal.SIGINT)
+        time.sleep(0.2)
+    try:
+        launcher.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        pass
+    for pid in session_members(launcher.pid):  # a rank started meanwhile, or the launcher
+        _send(pid, signal.SIGKILL)
+    launcher.wait()
+
+
+def mpirun_session_folders(pid: int) -> list[Path]:
+    """Open MPI's folder for mpirun ``pid`` (its ranks' shared-memory files, PMIx sockets),
+    which a mpirun ended by force (end_session, _end_lingering) leaves behind:
+    <tmpdir>/ompi.<host>.<uid>/pid.<pid>."""
+    base = Path(os.environ.get("OMPI_MCA_orte_tmpdir_base") or tempfile.gettempdir())
+    return [path for path in base.glob(f"ompi.*.{os.getuid()}/pid.{pid}") if path.is_dir()]
+
+
+def session_members(session: int) -> set[int]:
+    """The processes of session ``session`` (the launcher's: start_new_session) and of its
+    tree, from /proc."""
+    found = set(process_tree(session))
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 3 and fields[3] == str(session):  # state ppid pgrp session
+            found.add(int(stat.parent.name))
+    return found
 
 
 def _stop_handlers(root: int) -> set[int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from .replica import BatchStats, Replica
+from .requeue import rank_started
 
 if TYPE_CHECKING:
     from .loop.step_times import RankStepTimes
@@ -172,6 +173,7 @@ class UpdateScheme:
 
     def run(self, loop: Callable[[], None], progress: Progress) -> None:
         """Run the epochs; an elastic scheme runs them again after a reset."""
+        rank_started()  # its start-up is over: `hvdtrain run` may pass a stop on to it now
         loop()
 
     def step_done(self, progress: Progress) -> None:

@@ -23,6 +23,7 @@ from .flat_gradients import FlatGradients
 from .optim import build_optimizer, set_learning_rate
 from .replica import BatchStats, Replica, split_batch
 from .runtime import Runtime
+from .requeue import rank_started
 from .scheme import Progress, UpdateScheme
 
 T = TypeVar("T")
@@ -287,6 +288,7 @@ class ElasticHorovodSync(HorovodSync):
                                             workers=progress.workers,
                                             grad_scaler=self.replica.precision.state_dict())
         self.state.register_reset_callbacks([self._on_reset])
+        rank_started()  # as UpdateScheme.run
 
         @hvd.elastic.run
         def elastic_loop(state):

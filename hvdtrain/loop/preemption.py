@@ -15,9 +15,7 @@ import os
 import signal
 import threading
 
-from ..exit_codes import EXIT_PREEMPTED
-
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+from ..exit_codes import EXIT_PREEMPTED, STOP_SIGNALS
 
 
 class StopSignals:

@@ -149,3 +149,28 @@ def test_an_exception_in_the_users_forward_says_which_checkpoint_is_intact(tmp_p
         f"hvdtrain: error: training stopped by RuntimeError (traceback above); the last "
         f"checkpoint {run_dir / 'checkpoint.pt'} is intact; fix the cause and continue with "
         f"--resume {run_dir}")
+
+
+# --- issue 41: under mpirun's recovery settings a refused job exits 0 -----------------------------
+RECOVERY = ["--mca", "orte_enable_recovery", "1", "--mca", "orte_abort_on_non_zero_status", "0"]
+
+
+@pytest.mark.parametrize("mode, np, refused, message", [
+    ("sync", 2, ["--epochs", "0"], "--epochs: invalid value 0"),
+    ("async", 3, ["--timeout-s", "30", "--max-restarts", "1", "--lr", "-1"],
+     "--lr: invalid value -1"),
+])
+def test_the_recovery_launch_line_fails_a_refused_job(tmp_path, mode, np, refused, message):
+    # mpirun under these settings exits 0 whatever its ranks return: each rank printed its exit-2
+    # message and the job looked like a success to a scheduler. Every rank now stops mpirun
+    # (fail_launcher), which exits 1; `hvdtrain run` gives the ranks' own code, 2.
+    command = mpirun(np, *RECOVERY, *hvdtrain("train", "--mode", mode, "--run-dir",
+                                              str(tmp_path / "run"), *refused))
+    proc = run(command, check=False, timeout=120)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert message in proc.stderr
+    if mode == "sync":
+        wrapped = run(hvdtrain("run", *command), check=False, timeout=120)
+        assert wrapped.returncode == 2, (wrapped.returncode, wrapped.stderr[-3000:])
+        assert "hvdtrain run: exit 2, the ranks' own code (the launcher's: 1)" in wrapped.stderr
+    assert not (tmp_path / "run").exists()

@@ -8,11 +8,13 @@ import os
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from hvdtrain import checkpoint
-from hvdtrain.requeue import process_tree
+from hvdtrain.requeue import (RANKS_FILE_ENV, _handles, mpirun_session_folders,
+                              process_tree, ranks_ready)
 from launch import REPO, horovodrun, hvdtrain, launcher_env, mpirun, records
 
 pytestmark = pytest.mark.multiproc
@@ -81,3 +83,109 @@ def test_without_a_preemption_the_launchers_exit_code_passes_through(tmp_path):
     assert code("sh", "-c", "exit 3") == 3
     assert code("sh", "-c", "kill -9 $$") == 128 + 9
     assert code(str(tmp_path / "no-such-launcher")) == 2
+
+
+# --- issue 41: a stop while the job starts ---------------------------------------------------------
+def _start_wrapped(command: list[str]) -> subprocess.Popen:
+    """`hvdtrain run COMMAND`, once its own handler is in place: a signal within the Python
+    interpreter's start-up (a tenth of a second or so) ends it with 143 before it has started
+    anything, which no code of its own can change."""
+    job = subprocess.Popen(hvdtrain("run", *command), cwd=REPO, env=launcher_env(),
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not _handles(job.pid, signal.SIGTERM):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.01)
+    return job
+
+
+def _ranks_started(job: subprocess.Popen) -> bool:
+    """Whether every rank has told the wrapper that it started (the file the launcher's
+    environment names)."""
+    for pid in process_tree(job.pid):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for entry in env:
+            if entry.startswith(RANKS_FILE_ENV.encode() + b"="):
+                return ranks_ready(Path(entry.split(b"=", 1)[1].decode()))
+    return False
+
+
+def _stop_and_wait(job: subprocess.Popen, delay: float,
+                   after_start: bool = False) -> tuple[int, float, str, set[int]]:
+    """SIGTERM after ``delay`` seconds (from the ranks' start with ``after_start``), as
+    Kubernetes sends it; the code, the seconds the job took to end after it, its stderr, and
+    the processes it had at the signal."""
+    deadline = time.monotonic() + 120
+    while after_start and not _ranks_started(job) and job.poll() is None:
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.05)
+    time.sleep(delay)
+    tree = set(process_tree(job.pid)) - {job.pid}
+    job.send_signal(signal.SIGTERM)
+    signalled = time.monotonic()
+    try:
+        _, err = job.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        for pid in tree:
+            _kill(pid)
+        pytest.fail(f"still running 30 s after the SIGTERM at {delay} s")
+    return job.returncode, time.monotonic() - signalled, err, tree
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _left_behind(tree: set[int], mark: str) -> list[str]:
+    """The job's processes still running (named by ``mark`` in their command line), and
+    mpirun's session folders of its processes."""
+    time.sleep(0.5)
+    left = []
+    for pid in tree:
+        try:
+            if mark in (Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")):
+                left.append(f"process {pid}")
+        except OSError:
+            pass
+        left += [str(p) for p in mpirun_session_folders(pid)]
+    return left
+
+
+def test_a_stop_at_any_moment_of_the_start_up_ends_within_10_s_with_nothing_left(tmp_path):
+    # The stop used to reach ranks without a handler yet as mpirun's forwarded SIGUSR1: a rank
+    # died of it, mpirun waited ~120 s in its abort, the wrapper exited 138 and, killed, left
+    # mpirun running. Before the ranks are ready the wrapper now ends the launcher's session
+    # (nothing was trained) and exits 75; after, the ranks stop at a step with a checkpoint.
+    # The delays run from the wrapper's start, and the last two from the ranks' (however long
+    # their start takes on a busy machine), so that both sides of it are swept.
+    outcomes = []
+    for i, (delay, after_start) in enumerate([(0.0, False), (0.3, False), (1.0, False),
+                                               (2.0, False), (3.5, False), (0.0, True),
+                                               (0.5, True)]):
+        run_dir = tmp_path / f"run{i}"
+        job = _start_wrapped(mpirun(2, *hvdtrain("train", "--no-progress", "--epochs", "3",
+                                                 "--run-dir", str(run_dir))))
+        code, took, err, tree = _stop_and_wait(job, delay, after_start)
+        outcomes.append((delay, after_start, code, round(took, 1)))
+        assert code in (PREEMPTED, 0), (delay, code, err[-3000:])
+        assert took < 10, (delay, took, err)
+        assert "Traceback" not in err, err[-3000:]
+        assert not _left_behind(tree, str(run_dir)), (delay, _left_behind(tree, str(run_dir)))
+    print(outcomes)
+
+
+def test_a_command_that_handles_no_stop_is_ended_by_it():
+    # `hvdtrain run sleep 30` swallowed SIGTERM: sleep handles no SIGUSR1, so nothing was sent.
+    job = _start_wrapped(["sleep", "30"])
+    code, took, err, tree = _stop_and_wait(job, 0.3)
+    assert code == PREEMPTED and took < 5, (code, took, err)
+    assert "hvdtrain run: SIGTERM while the job started" in err, err
+    assert not _left_behind(tree, "sleep"), tree
