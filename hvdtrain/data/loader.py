@@ -40,10 +40,12 @@ import itertools
 import os
 import pickle
 import select
+import shutil
 import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -233,7 +235,8 @@ class LoaderBatches(BatchSource):
             # Horovod: fork after MPI has started can crash or hang; forkserver starts clean.
             _forkserver_preloads_torch()
             options.update(multiprocessing_context="forkserver", persistent_workers=True,
-                           worker_init_fn=functools.partial(_end_with_trainer, os.getpid()))
+                           worker_init_fn=functools.partial(_end_with_trainer, os.getpid(),
+                                                            _shared_temp_dir()))
         if self.is_stream:
             return DataLoader(self._stream, batch_size=None, **options)  # batches come whole
         return DataLoader(self.dataset, batch_sampler=self._batches, **options)
@@ -330,7 +333,50 @@ def _pair(batch: Any, name: str) -> tuple[Any, Any]:
     return batch[0], batch[1]
 
 
-def _end_with_trainer(trainer: int, worker_id: int) -> None:
+# + the trainer's PID + "-": multiprocessing's pymp-* folder, short (a socket's path in it has
+# room for about 107 characters, the temp folder's included)
+TEMP_PREFIX = "pymp-hvd"
+
+
+def _shared_temp_dir() -> str:
+    """multiprocessing's temp folder (its sockets: the forkserver's, and the loader processes'
+    for the batches' shared memory), made now, before the loader processes: each of them then
+    inherits it instead of making a pymp-* folder of its own. A trainer that ends normally
+    removes it; one killed alone (kill -9) leaves that to its loader processes
+    (_exit_when_ended); where the launcher killed them all at once, the next start on the
+    machine removes it (sweep_temp_dirs)."""
+    import tempfile
+    from multiprocessing import process, util
+
+    config = process.current_process()._config
+    if config.get("tempdir") is None:  # multiprocessing has not made its own yet
+        sweep_temp_dirs(Path(tempfile.gettempdir()))
+        folder = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+        util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
+        config["tempdir"] = folder
+    return config["tempdir"]
+
+
+def sweep_temp_dirs(temp: Path) -> None:
+    """Removes the temp folders of this machine's trainers that are gone (by their PIDs: a
+    temp folder shared with containers that have PIDs of their own is not swept right)."""
+    for folder in temp.glob(f"{TEMP_PREFIX}*-*"):
+        pid = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and folder.stat().st_uid == os.getuid() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
+
+
+def _end_with_trainer(trainer: int, temp_dir: str, worker_id: int) -> None:
     """worker_init_fn: end this loader process as soon as the training process ``trainer`` has
     ended, however it ended (SIGKILL, the stall watchdog's os._exit, MPI_Abort). Nothing else
     does: a loader process is the forkserver's child, so PR_SET_PDEATHSIG (which fires when the
@@ -340,15 +386,16 @@ def _end_with_trainer(trainer: int, worker_id: int) -> None:
     other two, each of which exits when the last holder of its pipe is gone."""
     try:
         handle = os.pidfd_open(trainer)  # readable once the process has exited (Linux 5.3)
-    except ProcessLookupError:
-        os._exit(0)  # the trainer ended before this process started
+    except ProcessLookupError:  # the trainer ended before this process started
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        os._exit(0)
     except (AttributeError, OSError):  # no pidfd on this system: poll the PID instead
         handle = None
-    threading.Thread(target=_exit_when_ended, args=(trainer, handle), daemon=True,
+    threading.Thread(target=_exit_when_ended, args=(trainer, handle, temp_dir), daemon=True,
                      name="hvdtrain-end-with-trainer").start()
 
 
-def _exit_when_ended(trainer: int, handle: int | None) -> None:
+def _exit_when_ended(trainer: int, handle: int | None, temp_dir: str) -> None:
     if handle is not None:
         select.select([handle], [], [])
     else:
@@ -360,6 +407,8 @@ def _exit_when_ended(trainer: int, handle: int | None) -> None:
             except PermissionError:
                 pass  # alive, another user's (the PID was reused, or a setuid trainer)
             time.sleep(1)
+    # A killed trainer removed nothing: its pymp-* folder would stay in the temp folder.
+    shutil.rmtree(temp_dir, ignore_errors=True)
     os._exit(0)  # at once: no batch is wanted any more, and a clean exit could block on queues
 
 

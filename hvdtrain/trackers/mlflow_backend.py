@@ -15,10 +15,12 @@ from typing import Any
 from .metrics import params_of
 
 PARENT_ENV = "MLFLOW_PARENT_RUN_ID"
+# The environment MLflow gets unless the user set these (the user's own settings win).
 # MLflow retries an HTTP call for minutes by default; a server that does not answer should cost
-# the run seconds, not minutes (the user's own settings win).
-HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-                 "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+# the run seconds, not minutes. MLflow 3's usage telemetry writes ~/.config/mlflow/telemetry.json
+# and calls MLflow's servers, from a run whose store is offline in its own folder.
+ENV_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_DISABLE_TELEMETRY": "true"}
 JOB_TAG = "hvdtrain.job_key"  # sink.py's key of the job, by which a resume finds its run
 PARAM_CHARS = 500  # the smallest limit of the MLflow versions in use
 
@@ -82,8 +84,10 @@ def check_store(uri: str) -> None:
 
 
 def client_for(uri: str):
+    if not uri:  # MlflowClient would take MLflow 3's default: ./mlflow.db of the working folder
+        raise RuntimeError("no MLflow store to log to")
     check_store(uri)
-    for name, value in HTTP_DEFAULTS.items():
+    for name, value in ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     for noisy in ("mlflow.store.db.utils", "alembic"):  # "Creating initial MLflow database..."
         logging.getLogger(noisy).setLevel(logging.WARNING)

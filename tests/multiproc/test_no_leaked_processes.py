@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hvdtrain.data.loader import sweep_temp_dirs
 from launch import REPO, hvdtrain, launcher_env, mpirun, pid_of_rank
 
 pytestmark = pytest.mark.multiproc
@@ -79,14 +80,15 @@ def loaders_running(run_dir: Path, job: subprocess.Popen, ranks: int,
 
 @pytest.mark.parametrize("ending", ["kill -9", "stall watchdog"])
 def test_a_dead_trainer_leaves_no_process_behind(tmp_path, ending):
-    run_dir = tmp_path / "run"
+    run_dir, temp = tmp_path / "run", tmp_path / "tmp"
+    temp.mkdir()  # the processes' temp folder: multiprocessing's pymp-* folders go there
     job = subprocess.Popen(
         # --stall-timeout-s: the watchdog counts from the last step, evaluation or checkpoint,
         # and the stop comes after the first epoch, so the start's length does not matter
         mpirun(2, *hvdtrain("train", "--dataset", DATA, "--data-workers", "2", "--epochs", "500",
                             "--no-progress", "--stall-timeout-s", "10", "--run-dir", str(run_dir))),
-        cwd=REPO, env=launcher_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        cwd=REPO, env={**launcher_env(), "TMPDIR": str(temp)}, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     recorded: dict[int, str] = {}
     try:
         below = loaders_running(run_dir, job, ranks=2)
@@ -106,6 +108,12 @@ def test_a_dead_trainer_leaves_no_process_behind(tmp_path, ending):
         assert not left, (f"{len(left)} of the {len(recorded)} processes below the trainers are "
                           f"still running {time.monotonic() - ended:.0f} s after the job ended: "
                           f"{left}")
+        # Their sockets' folders (issue 41): rank 1's loader processes removed its own; rank 0's
+        # may remain where mpirun killed its processes all at once, for the next start on this
+        # machine to remove.
+        assert len(list(temp.glob("pymp-*"))) <= 1
+        sweep_temp_dirs(temp)
+        assert list(temp.glob("pymp-*")) == []
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)

@@ -113,6 +113,22 @@ def test_loader_processes_give_the_same_batches():
         assert torch.equal(torch.cat(parts), y)
 
 
+def test_the_temp_folders_of_trainers_that_are_gone_are_swept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from hvdtrain.data.loader import TEMP_PREFIX, sweep_temp_dirs
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    names = [f"{TEMP_PREFIX}{gone}-ab_1", f"{TEMP_PREFIX}{os.getpid()}-x", "pymp-k2j3h4"]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "listener-1").touch()
+    sweep_temp_dirs(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+
+
 def test_an_older_iteration_cannot_go_on():
     x, y = data()
     loader = LoaderBatches(TensorDataset(x, y), "cpu")
