@@ -171,9 +171,7 @@ def _run_async(cfg: Config, workload: Workload, model):
     try:
         if is_server:
             server = ParameterServer(comm, cfg, topology)
-            rank_started()  # `hvdtrain run` may pass a stop on to it now
-            server.serve()
-            lost = server.membership.lost_workers
+            lost = _serve(server)
         else:
             scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
             trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
@@ -183,10 +181,19 @@ def _run_async(cfg: Config, workload: Workload, model):
         history, run_dir, verdict = survivors_of(world, lost).bcast(
             (trainer.history, trainer.run_dir, trainer.stopping.verdict)
             if trainer is not None and trainer.is_main else None, root=0)  # root 0: the lead
+        if is_server:  # every server has stopped serving: a frozen lost worker may wake
+            server.membership.job_ended(server)
         return Finished(history, run_dir, trainer, verdict)
     except BaseException as e:  # never leave the other ranks waiting for this one
         _leave_if_lost(e)
         _end_async_job(e, world, runtime.rank, trainer)
+
+
+def _serve(server) -> list[int]:
+    """Serve until every worker is done or lost; the workers lost on the way."""
+    rank_started()  # `hvdtrain run` may pass a stop on to it now (requeue.py)
+    server.serve()
+    return server.membership.lost_workers
 
 
 def _leave_if_lost(e: BaseException) -> None:
@@ -195,8 +202,7 @@ def _leave_if_lost(e: BaseException) -> None:
     from .ps.membership import WorkerLost, exit_without_finalize
 
     if isinstance(e, WorkerLost):
-        print(f"hvdtrain: {e}; this process leaves the job, which goes on without it",
-              file=sys.stderr, flush=True)
+        print(f"hvdtrain: {e}", file=sys.stderr, flush=True)
         exit_without_finalize()
 
 

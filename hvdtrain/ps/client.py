@@ -92,6 +92,9 @@ class ParameterServerClient(UpdateScheme):
         self._slot_word = np.zeros(1, dtype=np.int64)
         # Lost workers (survivors.py): their collectives move to a communicator of the others.
         self.survivors = Survivors(MPI, comm, worker_comm, topology.server_ranks()[0])
+        # While it waits for a server under recovery: a frozen worker, lost meanwhile, may wake
+        # after the job ended, and leaves when told so rather than time out (survivors.py).
+        self._check_ended = self.survivors.check_ended if self.survivors.recovery else None
         self._sums: list[_PendingAllreduce] = []  # every sum_later, in posting order
 
     @property
@@ -141,7 +144,8 @@ class ParameterServerClient(UpdateScheme):
         slots = np.empty(count, dtype=np.int64)
         wait_any(self.MPI, [self.comm.Irecv(slots, source=leader, tag=Tag.SLOT)],
                  self._reply_timeout_s(), lambda: (
-                     f"worker {self.worker_rank}: parameter server 0 handed out no batch"))
+                     f"worker {self.worker_rank}: parameter server 0 handed out no batch"),
+                 check=self._check_ended)
         for slot in slots:
             self.feed.queue.receive(int(slot))
 
@@ -342,8 +346,8 @@ class ParameterServerClient(UpdateScheme):
         stops = [self.comm.Irecv(words[i], source=server, tag=Tag.STOP)
                  for i, (server, _) in enumerate(self.routes)]
         while wait_any(self.MPI, stops, self.cfg.ps.timeout_s, lambda: (
-                f"worker {self.worker_rank}: not every parameter server confirmed the stop")) \
-                != self.MPI.UNDEFINED:
+                f"worker {self.worker_rank}: not every parameter server confirmed the stop"),
+                check=self._check_ended) != self.MPI.UNDEFINED:
             pass
         self._stops_received = True
 
@@ -449,10 +453,8 @@ class ParameterServerClient(UpdateScheme):
         """Wait for every request; copy each parameter chunk to the device as it arrives."""
         params = self.params_flat.numpy()
         while True:
-            index = wait_any(self.MPI, requests, self._reply_timeout_s(), lambda: (
-                f"worker {self.worker_rank}: no reply from the parameter server to its "
-                f"{kind.name} (clock {self.clock}); under --staleness or --bsp the server holds "
-                "a reply until the slowest worker catches up"))
+            index = wait_any(self.MPI, requests, self._reply_timeout_s(),
+                             lambda: self._no_reply(kind), check=self._check_ended)
             if index == self.MPI.UNDEFINED:
                 break
             if copies[index] is not None:
@@ -461,6 +463,17 @@ class ParameterServerClient(UpdateScheme):
                     self.host.sync()
                     params[a:b] = shard[a - first:b - first]
                 self.copies.parameters_to_device(a, b)
+
+    def _no_reply(self, kind: Kind) -> str:
+        """Why a reply may not come: a server died (a killed one looks like this: Open MPI
+        reports no error), or, under a staleness bound or lock-step rounds, it holds the reply
+        for a worker that stopped."""
+        held = (self.cfg.ps.bsp or self.cfg.ps.staleness != float("inf")) and \
+            self.topology.num_workers > 1
+        return (f"worker {self.worker_rank}: no reply from the parameter server to its "
+                f"{kind.name} (clock {self.clock}): a server process died, hangs or was cut off"
+                + ("; or it holds the reply until the slowest worker catches up (--staleness, "
+                   "--bsp), and that worker stopped" if held else ""))
 
     def _flatten_copied(self) -> None:
         """After the model's non-float32 parameters changed (a checkpoint), refresh the buffer."""

@@ -87,7 +87,11 @@ def exit_without_finalize() -> None:
 class WorkerLost(Exception):
     """This worker was declared lost while it was frozen or cut off: its batches went to the
     survivors and the servers refuse its pushes (ledger.py), so it leaves the job without
-    MPI_Finalize (exit_without_finalize), and the job goes on without it."""
+    MPI_Finalize (exit_without_finalize), and the job goes on without it, or has ended
+    (Membership.job_ended). Its exit is no failure of the job."""
+
+
+ENDED_WAIT_S = 0.5  # for the words to lost workers to leave: a dead one never takes its own
 
 
 @dataclass
@@ -192,8 +196,10 @@ class Membership:
                 if self._scan(server, time.perf_counter()) or self.starting:
                     start = time.monotonic()  # a replacement that starts is no hang
                     requests = self._requests_after_join(server, requests)
-                elif time.monotonic() - start > timeout_s:
-                    raise
+                elif time.monotonic() - start > timeout_s:  # as wait_any says it
+                    raise StuckError(f"{server._describe_wait()} (waited {timeout_s:g} s, "
+                                     "--timeout-s); a process has stopped or hangs. Raise "
+                                     "--timeout-s if it may pause this long.") from None
 
     @staticmethod
     def _routed(server) -> bool:
@@ -240,12 +246,25 @@ class Membership:
             self._tell(server, worker, pushes)
         server.pushes.release()
         if self.index == 0:
+            left = len(self.gone) < server.num_workers
             print(f"hvdtrain: worker {worker} (rank {worker}) lost: silent for "
-                  f"{self.lost[-1].silent_s:.0f} s after {pushes} pushes; training goes on "
-                  "with the other workers", file=sys.stderr, flush=True)
+                  f"{self.lost[-1].silent_s:.0f} s after {pushes} pushes; " +
+                  ("training goes on with the other workers" if left else "it was the last"),
+                  file=sys.stderr, flush=True)
             if self.replacements and self.replacements.replace(server, worker, pushes):
                 self.dropped -= 1  # the loop's count keeps it: its replacement is on its way
+            self._check_anyone_left(server)
         return 1
+
+    def _check_anyone_left(self, server) -> None:
+        """Every worker lost, none replaced: nothing is left to train, and the job ends with an
+        error now (it used to wait --timeout-s more, then list the lost workers as done)."""
+        if len(self.gone) < server.num_workers or self.starting:
+            return
+        lost = ", ".join(f"worker {loss.worker} after {loss.pushes} pushes" for loss in self.lost)
+        raise StuckError(f"every worker was lost ({lost}): no worker is left to train; rerun "
+                         "the same command with --auto-resume to continue from the last "
+                         "checkpoint")
 
     def _tell(self, server, worker: int, pushes: int) -> None:
         """The other servers first, then every live worker (survivors.py reads it)."""
@@ -257,6 +276,21 @@ class Membership:
             if not server.clocks.is_done(w) and w not in self.lost_workers:  # a newcomer
                 # is exempt from the survivors' collectives (replacement.py): no word for it
                 server.comm.Send(word, dest=w, tag=Tag.LOST)
+
+    def job_ended(self, server) -> None:
+        """Server 0, once every server has stopped serving (after the job's last collective): a
+        lost worker that was only frozen would wake to wait for replies that never come, then
+        end the finished job with an error. Its own process is told (Tag.ENDED) on the base
+        communicator, which reaches it rather than its replacement (routes.py), and leaves
+        quietly (survivors.py)."""
+        if self.index != 0 or not self.lost:
+            return
+        base = getattr(server.comm, "base", server.comm)
+        sends = [base.Isend(np.array([loss.worker, loss.pushes], dtype=np.int64),
+                            dest=loss.worker, tag=Tag.ENDED) for loss in self.lost]
+        deadline = time.monotonic() + ENDED_WAIT_S
+        while not server.MPI.Request.Testall(sends) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def report(self, load=None) -> dict:
         replaced = {}

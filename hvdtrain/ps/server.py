@@ -179,8 +179,10 @@ class ParameterServer:
         self.membership.receive(self, status)  # wait_any, or with silence checks
 
     def _describe_wait(self) -> str:
-        clocks = ", ".join(f"worker {w}: {'done' if self.clocks.is_done(w) else int(c)}"
-                           for w, c in enumerate(self.clocks.clocks))
+        lost = set(self.membership.lost_workers)  # their clocks read done too (membership.drop)
+        clocks = ", ".join(
+            f"worker {w}: {'lost' if w in lost else 'done' if self.clocks.is_done(w) else int(c)}"
+            for w, c in enumerate(self.clocks.clocks))
         held = f"; replies held back for workers {sorted(self.pending)}" if self.pending else ""
         idle = f"; idle: workers {sorted(self.clocks.idle)}" if self.clocks.idle else ""
         if self.pauses.paused_by is not None:

@@ -33,17 +33,31 @@ class Survivors:
         """Read server 0's LOST messages; True when a worker was lost since the last poll."""
         if not self.recovery:
             return False
+        self.check_ended()
         news = False
         word = np.empty(2, dtype=np.int64)
         while self.comm.Iprobe(source=self.leader, tag=Tag.LOST):
             self.comm.Recv(word, source=self.leader, tag=Tag.LOST)
             if int(word[0]) == self.comm.Get_rank():  # this one (ledger.py): it leaves
                 raise WorkerLost(f"worker {int(word[0])} was declared lost after "
-                                 f"{int(word[1])} pushes; its batches went to the others")
+                                 f"{int(word[1])} pushes; its batches went to the others; "
+                                 "this process leaves the job, which goes on without it")
             self.lost.append(int(word[0]))
             self.pushes[int(word[0])] = int(word[1])
             news = True
         return news
+
+    def check_ended(self) -> None:
+        """WorkerLost if server 0 said that the job ended without this worker, lost while it was
+        frozen (Membership.job_ended): no server will answer what it waits for. Called in every
+        wait for a server's reply under recovery, and in every poll."""
+        if not self.recovery or not self.comm.Iprobe(source=self.leader, tag=Tag.ENDED):
+            return
+        word = np.empty(2, dtype=np.int64)
+        self.comm.Recv(word, source=self.leader, tag=Tag.ENDED)
+        raise WorkerLost(f"worker {int(word[0])} was declared lost after {int(word[1])} pushes "
+                         "while it was silent (frozen, or cut off), and the job has ended "
+                         "without it; this process leaves quietly")
 
     def communicators(self):
         """The survivors' worker communicator and a duplicate for the end's agreement; their

@@ -13,17 +13,22 @@ class StuckError(RuntimeError):
 
 
 def wait_any(MPI, requests: list, timeout_s: float, explain: Callable[[], str],
-             status=None) -> int:
-    """Index of one completed request, or MPI.UNDEFINED once none is active."""
-    if not timeout_s:
+             status=None, check: Callable[[], None] | None = None) -> int:
+    """Index of one completed request, or MPI.UNDEFINED once none is active. ``check`` runs
+    every 1024 polls meanwhile, and may raise (a lost worker told that the job ended)."""
+    if not timeout_s and check is None:
         return MPI.Request.Waitany(requests, status)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s if timeout_s else float("inf")
     polls = 0
     while True:
         index, done = MPI.Request.Testany(requests, status)
         if done:
             return index
         polls += 1
-        if polls & 1023 == 0 and time.monotonic() > deadline:
+        if polls & 1023:
+            continue
+        if check is not None:
+            check()
+        if time.monotonic() > deadline:
             raise StuckError(f"{explain()} (waited {timeout_s:g} s, --timeout-s); a process has "
                              "stopped or hangs. Raise --timeout-s if it may pause this long.")

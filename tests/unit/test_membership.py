@@ -296,3 +296,99 @@ def test_the_leads_object_reaches_the_others_and_a_dead_lead_hands_the_broadcast
 
     mine = {"metric": "test_acc", "value": 0.91}
     assert broadcast_surviving(mine, lambda: comms[-1], regroup, 5, str) == mine
+
+
+# --- issue 41: a worker lost while frozen wakes after the job ended ---------------------------------
+class _Pending:
+    """An MPI request that never completes: a reply from a server that serves no more."""
+
+    def Test(self):
+        return False
+
+
+class _WorkerMPI:
+    UNDEFINED = -32766
+
+    class Request:
+        @staticmethod
+        def Testany(requests, status=None):
+            return _WorkerMPI.UNDEFINED, False
+
+
+class _WorkerComm:
+    """A worker's view of the messages server 0 (rank 3) left for it."""
+
+    def __init__(self, rank, messages):
+        self.rank, self.messages = rank, messages  # {tag: [words]}
+
+    def Get_rank(self):
+        return self.rank
+
+    def Iprobe(self, source, tag):
+        return source == 3 and bool(self.messages.get(tag))
+
+    def Recv(self, buffer, source, tag):
+        buffer[:] = self.messages[tag].pop(0)
+
+
+def test_server_0_tells_a_lost_workers_own_process_that_the_job_ended():
+    # Worker 1, frozen (SIGSTOP) past its silence limit, was dropped; the others finished. It
+    # used to wake, wait 2 x --timeout-s for a reply and abort the finished job (rc 1).
+    server = _server(num_workers=3)
+    server.clocks.push(1, 38)
+    m = Membership(0, recovery=True)
+    m.drop(server, 1, _silent(server, 1))
+    sent = []
+    # With --max-restarts the communicator routes rank 1 to its replacement: the word goes to
+    # the base communicator, which reaches the frozen process itself.
+    server.comm = SimpleNamespace(base=SimpleNamespace(
+        Isend=lambda buffer, dest, tag: sent.append((dest, tag, np.array(buffer).tolist()))))
+    server.MPI = SimpleNamespace(Request=SimpleNamespace(Testall=lambda requests: True))
+    m.job_ended(server)
+    assert sent == [(1, Tag.ENDED, [1, 38])]
+    sent.clear()
+    Membership(1, recovery=True).job_ended(server)  # the other servers say nothing
+    Membership(0, recovery=True).job_ended(server)  # nor does a job that lost nobody
+    assert sent == []
+
+
+def test_a_lost_worker_told_that_the_job_ended_leaves_its_wait_at_once(monkeypatch):
+    from hvdtrain.ps.membership import WorkerLost
+    from hvdtrain.ps.survivors import Survivors
+    from hvdtrain.ps.waiting import wait_any
+
+    monkeypatch.setenv("OMPI_MCA_orte_enable_recovery", "1")
+    comm = _WorkerComm(1, {Tag.ENDED: [np.array([1, 38])]})
+    survivors = Survivors(_WorkerMPI, comm, worker_comm=None, leader=3)
+    started = time.monotonic()
+    with pytest.raises(WorkerLost, match="the job has ended without it"):
+        wait_any(_WorkerMPI, [_Pending()], 60.0, lambda: "no reply", check=survivors.check_ended)
+    assert time.monotonic() - started < 5  # not the 60 s of the reply's timeout
+    comm.messages[Tag.ENDED] = [np.array([1, 38])]
+    with pytest.raises(WorkerLost):  # nor in the survivors' own waits (wait_surviving)
+        survivors.poll()
+    assert survivors.poll() is False  # no word: nothing to leave for
+
+
+def test_when_every_worker_is_lost_the_job_ends_at_once_naming_them_lost(monkeypatch, capsys):
+    # It used to wait --timeout-s more, then list the lost workers as "done".
+    server = _server(num_workers=2)
+    server.clocks.push(0, 5)
+    m = Membership(0, recovery=True)
+    m.drop(server, 0, _silent(server, 0))
+    assert "training goes on with the other workers" in capsys.readouterr().err
+    with pytest.raises(StuckError, match=r"every worker was lost \(worker 0 after 5 pushes, "
+                                         r"worker 1 after 0 pushes\): no worker is left"):
+        m.drop(server, 1, _silent(server, 1))
+    assert "it was the last" in capsys.readouterr().err
+
+
+def test_a_servers_wait_names_lost_workers_lost_not_done(monkeypatch):
+    from fake_ps import Job
+
+    job = Job(monkeypatch, workers=3, backup=0, bsp=False)
+    server = job.servers[0]
+    server.membership.recovery = True
+    server.membership.drop(server, 1, time.perf_counter())
+    server.clocks.done(2)  # finished its epochs
+    assert "worker 0: 0, worker 1: lost, worker 2: done" in server._describe_wait()
