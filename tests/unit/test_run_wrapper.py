@@ -1,0 +1,59 @@
+"""`hvdtrain run` (requeue.py) in-process: what it reads of the ranks' lines, the code it exits
+with, and that it imports no torch before its stop handler is in place (issue 41). The launches
+themselves are tests/multiproc/test_requeue.py's."""
+
+import subprocess
+import sys
+
+from hvdtrain import requeue
+
+
+def _lines(tmp_path, *lines):
+    path = tmp_path / "ranks"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    return path
+
+
+def test_the_ranks_have_started_once_every_rank_on_the_host_said_so(tmp_path):
+    assert not requeue.ranks_ready(tmp_path / "none-yet")
+    assert not requeue.ranks_ready(_lines(tmp_path, "ready 11 2"))
+    assert not requeue.ranks_ready(_lines(tmp_path, "ready 11 2", "ready 11 2"))  # one rank
+    assert requeue.ranks_ready(_lines(tmp_path, "ready 11 2", "exit 11 0", "ready 12 2"))
+    assert requeue.ranks_ready(_lines(tmp_path, "ready 11 1"))  # hvdtrain train alone
+    assert not requeue.ranks_ready(_lines(tmp_path, "ready 11 x", "garbage", "ready 1"))
+
+
+def test_the_wrapper_exits_with_the_ranks_own_code_where_the_launcher_says_otherwise(
+        tmp_path, capsys):
+    # mpirun under its recovery settings says 1 (or 0), horovodrun 1, for ranks that exited 2
+    refused = _lines(tmp_path, "exit 11 2", "exit 12 2")
+    assert requeue._job_code(1, refused, stopped=False) == 2
+    assert "exit 2, the ranks' own code (the launcher's: 1)" in capsys.readouterr().err
+    assert requeue._job_code(0, refused, stopped=False) == 2
+    assert requeue._job_code(2, refused, stopped=False) == 2  # plain mpirun: the same, quietly
+    assert capsys.readouterr().err.count("the ranks' own code") == 1
+    done = _lines(tmp_path, "exit 11 0", "exit 12 0")
+    assert requeue._job_code(137, done, stopped=False) == 137  # the launcher's own failure
+    assert requeue._job_code(0, tmp_path / "no-lines", stopped=False) == 0
+
+
+def test_tell_wrapper_writes_only_under_the_wrapper(tmp_path, monkeypatch):
+    monkeypatch.delenv(requeue.RANKS_FILE_ENV, raising=False)
+    requeue.tell_wrapper("exit", 2)  # no file named: nothing to do
+    monkeypatch.setenv(requeue.RANKS_FILE_ENV, str(tmp_path / "ranks"))
+    monkeypatch.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "3")
+    requeue.rank_started()
+    requeue.tell_wrapper("exit", 2)
+    assert list(requeue.rank_lines(tmp_path / "ranks", "ready").values()) == [3]
+    assert list(requeue.rank_lines(tmp_path / "ranks", "exit").values()) == [2]
+
+
+def test_the_wrapper_imports_no_torch():
+    # It used to import torch (1.3 s) before it installed its handler: a SIGTERM meanwhile
+    # ended it with 143 and no line of its own.
+    code = ("import sys\nfrom hvdtrain.cli import main\n"
+            "code = main(['run', sys.executable, '-c', 'pass'])\n"
+            "print(code, 'torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split() == ["0", "False"], (proc.stdout, proc.stderr)
