@@ -99,7 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse: a wrong flag (2) on every rank alike, or --help (0)
         ended(e.code if isinstance(e.code, int) else EXIT_BAD_INPUT, exiting)
         raise
-    return ended(_train_command(args, exiting), exiting)
+    try:
+        code = _train_command(args, exiting)
+    except Exception:  # a bug: its traceback, printed before ended() may stop mpirun
+        if not exiting:
+            raise
+        import traceback
+
+        traceback.print_exc()
+        code = EXIT_FAILED  # what Python exits with after an uncaught exception
+    return ended(code, exiting)
 
 
 def _other_command(args) -> int:
