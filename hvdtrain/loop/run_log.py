@@ -190,10 +190,10 @@ class RunLog:
         reason = (f"the previous attempt wrote its epoch {resumed} checkpoint and stopped before "
                   f"the line(s) of epoch(s) {span}, which wait for every worker's sums (async); "
                   "their training is in the checkpoint, their figures are lost, and their "
-                  "evaluations, where the checkpoint kept them, are the eval lines above")
+                  "evaluations, where the checkpoint kept them, are eval lines")
         self.write("missing", epochs=missing, reason=reason)
-        print(f"hvdtrain: the log has no line for epoch(s) {span}: {reason}; a 'missing' line "
-              "in the log says so", flush=True)
+        print(f"hvdtrain: the log has no epoch line for epoch(s) {span}: {reason}; a 'missing' "
+              "line in the log says so", flush=True)
 
     def follow_main(self, is_main: bool, run_dir: Path, global_step: int | None = None) -> None:
         """After an elastic reset that lost rank 0, the new rank 0 continues the log (elastic
