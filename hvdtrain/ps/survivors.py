@@ -57,7 +57,7 @@ class Survivors:
         self.comm.Recv(word, source=self.leader, tag=Tag.ENDED)
         raise WorkerLost(f"worker {int(word[0])} was declared lost after {int(word[1])} pushes "
                          "while it was silent (frozen, or cut off), and the job has ended "
-                         "without it; this process leaves quietly")
+                         "without it; this process leaves the job quietly")
 
     def communicators(self):
         """The survivors' worker communicator and a duplicate for the end's agreement; their

@@ -153,3 +153,18 @@ def test_a_replacement_joins_trains_and_the_job_ends_with_three_workers(tmp_path
     assert summary["batches_left"] == 0
     epochs = records(tmp_path, "epoch")
     assert len(epochs) == 40 and epochs[-1]["test_acc"] >= 0.95, epochs[-1]
+
+
+def test_a_worker_frozen_past_its_limit_that_wakes_after_the_end_leaves_quietly(tmp_path):
+    # Issue 41: it woke, waited 2 x --timeout-s for a reply no server would send, and aborted
+    # the finished job (rc 1, advice to rerun it). Server 0 now tells it that the job ended.
+    # The issue's figures: dropped after 10 s of silence (silence.py's floor), woken at 20 s.
+    # With a shorter --timeout-s the live workers that wait for its epoch sums are dropped too.
+    job = _train(tmp_path, RECOVERY, 3, "--timeout-s", "30",
+                 "--inject-faults", "stop:rank=1,step=10,seconds=20")
+    code, out, err = _finish(job, timeout=120)
+    assert code == 0, err[-3000:]
+    assert "worker 1 (rank 1) lost" in err, err[-3000:]
+    assert "the job has ended without it; this process leaves the job quietly" in err, \
+        err[-3000:]
+    assert "done: test accuracy" in out and "Traceback" not in err, (out[-2000:], err[-3000:])
