@@ -15,6 +15,9 @@ from typing import Any
 from ..loop.tensorboard import NOT_PLOTTED, tag
 
 SKIPPED = NOT_PLOTTED | {"global_step"}
+# Lines that are no figures: the header (parameters), and the note of a resume that some epochs'
+# lines were lost (their numbers, and why: tags; as metrics they would be points at a step)
+WORDS_ONLY = ("header", "missing")
 STEP_TIME_COUNTS = ("steps", "samples")  # counts of the step-time table, not times
 
 
@@ -27,7 +30,7 @@ def line_step(fields: dict[str, Any]) -> int | None:
 
 def metrics_of(kind: str, fields: dict[str, Any]) -> dict[str, float]:
     out: dict[str, float] = {}
-    if kind == "header":
+    if kind in WORDS_ONLY:
         return out
     for key, value in fields.items():
         if key in SKIPPED:
@@ -54,10 +57,14 @@ def _flatten(out: dict[str, float], name: str, value: Any) -> None:
 
 
 def tags_of(kind: str, fields: dict[str, Any]) -> dict[str, str]:
-    """The words of a stop or scheme line (why the run stopped, its target)."""
-    if kind not in ("stop", "scheme"):
+    """The words of a stop or scheme line (why the run stopped, its target), and which epochs a
+    missing line names."""
+    if kind not in ("stop", "scheme", "missing"):
         return {}
-    return {f"{kind}/{k}": v for k, v in fields.items() if isinstance(v, str)}
+    tags = {f"{kind}/{k}": v for k, v in fields.items() if isinstance(v, str)}
+    if kind == "missing" and isinstance(fields.get("epochs"), list):
+        tags["missing/epochs"] = ",".join(map(str, fields["epochs"]))
+    return tags
 
 
 def params_of(header: dict[str, Any]) -> dict[str, str]:

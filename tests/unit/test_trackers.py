@@ -53,6 +53,10 @@ def test_lines_become_metric_names_nested_figures_flattened_and_words_skipped():
     assert line_step(stop) == 27 and line_step({"pushes_applied": 1}) is None
     assert tags_of("stop", stop) == {"stop/reason": "preempted: SIGUSR1"}
     assert tags_of("epoch", epoch) == {}
+    missing = {"epochs": [12, 13], "reason": "killed before their lines"}  # loop/run_log.py
+    assert metrics_of("missing", missing) == {}
+    assert tags_of("missing", missing) == {"missing/epochs": "12,13",
+                                           "missing/reason": "killed before their lines"}
     assert params_of({"config": {"run": {"mode": "sync", "epochs": 2}}, "world_size": 2}) == {
         "config/run/mode": "sync", "config/run/epochs": "2", "world_size": "2"}
 
