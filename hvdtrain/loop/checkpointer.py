@@ -233,11 +233,11 @@ class Checkpointer:
             return
         why = (f"reached its --stop-at target ({self.finished_target})" if self.finished_target
                else f"has finished all {run.epochs} epoch(s)")
+        further = ("another --stop-at target, or none" if self.finished_target
+                   else f"--epochs {progress.epoch + 1} or more")
         raise ConfigError(f"--resume {run.resume} --run-dir {run.run_dir}: the checkpoint "
                           f"{why}; nothing is left to train into {run.run_dir}. Pass "
-                          f"--epochs {progress.epoch + 1} or more"
-                          + (" or another --stop-at" if self.finished_target else "")
-                          + " to train further from it")
+                          f"{further} to train further from it")
 
     def _check_epochs_left(self, progress: Progress, source: str) -> None:
         epochs = self.run.epochs

@@ -170,11 +170,13 @@ def test_a_run_that_reached_its_target_is_finished_when_run_again(tmp_path, caps
     assert checkpoint.load(tmp_path / "run")["global_step"] > before["global_step"]
 
 
-@pytest.mark.parametrize("finish", [{"epochs": 2}, {"epochs": 8, "stop_at": "test_acc>=0.8"}])
+@pytest.mark.parametrize("finish, fix", [
+    ({"epochs": 2}, "--epochs 3 or more"),
+    ({"epochs": 8, "stop_at": "test_acc>=0.8"}, "another --stop-at target, or none")])
 def test_a_finished_checkpoint_resumed_into_a_new_folder_is_refused_and_leaves_none(tmp_path,
-                                                                                   finish):
+                                                                                   finish, fix):
     make_trainer(tmp_path / "old", **finish).fit()
     new = tmp_path / "new"
-    with pytest.raises(ConfigError, match=r"nothing is left to train into .*new\. Pass --epochs"):
+    with pytest.raises(ConfigError, match=rf"nothing is left to train into .*new\. Pass {fix} "):
         make_trainer(new, **finish, resume=str(tmp_path / "old")).fit()
     assert not new.exists()
