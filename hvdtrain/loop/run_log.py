@@ -149,7 +149,9 @@ class RunLog:
         self.header = header
         if not self.is_main:
             return
-        covered = log_coverage(run_dir / LOG_NAME) if append else None
+        # A resume into a new folder (--resume OLD --run-dir NEW) has no log to account for yet.
+        path = run_dir / LOG_NAME
+        covered = log_coverage(path) if append and path.exists() else None
         self.sinks = self.make_sinks(run_dir, append, global_step + 1)
         self.write("header", **header)
         if announce:

@@ -235,6 +235,10 @@ def test_a_resume_names_the_epochs_whose_lines_a_kill_lost_and_keeps_their_evalu
     assert after[3]["type"] == "missing" and after[3]["epochs"] == [3, 4]
     assert "stopped before the line(s) of epoch(s) 3-4" in after[3]["reason"]
     assert [r["epoch"] for r in after if r["type"] == "epoch"] == [5, 6]
+    # a branch into a new folder has no log of its own yet: nothing is missing there
+    make_trainer(tmp_path / "branch", epochs=7, resume=str(tmp_path)).fit()
+    assert [r["type"] for r in read_jsonl(tmp_path / "branch" / "metrics.jsonl")] == [
+        "header", "epoch"]
     # a second resume of the finished run finds nothing missing
     from hvdtrain.loop.run_log import log_coverage
     assert log_coverage(tmp_path / "metrics.jsonl")[0] == 6
