@@ -95,9 +95,13 @@ def _per_sample(timing, batch: int) -> str:
 
 def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
     """The plan's runs on the simulated cluster (--simulate), one result per planned run."""
+    from .budget import sync_budget
     from .simulate import config_from_train_args, sweep
 
-    batch = config_from_train_args(_simulated_args(cfg, train_args), {}).run.batch_size
+    simulated_args = _simulated_args(cfg, train_args)
+    batch = config_from_train_args(simulated_args, {}).run.batch_size
+    budget = sync_budget(simulated_args, cfg.workers)
+    print(budget.warning(cfg.target) or f"budget: {budget.describe()}", flush=True)
     shared = (f"sharing a global batch of {cfg.global_batch}" if cfg.global_batch else
               f"a global batch of {batch * cfg.workers} (--global-batch keeps it fixed)")
     print(f"simulated cluster: {cfg.workers} virtual workers, {batch} samples a step each, "
