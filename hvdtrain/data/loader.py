@@ -333,9 +333,23 @@ def _pair(batch: Any, name: str) -> tuple[Any, Any]:
     return batch[0], batch[1]
 
 
-# + the trainer's PID + "-": multiprocessing's pymp-* folder, short (a socket's path in it has
-# room for about 107 characters, the temp folder's included)
+# + this PID namespace's tag + "-" + the trainer's PID + "-": multiprocessing's pymp-* folder,
+# short (a socket's path in it has room for about 107 characters, the temp folder's included)
 TEMP_PREFIX = "pymp-hvd"
+
+
+def _pid_namespace() -> str:
+    """A short tag of this process's PID namespace: a PID means something only inside its own,
+    and a temp folder may be shared with containers that have theirs (Docker with /tmp mounted,
+    Apptainer). Empty where /proc does not say."""
+    try:
+        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
+    except OSError:
+        return ""
+
+
+def temp_dir_prefix(pid: int | None = None) -> str:
+    return f"{TEMP_PREFIX}{_pid_namespace()}-{os.getpid() if pid is None else pid}-"
 
 
 def _shared_temp_dir() -> str:
@@ -351,17 +365,19 @@ def _shared_temp_dir() -> str:
     config = process.current_process()._config
     if config.get("tempdir") is None:  # multiprocessing has not made its own yet
         sweep_temp_dirs(Path(tempfile.gettempdir()))
-        folder = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+        folder = tempfile.mkdtemp(prefix=temp_dir_prefix())
         util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
         config["tempdir"] = folder
     return config["tempdir"]
 
 
 def sweep_temp_dirs(temp: Path) -> None:
-    """Removes the temp folders of this machine's trainers that are gone (by their PIDs: a
-    temp folder shared with containers that have PIDs of their own is not swept right)."""
-    for folder in temp.glob(f"{TEMP_PREFIX}*-*"):
-        pid = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
+    """Removes the temp folders of this PID namespace's trainers that are gone. A folder of
+    another namespace (a container sharing the temp folder) is left alone: its PIDs cannot be
+    checked from here, and removing a live trainer's sockets would end its loader processes."""
+    own = f"{TEMP_PREFIX}{_pid_namespace()}-"
+    for folder in temp.glob(f"{own}*-*"):
+        pid = folder.name[len(own):].split("-", 1)[0]
         if pid.isdigit() and folder.stat().st_uid == os.getuid() and not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 

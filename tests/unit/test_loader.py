@@ -118,10 +118,12 @@ def test_the_temp_folders_of_trainers_that_are_gone_are_swept(tmp_path):
     import subprocess
     import sys
 
-    from hvdtrain.data.loader import TEMP_PREFIX, sweep_temp_dirs
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    names = [f"{TEMP_PREFIX}{gone}-ab_1", f"{TEMP_PREFIX}{os.getpid()}-x", "pymp-k2j3h4"]
+    from hvdtrain.data.loader import TEMP_PREFIX, sweep_temp_dirs, temp_dir_prefix
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True).stdout.strip())
+    # another PID namespace's (a container sharing the temp folder): its PIDs mean nothing here
+    elsewhere = f"{TEMP_PREFIX}ffffffffff-{gone}-cd_2"
+    names = [f"{temp_dir_prefix(gone)}ab_1", f"{temp_dir_prefix()}x", "pymp-k2j3h4", elsewhere]
     for name in names:
         (tmp_path / name).mkdir()
         (tmp_path / name / "listener-1").touch()
