@@ -138,9 +138,10 @@ def _run(command: list[str], relay: StopRelay) -> int:
 
 def _ended_before_training(relay: StopRelay) -> int:
     name = signal.Signals(relay.received[0]).name
+    ended = ("the launcher and its processes were ended" if relay.launcher is not None else
+             "the launcher was not started")
     print(f"hvdtrain run: {name} while the job started, before its ranks could stop at a step; "
-          f"the launcher and its processes were ended; exit "
-          f"{EXIT_PREEMPTED} (requeue: the same command continues it)",
+          f"{ended}; exit {EXIT_PREEMPTED} (requeue: the same command continues it)",
           file=sys.stderr, flush=True)
     return EXIT_PREEMPTED
 

@@ -57,3 +57,17 @@ def test_the_wrapper_imports_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.stdout.split() == ["0", "False"], (proc.stdout, proc.stderr)
+
+
+def test_a_stop_before_the_launcher_starts_starts_nothing(capsys):
+    import signal
+    from types import SimpleNamespace
+
+    relay = requeue.StopRelay()
+    try:
+        relay._handle(signal.SIGTERM, None)
+        assert requeue.main(SimpleNamespace(launch_command=["sleep", "30"]), relay) == 75
+    finally:
+        relay.restore()
+    err = capsys.readouterr().err
+    assert "SIGTERM while the job started" in err and "the launcher was not started" in err
