@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _other_command(args) -> int:
-    from .config import ConfigError
+    from .errors import ConfigError
 
     from .compare.command import main as compare
     try:
@@ -122,7 +122,7 @@ def _other_command(args) -> int:
 
 
 def _train_command(args, exiting: bool) -> int:
-    from .config import ConfigError
+    from .errors import ConfigError
     from .data import DataError
     from .train_flags import config_from_args
     from .workload import workload_from_config

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch._functorch.config as functorch_config
 
-from .config import ConfigError
+from .errors import ConfigError
 
 
 class CompiledModule:

@@ -18,12 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError  # also config.ConfigError, the name most callers import
 from .faults.schedule import parse_faults
 from .stragglers import parse_straggler
-
-
-class ConfigError(ValueError):
-    """An option has a value that cannot work. The message names the flag and the fix."""
 
 
 # The seeds feed torch, numpy and scikit-learn, whose generators take at most 64 (torch) or 32

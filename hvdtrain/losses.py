@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from .config import ConfigError
+from .errors import ConfigError
 from .user_code import UserCodeError, call_user, resolve_callable
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

@@ -20,7 +20,7 @@ from typing import Iterable
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 
 DTYPES = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 

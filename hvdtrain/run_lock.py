@@ -17,7 +17,7 @@ import socket
 import time
 from pathlib import Path
 
-from .config import ConfigError
+from .errors import ConfigError
 
 LOCK_NAME = ".hvdtrain.lock"
 

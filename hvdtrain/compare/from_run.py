@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..loop.step_times import RankStepTimes
 from ..run_output import read_run_log
 from ..stragglers import _uniform

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..rules.registry import FAMILIES, Mode, modes
 from .from_run import RunFit, RunLog, fit_epochs, run_speeds, split_warmup
 from .results import time_to_target

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .builtin import epoch_batches
 
 

@@ -52,7 +52,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_info
 from torch.utils.data import default_collate
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .batches import BatchSource, PartRows, to_device
 from .builtin import DataError, epoch_batches, eval_shard, share_batches
 

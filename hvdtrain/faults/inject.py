@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..checkpoint import checkpoint_path
-from ..config import ConfigError
+from ..errors import ConfigError
 from . import actions
 from .schedule import Fault, check_within, parse_faults
 

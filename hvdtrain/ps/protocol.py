@@ -19,7 +19,7 @@ from enum import IntEnum
 
 import numpy as np
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 
 class Tag(IntEnum):

@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .membership import LAUNCH_HINT, recovery_enabled
 from .protocol import Tag
 

@@ -7,7 +7,7 @@ Every applied gradient is therefore fresh."""
 
 from __future__ import annotations
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from .bsp import LockStepRounds, bsp_quorum
 from .clocks import Versions, WorkerClocks
 

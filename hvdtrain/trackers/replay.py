@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..loop.sinks import LOG_NAME
 from ..run_output import read_run_log
 from .build import check_installed, make_backend, tracker_names
