@@ -27,8 +27,8 @@ the scheduler and the launcher:
   to end: mpirun that got a SIGTERM itself (Slurm) waits out its sigkill timeout once or twice
   even when every rank has ended, longer than a scheduler's grace period;
 - a stop that comes while the ranks start, before every rank on this host has said that it has
-  started (rank_started, in the file named by RANKS_FILE_ENV), is not passed on: mpirun would forward the SIGUSR1 to ranks that
-  have no handler yet and die of it (then wait about 120 s in its abort), and a rank with one
+  started (rank_started, in the file named by RANKS_FILE_ENV), is not passed on: mpirun
+  would forward the SIGUSR1 to ranks that have no handler yet and die of it (then wait about 120 s in its abort), and a rank with one
   would first finish its start-up, which can take longer than a grace period. Nothing has
   trained yet, or a step or two of a rank that started first, which --auto-resume trains
   again: so the launcher and every process of its session are ended at once, and this process

@@ -186,8 +186,9 @@ class UpdateScheme:
 
     def agree_to_stop(self, wants: bool) -> bool:
         """After a step (every few steps where steps agree: loop/stop_cadence.py): whether the
-        job stops now, because this worker ``wants`` to (a stop signal arrived) or another did. Every worker must get the same answer at the same
-        step, so a distributed scheme overrides this; one process just answers itself."""
+        job stops now, because this worker ``wants`` to (a stop signal arrived) or another did.
+        Every worker must get the same answer at the same step, so a distributed scheme
+        overrides this; one process just answers itself."""
         return wants
 
     @property

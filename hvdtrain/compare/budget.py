@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MIN_SYNC_STEPS = 100  # fewer global steps than this: the plan warns that its target may be out of reach
+MIN_SYNC_STEPS = 100  # fewer global steps: the plan warns that its target may be out of reach
 
 
 @dataclass(frozen=True)

@@ -333,23 +333,21 @@ def _pair(batch: Any, name: str) -> tuple[Any, Any]:
     return batch[0], batch[1]
 
 
-# + this PID namespace's tag + "-" + the trainer's PID + "-": multiprocessing's pymp-* folder,
-# short (a socket's path in it has room for about 107 characters, the temp folder's included)
+# + the trainer's PID + "-": multiprocessing's pymp-* folder, short (a socket's path in it has
+# room for about 107 characters, the temp folder's included: the PID namespace's tag, which the
+# sweep needs too, is a file inside it instead of a part of its name)
 TEMP_PREFIX = "pymp-hvd"
+NAMESPACE_FILE = "pid-namespace"
 
 
-def _pid_namespace() -> str:
-    """A short tag of this process's PID namespace: a PID means something only inside its own,
-    and a temp folder may be shared with containers that have theirs (Docker with /tmp mounted,
+def pid_namespace() -> str:
+    """A tag of this process's PID namespace: a PID means something only inside its own, and a
+    temp folder may be shared with containers that have theirs (Docker with /tmp mounted,
     Apptainer). Empty where /proc does not say."""
     try:
-        return format(os.stat("/proc/self/ns/pid").st_ino, "x")
+        return str(os.stat("/proc/self/ns/pid").st_ino)
     except OSError:
         return ""
-
-
-def temp_dir_prefix(pid: int | None = None) -> str:
-    return f"{TEMP_PREFIX}{_pid_namespace()}-{os.getpid() if pid is None else pid}-"
 
 
 def _shared_temp_dir() -> str:
@@ -365,7 +363,8 @@ def _shared_temp_dir() -> str:
     config = process.current_process()._config
     if config.get("tempdir") is None:  # multiprocessing has not made its own yet
         sweep_temp_dirs(Path(tempfile.gettempdir()))
-        folder = tempfile.mkdtemp(prefix=temp_dir_prefix())
+        folder = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
+        (Path(folder) / NAMESPACE_FILE).write_text(pid_namespace())
         util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
         config["tempdir"] = folder
     return config["tempdir"]
@@ -373,12 +372,18 @@ def _shared_temp_dir() -> str:
 
 def sweep_temp_dirs(temp: Path) -> None:
     """Removes the temp folders of this PID namespace's trainers that are gone. A folder of
-    another namespace (a container sharing the temp folder) is left alone: its PIDs cannot be
-    checked from here, and removing a live trainer's sockets would end its loader processes."""
-    own = f"{TEMP_PREFIX}{_pid_namespace()}-"
-    for folder in temp.glob(f"{own}*-*"):
-        pid = folder.name[len(own):].split("-", 1)[0]
-        if pid.isdigit() and folder.stat().st_uid == os.getuid() and not _alive(int(pid)):
+    another namespace (a container sharing the temp folder), or one that does not say, is left
+    alone: its PID cannot be checked from here, and removing a live trainer's sockets would end
+    its loader processes."""
+    own = pid_namespace()
+    for folder in temp.glob(f"{TEMP_PREFIX}*-*"):
+        pid = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
+        try:
+            same = own and (folder / NAMESPACE_FILE).read_text() == own
+        except OSError:
+            same = False
+        if same and pid.isdigit() and folder.stat().st_uid == os.getuid() and \
+                not _alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
 

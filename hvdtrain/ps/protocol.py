@@ -37,7 +37,8 @@ class Tag(IntEnum):
     LOST = 22      # int64 [worker, pushes], server 0 -> each live worker: that worker is lost
     SLOT = 21      # int64 slots of the job's batch plan, server 0 -> a worker (ps/dispatch.py)
     ENDED = 23     # int64 [worker, pushes], server 0 -> a lost worker's own process once the
-                   # servers serve no more: nothing will answer it, and it leaves (Membership.job_ended)
+                   # servers serve no more: nothing will answer it, and it leaves
+                   # (Membership.job_ended)
 
 
 class Kind(IntEnum):

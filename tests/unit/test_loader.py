@@ -118,17 +118,22 @@ def test_the_temp_folders_of_trainers_that_are_gone_are_swept(tmp_path):
     import subprocess
     import sys
 
-    from hvdtrain.data.loader import TEMP_PREFIX, sweep_temp_dirs, temp_dir_prefix
-    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True).stdout.strip())
-    # another PID namespace's (a container sharing the temp folder): its PIDs mean nothing here
-    elsewhere = f"{TEMP_PREFIX}ffffffffff-{gone}-cd_2"
-    names = [f"{temp_dir_prefix(gone)}ab_1", f"{temp_dir_prefix()}x", "pymp-k2j3h4", elsewhere]
-    for name in names:
+    from hvdtrain.data.loader import NAMESPACE_FILE, TEMP_PREFIX, pid_namespace, sweep_temp_dirs
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # (name, its namespace file): a gone trainer's of this namespace is swept; a live one's,
+    # multiprocessing's own, another namespace's (a container sharing the temp folder: its PIDs
+    # mean nothing here) and one that names none stay
+    folders = {f"{TEMP_PREFIX}{gone}-ab_1": pid_namespace(),
+               f"{TEMP_PREFIX}{os.getpid()}-x": pid_namespace(), "pymp-k2j3h4": None,
+               f"{TEMP_PREFIX}{gone}-cd_2": "1", f"{TEMP_PREFIX}{gone}-ef_3": None}
+    for name, namespace in folders.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "listener-1").touch()
+        if namespace is not None:
+            (tmp_path / name / NAMESPACE_FILE).write_text(namespace)
     sweep_temp_dirs(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(list(folders)[1:])
 
 
 def test_an_older_iteration_cannot_go_on():
