@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 
 class Adjustment:
@@ -46,6 +45,8 @@ class ApplyStep:
                     worker: int | None = None) -> None:
         """Step chunk ``chunk`` of the optimizer's parameters with ``grad``, corrected first when
         it is ``worker``'s own gradient (a round's mean is nobody's: it is applied as it is)."""
+        import torch  # here: the registry names modes for `hvdtrain --help`, which needs no torch
+
         if worker is not None:
             a, b = optimizer.chunks[chunk]
             for adjustment in self.adjustments:

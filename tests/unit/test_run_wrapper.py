@@ -59,6 +59,19 @@ def test_the_wrapper_imports_no_torch():
     assert proc.stdout.split() == ["0", "False"], (proc.stdout, proc.stderr)
 
 
+def test_the_commands_help_imports_no_torch():
+    """`hvdtrain --help` and `hvdtrain compare --help` took 2.5 s, nearly all of it importing
+    torch through the update rules' registry (rules/apply.py)."""
+    code = ("import sys\nfrom hvdtrain.cli import main\n"
+            "for argv in (['--help'], ['compare', '--help']):\n"
+            "    try:\n        main(argv)\n    except SystemExit as e:\n        print(e.code)\n"
+            "print('torch' in sys.modules, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split()[-1] == "0" and proc.stderr.split() == ["False"], (
+        proc.stdout[-500:], proc.stderr)
+
+
 def test_a_stop_before_the_launcher_starts_starts_nothing(capsys):
     import signal
     from types import SimpleNamespace
