@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 
+from .processes import process_alive
+
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
 
@@ -99,7 +101,7 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     removed = []
     for tmp in folder.glob(".*.pt.tmp*"):  # every file save_atomic writes in a run folder
         pid = tmp.name.rsplit(".tmp", 1)[1]
-        if pid.isdigit() and _process_alive(int(pid)):
+        if pid.isdigit() and process_alive(int(pid)):
             continue
         try:
             tmp.unlink()
@@ -109,14 +111,6 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return removed
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -53,6 +53,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_in
 from torch.utils.data import default_collate
 
 from ..errors import ConfigError
+from ..processes import process_alive
 from .batches import BatchSource, PartRows, to_device
 from .builtin import DataError, epoch_batches, eval_shard, share_batches
 
@@ -383,18 +384,8 @@ def sweep_temp_dirs(temp: Path) -> None:
         except OSError:
             same = False
         if same and pid.isdigit() and folder.stat().st_uid == os.getuid() and \
-                not _alive(int(pid)):
+                not process_alive(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's
-    return True
 
 
 def _end_with_trainer(trainer: int, temp_dir: str, worker_id: int) -> None:
@@ -420,13 +411,7 @@ def _exit_when_ended(trainer: int, handle: int | None, temp_dir: str) -> None:
     if handle is not None:
         select.select([handle], [], [])
     else:
-        while True:
-            try:
-                os.kill(trainer, 0)
-            except ProcessLookupError:
-                break
-            except PermissionError:
-                pass  # alive, another user's (the PID was reused, or a setuid trainer)
+        while process_alive(trainer):  # another user's counts (a reused PID, a setuid trainer)
             time.sleep(1)
     # A killed trainer removed nothing: its pymp-* folder would stay in the temp folder.
     shutil.rmtree(temp_dir, ignore_errors=True)

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -386,25 +386,32 @@ class RunLog:
 UNWRITTEN_KEPT = 8  # epoch lines a worker that does not lead keeps for a take-over
 
 
+def _whole_records(path: Path) -> Iterator[dict[str, Any]]:
+    """The lines of a run's log that parse as JSON objects, in order; none where the log cannot
+    be read. A line that does not parse (cut short by a kill) counts for nothing."""
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                try:
+                    record = json.loads(raw)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(record, dict):
+                    yield record
+    except OSError:
+        return
+
+
 def last_logged_epoch(path: Path) -> int:
     """The last epoch line's epoch of the current attempt in a run's log (0 for none, or no
     log): a resumed run starts with a header line and repeats the epochs after its
-    checkpoint, so only the lines after the last header count. A line that does not parse
-    (cut short by a kill) counts for nothing."""
+    checkpoint, so only the lines after the last header count."""
     last = 0
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and record.get("type") == "header":
-                    last = 0
-                elif isinstance(record, dict) and record.get("type") == "epoch":
-                    last = max(last, int(record.get("epoch", 0)))
-    except OSError:
-        return 0
+    for record in _whole_records(path):
+        if record.get("type") == "header":
+            last = 0
+        elif record.get("type") == "epoch":
+            last = max(last, int(record.get("epoch", 0)))
     return last
 
 
@@ -414,29 +421,19 @@ def log_coverage(path: Path) -> tuple[int, set[tuple[int, int]]]:
     found some unlogged says so in a ``missing`` line right after its header); its epoch and
     missing lines for theirs. Lines that do not parse (cut by a kill) count for nothing."""
     covered, evals = 0, set()
-    try:
-        with open(path, "rb") as f:
-            for raw in f:
-                try:
-                    record = json.loads(raw)
-                except ValueError:
-                    continue
-                if not isinstance(record, dict):
-                    continue
-                kind = record.get("type")
-                try:
-                    if kind == "header":
-                        covered, evals = int(record.get("resumed_from_epoch") or 0), set()
-                    elif kind == "epoch":
-                        covered = max(covered, int(record.get("epoch", 0)))
-                    elif kind == "missing":
-                        covered = max(covered, *map(int, record.get("epochs") or [0]))
-                    elif kind == "eval":
-                        evals.add((int(record.get("epoch", 0)), int(record.get("step", 0))))
-                except (TypeError, ValueError):
-                    continue
-    except OSError:
-        pass
+    for record in _whole_records(path):
+        kind = record.get("type")
+        try:
+            if kind == "header":
+                covered, evals = int(record.get("resumed_from_epoch") or 0), set()
+            elif kind == "epoch":
+                covered = max(covered, int(record.get("epoch", 0)))
+            elif kind == "missing":
+                covered = max(covered, *map(int, record.get("epochs") or [0]))
+            elif kind == "eval":
+                evals.add((int(record.get("epoch", 0)), int(record.get("step", 0))))
+        except (TypeError, ValueError):
+            continue
     return covered, evals
 
 
