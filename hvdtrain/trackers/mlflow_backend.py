@@ -48,8 +48,8 @@ def absolute_uri(uri: str) -> str:
     path = sqlite_file(uri)
     if path is None or path.is_absolute():
         return uri
-    query = uri[len(SQLITE) + len(uri[len(SQLITE):].split("?", 1)[0]):]
-    return f"{SQLITE}{path.resolve()}{query}"
+    _, mark, query = uri.partition("?")
+    return f"{SQLITE}{path.resolve()}{mark}{query}"
 
 
 def store_exists(uri: str) -> bool:
