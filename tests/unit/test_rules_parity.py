@@ -3,7 +3,7 @@ does, on the same gradients in the same arrival order: the parameters, the drops
 match exactly.
 
 The server side is a real ParameterServer on a fake communicator (tests/fake_ps.py), fed push
-headers. The simulator side is compare/simulate.py's _ServerRun on a stand-in Simulation whose
+headers. The simulator side is compare/sim/server_run.py's ServerRun on a stand-in Simulation whose
 workers hand in the same fixed gradients. Both build their rules from the mode's Config options
 (rules/registry.py), as a real run and a simulated one do."""
 
@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from fake_ps import Job, replied
-from hvdtrain.compare.simulate import Timing, _ServerRun, _Worker
+from hvdtrain.compare.sim.server_run import ServerRun
+from hvdtrain.compare.simulate import Timing, _Worker
 from hvdtrain.config import Config
 from hvdtrain.ps.protocol import WANT_PARAMS, Kind, chunk_bounds, chunk_elements, make_header
 from hvdtrain.rules.registry import DC_LAMBDA, Mode
@@ -83,7 +84,7 @@ def run_server(monkeypatch, cfg: Config, order: list[int], grads) -> dict:
 
 # --- the simulator's way ----------------------------------------------------------------------
 class StandIn:
-    """What _ServerRun reads of its Simulation, with workers that hand in fixed gradients."""
+    """What ServerRun reads of its Simulation, with workers that hand in fixed gradients."""
 
     def __init__(self, cfg: Config, start: np.ndarray, grads):
         from collections import Counter
@@ -113,7 +114,7 @@ class StandIn:
 
 def run_simulator(cfg: Config, order: list[int], grads, start: np.ndarray) -> dict:
     sim = StandIn(cfg, start, grads)
-    run = _ServerRun(sim)
+    run = ServerRun(sim)
     got: list[int] = []
     reply = run._reply
     run._reply = lambda w, at, first=False: (got.append(w.rank), reply(w, at, first))
