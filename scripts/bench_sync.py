@@ -6,9 +6,10 @@ All figures come from one run of this script and are reported as ratios:
   floor   hvdtrain / a hand-written Horovod loop with the same Horovod settings and threads,
           measured A/B inside one job (scripts/bench/ab_same_settings.py), because separate
           launches on a shared machine vary more than the difference being measured
-  goal    ``hvdtrain train`` with its defaults, against the hand-written loop with Horovod's and
-          torch's own defaults, and against PyTorch DDP over Gloo (torchrun), each a separate
-          launch, in interleaved rounds; medians
+  goal    ``hvdtrain train`` with its defaults, against ``hvdtrain train --collective torch``
+          (the same loop over torch.distributed), the hand-written loop with Horovod's and
+          torch's own defaults, and PyTorch DDP over Gloo (torchrun), each a separate launch,
+          in interleaved rounds; medians
   scaling the np=2 throughput divided by twice the np=1 throughput, for each
   compile ``hvdtrain train --compile`` / ``hvdtrain train``, each a separate launch, in
           interleaved rounds (the order alternates from round to round); ratio of the medians
@@ -82,6 +83,22 @@ def measure_hvdtrain(np: int, args: argparse.Namespace, extra: tuple[str, ...] =
     return statistics.median(rates[:-1] if drop_last else rates)
 
 
+def measure_hvdtrain_torch(np: int, args: argparse.Namespace) -> float:
+    """hvdtrain over torch.distributed instead of Horovod: the same loop and engine, the other
+    collective backend (sync/torch_collective.py), under the same launcher."""
+    return measure_hvdtrain(np, args, ("--collective", "torch"))
+
+
+def goal_contenders() -> dict:
+    """The goal section's launches, by name; the first is what the ratios divide."""
+    return {
+        "hvdtrain": measure_hvdtrain,
+        "hvdtrain --collective torch": measure_hvdtrain_torch,
+        "plain Horovod loop, defaults": measure_plain,
+        "DDP over Gloo": measure_ddp,
+    }
+
+
 # The compile section: the same hvdtrain launch with and without the flag.
 COMPILE_AB = {"hvdtrain": (), "hvdtrain --compile": ("--compile",)}
 SECTIONS = ("goal", "floor", "compile")
@@ -121,7 +138,8 @@ def main() -> None:
     parser.add_argument("--ab-blocks", type=int, default=20,
                         help="alternating 50-step blocks in the A/B job")
     parser.add_argument("--sections", default=",".join(SECTIONS),
-                        help="what to measure, of: goal (hvdtrain, the plain loop and DDP), "
+                        help="what to measure, of: goal (hvdtrain over Horovod and over "
+                             "torch.distributed, the plain loop and DDP), "
                              "floor (the A/B job), compile (hvdtrain with and without --compile)")
     args = parser.parse_args()
     sections = [s.strip() for s in args.sections.split(",") if s.strip()]
@@ -129,11 +147,7 @@ def main() -> None:
     if unknown or not sections:
         parser.error(f"--sections {args.sections}: choose from {', '.join(SECTIONS)}")
 
-    contenders = {
-        "hvdtrain": measure_hvdtrain,
-        "plain Horovod loop, defaults": measure_plain,
-        "DDP over Gloo": measure_ddp,
-    } if "goal" in sections else {}
+    contenders = goal_contenders() if "goal" in sections else {}
     nps = [int(n) for n in args.nps.split(",")]
     samples: dict[tuple[str, int], list[float]] = {}
     compiled: dict[tuple[str, int], list[float]] = {}

@@ -41,3 +41,16 @@ def test_cells_and_ratios_say_how_many_rounds_ran():
     assert bench.ratio(median, ("hvdtrain", 2), ("DDP", 2)) == "1.200"
     assert bench.ratio(median, ("hvdtrain", 2), ("hvdtrain", 1), times=2, digits=2) == "0.75"
     assert bench.ratio(median, ("hvdtrain", 1), ("DDP", 1)) == "-"
+
+
+def test_the_goal_section_runs_both_collectives_and_ddp():
+    """hvdtrain over Horovod and over torch.distributed (--collective torch) beside DDP, in one
+    run (issue 42); the ratios divide the first."""
+    bench = load_bench()
+    contenders = bench.goal_contenders()
+    assert list(contenders)[0] == "hvdtrain"
+    assert {"hvdtrain --collective torch", "DDP over Gloo"} <= set(contenders)
+    seen = []
+    bench.measure_hvdtrain = lambda np, args, extra=(), drop_last=False: seen.append(extra) or 1.0
+    assert contenders["hvdtrain --collective torch"](2, None) == 1.0
+    assert seen == [("--collective", "torch")]
