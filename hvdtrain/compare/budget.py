@@ -52,7 +52,7 @@ def sync_budget(train_args, workers: int) -> SyncBudget:
     import torch
 
     from ..workload import workload_from_config
-    from .simulate import config_from_train_args
+    from .sim.flat_model import config_from_train_args
 
     cfg = config_from_train_args(train_args, {})
     run = cfg.run

@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _simulated_args(cfg: CompareConfig, train_args: list[str]) -> list[str]:
     """The train flags of the simulated plan's workers: with --global-batch, their share of it."""
-    from .simulate import strong_scaling_args
+    from .sim.sweep import strong_scaling_args
 
     if not cfg.global_batch:
         return train_args
@@ -75,7 +75,7 @@ def _simulated_args(cfg: CompareConfig, train_args: list[str]) -> list[str]:
 
 
 def _simulation_timing(cfg: CompareConfig, train_args):
-    from .simulate import measure_timing
+    from .sim.timing import measure_timing
 
     return measure_timing(train_args, allreduce_seconds=cfg.sim_seconds("allreduce"),
                           push_seconds=cfg.sim_seconds("push"),
@@ -96,7 +96,8 @@ def _per_sample(timing, batch: int) -> str:
 def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
     """The plan's runs on the simulated cluster (--simulate), one result per planned run."""
     from .budget import sync_budget
-    from .simulate import config_from_train_args, sweep
+    from .sim.flat_model import config_from_train_args
+    from .sim.sweep import sweep
 
     simulated_args = _simulated_args(cfg, train_args)
     batch = config_from_train_args(simulated_args, {}).run.batch_size
@@ -134,7 +135,8 @@ def _sweep(cfg: CompareConfig, modes, train_args, out: Path, timing) -> tuple[li
     lines)."""
     from .plots import write_sweep_plot
     from .report import sweep_table
-    from .simulate import config_from_train_args, sweep
+    from .sim.flat_model import config_from_train_args
+    from .sim.sweep import sweep
 
     counts = ints(cfg.sweep_workers, "--sweep-workers")
     if not counts:
@@ -178,7 +180,8 @@ def _sweep_timing(cfg: CompareConfig, train_args, global_batch: int, plan_timing
     """The sweep's Timing for N workers: a step's compute depends on the per-worker batch, so
     it is measured with N's batch, once per batch (``plan_timing``, if given, is the simulated
     plan's workers' batch's). ``measured`` collects each N's Timing, for the report."""
-    from .simulate import config_from_train_args, strong_scaling_args
+    from .sim.flat_model import config_from_train_args
+    from .sim.sweep import strong_scaling_args
 
     plan_batch = config_from_train_args(_simulated_args(cfg, train_args), {}).run.batch_size
     by_batch = {plan_batch: plan_timing} if plan_timing else {}

@@ -1,6 +1,6 @@
 """``hvdtrain compare --from-run``: a finished run's per-worker step times, fitted as each
 worker's persistent speed plus random delays, and the costs around a step, so that the
-simulator (simulate.py) can replay every mode on the run's own cluster.
+simulator (compare/sim/) can replay every mode on the run's own cluster.
 
 The model of worker w's compute per step (forward, backward, its own work, any --straggler
 sleep; loop/step_times.py) is ``base_w + X_w``: ``base_w`` is its persistent part (an older
@@ -24,7 +24,7 @@ from ..loop.step_times import RankStepTimes
 from ..run_output import read_run_log
 from ..stragglers import _uniform
 from .results import curve
-from .simulate import Timing
+from .sim.timing import Timing
 
 
 def delay_fit(p50: float, mean: float) -> tuple[float, float]:

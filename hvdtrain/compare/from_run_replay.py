@@ -142,7 +142,7 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
     warm-up): each seed has its own draws, initial weights and data order; its virtual time
     to the target, at the machine's speed of single runs (from_run.run_speeds), gives its
     expected time and single runs. Returns the predictions and the fit."""
-    from .simulate import simulate_run
+    from .sim.sweep import simulate_run
 
     own = mode_of_run(run.config)
     first, fitted = split_warmup(run.epochs)
@@ -240,7 +240,7 @@ def main(cfg) -> int:
     (its --modes, --local-steps, --staleness-bounds, --backup-workers, --seeds, --target,
     --out)."""
     from .from_run import read_run
-    from .simulate import measure_timing
+    from .sim.timing import measure_timing
 
     run = read_run(cfg.from_run)
     best = run.best_accuracy()

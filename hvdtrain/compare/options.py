@@ -151,7 +151,7 @@ class CompareConfig:
     simulate: bool = _opt(False, "run the plan on a simulated cluster instead of launching it: "
                           "real gradients of the real model and data in this one process, on a "
                           "virtual clock where each worker's step takes the compute time "
-                          "measured here plus the straggler's draws (compare/simulate.py); e.g. "
+                          "measured here plus the straggler's draws (compare/sim/); e.g. "
                           "--workers 64")
     sweep_workers: str = _opt("", "also simulate the plan's modes and stragglers at these numbers "
                               "of workers, e.g. 2,8,32,64, with --sweep-seeds seeds: a table and "

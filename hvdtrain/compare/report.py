@@ -244,7 +244,7 @@ def sweep_table(results: list[RunResult], target: float, timings: dict, global_b
                f"(measured here), an average costs {first.allreduce_seconds * 1000:g} ms and a "
                f"push {first.push_seconds * 1000:g} ms.")
     lines = ["", "## Simulated sweep over workers", "",
-             f"Simulated (compare/simulate.py): one process computes every virtual worker's real "
+             f"Simulated (compare/sim/): one process computes every virtual worker's real "
              f"gradients on a virtual clock. Strong scaling: the global batch stays "
              f"{global_batch} samples per step and the steps per epoch stay the same at every "
              f"number of workers N, each worker computing {global_batch}/N samples per step, "

@@ -25,8 +25,8 @@ class RunResult:
     curve: list[dict]              # per evaluation: step, wall_seconds (of training: the
                                    # evaluations' own time left out), train_loss, test_acc
     staleness_histogram: dict[int, int]
-    workers: int | None = None     # simulated runs (simulate.py): the virtual workers
-    simulated: bool = False        # True: on simulate.py's virtual clock, not a real launch
+    workers: int | None = None     # simulated runs (compare/sim/): the virtual workers
+    simulated: bool = False        # True: on the simulator's virtual clock, not a real launch
     # --faults: launches after the first, and goodput: the final model's samples (its global
     # steps x the global batch) over the whole job's seconds, failed attempts, restarts and
     # start-ups included; 0 when the job never finished

@@ -1,4 +1,4 @@
-"""The simulator's clock of sync rounds (compare/simulate.py): how long a round lasts when each
+"""The simulator's clock of sync rounds (compare/sim/): how long a round lasts when each
 worker computes its share of the global batch, and, for mode ``balanced`` (--balance), how the
 shares follow the workers' speed.
 
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from ..rules.balance import FixedCost, equal_shares, plan_shares
 
 if TYPE_CHECKING:
-    from .simulate import Timing
+    from .sim.timing import Timing
 
 # (worker, global step, a whole --batch-size step's compute seconds, samples / --batch-size)
 # -> the seconds the straggler model makes it wait (StragglerModel.delay's arguments)

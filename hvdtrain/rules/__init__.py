@@ -5,6 +5,6 @@ averages (accumulator.py), how one gradient is weighted or corrected before the 
 makes of the workers' parameters (local_sgd.py), and the names of the comparison's modes
 (registry.py).
 
-The parameter server (ps/server.py) and the simulator (compare/simulate.py) both build these
+The parameter server (ps/server.py) and the simulator (compare/sim/) both build these
 objects with registry.server_rules and drive them, so the two cannot disagree on what a rule
 does (tests/unit/test_rules_parity.py checks that they do not)."""

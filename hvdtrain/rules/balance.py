@@ -1,7 +1,7 @@
 """--balance: each worker's share of a fixed global batch, in proportion to its measured speed.
 
 One definition, used by the real run (balance.py, re-planned at epoch ends from the measured
-step times) and by the simulator (compare/simulate.py, mode ``balanced``).
+step times) and by the simulator (compare/sim/, mode ``balanced``).
 
 A worker that computed ``samples[i]`` samples per step in ``compute[i]`` seconds per step has a
 throughput of ``samples[i] / compute[i]``; the next shares are the global batch split in

@@ -1,4 +1,4 @@
-"""The simulated cluster (hvdtrain/compare/simulate.py) against real runs at N=2 (issue 16): with
+"""The simulated cluster (hvdtrain/compare/sim/) against real runs at N=2 (issue 16): with
 the same 3x straggler, the simulated times to target agree with the real runs' (the simulator's
 rules are unit-tested in tests/unit/test_simulate.py).
 
@@ -30,7 +30,8 @@ import pytest
 
 from hvdtrain.compare.plan import Mode
 from hvdtrain.compare.results import curve, time_to_target
-from hvdtrain.compare.simulate import Timing, simulate_run
+from hvdtrain.compare.sim.sweep import simulate_run
+from hvdtrain.compare.sim.timing import Timing
 from hvdtrain.compare.stats import bootstrap_ci
 from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, run

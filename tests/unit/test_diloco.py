@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from hvdtrain.cli import build_parser, config_from_args
-from hvdtrain.compare.simulate import Simulation, Timing
+from hvdtrain.compare.sim.simulation import Simulation
+from hvdtrain.compare.sim.timing import Timing
 from hvdtrain.config import Config, ConfigError
 from hvdtrain.replica import Replica
 from hvdtrain.rules.local_sgd import OuterNesterov, RoundRule, round_rule

@@ -13,7 +13,7 @@ from hvdtrain.compare.from_run import (EpochTimes, FittedDelays, delay_fit, fit_
 from hvdtrain.compare.from_run_replay import (Prediction, mode_of_run, output_folder, overlaps,
                                               recommend, train_args_from_config)
 from hvdtrain.compare.plan import modes
-from hvdtrain.compare.simulate import config_from_train_args
+from hvdtrain.compare.sim.flat_model import config_from_train_args
 from hvdtrain.config import ConfigError
 from hvdtrain.loop.step_times import RankStepTimes
 

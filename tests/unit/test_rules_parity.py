@@ -17,7 +17,8 @@ import torch
 
 from fake_ps import Job, replied
 from hvdtrain.compare.sim.server_run import ServerRun
-from hvdtrain.compare.simulate import Timing, _Worker
+from hvdtrain.compare.sim.timing import Timing
+from hvdtrain.compare.sim.workers import _Worker
 from hvdtrain.config import Config
 from hvdtrain.ps.protocol import WANT_PARAMS, Kind, chunk_bounds, chunk_elements, make_header
 from hvdtrain.rules.registry import DC_LAMBDA, Mode

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hvdtrain.compare.simulate import config_from_train_args
+from hvdtrain.compare.sim.flat_model import config_from_train_args
 from hvdtrain.config import field_owners
 from hvdtrain.rules.backup import BackupWorkers
 from hvdtrain.rules.bsp import LockStepRounds

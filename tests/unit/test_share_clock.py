@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hvdtrain.compare.share_clock import ShareClock
-from hvdtrain.compare.simulate import Timing
+from hvdtrain.compare.sim.timing import Timing
 from hvdtrain.rules.balance import plan_shares
 from hvdtrain.stragglers import parse_straggler
 
@@ -60,7 +60,7 @@ def test_the_floor_keeps_a_very_slow_worker_in_the_round():
 
 def test_the_simulator_takes_the_real_flag_s_floor_and_damping():
     from hvdtrain.rules.balance import balance_settings
-    from hvdtrain.compare.simulate import config_from_train_args
+    from hvdtrain.compare.sim.flat_model import config_from_train_args
 
     # the real flag's defaults: a quarter of --batch-size, half way at each re-plan
     assert balance_settings(config_from_train_args(["--batch-size", "32"], {})) == (8, 0.5)

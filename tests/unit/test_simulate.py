@@ -1,4 +1,4 @@
-"""The simulated cluster (hvdtrain/compare/simulate.py): its virtual clock against closed forms
+"""The simulated cluster (hvdtrain/compare/sim/): its virtual clock against closed forms
 and hand-built timelines, its arithmetic against an independent computation of sync training,
 and each mode's rule (SSP's bound, backup workers' dropped gradients, local SGD's averaging)."""
 
@@ -14,9 +14,11 @@ import torch.nn.functional as F
 from torch.utils.data import DistributedSampler
 
 from hvdtrain.compare.plan import Mode, modes
-from hvdtrain.compare import simulate
-from hvdtrain.compare.simulate import (Simulation, Timing, config_from_train_args, measure_timing,
-                                       simulate_run, strong_scaling_args, sweep)
+from hvdtrain.compare.sim import timing as sim_timing
+from hvdtrain.compare.sim.flat_model import config_from_train_args
+from hvdtrain.compare.sim.simulation import Simulation
+from hvdtrain.compare.sim.sweep import simulate_run, strong_scaling_args, sweep
+from hvdtrain.compare.sim.timing import Timing, measure_timing
 from hvdtrain.config import ConfigError, DataConfig, ModelConfig
 from hvdtrain.data.builtin import load_dataset
 from hvdtrain.models import build_model
@@ -580,7 +582,7 @@ def test_measure_timing_times_real_steps_on_the_threads_asked_for(monkeypatch):
             return measure(*args)
         return timed
     for name in ("_median_seconds", "_compute_line"):  # the server's update; the step's line
-        monkeypatch.setattr(simulate, name, on_threads(getattr(simulate, name)))
+        monkeypatch.setattr(sim_timing, name, on_threads(getattr(sim_timing, name)))
     before = torch.get_num_threads()
     timing = measure_timing([*DIGITS, "--threads", "3"], repeats=5, warmup=1,
                             push_seconds=0.002)

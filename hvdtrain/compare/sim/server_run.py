@@ -1,5 +1,5 @@
 """The simulator's async modes: virtual workers and one parameter server as events on a virtual
-clock (compare/simulate.py Simulation runs it)."""
+clock (compare/sim/simulation.py Simulation runs it)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from ...rules.statistics import RuleStatistics
 from ...stragglers import _uniform
 
 if TYPE_CHECKING:
-    from ..simulate import Simulation, _Worker
+    from .simulation import Simulation
+    from .workers import _Worker
 
 
 @dataclass(slots=True)

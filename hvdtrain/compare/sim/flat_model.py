@@ -1,0 +1,124 @@
+"""What the simulator trains: the one real replica, its weights one flat vector (_FlatModel),
+set up as a real run of the same train flags sets it up (_Setup, config_from_train_args)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ...config import Config, ConfigError
+from ...loop.evaluator import EVAL_BATCH
+from ...precision import Precision
+from ...replica import Replica
+from ...stragglers import StragglerModel, parse_straggler
+from ..plan import Mode
+
+
+class _FlatModel:
+    """The one real replica. Its trainable parameters are views of one flat vector, so loading a
+    virtual worker's weights is one copy, and a gradient is one flat vector as the server sees
+    it."""
+
+    def __init__(self, replica: Replica, clip_grad_norm: float):
+        self.replica = replica
+        self.clip_grad_norm = clip_grad_norm
+        self.params = [p for p in replica.model.parameters() if p.requires_grad]
+        odd = sorted({str(p.dtype) for p in self.params if p.dtype != torch.float32})
+        if odd:
+            raise ConfigError(f"the simulator trains float32 parameters; this model has "
+                              f"{', '.join(odd)} ones: convert the model with .float()")
+        self.flat = torch.empty(sum(p.numel() for p in self.params))
+        offset = 0
+        for p in self.params:
+            view = self.flat[offset:offset + p.numel()]
+            view.copy_(p.data.reshape(-1))
+            p.data = view.view_as(p)  # the weights live in the flat vector
+            offset += p.numel()
+
+    def gradient(self, x, y, clip: bool = True) -> tuple[torch.Tensor, float, int]:
+        """(flat gradient of the batch's mean loss at the loaded weights, loss sum, samples).
+        With ``clip``, clipped as --clip-grad-norm asks, as an async worker clips before its
+        push (sync clips the average instead: :meth:`clip`)."""
+        for p in self.params:
+            p.grad = None
+        stats = self.replica.forward_backward(x, y, grad_scale=1.0)
+        if clip:
+            self.clip()
+        grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in self.params])
+        return grad, stats.loss_sum.item(), stats.count
+
+    def clip(self) -> None:
+        """--clip-grad-norm on the parameters' gradients, as precision.Precision.update does."""
+        if self.clip_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([p for p in self.params if p.grad is not None],
+                                           self.clip_grad_norm)
+
+    def set_gradient(self, flat_grad: torch.Tensor) -> None:
+        offset = 0
+        for p in self.params:
+            p.grad = flat_grad[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+
+    def evaluate(self, test) -> tuple[float | None, float | None]:
+        """(test loss, test accuracy) of the loaded weights over the whole test split."""
+        if test is None:
+            return None, None
+        stats = self.replica.evaluate(test.eval_batches(0, 1, EVAL_BATCH))
+        if stats is None or not stats.count:
+            return None, None
+        acc = stats.metrics.get("acc")
+        return (stats.loss_sum.item() / stats.count,
+                float(acc[0]) / float(acc[1]) if acc and float(acc[1]) else None)
+
+
+@dataclass
+class _Setup:
+    """The Config a real run of these train flags gets, its workload, and the model with the
+    initial weights a real run draws."""
+
+    cfg: Config
+    workload: object
+    model: _FlatModel
+    straggler: StragglerModel
+
+    @classmethod
+    def build(cls, train_args: Sequence[str], seed: int, straggler: str, mode: Mode) -> _Setup:
+        from ...workload import workload_from_config
+
+        cfg = config_from_train_args(train_args, {"seed": seed, "straggler": straggler,
+                                                  **mode.config_options()})
+        if cfg.run.precision == "fp16":
+            raise ConfigError("--precision fp16: the simulator does not model the loss scale; "
+                              "use 32 or bf16")
+        if not mode.is_async and cfg.sync.reduce_op == "adasum":
+            raise ConfigError("--reduce-op adasum: the simulator averages gradients; use average")
+        workload = workload_from_config(cfg)
+        device = torch.device("cpu")
+        torch.manual_seed(cfg.run.seed)  # as launch.run: every replica draws these weights
+        module = workload.build_model()
+        workload.name = workload.name or type(module).__name__
+        replica = Replica(module, device, workload.objective(), Precision(cfg.run.precision,
+                                                                          [device]))
+        workload.bind(device, cfg)
+        replica.model.eval()  # as launch: the check must not move BatchNorm statistics
+        workload.check(replica.forward, device)
+        replica.model.train()
+        replica.objective = workload.objective()  # without the metrics the check dropped
+        model = _FlatModel(replica, cfg.optim.clip_grad_norm)
+        return cls(cfg, workload, model, parse_straggler(straggler))
+
+
+def config_from_train_args(train_args: Sequence[str], overrides: dict) -> Config:
+    """The Config that ``hvdtrain train TRAIN_ARGS`` builds, with ``overrides`` (flag names with
+    underscores) set on top. ConfigError for flags that train does not take."""
+    from ...train_flags import config_from_args, parse_train_flags
+
+    given = parse_train_flags(train_args, "train flags")
+    for name, value in overrides.items():
+        setattr(given, name, value)
+    given.data_workers = 0  # dozens of virtual workers must not each start loader processes
+    return config_from_args(given)
+
