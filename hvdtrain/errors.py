@@ -1,7 +1,32 @@
-"""The error that every layer raises for input that cannot work. It lives apart from config.py
-so that low-level modules (data, losses, the wire protocol, the run lock) can raise it without
-importing every option of a run."""
+"""The error that every layer raises for input that cannot work, and the checks that build its
+messages. It lives apart from the config package so that low-level modules (data, losses, the
+wire protocol, the run lock, user code) and the rules can raise it without importing every
+option of a run."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
 
 
 class ConfigError(ValueError):
     """An option has a value that cannot work. The message names the flag and the fix."""
+
+
+def require(ok: bool, flag: str, got: Any, fix: str) -> None:
+    """Raise a ConfigError naming ``flag``, the value it ``got`` and the ``fix`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(f"{flag}: invalid value {show(got)}; {fix}")
+
+
+def show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value) or "(empty)"
+    return repr(value)
+
+
+def too_deep(flag: str) -> str:
+    """The message for a value nested deeper than Python's parsers and printers can recurse."""
+    return (f"{flag}: the value is nested too deeply to read (more than about "
+            f"{sys.getrecursionlimit()} levels of tables or brackets); pass a flat object of "
+            "keyword arguments, e.g. {\"width\": 64}, and build deep structures in your own code")

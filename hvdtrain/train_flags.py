@@ -1,4 +1,4 @@
-"""``hvdtrain train``'s flags, built from the dataclasses in config.py so that every option is
+"""``hvdtrain train``'s flags, built from the dataclasses in config/ so that every option is
 documented once: one parser for the command line (cli.py) and for the train flags that
 ``hvdtrain compare`` hands its runs (compare/), and the Config they make."""
 

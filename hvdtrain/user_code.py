@@ -33,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from .config import ConfigError, too_deep
+from .errors import ConfigError, too_deep
 
 # Files loaded from a path are registered in this environment variable, so that a spawned or
 # forkserver child (a DataLoader worker, say) can import them again by name when it unpickles an

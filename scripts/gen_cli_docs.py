@@ -1,7 +1,7 @@
 """Write docs/cli.md, the flag reference of `hvdtrain train`, `hvdtrain compare` and `hvdtrain run`.
 
 It is generated from the commands' argparse parsers, whose help strings come from the config
-dataclasses (hvdtrain/config.py), so nobody edits it by hand: change a help string, then run
+dataclasses (hvdtrain/config/), so nobody edits it by hand: change a help string, then run
 
     python scripts/gen_cli_docs.py           # rewrite docs/cli.md
     python scripts/gen_cli_docs.py --check   # exit 1 if docs/cli.md is stale (the unit test's check)

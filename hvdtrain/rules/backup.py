@@ -7,7 +7,9 @@ Every applied gradient is therefore fresh."""
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from typing import Any
+
+from ..errors import ConfigError, require
 from .bsp import LockStepRounds, bsp_quorum
 from .clocks import Versions, WorkerClocks
 
@@ -43,3 +45,19 @@ class BackupWorkers(LockStepRounds):
         count: with several servers a follower may have served one with parameters older than
         the leader's."""
         return versions.pushed_on[worker] < versions.version
+
+
+def check_options(cfg: Any) -> None:
+    """--backup-workers in a config: the combinations it cannot run (the worker count is
+    check_backup_workers's, once the job's size is known); the config's validation calls it."""
+    ps = cfg.ps
+    if not ps.backup_workers:
+        return
+    require(cfg.run.mode == "async" and ps.bsp, "--backup-workers", ps.backup_workers,
+            "backup workers close the lock-step rounds of the parameter server early; "
+            "add --mode async --bsp, or drop --backup-workers")
+    # A late gradient is dropped and its worker continues from the parameters of its
+    # reply, so every reply must carry them.
+    require(ps.pull_every == 1, "--pull-every", ps.pull_every,
+            "--backup-workers drops late gradients and sends their workers the new "
+            "parameters, which needs a pull with every push; use --pull-every 1")

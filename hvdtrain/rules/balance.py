@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ConfigError, require
 
 
 def equal_shares(global_batch: int, workers: int) -> list[int]:
@@ -147,3 +150,61 @@ def gradient_weight(share: int, global_batch: int, workers: int) -> float:
     """What worker's mean-loss gradient is multiplied by, so that the average over ``workers``
     (Horovod's Average) is the global batch's mean-loss gradient: ``workers * share / global``."""
     return workers * share / global_batch
+
+
+def check_sync_options(sync: Any) -> None:
+    """The balance options of the sync section (config/sync_options.py): their ranges, the
+    combinations where unequal shares of a weighted average have no correct form, and the
+    tuning options given without --balance; the config's validation calls it."""
+    require(0 < sync.balance_floor <= 1, "--balance-floor", sync.balance_floor,
+            "use a fraction of the equal share in (0, 1], e.g. 0.25")
+    require(0 < sync.balance_damping <= 1, "--balance-damping", sync.balance_damping,
+            "use a value in (0, 1], e.g. 0.5 (1: move all the way at each re-plan)")
+    if sync.balance:
+        _check_combinations(sync)
+        return
+    for name in ("balance_floor", "balance_damping"):  # silently ignored, they would look
+        flag = "--" + name.replace("_", "-")           # like settings that took effect
+        require(getattr(sync, name) == getattr(type(sync), name), flag, getattr(sync, name),
+                f"it tunes --balance, which this run does not use: add --balance, or "
+                f"drop {flag}")
+
+
+def _check_combinations(sync: Any) -> None:
+    """Where unequal shares of a weighted average have no correct form."""
+    if sync.reduce_op == "adasum":
+        raise ConfigError("--balance weights each worker's gradient by its share of the "
+                          "global batch and averages them; --reduce-op adasum combines "
+                          "gradients by their directions, not as a weighted average, so the "
+                          "shares would change the update: drop one of them")
+    if sync.local_steps > 1:
+        raise ConfigError(f"--balance gives the workers unequal shares of each step's "
+                          f"gradient, and --local-steps {sync.local_steps} averages "
+                          "parameters after local steps, where a worker with a smaller share "
+                          "takes noisier steps of the same weight: use --local-steps 1 with "
+                          "--balance, or drop --balance")
+    if sync.elastic:
+        raise ConfigError("--balance does not work with --elastic: a reset changes the "
+                          "workers, and with them the shares, in the middle of an epoch; "
+                          "drop one of them")
+
+
+def check_room(cfg: Any) -> None:
+    """--balance where its shares can move: a share's smallest size (balance_settings) below
+    --batch-size. The world size is the scheme's check."""
+    r, s = cfg.run, cfg.sync
+    if not s.balance:
+        return
+    require(r.mode != "async", "--balance", s.balance,
+            "balancing is for --mode sync; async workers already take batches as "
+            "they are ready, a fast one more of them: drop --balance")
+    floor, _ = balance_settings(cfg)
+    least = least_share(floor, s.backward_passes_per_step)
+    if least >= r.batch_size:
+        raise ConfigError(
+            f"--balance: no share can move: every worker's share must be at least {least} "
+            f"sample{'s' if least > 1 else ''} (--balance-floor {s.balance_floor:g} of "
+            f"--batch-size {r.batch_size}, and a sample per backward pass and pipeline "
+            f"micro-batch), which is all of --batch-size {r.batch_size}; use a larger "
+            "--batch-size (or fewer --backward-passes-per-step / --micro-batches), or drop "
+            "--balance")

@@ -3,8 +3,11 @@ towards the gradient at the server's current parameters before it is applied."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from ..errors import require
 from .apply import Adjustment
 
 
@@ -32,3 +35,9 @@ class DelayCompensation(Adjustment):
         backup = self.pulled.get(worker)
         if backup is not None:
             delay_compensate(grad, self.lam, now, backup[a:b])
+
+
+def check_options(cfg: Any) -> None:
+    """--dc-lambda in a config: the combinations it cannot run; the config's validation calls it."""
+    require(not (cfg.ps.bsp and cfg.ps.dc_lambda), "--dc-lambda", cfg.ps.dc_lambda,
+            "delay compensation has nothing to correct under --bsp; drop one of them")

@@ -11,9 +11,12 @@ is the same element by element.
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
+
+from ..errors import ConfigError, require
 
 
 class RoundRule:
@@ -100,3 +103,53 @@ def round_rule(params: list[torch.Tensor], outer_lr: float, outer_momentum: floa
     if outer_lr > 0:
         return OuterNesterov(params, outer_lr, outer_momentum)
     return RoundRule()
+
+
+def check_sync_options(sync: Any) -> None:
+    """The combinations of the sync section (config/sync_options.py) that local SGD (--local-steps
+    H > 1) and DiLoCo's outer step (--outer-lr) cannot run; the config's validation calls it."""
+    if sync.local_steps > 1:
+        _check_local_sgd(sync)
+    _check_outer_step(sync)
+
+
+def _check_outer_step(sync: Any) -> None:
+    """DiLoCo's outer optimizer: a positive rate over the rounds of --local-steps H > 1."""
+    require(math.isfinite(sync.outer_lr) and sync.outer_lr >= 0, "--outer-lr",
+            sync.outer_lr, "use a positive outer learning rate, e.g. 0.7 (DiLoCo), or "
+            "leave it out for plain local SGD")
+    require(0 <= sync.outer_momentum < 1, "--outer-momentum", sync.outer_momentum,
+            "use a value in [0, 1), e.g. 0.9")
+    if sync.outer_momentum and not sync.outer_lr:
+        raise ConfigError("--outer-momentum is the momentum of DiLoCo's outer step, which "
+                          "--outer-lr turns on: add --outer-lr (e.g. 0.7) and --local-steps "
+                          "H, or drop --outer-momentum")
+    if sync.outer_lr and sync.local_steps == 1:
+        raise ConfigError(f"--outer-lr {sync.outer_lr:g} steps the average of rounds of "
+                          "local steps, and --local-steps 1 has none (every gradient is "
+                          "averaged); add --local-steps H with H > 1, e.g. 8, or drop "
+                          "--outer-lr")
+
+
+def _check_local_sgd(sync: Any) -> None:
+    """Options that mean nothing, or have no correct form, when each worker steps on its
+    own and only the parameters are averaged (--local-steps H > 1)."""
+    h = f"--local-steps {sync.local_steps}"
+    if sync.elastic:
+        raise ConfigError(f"{h} does not work with --elastic: a commit inside an averaging "
+                          "round would hold one worker's parameters, not the average; use "
+                          "--local-steps 1 with --elastic, or drop --elastic")
+    if sync.reduce_op == "adasum":
+        raise ConfigError(f"{h} averages parameters, and --reduce-op adasum combines "
+                          "gradients, which local SGD never sends; drop --reduce-op adasum "
+                          "or use --local-steps 1")
+    if sync.sync_batchnorm:
+        raise ConfigError(f"--sync-batchnorm allreduces batch statistics in every forward "
+                          f"pass, the per-step communication that {h} is there to save; "
+                          "drop --sync-batchnorm (BatchNorm running statistics are averaged "
+                          "with the parameters) or use --local-steps 1")
+    if sync.compression != "none":
+        raise ConfigError(f"--compression {sync.compression} compresses gradients, and with "
+                          f"{h} only parameters are sent, in full precision (rounded weights "
+                          "would lose the small updates); drop --compression or use "
+                          "--local-steps 1")

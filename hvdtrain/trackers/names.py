@@ -1,5 +1,5 @@
 """--tracker's value: which trackers, and whether their libraries are installed. Plain
-ValueErrors and messages, so that config.py can check a config without importing the trackers
+ValueErrors and messages, so that the config (config/values.py) can check a config without importing the trackers
 (which import the config)."""
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""The combinations of options that span sections, checked once every section has checked its
+own fields. A rule's own combinations are that rule's check, in its file under hvdtrain/rules/;
+what stays here belongs to no single rule: the batch's divisions, elastic training, lost-worker
+replacement and what async mode cannot run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError, require
+
+
+def check_combinations(cfg: Any) -> None:
+    """``cfg``: a whole.Config (typed loosely: whole.py imports this module). Raise ConfigError for the first combination that cannot work, in the order a reader
+    meets them: the batch, the server's rules, recovery, --balance, async, the pipeline."""
+    from ..rules import backup, balance, dc_asgd, staleness_lr
+
+    r, s, pl = cfg.run, cfg.sync, cfg.pipeline
+    k = s.backward_passes_per_step
+    require(r.batch_size % k == 0, "--backward-passes-per-step", k,
+            f"it must divide --batch-size {r.batch_size} evenly "
+            f"({r.batch_size} % {k} = {r.batch_size % k}); change one of them")
+    dc_asgd.check_options(cfg)
+    staleness_lr.check_options(cfg)
+    backup.check_options(cfg)
+    _check_restarts(cfg)
+    _check_elastic(cfg)
+    balance.check_room(cfg)
+    if r.mode == "async":
+        require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
+                "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
+                "every worker keeps its own BatchNorm statistics")
+        require(s.collective == "horovod", "--collective", s.collective,
+                "the parameter server talks MPI itself, with no collective backend; drop "
+                "--collective (it is for --mode sync)")
+        require(s.local_steps == 1, "--local-steps", s.local_steps,
+                "local SGD is for --mode sync; async workers already step apart (their "
+                "pulls are set by --pull-every); drop --local-steps or use --mode sync")
+    per_pass = r.batch_size // k
+    require(pl.micro_batches <= per_pass, "--micro-batches", pl.micro_batches,
+            f"each backward pass sees --batch-size {r.batch_size} / "
+            f"--backward-passes-per-step {k} = {per_pass} "
+            f"samples, too few for {pl.micro_batches} micro-batches; use at most {per_pass}")
+
+
+def _check_restarts(cfg: Any) -> None:
+    """--max-restarts: a replacement joins an async job through server 0 (ps/replacement.py);
+    mpirun's recovery settings are the launch layer's check."""
+    ps, restarts = cfg.ps, cfg.ps.max_restarts
+    if not restarts:
+        return
+    require(cfg.run.mode == "async", "--max-restarts", restarts,
+            "replacing a lost worker is for --mode async (a parameter server job under "
+            "mpirun's recovery settings); sync jobs use --elastic: drop --max-restarts "
+            "or add --mode async")
+    require(ps.num_servers == 1, "--max-restarts", restarts,
+            f"a replacement reaches the job through server 0 alone, and this job has "
+            f"--num-servers {ps.num_servers}: use --num-servers 1, or drop --max-restarts")
+    require(not ps.bsp, "--max-restarts", restarts,
+            "a replacement joins the job's batch plan, and --bsp rounds give each worker "
+            "a fixed share instead: drop --bsp (or --max-restarts)")
+
+
+def _check_elastic(cfg: Any) -> None:
+    """Horovod's elastic mode: sync only, and a shared folder for the rank that takes over."""
+    if not cfg.sync.elastic:
+        return
+    require(cfg.run.mode == "sync", "--elastic", cfg.sync.elastic,
+            "elastic training is for --mode sync (an MPI job cannot change its ranks)")
+    if not cfg.run.run_dir:
+        raise ConfigError("--elastic needs --run-dir, a folder every host shares: if rank "
+                          "0 dies, the process that becomes rank 0 continues its log and "
+                          "checkpoints there")

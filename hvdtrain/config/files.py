@@ -1,0 +1,85 @@
+"""Options from a TOML or YAML file: read, parsed, and flattened to option pairs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, too_deep
+from .whole import SECTIONS, field_owners
+
+
+def load_config_file(path: str) -> dict[str, Any]:
+    """Read a TOML or YAML file into flat option pairs.
+
+    Keys may sit at the top level or under a section named like the dataclasses
+    (``[optim]``, ``[run]``...). Dashes and underscores are interchangeable.
+    """
+    raw = _parse_config_text(path, _read_config_text(path))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--config: {path} must hold a table of options, not {type(raw).__name__}")
+    return _flat_options(raw, path)
+
+
+def _read_config_text(path: str) -> str:
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"--config: {path} is a folder; pass the path of a .toml or .yaml "
+                          "file (a run folder's options are in the header of its metrics.jsonl)")
+    if not p.is_file():
+        raise ConfigError(f"--config: file {path} not found; pass the path of a .toml or .yaml file")
+    try:
+        return p.read_text(encoding="utf-8")  # TOML is UTF-8 by definition; YAML files in practice
+    except UnicodeDecodeError as e:
+        bad = e.object[e.start:e.start + 1]
+        raise ConfigError(f"--config: {path} is not UTF-8 text (byte {e.start} is {bad!r}); "
+                          "save it with UTF-8 encoding") from None
+    except OSError as e:
+        raise ConfigError(f"--config: cannot read {path} ({e.strerror}); check its "
+                          "permissions") from None
+
+
+def _parse_config_text(path: str, text: str) -> Any:
+    """The file's content as TOML or YAML, by its suffix."""
+    try:
+        if Path(path).suffix == ".toml":
+            try:
+                import tomllib
+            except ModuleNotFoundError:  # Python 3.10
+                import tomli as tomllib
+            return tomllib.loads(text)
+        if Path(path).suffix in (".yaml", ".yml"):
+            import yaml
+            return yaml.safe_load(text) or {}
+        raise ConfigError(f"--config: {path} must end in .toml, .yaml or .yml")
+    except ConfigError:
+        raise
+    except RecursionError:  # tomllib and yaml parse nested tables recursively
+        raise ConfigError(too_deep(f"--config: {path}")) from None
+    except Exception as e:  # the parsers' own error types differ; all mean "fix the file"
+        raise ConfigError(f"--config: cannot parse {path}: {e}") from None
+
+
+def _flat_options(raw: dict, path: str) -> dict[str, Any]:
+    """The file's options as flat pairs, each known and in its own section (or at the top)."""
+    owners = field_owners()
+    flat: dict[str, Any] = {}
+    misplaced = []
+    for key, value in raw.items():
+        key = str(key).replace("-", "_")
+        if key in SECTIONS and isinstance(value, dict):
+            for sub, v in value.items():
+                sub = str(sub).replace("-", "_")
+                if owners.get(sub, key) != key:  # would silently apply elsewhere than it reads
+                    misplaced.append(f"{sub} is under [{key}] but belongs in [{owners[sub]}]")
+                flat[sub] = v
+        else:
+            flat[key] = value
+    if misplaced:
+        raise ConfigError(f"--config: {path}: {'; '.join(misplaced)}; move it to that section "
+                          "(or to the top level)")
+    unknown = sorted(k for k in flat if k not in owners)
+    if unknown:
+        raise ConfigError(f"--config: {path} has unknown option(s) {', '.join(unknown)}; "
+                          f"valid options are: {', '.join(sorted(owners))}")
+    return flat

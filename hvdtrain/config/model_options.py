@@ -1,0 +1,66 @@
+"""The options of what is trained: the network and its loss, and the optimizer."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import require
+from .values import opt
+
+
+@dataclass
+class ModelConfig:
+    """Which network to train. Input and output sizes come from the dataset."""
+
+    model: str = opt("mlp", "a built-in model (the registry in hvdtrain/models.py) "
+                     "or your own MODULE:CALLABLE returning an nn.Module; MODULE is a dotted "
+                     "import path or a .py file, and the callable also receives input_shape "
+                     "and num_classes when its signature names them")
+    model_args: str = opt("", "keyword arguments for your --model callable, as a JSON object, "
+                          "e.g. '{\"width\": 64}'")
+    loss: str = opt("cross_entropy", "cross_entropy, nll, mse, l1, bce_with_logits, or your own "
+                    "MODULE:CALLABLE computing loss(output, target) -> scalar mean; accuracy is "
+                    "reported for cross_entropy and nll on (N, C) outputs")
+    hidden: tuple[int, ...] = opt((256, 128), "hidden layer widths of the MLP, e.g. 1024,1024")
+    channels: tuple[int, ...] = opt((32, 64), "convolution channels of the CNN, one per block")
+
+    def validate(self) -> None:
+        m = self
+        require(len(m.hidden) >= 1 and all(n >= 1 for n in m.hidden), "--hidden", m.hidden,
+                "give positive layer widths, e.g. --hidden 256,128")
+        require(len(m.channels) >= 1 and all(n >= 1 for n in m.channels), "--channels",
+                m.channels, "give positive channel counts, e.g. --channels 32,64")
+
+
+@dataclass
+class OptimConfig:
+    """The optimizer and its learning-rate schedule."""
+
+    optimizer: str = opt("sgd", "sgd (with --momentum), adam or adamw",
+                         choices=("sgd", "adam", "adamw"))
+    lr: float = opt(0.05, "learning rate of one worker; it is scaled by the world size "
+                    "(see --lr-scaling)")
+    momentum: float = opt(0.9, "SGD momentum")
+    weight_decay: float = opt(0.0, "L2 penalty (decoupled for adamw)")
+    lr_scaling: str = opt("linear", "linear: multiply --lr by the number of workers "
+                          "(Goyal et al. 2017); none: use --lr as is",
+                          choices=("linear", "none"))
+    warmup_epochs: float = opt(1.0, "epochs over which the learning rate ramps from --lr to "
+                               "the scaled rate; 0 disables warmup")
+    lr_schedule: str = opt("constant", "after warmup: constant, or cosine decay to 0",
+                           choices=("constant", "cosine"))
+    clip_grad_norm: float = opt(0.0, "clip the gradient to this total L2 norm before each "
+                                "update (0: no clipping): sync the averaged one, async each "
+                                "worker's own; see docs/gpu.md")
+
+    def validate(self) -> None:
+        o = self
+        require(math.isfinite(o.lr) and o.lr > 0, "--lr", o.lr,
+                "pass a positive learning rate, e.g. --lr 0.05")
+        require(0 <= o.momentum < 1, "--momentum", o.momentum, "use a value in [0, 1), e.g. 0.9")
+        require(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "use 0 or a positive value")
+        require(o.warmup_epochs >= 0, "--warmup-epochs", o.warmup_epochs,
+                "use 0 (no warmup) or a positive number of epochs")
+        require(o.clip_grad_norm >= 0, "--clip-grad-norm", o.clip_grad_norm,
+                "use 0 (no clipping) or a positive norm, e.g. 1")

@@ -1,0 +1,141 @@
+"""What the option sections share: a field with its help text, the finite-number check, and
+the readers of values that are more than a number (a fault schedule, a metric goal, a stop target)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError, require
+from ..faults.schedule import parse_faults
+
+
+
+# The seeds feed torch, numpy and scikit-learn, whose generators take at most 64 (torch) or 32
+# bits (scikit-learn's random_state); epoch_plan.py also derives per-epoch seeds from --seed.
+MAX_SEED = 2**32 - 1
+MAX_CYCLE_TIME_MS = 1000.0
+
+MIN_CHUNK_MB = 0.001  # about 1 KiB: 262 float32 parameters per message
+
+SEED_RANGE = f"use a whole number from 0 to {MAX_SEED} (2**32 - 1), e.g. 0"
+
+
+def opt(default: Any, help: str, choices: tuple | None = None, **kw) -> Any:
+    """A dataclass field whose metadata carries its help text (and allowed values)."""
+    meta = {"help": help, "choices": choices, **kw}
+    if isinstance(default, (list, tuple)):
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def require_finite(section: Any) -> None:
+    """inf passes most range checks (inf >= 0) and then breaks the run; only the options marked
+    infinite_ok (an unbounded --staleness) mean something by it."""
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if isinstance(value, float) and not math.isfinite(value) and not (
+                f.metadata.get("infinite_ok") and math.isinf(value)):
+            require(False, "--" + f.name.replace("_", "-"), value,
+                    f"use a finite number, e.g. the default {f.default:g}")
+
+
+def check_writable_folder(path: str, flag: str) -> None:
+    """Fail at start-up, not at the first write, when ``path`` cannot become a folder that this
+    process writes into: it (or what exists of it) is a regular file, or a folder without write
+    permission."""
+    existing = Path(path)
+    while not os.path.exists(existing) and existing != existing.parent:
+        existing = existing.parent  # the folder that would hold the new folders
+    it = "it" if existing == Path(path) else str(existing)
+    if not os.path.isdir(existing):
+        raise ConfigError(f"{flag} {path}: {it} is a file, not a folder; pass the path of a "
+                          "folder (it is created if missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == Path(path) else ", where it would be created,"
+        raise ConfigError(f"{flag} {path}: {it}{where} is not writable for this user; pass a "
+                          "folder you can write to, or change its permissions")
+
+
+def check_faults(schedule: str, flag: str = "--inject-faults") -> None:
+    try:
+        parse_faults(schedule)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: invalid value {schedule!r}; {e}") from None
+
+
+def check_tracker(text: str, project: str) -> None:
+    from ..trackers.names import missing_package, project_problem, tracker_names
+    try:
+        names = tracker_names(text)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    problem = missing_package(names) or project_problem(names, project)
+    if problem:
+        raise ConfigError(problem)
+
+
+def parse_metric_goal(text: str) -> tuple[str, str] | None:
+    """``"test_acc"`` -> ("test_acc", "max"); ``"test_loss"`` -> ("test_loss", "min"), as is any
+    name that ends in loss; ``"min:test_mae"`` -> ("test_mae", "min"); ``""`` -> None."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    goal, _, name = text.rpartition(":")
+    name = name.strip()
+    if goal.strip() not in ("", "max", "min") or not name:
+        raise ValueError("name a metric such as test_acc or test_loss, optionally after max: "
+                         "or min:, e.g. min:test_mae")
+    return name, goal.strip() or ("min" if name.endswith("loss") else "max")
+
+
+STOP_AT_FORMAT = "write NAME>=VALUE or NAME<=VALUE, e.g. test_acc>=0.95 or test_loss<=0.1"
+
+
+def parse_stop_at(text: str) -> tuple[str, str, float] | None:
+    """``"test_acc>=0.95"`` -> ("test_acc", ">=", 0.95); ``"test_loss <= 0.1"`` ->
+    ("test_loss", "<=", 0.1); ``""`` -> None. Whether the run reports NAME is known only once
+    its metrics are (loop/target.py)."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    for op in (">=", "<="):
+        name, found, value = text.partition(op)
+        if found:
+            break
+    else:
+        raise ValueError(STOP_AT_FORMAT)
+    name = name.strip()
+    try:
+        target = float(value)
+    except ValueError:
+        raise ValueError(f"{value.strip()!r} is not a number; {STOP_AT_FORMAT}") from None
+    if not name.isidentifier() or not math.isfinite(target):
+        raise ValueError(STOP_AT_FORMAT)
+    return name, op, target
+
+
+def parse_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_int_tuple(value: Any) -> tuple[int, ...]:
+    """``"1024,1024"``, ``"1x28x28"``, ``[256, 128]`` or ``64`` -> a tuple of ints."""
+    if isinstance(value, (list, tuple)):
+        parts = list(value)
+    elif isinstance(value, int):
+        parts = [value]
+    else:
+        parts = [p for p in str(value).replace("x", ",").split(",") if p.strip()]
+    return tuple(int(p) for p in parts)
