@@ -9,12 +9,15 @@ from collections import defaultdict, deque
 from types import SimpleNamespace
 
 import numpy as np
+import torch
 
 from hvdtrain.config import Config
+from hvdtrain.engines.server import ServerEngine
 from hvdtrain.ps import server as server_module
 from hvdtrain.ps import shard as shard_module
 from hvdtrain.layout import Topology
 from hvdtrain.ps.protocol import NO_GRADIENT, WANT_PARAMS, Kind, Tag, make_header, shard_bounds
+from hvdtrain.rules.registry import server_rules
 
 REPLIES = (Tag.READY, Tag.PARAMS, Tag.ACK)
 
@@ -138,6 +141,17 @@ class Job:
 
     def params(self, server: int = 0) -> np.ndarray:
         return self.servers[server].shard.params.numpy().copy()
+
+
+def fake_engine(num_workers: int, released: list | None = None) -> ServerEngine:
+    """A real ServerEngine (async rules) over a one-element shard that answers nobody, for the
+    helpers that drive one (membership, slot waiters); ``released`` counts its releases."""
+    port = SimpleNamespace(reply=lambda w, want: None, begin_stop=lambda: None)
+    optimizer = SimpleNamespace(params=torch.zeros(1), chunks=[(0, 1)])
+    engine = ServerEngine(server_rules(Config().ps, num_workers), num_workers, optimizer, port)
+    if released is not None:
+        engine.release = lambda: released.append(True)
+    return engine
 
 
 def replied(messages) -> set[int]:

@@ -150,11 +150,11 @@ class Membership:
         # design, but a dead one never arrives to be held, and a job that evaluates every few
         # steps would otherwise never look for it.
         # The evaluating worker announced itself QUIET (silence.py bounds that by --timeout-s).
-        waiting = [server.pending, server.pauses.held, server.verdicts.arrived]
+        waiting = [*server.engine.held(), server.pauses.held]
         joined = self._joined(server, now)
-        worker = server.silence.overdue(now, server.clocks, waiting)
+        worker = server.silence.overdue(now, server.engine.clocks, waiting)
         if worker is not None and not self.recovery:
-            raise StuckError(f"{server.silence.describe(worker, now, server.clocks)}; "
+            raise StuckError(f"{server.silence.describe(worker, now, server.engine.clocks)}; "
                              f"{LAUNCH_HINT}")
         dropped = worker is not None and self.index == 0 and bool(self.drop(server, worker, now))
         return dropped or joined
@@ -225,26 +225,25 @@ class Membership:
         return self.replacements is not None and self.replacements.pending is not None
 
     def drop(self, server, worker: int, now: float) -> int:
-        if worker in self.gone or server.clocks.is_done(worker):
+        if worker in self.gone or server.engine.is_done(worker):
             return 0
         self.gone.add(worker)
-        pushes = int(server.clocks.clocks[worker])
+        pushes = int(server.engine.clock(worker))
         self.lost.append(Loss(worker, round(now - self.started, 3), pushes,
                               round(now - server.silence.last_heard[worker], 3)))
-        server.clocks.done(worker)  # no round, bound or pause counts on it any more
+        server.engine.on_lost(worker)  # no round, bound or pause counts on it, no reply goes
         server.load.pushes_reported[worker] = pushes
-        server.pending.pop(worker, None)  # nothing is sent to it any more
         server.pauses.held.pop(worker, None)
         if server.pauses.paused_by == worker:  # it died evaluating: the held replies go out
             server._send_all(server.silence.resumed(
-                server.pauses.resume(now, server.clocks, server.stopping), now))
+                server.pauses.resume(now, server.engine.clocks, server.engine.stopping), now))
         server.silence.quiet.discard(worker)
         server.silence.waiting_for_others.discard(worker)
         slot_waiters.give_back(server, worker)  # its batches go to the survivors, waiters first
         self.dropped += 1
         if self.index == 0:
             self._tell(server, worker, pushes)
-        server.pushes.release()
+        server.engine.release()
         if self.index == 0:
             left = len(self.gone) < server.num_workers
             print(f"hvdtrain: worker {worker} (rank {worker}) lost: silent for "
@@ -273,7 +272,7 @@ class Membership:
             server.comm.Send(header, dest=rank, tag=Tag.REQUEST)
         word = np.array([worker, pushes], dtype=np.int64)
         for w in range(server.num_workers):
-            if not server.clocks.is_done(w) and w not in self.lost_workers:  # a newcomer
+            if not server.engine.is_done(w) and w not in self.lost_workers:  # a newcomer
                 # is exempt from the survivors' collectives (replacement.py): no word for it
                 server.comm.Send(word, dest=w, tag=Tag.LOST)
 

@@ -116,7 +116,7 @@ class Replacements:
 
         def welcome() -> dict:  # in the spawn thread, once the process has started
             return {"worker": worker, "world_size": server.comm.Get_size(),
-                    "clock": start_clock(pushes, list(server.clocks.clocks)),
+                    "clock": start_clock(pushes, list(server.engine.clocks.clocks)),
                     "job_step": job_step(server.dispatcher)}
 
         result: dict = {}
@@ -172,9 +172,7 @@ class Replacements:
         """The newcomer is worker ``worker`` again: its clock, its batches and its silence
         count as a live worker's; its messages travel through ``child``."""
         server.comm.link(worker, child)
-        server.clocks.clocks[worker] = clock
-        server.clocks.finished.discard(worker)
-        server.clocks.idle.discard(worker)
+        server.engine.rejoin(worker, clock)
         server.shard.shared_grads.pop(worker, None)  # on no host window: messages only
         server.load.last_push_of[worker] = None
         server.load.intervals[worker].clear()

@@ -3,9 +3,8 @@ applies each pushed gradient as it arrives, with a server-side torch optimizer w
 here.
 
 The server is a message loop: it receives a request, routes it, and replies. What a push does is
-the rules' (hvdtrain/rules/): the round policy decides whether a reply may go now, which held
-workers are released, when a round closes and whether a gradient counts; the apply step weights
-or corrects a gradient before the optimizer's step. The MPI-bound pieces each have a file:
+the server engine's (engines/server.py, the rules of hvdtrain/rules/ and the state they read),
+which answers through the ShardPort (pushes.py). The MPI-bound pieces each have a file:
 evaluation pauses (pauses.py), server 0's round verdicts for the other shards (verdicts.py), the
 silence check (silence.py) and the figures (server_stats.py).
 
@@ -23,14 +22,13 @@ import numpy as np
 
 from ..config import Config
 from ..layout import Topology
-from ..rules.clocks import Versions, WorkerClocks
+from ..engines.server import ServerEngine
 from ..rules.registry import server_rules
-from ..rules.statistics import RuleStatistics
 from .dispatch import BatchDispatcher, SlotPlan
 from .ledger import PushLedger, answer_refused
 from .membership import Membership
 from .pauses import EvalPauses
-from .pushes import AsyncPushes, RoundPushes
+from .pushes import ShardPort
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_SLOT, H_WORKER, HAS_PLAN,
                        HAS_STATE, HEADER_LEN, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP,
                        Kind, Tag, word_to_lr)
@@ -49,15 +47,12 @@ class ParameterServer:
         self.MPI, self.comm, self.cfg, self.topology = MPI, comm, cfg, topology
         self.index = topology.server_index(comm.Get_rank())
         self.num_workers = n = topology.num_workers
-        rules = server_rules(cfg.ps, n)
-        self.policy, self.step = rules.policy, rules.step  # the rules this server runs
-        self.clocks, self.versions = WorkerClocks(n), Versions(n)
-        self.stats, self.load = RuleStatistics(), ServerLoad(n)
+        self.rules = server_rules(cfg.ps, n)  # what the engine runs; it checks the options now
+        self.load = ServerLoad(n)
         self.ledger = PushLedger(n)  # no push applied twice, nor one from a lost worker
         self.header = np.zeros(HEADER_LEN, dtype=np.int64)
         self.shard: Shard | None = None    # filled in by INIT
-        self.pushes: AsyncPushes | RoundPushes | None = None  # ... what a push does
-        self.pending: dict[int, bool] = {}  # worker -> wants params: replies the policy holds
+        self.engine: ServerEngine | None = None  # ... what a push does
         self.pauses = EvalPauses(comm, charges=self.index == 0)
         self.verdicts = Verdicts(comm, topology, self.index, cfg.ps.backup_workers)
         self.membership = Membership(self.index, replacements=Replacements.at_server(
@@ -65,14 +60,13 @@ class ParameterServer:
         self.silence = SilenceWatch(self.index, n, cfg.ps.timeout_s,
                                     self.load.intervals if self.membership.recovery else None)
         self.dispatcher: BatchDispatcher | None = None  # server 0: the job's batch plan
-        self.stopping = False  # a worker got a stop signal: every worker stops after its step
 
     # --- set-up --------------------------------------------------------------------------------
     def _allocate(self, total: int) -> None:
         self.shard = Shard(self.comm, self.cfg, self.index, self.topology.num_servers,
-                           self.num_workers, total, self.step.rewrites_gradient)
-        self.pushes = RoundPushes(self, self.shard.params.numel()) if self.policy.lock_step \
-            else AsyncPushes(self)
+                           self.num_workers, total, self.rules.step.rewrites_gradient)
+        self.engine = ServerEngine(self.rules, self.num_workers, self.shard.optimizer,
+                                   ShardPort(self, self.shard), follows=self.verdicts.follows)
 
     def _recv_init(self) -> None:
         """The first message is worker 0's INIT: parameters, plus optimizer state on resume.
@@ -89,7 +83,7 @@ class ParameterServer:
             self.dispatcher = BatchDispatcher(SlotPlan(*plan["plan"]), self.membership.recovery)
             if plan.get("state"):
                 self.dispatcher.load_state_dict(plan["state"])
-        self.versions.start(version)
+        self.engine.start(version)
         self.silence.start()
 
     # --- the loop ------------------------------------------------------------------------------
@@ -102,8 +96,8 @@ class ParameterServer:
         self._recv_init()
         active = self.num_workers
         while active:
-            if signals.received and not self.stopping:
-                self.pushes.on_signal()
+            if signals.received and not self.engine.stopping:
+                self.engine.on_signal()
             self._next_request(status)
             t0 = time.perf_counter()
             if status.Get_source() < self.num_workers:  # not a verdict from server 0
@@ -134,23 +128,20 @@ class ParameterServer:
         elif kind == Kind.SLOTS:  # H_SLOT: the epoch it is in
             slot_waiters.ask(self, worker, int(self.header[H_SIZE]), int(self.header[H_SLOT]))
         elif kind == Kind.IDLE:  # it waits for the other workers: rounds stop counting on it
-            self.clocks.idle.add(worker)
             self.silence.waiting_for_others.add(worker)
-            self.pushes.release()
+            self.engine.on_idle(worker)
         elif kind == Kind.PAUSE:
             self.pauses.pause(worker, now)
         elif kind == Kind.RESUME:
-            self._send_all(self.silence.resumed(self.pauses.resume(now, self.clocks,
-                                                                   self.stopping), now))
+            self._send_all(self.silence.resumed(self.pauses.resume(now, self.engine.clocks,
+                                                                   self.engine.stopping), now))
         elif kind in (Kind.ROUND, Kind.DROP):  # a follower: a verdict from server 0
-            self.verdicts.receive(kind, self.header)
-            self.pushes.follow()
+            self.engine.on_verdict(*self.verdicts.receive(kind, self.header))
         elif kind == Kind.LOST:  # a follower: server 0 dropped a worker
             self.membership.drop(self, int(self.header[H_WORKER]), now)  # counted by check
         elif kind == Kind.DONE:
             self.load.pushes_reported[worker] = int(self.header[H_CLOCK])
-            self.clocks.done(worker)
-            self.pushes.release()
+            self.engine.on_done(worker)
             slot_waiters.closed(self, worker)
             return True
         else:
@@ -159,7 +150,8 @@ class ParameterServer:
 
     def _handle_push(self, worker: int, now: float) -> None:
         flags = int(self.header[H_FLAGS])
-        if not self.ledger.admits(self.clocks.clocks[worker], worker, int(self.header[H_CLOCK])):
+        if not self.ledger.admits(self.engine.clock(worker), worker,
+                                  int(self.header[H_CLOCK])):
             answer_refused(self, worker, flags)
             return
         if flags & WANT_SLOT and self.dispatcher is not None:
@@ -167,11 +159,9 @@ class ParameterServer:
             self.dispatcher.complete(int(self.header[H_SLOT]), worker)
             slot_waiters.hand_out(self, worker)  # never held
         self.load.push(worker, int(self.header[H_SIZE]), now)
-        has_gradient = not flags & NO_GRADIENT
-        self.stats.pushed(has_gradient)
-        self.clocks.push(worker, int(self.header[H_CLOCK]))
-        self.pushes.push(worker, word_to_lr(self.header[H_LR]), bool(flags & WANT_PARAMS),
-                         bool(flags & WANTS_STOP), has_gradient)
+        self.engine.on_push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
+                            not flags & NO_GRADIENT, bool(flags & WANT_PARAMS),
+                            bool(flags & WANTS_STOP))
         self.load.last_push = time.perf_counter()
 
     def _next_request(self, status) -> None:
@@ -179,37 +169,30 @@ class ParameterServer:
         self.membership.receive(self, status)  # wait_any, or with silence checks
 
     def _describe_wait(self) -> str:
-        lost = set(self.membership.lost_workers)  # their clocks read done too (membership.drop)
-        clocks = ", ".join(
-            f"worker {w}: {'lost' if w in lost else 'done' if self.clocks.is_done(w) else int(c)}"
-            for w, c in enumerate(self.clocks.clocks))
-        held = f"; replies held back for workers {sorted(self.pending)}" if self.pending else ""
-        idle = f"; idle: workers {sorted(self.clocks.idle)}" if self.clocks.idle else ""
+        paused = ""
         if self.pauses.paused_by is not None:
-            idle += (f"; worker {self.pauses.paused_by} evaluates, replies to workers "
-                     f"{sorted(self.pauses.held)} held until it resumes")
-        return (f"parameter server {self.index}: no request from any worker (pushes so far: "
-                f"{clocks}{held}{idle}{self.verdicts.describe()})")
+            paused = (f"; worker {self.pauses.paused_by} evaluates, replies to workers "
+                      f"{sorted(self.pauses.held)} held until it resumes")
+        return (f"parameter server {self.index}: no request from any worker "
+                f"({self.engine.describe(set(self.membership.lost_workers))}{paused})")
 
     def begin_stop(self) -> None:
-        """Tell every worker still training to stop after its current step. Sent before the
-        replies that follow, so a worker that has its reply has this message too (Open MPI
-        delivers one sender's messages in order)."""
-        if self.stopping:
-            return
-        self.stopping = True
+        """Tell every worker still training to stop after its current step (the engine's
+        ServerPort.begin_stop, once). Sent before the replies that follow, so a worker that has
+        its reply has this message too (Open MPI delivers one sender's messages in order)."""
         for worker in range(self.num_workers):
-            if not self.clocks.is_done(worker):
+            if not self.engine.is_done(worker):
                 self.comm.Send(np.ones(1, dtype=np.int64), dest=worker, tag=Tag.STOP)
         self._send_all(self.pauses.release())  # nobody waits for an evaluation once stopping
         slot_waiters.stop(self)  # ... nor for a slot: the held requests get NO_SLOT
 
     # --- replies -------------------------------------------------------------------------------
     def reply(self, worker: int, want_params: bool) -> None:
-        if self.pauses.holds(worker, self.stopping):
+        stopping = self.engine.stopping
+        if self.pauses.holds(worker, stopping):
             self.pauses.held[worker] = want_params
             return
-        self.pauses.send_debt(worker, self.stopping)
+        self.pauses.send_debt(worker, stopping)
         if want_params:
             self._send_params(worker)
         else:
@@ -221,26 +204,20 @@ class ParameterServer:
 
     def _send_params(self, worker: int) -> None:
         self.shard.send_all(self.MPI, worker)
-        self.mark_pulled(worker)
-
-    def mark_pulled(self, worker: int) -> None:
-        self.versions.received(worker)
-        self.step.received(worker, self.shard.params.numpy())
+        self.engine.sent_params(worker)
 
     # --- checkpoint state and statistics -------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         """What a checkpoint keeps of this server besides its optimizer state."""
-        return {"clocks": [-1 if self.clocks.is_done(w) else c
-                           for w, c in enumerate(self.clocks.clocks)],
-                "version": self.versions.version, "staleness": dict(self.stats.staleness),
+        return {**self.engine.state(),
                 **({"dispatch": self.dispatcher.state_dict()} if self.dispatcher else {})}
 
     def statistics(self) -> dict[str, Any]:
         ps = self.cfg.ps
-        rules = self.stats.report(self.policy.lock_step, ps.staleness_lr)
+        rules = self.engine.report(ps.staleness_lr)
         if ps.eval_pauses_workers and self.index == 0:
             rules["eval_pause_debt_seconds"] = round(self.pauses.debt_seconds, 3)
-        return self.load.report(self.index, self.versions.version,
+        return self.load.report(self.index, self.engine.version,
                                 {**rules, **self.membership.report(self.load),
                                  **self.ledger.report(),
                                  **(self.dispatcher.statistics() if self.dispatcher else {})})

@@ -32,8 +32,7 @@ def ask(server, worker: int, count: int, epoch: int) -> None:
     slots = server.dispatcher.ask(worker, count, epoch)
     if slots is None:  # held: it waits for the servers, not hung; no round counts on it
         server.silence.quiet.add(worker)
-        server.clocks.idle.add(worker)
-        server.pushes.release()
+        server.engine.on_idle(worker)
     else:
         _send(server, worker, slots)
     answer(server)  # another waiter may have counted on this worker's slots
@@ -47,7 +46,7 @@ def answer(server) -> None:
         # back to training: its silence counts from now, and rounds count on it again
         server.silence.quiet.discard(worker)
         server.silence.last_heard[worker] = time.perf_counter()
-        server.clocks.idle.discard(worker)
+        server.engine.on_active(worker)
         _send(server, worker, slots)
 
 
@@ -74,6 +73,5 @@ def stop(server) -> None:
 
 def _send(server, worker: int, slots: list[int]) -> None:
     server.comm.Send(np.array(slots, dtype=np.int64), dest=worker, tag=Tag.SLOT)
-    if server.dispatcher.finished_pushing(worker) and worker not in server.clocks.finished:
-        server.clocks.finished.add(worker)
-        server.pushes.release()  # nobody waits for its clock any more
+    if server.dispatcher.finished_pushing(worker) and server.engine.on_finished(worker):
+        server.engine.release()  # nobody waits for its clock any more

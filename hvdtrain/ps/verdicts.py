@@ -1,15 +1,12 @@
 """--backup-workers with several servers: server 0 (the leader) decides for every shard. It sends
 the others each round's members, in the order they joined, and each dropped push, and they carry
-these verdicts out in order, each once the pushes it names have arrived. So every shard applies
-the same rounds with the same workers' gradients and learning rate. Shards that decided on their
-own (as TensorFlow's SyncReplicasOptimizer does per variable) could hang: a worker late at one
-shard and on time at another waits there for a round that the workers it waits for cannot
-join."""
+these verdicts out in order, each once the pushes it names have arrived (the server engine's
+follower side, engines/server.py). So every shard applies the same rounds with the same workers'
+gradients and learning rate. Shards that decided on their own (as TensorFlow's
+SyncReplicasOptimizer does per variable) could hang: a worker late at one shard and on time at
+another waits there for a round that the workers it waits for cannot join."""
 
 from __future__ import annotations
-
-from collections import deque
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -25,8 +22,6 @@ class Verdicts:
         self.followers = topology.server_ranks()[1:] if backup_workers and self.is_leader \
             else []
         self.follows = bool(backup_workers) and not self.is_leader  # rounds close on verdicts
-        self.queue: deque = deque()      # a follower's verdicts to carry out, in order
-        self.arrived: dict[int, tuple[bool, bool, float]] = {}  # ... pushes awaiting one
 
     def tell(self, kind: Kind, workers: list[int], stop: bool, version: int) -> None:
         """Send the other servers a verdict: a round's members (in the order they joined) or
@@ -41,21 +36,12 @@ class Verdicts:
             if kind == Kind.ROUND:
                 self.comm.Send(members, dest=server, tag=Tag.VERDICT)
 
-    def receive(self, kind: Kind, header: np.ndarray) -> None:
+    def receive(self, kind: Kind, header: np.ndarray) -> tuple[bool, list[int], bool]:
+        """A follower: the verdict whose header has arrived, as (a round?, its workers, stop),
+        for the server engine to carry out (ServerEngine.on_verdict)."""
         stop = bool(header[H_FLAGS] & WANTS_STOP)
         if kind == Kind.ROUND:
             members = np.empty(int(header[H_SIZE]), dtype=np.int64)
             self.comm.Recv(members, source=self.leader_rank, tag=Tag.VERDICT)
-            self.queue.append((kind, [int(w) for w in members], stop))
-        else:
-            self.queue.append((kind, [int(header[H_WORKER])], stop))
-
-    def ready(self) -> Iterator[tuple[Kind, list[int], bool]]:
-        """The verdicts to carry out now, in the leader's order: each once every push it names
-        has arrived."""
-        while self.queue and all(w in self.arrived for w in self.queue[0][1]):
-            yield self.queue.popleft()
-
-    def describe(self) -> str:
-        return (f"; {len(self.queue)} of server 0's round decisions wait for pushes "
-                f"(arrived: workers {sorted(self.arrived)})" if self.queue else "")
+            return True, [int(w) for w in members], stop
+        return False, [int(header[H_WORKER])], stop

@@ -4,7 +4,7 @@ fresh, like sync training."""
 
 from __future__ import annotations
 
-from .clocks import Versions, WorkerClocks
+from .clocks import IDLE_TO_EVERY_SERVER, IDLE_TO_LEADER, Versions, WorkerClocks
 
 
 def bsp_quorum(num_workers: int, backup_workers: int, pushing: int) -> int:
@@ -42,3 +42,13 @@ class LockStepRounds:
 
     def is_late(self, versions: Versions, worker: int) -> bool:
         return False  # every running worker is in every round: nobody falls behind one
+
+    def idle_reports(self, eval_pauses_workers: bool, recovery: bool) -> str | None:
+        """Whom a worker that waits for the others tells (clocks.IDLE_TO_*). With backup
+        workers the others may wait for a round of N-b pushes that it would never join: server
+        0, which decides every shard's rounds. Plain --bsp needs no such message (its workers
+        never drift apart), unless mpirun's recovery settings make server 0 watch for silent
+        workers (silence.py). An evaluation's pause must not charge it: every server."""
+        if eval_pauses_workers:
+            return IDLE_TO_EVERY_SERVER
+        return IDLE_TO_LEADER if self.backup_workers or recovery else None

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import math
 
+# Whom a worker about to wait for the others (a blocking collective of workers) tells so (IDLE),
+# as its round policy's ``idle_reports`` says: every server, server 0 alone, or nobody (None).
+IDLE_TO_EVERY_SERVER, IDLE_TO_LEADER = "every server", "server 0"
+
 
 class WorkerClocks:
     def __init__(self, num_workers: int):

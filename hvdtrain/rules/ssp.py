@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from .clocks import WorkerClocks
+from .clocks import IDLE_TO_EVERY_SERVER, IDLE_TO_LEADER, WorkerClocks
 
 
 def may_proceed(clock: int, clocks: list[float], bound: float) -> bool:
@@ -42,3 +42,14 @@ class StalenessBound:
 
     def is_late(self, versions, worker: int) -> bool:
         return False  # every gradient counts, stale or not
+
+    def idle_reports(self, eval_pauses_workers: bool, recovery: bool) -> str | None:
+        """Whom a worker that waits for the others tells (clocks.IDLE_TO_*). A finite bound
+        must not hold the others back for its clock (the job's batches are not shared out
+        evenly, so a worker meeting the others at an epoch's end may be behind them), nor may an
+        evaluation's pause charge it: every server. Under mpirun's recovery settings server 0,
+        which would otherwise take the silent worker for lost before a dead one it waits for
+        (silence.py)."""
+        if eval_pauses_workers or not math.isinf(self.bound):
+            return IDLE_TO_EVERY_SERVER
+        return IDLE_TO_LEADER if recovery else None

@@ -82,8 +82,8 @@ def test_a_round_closes_at_n_minus_b_and_drops_the_late_gradient(monkeypatch):
     assert job.push(2, g[2], lr=lr) == {2}
     np.testing.assert_array_equal(job.params(), after_first.astype(np.float32))
     server = job.servers[0]
-    assert server.stats.dropped_gradients == 1
-    assert server.versions.pulled[2] == server.versions.version == 1
+    assert server.engine.stats.dropped_gradients == 1
+    assert server.engine.versions.pulled[2] == server.engine.version == 1
     # Now it is fresh: it joins the next round, which worker 0 closes; worker 1 is late.
     assert job.push(2, g[2], lr=lr) == set()
     assert job.push(0, g[0], lr=lr) == {0, 2}
@@ -115,7 +115,7 @@ def test_a_push_without_gradient_counts_for_the_quorum_but_is_never_dropped(monk
     job = Job(monkeypatch, workers=2, backup=1)
     g = gradients(job)
     assert job.push(0, None) == {0}  # a round of one skipped fp16 step: nothing to apply
-    assert job.servers[0].versions.version == 0
+    assert job.servers[0].engine.version == 0
     assert job.push(1, g[1]) == {1}  # still fresh: the parameters did not change
     assert job.push(0, None) == {0}  # late, but it carries no gradient to drop
     stats = job.servers[0].statistics()
@@ -191,15 +191,15 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
     rounds = defaultdict(list)  # server -> (members in order, rate) of each round it closed
 
     for s, server in enumerate(job.servers):  # every applied gradient must be fresh
-        def checked(original=server.pushes._finish, s=s, server=server):
-            for w in server.pending:
-                assert pool[w].version[s] == server.versions.version, (
+        def checked(original=server.engine._close_round, s=s, engine=server.engine):
+            for w in engine.pending:
+                assert pool[w].version[s] == engine.version, (
                     f"server {s} applies worker {w}'s gradient computed on version "
-                    f"{pool[w].version[s]}, its parameters are at {server.versions.version}")
-            rounds[s].append((list(server.pending),
-                              server.pushes.lr if server.pushes.round.gradients else None))
+                    f"{pool[w].version[s]}, its parameters are at {engine.version}")
+            rounds[s].append((list(engine.pending),
+                              engine.round_lr if engine.round.gradients else None))
             original()
-        server.pushes._finish = checked
+        server.engine._close_round = checked
 
     def send(worker: Worker, kind: Kind, flags: int = 0, to=ranks):
         worker.clock += kind == Kind.PUSH  # a server refuses a push whose clock stands still
@@ -219,7 +219,7 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
         for dest, tag in job.handle(rank, source, header):
             if tag in REPLIES:
                 pool[dest].waiting.discard(s)
-                pool[dest].version[s] = job.servers[s].versions.version
+                pool[dest].version[s] = job.servers[s].engine.version
             elif tag == Tag.STOP:
                 pool[dest].stops.add(s)
 
@@ -259,8 +259,8 @@ def simulate(monkeypatch, workers: int, backup: int, servers: int, seed: int, st
     while not all(p.state == "done" for p in pool) or any(job.queues.values()):
         moves = [("deliver", key) for key, q in job.queues.items() if q]
         moves += [("act", p) for p in pool if can_act(p)]
-        servers_now = [(s.pushes.round.pushes, s.policy.quorum(s.clocks), len(s.verdicts.queue))
-                       for s in job.servers]
+        servers_now = [(s.engine.round.pushes, s.engine.policy.quorum(s.engine.clocks),
+                        len(s.engine.verdicts)) for s in job.servers]
         assert moves, (
             f"hang: workers {[(p.index, p.state, sorted(p.waiting)) for p in pool]}, servers "
             f"{servers_now}")

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from fake_ps import fake_engine
 from hvdtrain.exit_codes import EXIT_NO_FINALIZE
 from hvdtrain.ps import membership, slot_waiters
 from hvdtrain.ps.dispatch import NO_SLOT, NONE_YET, BatchDispatcher, SlotPlan
@@ -45,18 +46,16 @@ class _Comm:
 
 
 def _server(num_workers=3, num_servers=1, dispatcher=None):
-    clocks = WorkerClocks(num_workers)
     silence = SilenceWatch(0, num_workers, timeout_s=3)
     silence.start()
     released = []
     return SimpleNamespace(
-        clocks=clocks, silence=silence, comm=_Comm(), num_workers=num_workers,
+        engine=fake_engine(num_workers, released), silence=silence, comm=_Comm(),
+        num_workers=num_workers,
         topology=SimpleNamespace(server_ranks=lambda: list(range(num_workers,
                                                                num_workers + num_servers))),
-        pending={}, pauses=SimpleNamespace(held={}, paused_by=None),
-        verdicts=SimpleNamespace(arrived={}), stopping=False, dispatcher=dispatcher,
-        load=SimpleNamespace(pushes_reported=[0] * num_workers),
-        pushes=SimpleNamespace(release=lambda: released.append(True)), released=released)
+        pauses=SimpleNamespace(held={}, paused_by=None), dispatcher=dispatcher,
+        load=SimpleNamespace(pushes_reported=[0] * num_workers), released=released)
 
 
 def _silent(server, worker, seconds=10.0):
@@ -70,10 +69,10 @@ def test_a_silent_worker_is_dropped_its_batches_go_back_and_everyone_is_told():
     dispatcher = BatchDispatcher(SlotPlan(steps_per_epoch=4, num_parts=3, epochs=1))
     handed = {w: dispatcher.take(w) for w in range(3)}
     server = _server(num_workers=3, num_servers=2, dispatcher=dispatcher)
-    server.clocks.push(2, 7)
+    server.engine.clocks.push(2, 7)
     m = Membership(0, recovery=True)
     assert m.check(server, _silent(server, 2)) == 1
-    assert server.clocks.is_done(2)
+    assert server.engine.clocks.is_done(2)
     assert server.load.pushes_reported[2] == 7 and server.released
     assert dispatcher.take(0) == handed[2]  # worker 2's batch is the next one handed out
     assert m.report()["workers_lost"][0]["worker"] == 2
@@ -86,14 +85,14 @@ def test_a_silent_worker_is_dropped_its_batches_go_back_and_everyone_is_told():
 
 def test_a_dropped_workers_held_replies_are_cancelled():
     server = _server()
-    server.pending[1], server.pauses.held[1] = True, False
+    server.engine.pending[1], server.pauses.held[1] = True, False
     Membership(0, recovery=True).drop(server, 1, time.perf_counter())
-    assert 1 not in server.pending and 1 not in server.pauses.held
+    assert 1 not in server.engine.pending and 1 not in server.pauses.held
 
 
 def test_a_worker_holding_a_reply_is_waiting_not_lost():
     server = _server()
-    server.pending[1] = True
+    server.engine.pending[1] = True
     assert Membership(0, recovery=True).check(server, _silent(server, 1)) == 0
 
 
@@ -150,7 +149,7 @@ def test_only_server_0_drops_the_others_wait_for_its_word():
 
 def test_a_worker_waiting_on_the_others_is_not_lost_until_it_sends_something_else():
     server = _server()
-    server.clocks.idle.add(1)
+    server.engine.clocks.idle.add(1)
     server.silence.waiting_for_others.add(1)  # its IDLE (server.py)
     assert Membership(0, recovery=True).check(server, _silent(server, 1)) == 0
     # The lead waits at the end, then evaluates (QUIET) and dies there: the IDLE no longer
@@ -189,7 +188,7 @@ def test_a_dead_worker_is_found_while_the_job_stops_and_while_an_evaluation_paus
     # The live workers wait in the end-of-training agreement for the dead one (a --stop-at
     # target, a stop signal): skipping the check while stopping left such a job hanging.
     server = _server()
-    server.stopping = True
+    server.engine.stopping = True
     assert Membership(0, recovery=True).check(server, _silent(server, 2)) == 1
     # Worker 0 evaluates (QUIET) and worker 1 is held: silent by design; worker 2 never
     # arrived.
@@ -224,20 +223,20 @@ def test_a_held_slot_request_gets_the_lost_workers_batch_when_it_is_dropped():
     assert _slots_sent(server, 0) == [[NONE_YET]] and not dispatcher.waiting
     slot_waiters.ask(server, 0, 2, epoch=0)  # its queue is empty: held, workers 1 and 2 hold slots
     assert _slots_sent(server, 0) == [[NONE_YET]] and dispatcher.waiting == {0: 2}
-    assert 0 in server.silence.quiet and 0 in server.clocks.idle and server.released
+    assert 0 in server.silence.quiet and 0 in server.engine.clocks.idle and server.released
     dispatcher.complete(handed[1], 1)
     slot_waiters.hand_out(server, 1)
     slot_waiters.ask(server, 1, 1, epoch=0)
     assert dispatcher.waiting == {0: 2, 1: 1}  # both wait for worker 2's slot
     Membership(0, recovery=True).drop(server, 2, time.perf_counter())
     assert _slots_sent(server, 0)[-1] == [handed[2], NO_SLOT]  # the first waiter gets it
-    assert 0 not in server.clocks.idle and 0 not in server.silence.quiet
+    assert 0 not in server.engine.clocks.idle and 0 not in server.silence.quiet
     assert dispatcher.waiting == {1: 1}  # worker 0 may die before its push: 1 waits on
     dispatcher.complete(handed[2], 0)
     slot_waiters.hand_out(server, 0)
     assert _slots_sent(server, 1)[-1] == [NO_SLOT] and not dispatcher.waiting
     assert dispatcher.statistics()["batches_untrained"] == 0
-    assert {0, 1} <= server.clocks.finished
+    assert {0, 1} <= server.engine.clocks.finished
 
 
 def test_the_stop_answers_the_held_slot_requests():
@@ -335,7 +334,7 @@ def test_server_0_tells_a_lost_workers_own_process_that_the_job_ended():
     # Worker 1, frozen (SIGSTOP) past its silence limit, was dropped; the others finished. It
     # used to wake, wait 2 x --timeout-s for a reply and abort the finished job (rc 1).
     server = _server(num_workers=3)
-    server.clocks.push(1, 38)
+    server.engine.clocks.push(1, 38)
     m = Membership(0, recovery=True)
     m.drop(server, 1, _silent(server, 1))
     sent = []
@@ -373,7 +372,7 @@ def test_a_lost_worker_told_that_the_job_ended_leaves_its_wait_at_once(monkeypat
 def test_when_every_worker_is_lost_the_job_ends_at_once_naming_them_lost(monkeypatch, capsys):
     # It used to wait --timeout-s more, then list the lost workers as "done".
     server = _server(num_workers=2)
-    server.clocks.push(0, 5)
+    server.engine.clocks.push(0, 5)
     m = Membership(0, recovery=True)
     m.drop(server, 0, _silent(server, 0))
     assert "training goes on with the other workers" in capsys.readouterr().err
@@ -390,5 +389,5 @@ def test_a_servers_wait_names_lost_workers_lost_not_done(monkeypatch):
     server = job.servers[0]
     server.membership.recovery = True
     server.membership.drop(server, 1, time.perf_counter())
-    server.clocks.done(2)  # finished its epochs
+    server.engine.clocks.done(2)  # finished its epochs
     assert "worker 0: 0, worker 1: lost, worker 2: done" in server._describe_wait()

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from fake_ps import fake_engine
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.config import ConfigError
 from hvdtrain.ps.dispatch import BatchDispatcher, SlotPlan
@@ -18,7 +19,6 @@ from hvdtrain.ps.replacement import (Replacements, check_restarts, job_step,
                                      should_replace, start_clock)
 from hvdtrain.ps.routes import Routes
 from hvdtrain.ps.silence import SilenceWatch
-from hvdtrain.rules.clocks import Versions, WorkerClocks
 
 ANY = -1
 
@@ -177,15 +177,15 @@ def _server(num_workers=3, dispatcher=None):
     silence = SilenceWatch(0, num_workers, timeout_s=3)
     silence.start()
     return SimpleNamespace(
-        MPI=None, clocks=WorkerClocks(num_workers), silence=silence, num_workers=num_workers,
-        comm=Routes(_Comm("world", log), ANY), dispatcher=dispatcher, versions=Versions(3),
-        topology=SimpleNamespace(server_ranks=lambda: [num_workers]), pending={},
-        pauses=SimpleNamespace(held={}, paused_by=None), verdicts=SimpleNamespace(arrived={}),
+        MPI=None, engine=fake_engine(num_workers), silence=silence, num_workers=num_workers,
+        comm=Routes(_Comm("world", log), ANY), dispatcher=dispatcher,
+        topology=SimpleNamespace(server_ranks=lambda: [num_workers]),
+        pauses=SimpleNamespace(held={}, paused_by=None),
         shard=SimpleNamespace(shared_grads={w: None for w in range(num_workers)}),
         load=SimpleNamespace(pushes_reported=[0] * num_workers,
                              last_push_of=[1.0] * num_workers,
                              intervals=[deque([0.1]) for _ in range(num_workers)]),
-        pushes=SimpleNamespace(release=lambda: None), log=log)
+        log=log)
 
 
 class _Spawned(Replacements):
@@ -212,20 +212,20 @@ class _Failing(_Spawned):
 def test_a_replacement_takes_the_lost_workers_place_in_the_books(capsys):
     dispatcher = BatchDispatcher(SlotPlan(steps_per_epoch=4, num_parts=3, epochs=2))
     server = _server(dispatcher=dispatcher)
-    server.clocks.push(2, 7)
-    server.clocks.finished.add(1)  # worker 1's batches are used up, nobody else's
+    server.engine.clocks.push(2, 7)
+    server.engine.clocks.finished.add(1)  # worker 1's batches are used up, nobody else's
     replacements = _Spawned(max_restarts=1)
     m = Membership(0, recovery=True, replacements=replacements)
     now = time.perf_counter()
     server.silence.last_heard = [now, now, now - 10]
     assert m.check(server, now) == 0  # dropped, and a replacement is on its way: still counted
     assert m.report()["workers_lost"][0]["worker"] == 2 and m.starting
-    assert server.clocks.is_done(2) and 2 in m.gone  # no round waits for it meanwhile
+    assert server.engine.clocks.is_done(2) and 2 in m.gone  # no round waits for it meanwhile
     replacements.wait_for_spawn()
     assert m.check(server, time.perf_counter()) == 0 and not m.starting and 2 not in m.gone
     assert _Spawned.welcomes[-1] == {"worker": 2, "world_size": 4, "clock": 7, "job_step": 0}
-    assert server.clocks.clocks[2] == 7 and not server.clocks.is_done(2)  # its clock goes on
-    assert 2 not in server.clocks.finished and 2 not in server.shard.shared_grads
+    assert server.engine.clocks.clocks[2] == 7 and not server.engine.clocks.is_done(2)  # its clock goes on
+    assert 2 not in server.engine.clocks.finished and 2 not in server.shard.shared_grads
     assert server.load.last_push_of[2] is None and not server.load.intervals[2]
     server.comm.Send(np.zeros(1), dest=2, tag=14)
     assert server.comm.links[2].log == [("child", "Send", 0, 14)]
@@ -240,7 +240,7 @@ def test_a_replacement_takes_the_lost_workers_place_in_the_books(capsys):
     server.silence.last_heard[2] = time.perf_counter() - 10  # the replacement is lost too
     server.silence._checked = 0.0  # the watch looks once a second
     assert m.check(server, time.perf_counter()) == 1  # dropped; no restart is left
-    assert server.clocks.is_done(2)
+    assert server.engine.clocks.is_done(2)
     assert "not replaced: --max-restarts 1 used up" in capsys.readouterr().err
 
 
@@ -263,20 +263,20 @@ def test_a_failed_spawn_leaves_the_worker_lost_and_the_job_going(capsys):
     replacements.wait_for_spawn()
     assert m.check(server, time.perf_counter()) == 1  # counted off the active workers now
     assert "spawn failed (RuntimeError: no slots)" in capsys.readouterr().err
-    assert server.clocks.is_done(1) and 1 in m.gone and not m.starting
+    assert server.engine.clocks.is_done(1) and 1 in m.gone and not m.starting
 
 
 def test_a_newcomer_behind_the_others_starts_at_the_slowest_clock_and_counts_its_own():
     server = _server(dispatcher=BatchDispatcher(SlotPlan(steps_per_epoch=40, num_parts=3,
                                                          epochs=2)))
     for w, clock in enumerate((30, 25, 7)):
-        server.clocks.push(w, clock)
+        server.engine.clocks.push(w, clock)
     replacements = _Spawned(max_restarts=1)
     m = Membership(0, recovery=True, replacements=replacements)
     m.drop(server, 2, time.perf_counter())
     replacements.wait_for_spawn()
     m.check(server, time.perf_counter())
-    assert server.clocks.clocks[2] == 25
+    assert server.engine.clocks.clocks[2] == 25
     server.load.pushes_reported[2] = 35  # its DONE: clock 35, 10 pushes of its own
     entry = m.report(server.load)["workers_replaced"][0]
     assert (entry["pushes_before"], entry["clock_at_join"], entry["pushes"]) == (7, 25, 10)

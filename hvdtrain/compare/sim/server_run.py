@@ -9,12 +9,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ...engines.server import ServerEngine
 from ...ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
 from ...ps.shard_optimizer import ShardOptimizer
-from ...rules.accumulator import RoundSum
-from ...rules.clocks import Versions, WorkerClocks
 from ...rules.registry import server_rules
-from ...rules.statistics import RuleStatistics
 from ...stragglers import _uniform
 
 if TYPE_CHECKING:
@@ -44,9 +42,10 @@ class ServerRun:
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
     computes its next step on those weights.
 
-    What a push does is the real server's rules (rules/registry.server_rules on the run's
-    Config): the same round policy, apply step, round sum and statistics objects. The policy
-    also says whether the workers keep fixed shares or take the job's batches (fixed_shares)."""
+    What a push does is the real server's engine (engines/server.py ServerEngine, the same
+    class) with the run's rules (rules/registry.server_rules on its Config); this class is its
+    ServerPort, which keeps the virtual time. The policy also says whether the workers keep
+    fixed shares or take the job's batches (fixed_shares)."""
 
     ARRIVE, DONE = 0, 1
 
@@ -57,13 +56,12 @@ class ServerRun:
         self.params = sim.setup.model.flat.clone()  # the server's weights
         self.optimizer = ShardOptimizer(self.params, sim.chunks, cfg.optim)
         rules = server_rules(cfg.ps, sim.num_workers)
-        self.policy, self.step = rules.policy, rules.step
-        self.clocks, self.versions = WorkerClocks(sim.num_workers), Versions(sim.num_workers)
-        self.stats = RuleStatistics(sim.staleness)
-        self.round = RoundSum(self.params.numel()) if self.policy.lock_step else None
-        self.round_lr = 0.0  # the server steps with the last pusher's rate
-        self.free_at = 0.0                          # when the server finishes its queue
-        self.held: dict[int, _Worker] = {}          # replies held back (SSP) or in a round (BSP)
+        self.policy = rules.policy
+        self.engine = ServerEngine(rules, sim.num_workers, self.optimizer, self,
+                                   staleness=sim.staleness)
+        self.free_at = 0.0   # when the server finishes its queue
+        self.reply_at = 0.0  # when the replies the engine sends now reach their workers
+        self.gradient: np.ndarray | None = None  # the push being served
         # As ps/client.py: a round averages N-b gradients, so it takes N-b times the rate; an
         # asynchronous update applies one worker's gradient alone.
         self.lr_scale = self.policy.lr_scale(sim.num_workers)
@@ -76,7 +74,7 @@ class ServerRun:
 
     def run(self) -> None:
         for w in self.sim.workers:
-            self._reply(w, 0.0, first=True)
+            self._start(w, 0.0, first=True)
         while self.events:
             at, _, rank, kind = heapq.heappop(self.events)
             w = self.sim.workers[rank]
@@ -101,14 +99,12 @@ class ServerRun:
         return self.free_at
 
     # --- a worker's side --------------------------------------------------------------------------
-    def _reply(self, w: _Worker, at: float, first: bool = False) -> None:
+    def _start(self, w: _Worker, at: float, first: bool = False) -> None:
         """``w`` receives the server's weights at ``at``, sleeps its delay, starts its next
         step (or is done after its last)."""
         w.params = self.params.clone()
-        w.pulled_version = self.versions.version
-        self.versions.received(w.rank)  # every reply here is a push's, with the weights
-        self.versions.replied_to_push(w.rank)
-        self.step.received(w.rank, self.params.numpy())
+        w.pulled_version = self.engine.version
+        self.engine.sent_params(w.rank)  # every reply here is a push's, with the weights
         start = at
         if not first:  # the straggler stretches the step's compute, not the wait for the reply
             start += self.sim._delay(w, w.steps - 1, self.timing.step_seconds)
@@ -128,95 +124,76 @@ class ServerRun:
         w.slot = self.dispatcher.take(w.rank)
         w.piece = None if w.slot == NO_SLOT else self.dispatcher.plan.locate(w.slot)
         if self.dispatcher.finished_pushing(w.rank):  # as server 0: nobody waits for its clock
-            self.clocks.finished.add(w.rank)
+            self.engine.on_finished(w.rank)
 
     def _arrive(self, w: _Worker, at: float) -> None:
         # The worker's schedule, in its header: its own steps, or the job's position when it
         # trains the job's batches (async, backup workers).
         lr = self.sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
-        grad = self.sim._gradient(w, w.params)
+        self.gradient = self.sim._gradient(w, w.params).numpy()
         slot = w.slot
         if self.dispatcher is not None:  # server 0 takes the push's slot, hands out the next
             self.dispatcher.complete(slot)
             self._hand_out(w)
-        self.stats.pushed(True)
-        self.clocks.push(w.rank, w.steps)
-        if self.policy.lock_step:
-            self._arrive_in_round(w, at, grad.numpy(), lr, slot)
-        else:
-            self._apply_now(w, at, grad.numpy(), lr, slot)
-            self.sim._maybe_evaluate(self.free_at, self.params)
+        engine, version = self.engine, self.engine.version
+        # The gradient's staleness as the server records it: None, dropped (a late backup
+        # worker's); a round's are fresh; async ones as old as the weights they came from.
+        late = engine.is_late(w.rank)
+        staleness = None if late else 0 if self.policy.lock_step else engine.staleness(w.rank)
+        done = self.reply_at = self._serve(at, 0.0 if late else self.timing.apply_seconds)
+        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: see _gradient
+            engine.on_push(w.rank, w.steps, lr, True, True, False)
+        self._record(w, done, staleness, slot)
+        self._updated(version)
         self.sim.now = max(self.sim.now, self.free_at)
 
-    def _apply_now(self, w: _Worker, at: float, grad: np.ndarray, lr: float,
-                   slot: int) -> None:
-        """ps/pushes.py AsyncPushes: the policy's reply, the apply step (staleness weight,
-        DC-ASGD), the update."""
-        reply_now = self.policy.may_reply(self.clocks, w.rank)
-        staleness = self.versions.staleness(w.rank)
-        lr, factor = self.step.rate(lr, staleness)
-        self.stats.applied(staleness, factor)
-        with np.errstate(over="ignore", invalid="ignore"):  # a diverging run: see _gradient
-            self.step.apply_all(self.optimizer, grad, lr, worker=w.rank)
-        self.versions.updated()
-        self.sim._changed = True
-        done = self._serve(at, self.timing.apply_seconds)
-        self._record(w, done, staleness, slot)
-        if reply_now:
-            self._reply(w, done)
-        else:
-            self.held[w.rank] = w
-        self._release(done)
-
-    def _release(self, at: float) -> None:
-        """SSP: reply to the held-back workers that may now go on (AsyncPushes.release)."""
-        for rank in self.policy.released(self.clocks, list(self.held)):
-            self._reply(self.held.pop(rank), at)
-
-    def _arrive_in_round(self, w: _Worker, at: float, grad: np.ndarray, lr: float,
-                         slot: int) -> None:
-        """--bsp: a gradient computed on this round's weights joins the round; one computed on
-        older weights (a late backup worker's) is dropped, and its worker goes on at once
-        from the current weights."""
-        if self.policy.is_late(self.versions, w.rank):
-            done = self._serve(at, 0.0)
-            self.stats.dropped()
-            self._record(w, done, None, slot)
-            self._reply(w, done)
-            return
-        done = self._serve(at, self.timing.apply_seconds)  # adding it into the round's sum
-        self._record(w, done, 0, slot)
-        self.round.add(0, grad.size, grad)
-        self.round.join(True)
-        self.round_lr = lr
-        self.held[w.rank] = w
-        self._maybe_close_round(done)
-
-    def _maybe_close_round(self, at: float) -> None:
-        """The round closes when the policy says (RoundPushes: its quorum of pushes)."""
-        if not self.policy.closes(self.clocks, self.round.pushes):
-            return
-        self.stats.round_closed(self.round.gradients)
-        self.step.apply_all(self.optimizer, self.round.mean(), self.round_lr)
-        self.versions.updated()
-        self.sim._changed = True
-        self.round.clear()
-        done = self._serve(at, self.timing.apply_seconds)
-        held, self.held = self.held, {}
-        for w in held.values():
-            self._reply(w, done)
-        self.sim._maybe_evaluate(done, self.params)  # the weights change at round ends only
+    def _updated(self, version: int) -> None:
+        """After a request: the weights changed since ``version`` (an update applied, a round
+        closed), so an evaluation may be due."""
+        if self.engine.version != version:
+            self.sim._changed = True
+            self.sim._maybe_evaluate(self.free_at, self.params)
 
     def _done(self, w: _Worker, at: float) -> None:
         """The worker has taken its last step: it no longer holds anyone back."""
-        self.clocks.done(w.rank)
-        served = max(at, self.free_at)
-        if self.policy.lock_step:
-            self._maybe_close_round(served)
-        else:
-            self._release(served)
+        version = self.engine.version
+        self.reply_at = max(at, self.free_at)
+        self.engine.on_done(w.rank)
+        self._updated(version)
         self.sim.now = max(self.sim.now, at, self.free_at)
 
     def _record(self, w: _Worker, at: float, staleness: int | None, slot: int) -> None:
         self.sim.pushes.append(PushRecord(at, w.rank, w.steps, staleness,
-                                          w.steps - min(self.clocks.clocks), slot))
+                                          w.steps - min(self.engine.clocks.clocks), slot))
+
+    # --- the engine's ServerPort --------------------------------------------------------------
+    def load(self, worker: int) -> None:
+        pass  # the gradient is in hand
+
+    def gradient_chunk(self, worker: int, a: int, b: int) -> np.ndarray:
+        return self.gradient[a:b]
+
+    def discard(self, worker: int) -> None:
+        pass
+
+    def reply(self, worker: int, want_params: bool) -> None:
+        self._start(self.sim.workers[worker], self.reply_at)
+
+    def start_stream(self, worker: int) -> bool:
+        return False  # the reply goes whole once the update is done, at the same virtual time
+
+    def chunk_applied(self, worker: int, chunk: int) -> None:
+        raise AssertionError("the simulator's replies are not streamed")
+
+    def streamed(self, worker: int) -> None:
+        raise AssertionError("the simulator's replies are not streamed")
+
+    def begin_stop(self) -> None:
+        pass  # the simulated workers never ask to stop
+
+    def round_closed(self, workers: list[int], stop: bool, version: int) -> None:
+        # Applying the round's mean takes the server another apply; its replies go after.
+        self.reply_at = self._serve(self.reply_at, self.timing.apply_seconds)
+
+    def dropped(self, worker: int, stop: bool, version: int) -> None:
+        pass
