@@ -52,6 +52,14 @@ def by_kind(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
     return list(kinds.values())
 
 
+def _scatter(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive pieces of ``flat`` back into ``tensors``."""
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
 class TorchCollective:
     """CollectivePort over the default torch.distributed process group. ``device``: where its
     small tensors (sums, votes) live, the rank's GPU under NCCL (which reduces nothing on the
@@ -106,10 +114,23 @@ class TorchCollective:
                 if flat is not None:
                     flat.copy_(sent)
                     continue
-                offset = 0
-                for t in group:
-                    t.copy_(sent[offset:offset + t.numel()].view_as(t))
-                    offset += t.numel()
+                _scatter(sent, group)
+
+    def broadcast_(self, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Every tensor becomes rank 0's: one broadcast per device and dtype, in the given order
+        (the same on every rank: a model's state_dict)."""
+        if self._size == 1 or not tensors:
+            return
+        with torch.no_grad():
+            pending = []
+            for group in by_kind([t for _, t in tensors]):
+                flat = contiguous_run(group)
+                sent = flat if flat is not None else torch.cat([t.reshape(-1) for t in group])
+                pending.append((group, flat, sent, dist.broadcast(sent, src=0, async_op=True)))
+            for group, flat, sent, work in pending:
+                work.wait()
+                if flat is None:
+                    _scatter(sent, group)
 
     def sum(self, values: Sequence[float], name: str = "sum") -> list[float]:
         tensor = torch.tensor(list(values), dtype=torch.float64, device=self.device)

@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 
 from ..core_binding import bind_to_share, release_default_binding
 from ..errors import ConfigError
+from ..freed_memory import keep_freed_memory
 from ..runtime import Runtime, configure_torch, pick_device
 
 if TYPE_CHECKING:
-    from ..config import RunConfig, SyncConfig
+    from ..config import Config, RunConfig, SyncConfig
 
 # without --stall-timeout-s, a missing peer at start-up still ends the job, after this long
 DEFAULT_TIMEOUT_S = 1800.0
@@ -166,9 +167,12 @@ def start_torch_distributed(run: RunConfig, sync: SyncConfig) -> Runtime:
             f"not meet the other ranks within {timeout_s:g} s ({type(e).__name__}: {e}); check "
             "that every rank was started and that rank 0's host is reachable "
             "(MASTER_ADDR), or raise --stall-timeout-s") from e
+    # as start_horovod on CPUs: each step's flat copy of the gradients reuses its pages
+    keeps_freed = device.type == "cpu" and keep_freed_memory()
     runtime = Runtime(rank=place.rank, size=place.size, local_rank=place.local_rank,
                       local_size=place.local_size, device=device,
-                      launcher=f"{place.launcher} (torch.distributed {backend})")
+                      launcher=f"{place.launcher} (torch.distributed {backend})",
+                      keeps_freed_memory=keeps_freed)
     configure_torch(run, place.local_size)
     return runtime
 
@@ -180,3 +184,15 @@ def stop_torch_distributed() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
+
+
+def torch_scheme(cfg: Config, runtime: Runtime):
+    """The scheme of --collective torch: sync's (sync/collective.py) or local SGD's and
+    DiLoCo's (sync/local_rounds_scheme.py), the classes Horovod's run, over torch.distributed."""
+    from .collective import CollectiveSync
+    from .local_rounds_scheme import LocalSGDSync
+    from .torch_collective import TorchCollective
+
+    port = TorchCollective(runtime.device, cfg.sync.compression)
+    scheme = LocalSGDSync if cfg.sync.local_steps > 1 else CollectiveSync
+    return scheme(cfg, runtime, port)
