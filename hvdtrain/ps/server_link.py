@@ -1,0 +1,295 @@
+"""A worker's wire to the parameter servers: the routes of its chunks, the flat buffers the
+messages carry, and every message it exchanges with them (ps/client.py decides when).
+
+One request goes to every server at once: the receives for the reply are posted first, then
+the header and the gradient chunks, then everything is waited for. A server on the same host
+reads the gradient buffer in place and announces each fresh parameter chunk with a READY word,
+through an MPI shared-memory window (``shared_memory.py``)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .dispatch import NO_SLOT
+from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
+                       Tag, chunk_bounds, chunk_elements, make_header, shard_bounds)
+from .shared_memory import HostWindow
+from .waiting import wait_any
+
+
+class ServerLink:
+    """The messages of worker ``worker`` to the servers of ``topology`` over ``comm``.
+
+    ``ps``: the config's ps section (chunk size, timeouts, the rules a held reply depends on);
+    ``recovery``: mpirun's recovery settings are on, so a reply held for a dead worker comes
+    only once server 0 drops it; ``check_ended``: called while waiting, raises when the job
+    ended without this worker (survivors.py)."""
+
+    def __init__(self, MPI, comm, topology, worker: int, ps, recovery: bool,
+                 check_ended: Callable[[], None] | None):
+        self.MPI, self.comm, self.topology = MPI, comm, topology
+        self.worker, self.ps, self.recovery, self.check_ended = worker, ps, recovery, check_ended
+        self.routes: list[tuple[int, list[tuple[int, int]]]] = []  # (server rank, chunk ranges)
+        self._ack = np.zeros((topology.num_servers, 1), dtype=np.int64)
+        self.host: HostWindow | None = None
+        # server rank -> (its parameter shard in the shared window, the shard's first element)
+        self.shared_params: dict[int, tuple[np.ndarray, int]] = {}
+        self._ready: np.ndarray | None = None  # READY words, one per chunk of the whole model
+        self._slot_word = np.zeros(1, dtype=np.int64)
+        self.copies = None
+        self.params_flat: torch.Tensor | None = None
+        self.grads_flat: torch.Tensor | None = None
+        self.grad_views: list[torch.Tensor] = []
+        self.chunks: list[tuple[int, int]] = []
+
+    @property
+    def leader(self) -> int:
+        return self.routes[0][0]
+
+    # --- set-up --------------------------------------------------------------------------------
+    def lay_out(self, copies, total: int) -> None:
+        """The routes of a model of ``total`` elements, whose buffers ``copies`` holds."""
+        self.copies = copies
+        self.params_flat = copies.host_params  # what the messages carry
+        chunk = chunk_elements(self.ps.chunk_mb)
+        for server, (a, b) in zip(self.topology.server_ranks(),
+                                  shard_bounds(total, self.topology.num_servers)):
+            self.routes.append((server, [(a + x, a + y) for x, y in chunk_bounds(b - a, chunk)]))
+        self._ready = np.zeros(sum(len(chunks) for _, chunks in self.routes), dtype=np.int64)
+
+    def bind_gradients(self, buffer: torch.Tensor, trained: list[torch.nn.Parameter]) -> None:
+        """Make ``buffer`` the flat gradient the messages carry, and gather the parameters'
+        gradients into one view per parameter of it (or of its copy on the device)."""
+        self.grads_flat = buffer
+        target = self.copies.gradient_target(buffer)
+        offset, self.grad_views = 0, []
+        for p in trained:
+            self.grad_views.append(target[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+        self.chunks = [chunk for _, chunks in self.routes for chunk in chunks]
+
+    def announce(self, total: int, server_state: bool, plan: bool) -> list:
+        """Worker 0's INIT header to every server (the model's size; a checkpoint's state and
+        the batch plan follow); the sends in flight."""
+        flags = HAS_STATE if server_state else 0
+        return [self.comm.Isend(make_header(Kind.INIT, size=total, flags=flags | (
+            HAS_PLAN if plan and i == 0 else 0)), dest=server, tag=Tag.REQUEST)
+            for i, (server, _) in enumerate(self.routes)]
+
+    def open_window(self, total: int, trained: list[torch.nn.Parameter],
+                    enabled: bool) -> None:
+        """Collective with the servers on this host, which create it on receiving the INIT
+        header (that is how they learn the model's size)."""
+        self.host = HostWindow(self.comm, 4 * total, enabled)
+        me = self.comm.Get_rank()
+        if self.host.shares_host(me):
+            self.bind_gradients(torch.from_numpy(self.host.segment(me)), trained)
+            self.grads_flat.zero_()
+        for (server, _), (first, _) in zip(self.routes,
+                                           shard_bounds(total, self.topology.num_servers)):
+            if self.host.shares_host(server):
+                self.shared_params[server] = (self.host.segment(server), first)
+
+    def send_init_payload(self, server_state: dict[str, Any] | None) -> None:
+        params = self.params_flat.numpy()
+        for server, chunks in self.routes:
+            for a, b in chunks:
+                self.comm.Send(params[a:b], dest=server, tag=Tag.PARAMS)
+            if server_state:
+                self.comm.send({"vectors": sorted(server_state["vectors"]),
+                                "scalars": server_state["scalars"],
+                                "version": server_state.get("version", 0)},
+                               dest=server, tag=Tag.INFO)
+                for name in sorted(server_state["vectors"]):
+                    vector = server_state["vectors"][name].numpy()
+                    for a, b in chunks:
+                        self.comm.Send(np.ascontiguousarray(vector[a:b]), dest=server, tag=Tag.STATE)
+
+    # --- the hot path --------------------------------------------------------------------------
+    def exchange(self, kind: Kind, header: dict[str, Any], want_params: bool, send_grads: bool,
+                 queue) -> None:
+        """One request to every server, all in flight at once: post the receives for the reply
+        first, then the header and gradient chunks, then wait for everything. A chunk from a
+        server on this host arrives as a READY word and is copied out of the shared window as
+        soon as it is announced, while the server updates the next one. ``header``: the
+        request's clock, lr, size and wants_stop; ``queue``: the slots of the job's batches
+        (server 0 sends the next one with a push's reply), or None."""
+        if want_params:
+            self.copies.before_parameters()
+        # copies[i]: the parameters [a, b) that requests[i] brings, None for other messages
+        requests, copies = self._post_replies(want_params)
+        slot = queue.current() if queue is not None and kind == Kind.PUSH else NO_SLOT
+        if slot != NO_SLOT:  # server 0 sends the next slot before the reply
+            requests.append(self.comm.Irecv(self._slot_word, source=self.leader, tag=Tag.SLOT))
+            copies.append(None)
+        words = self._header(kind, want_params=want_params, send_grads=send_grads, slot=slot,
+                             **header)
+        sends = self._send_request(words, send_grads)
+        requests, copies = requests + sends, copies + [None] * len(sends)
+        self._complete(kind, header["clock"], requests, copies)
+        if slot != NO_SLOT:
+            queue.receive(int(self._slot_word[0]))
+        if want_params:
+            self.copies.parameters_done()
+
+    def _post_replies(self, want_params: bool) -> tuple[list, list]:
+        """The receives of every server's reply: its ACK, or its parameter chunks (READY words
+        from a server on this host); (requests, the parameters each brings)."""
+        params = self.params_flat.numpy()
+        requests, copies = [], []
+        ready = iter(range(len(self._ready)))
+        for i, (server, chunks) in enumerate(self.routes):
+            if not want_params:
+                requests.append(self.comm.Irecv(self._ack[i], source=server, tag=Tag.ACK))
+                copies.append(None)
+                continue
+            shared = self.shared_params.get(server)
+            for a, b in chunks:
+                if shared is None:
+                    requests.append(self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS))
+                    copies.append((a, b, None, 0))
+                else:
+                    k = next(ready)
+                    requests.append(self.comm.Irecv(self._ready[k:k + 1], source=server,
+                                                    tag=Tag.READY))
+                    copies.append((a, b, *shared))
+        return requests, copies
+
+    def _header(self, kind: Kind, clock: int, lr: float, size: int, wants_stop: bool,
+                want_params: bool, send_grads: bool, slot: int) -> np.ndarray:
+        flags = (WANT_PARAMS if want_params else 0) | \
+            (WANTS_STOP if wants_stop and kind == Kind.PUSH else 0) | \
+            (NO_GRADIENT if kind == Kind.PUSH and not send_grads else 0) | \
+            (WANT_SLOT if slot != NO_SLOT else 0)
+        return make_header(kind, clock=clock, lr=lr, size=size, flags=flags,
+                           worker=self.worker, slot=slot)
+
+    def _send_request(self, header: np.ndarray, send_grads: bool) -> list:
+        """The header to every server, then the gradient chunks (in place in the shared window
+        for a server on this host); the sends still in flight."""
+        grads = self.grads_flat.numpy()
+        sends = []
+        # Chunk numbers run over self.chunks: server by server, as gradients_to_host copies them.
+        first_chunk = np.cumsum([0] + [len(chunks) for _, chunks in self.routes])
+        if send_grads:
+            for (server, chunks), first in zip(self.routes, first_chunk):
+                if server in self.shared_params:  # the server reads it once the header arrives
+                    for n in range(first, first + len(chunks)):
+                        self.copies.wait_gradient(n)
+            self.host.sync()  # publish the gradient stores before the header announces them
+        for (server, chunks), first in zip(self.routes, first_chunk):
+            self.comm.Send(header, dest=server, tag=Tag.REQUEST)
+            if send_grads and server not in self.shared_params:
+                for n, (a, b) in enumerate(chunks, start=first):
+                    self.copies.wait_gradient(n)  # the copies of later chunks go on meanwhile
+                    sends.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
+        return sends
+
+    def reply_timeout_s(self) -> float:
+        """Under recovery a reply held for a dead worker (--staleness, --bsp) comes once server
+        0 drops it, which takes up to --timeout-s after its last push (silence.py): waiting
+        only as long would time out just as the server lets this worker go."""
+        return self.ps.timeout_s * (2 if self.recovery else 1)
+
+    def _complete(self, kind: Kind, clock: int, requests: list, copies: list) -> None:
+        """Wait for every request; copy each parameter chunk to the device as it arrives."""
+        params = self.params_flat.numpy()
+        while True:
+            index = wait_any(self.MPI, requests, self.reply_timeout_s(),
+                             lambda: self._no_reply(kind, clock), check=self.check_ended)
+            if index == self.MPI.UNDEFINED:
+                break
+            if copies[index] is not None:
+                a, b, shard, first = copies[index]
+                if shard is not None:  # announced by a READY word: copy it out of the window
+                    self.host.sync()
+                    params[a:b] = shard[a - first:b - first]
+                self.copies.parameters_to_device(a, b)
+
+    def _no_reply(self, kind: Kind, clock: int) -> str:
+        """Why a reply may not come: a server died (a killed one looks like this: Open MPI
+        reports no error), or, under a staleness bound or lock-step rounds, it holds the reply
+        for a worker that stopped."""
+        held = (self.ps.bsp or self.ps.staleness != float("inf")) and \
+            self.topology.num_workers > 1
+        return (f"worker {self.worker}: no reply from the parameter server to its "
+                f"{kind.name} (clock {clock}): a server process died, hangs or was cut off"
+                + ("; or it holds the reply until the slowest worker catches up (--staleness, "
+                   "--bsp), and that worker stopped" if held else ""))
+
+    # --- the other messages --------------------------------------------------------------------
+    def tell(self, kind: Kind, clock: int, leader_only: bool = False) -> None:
+        """A header of ``kind`` to every server (or to server 0 alone)."""
+        for server in ([self.leader] if leader_only else [s for s, _ in self.routes]):
+            self.comm.Send(make_header(kind, clock=clock, worker=self.worker),
+                           dest=server, tag=Tag.REQUEST)
+
+    def request_slots(self, count: int, epoch: int, clock: int) -> np.ndarray:
+        """Ask server 0 for ``count`` more slots and wait for them. Under recovery, in the last
+        epoch, server 0 holds the reply while a lost worker's batches may come back
+        (ps/slot_waiters.py): that takes up to its silence limit, hence the reply's timeout."""
+        self.comm.Send(make_header(Kind.SLOTS, clock=clock, size=count, worker=self.worker,
+                                   slot=epoch), dest=self.leader, tag=Tag.REQUEST)
+        slots = np.empty(count, dtype=np.int64)
+        wait_any(self.MPI, [self.comm.Irecv(slots, source=self.leader, tag=Tag.SLOT)],
+                 self.reply_timeout_s(), lambda: (
+                     f"worker {self.worker}: parameter server 0 handed out no batch"),
+                 check=self.check_ended)
+        return slots
+
+    def send_plan(self, message: dict[str, Any]) -> None:
+        self.comm.send(message, dest=self.leader, tag=Tag.INFO)
+
+    def receive_debt(self) -> float:
+        """The seconds server 0 charged for an evaluation's pause (sent before the reply, so
+        it has arrived after one)."""
+        debt = 0.0
+        while self.comm.Iprobe(source=self.leader, tag=Tag.DEBT):
+            word = np.empty(1, dtype=np.float64)
+            self.comm.Recv(word, source=self.leader, tag=Tag.DEBT)
+            debt += float(word[0])
+        return debt
+
+    def stop_arrived(self) -> bool:
+        return self.comm.Iprobe(source=self.MPI.ANY_SOURCE, tag=Tag.STOP)
+
+    def receive_stops(self) -> None:
+        """The STOP every server sends each worker, once."""
+        words = np.empty((len(self.routes), 1), dtype=np.int64)
+        stops = [self.comm.Irecv(words[i], source=server, tag=Tag.STOP)
+                 for i, (server, _) in enumerate(self.routes)]
+        while wait_any(self.MPI, stops, self.ps.timeout_s, lambda: (
+                f"worker {self.worker}: not every parameter server confirmed the stop"),
+                check=self.check_ended) != self.MPI.UNDEFINED:
+            pass
+
+    def receive_state(self) -> dict[str, Any]:
+        """After a SAVE request: every server's shard of each optimizer vector, and server 0's
+        scalars, clocks, version, staleness histogram and batch plan, as a checkpoint's
+        ``server_state``."""
+        vectors: dict[str, np.ndarray] = {}
+        meta: dict[str, Any] = {}
+        dispatch = None
+        for server, chunks in self.routes:
+            meta = self.comm.recv(source=server, tag=Tag.INFO)
+            dispatch = meta.get("dispatch", dispatch)  # server 0's
+            for name in meta["vectors"]:
+                vector = vectors.setdefault(name, np.empty(self.params_flat.numel(), np.float32))
+                for a, b in chunks:
+                    self.comm.Recv(vector[a:b], source=server, tag=Tag.STATE)
+        return {"vectors": {k: torch.from_numpy(v) for k, v in vectors.items()},
+                "scalars": meta.get("scalars", {}),
+                "clocks": meta.get("clocks", []),
+                "version": meta.get("version", 0),
+                "staleness_histogram": meta.get("staleness", {}),
+                **({"dispatch": dispatch} if dispatch else {})}
+
+    def say_done(self, clock: int, collect: bool) -> list[dict]:
+        """DONE to every server; with ``collect`` (worker 0) their final statistics."""
+        for server, _ in self.routes:
+            self.comm.Send(make_header(Kind.DONE, clock=clock), dest=server, tag=Tag.REQUEST)
+        return [self.comm.recv(source=server, tag=Tag.INFO) for server, _ in self.routes] \
+            if collect else []
