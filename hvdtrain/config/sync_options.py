@@ -18,7 +18,8 @@ class SyncConfig:
                           "(torch.distributed: Gloo on CPUs, NCCL on GPUs; launched by mpirun, "
                           "horovodrun --gloo or torchrun), which runs the same sync, local SGD "
                           "and DiLoCo and refuses Horovod's own features (--reduce-op adasum, "
-                          "--elastic, --sync-batchnorm, --cycle-time-ms). See docs/sync.md",
+                          "--elastic, --sync-batchnorm, --balance, --cycle-time-ms). See "
+                          "docs/sync.md",
                           choices=("horovod", "torch"))
     compression: str = opt("none", "gradient compression on the wire: none or fp16",
                            choices=("none", "fp16"))
@@ -118,6 +119,8 @@ class SyncConfig:
                 (self.sync_batchnorm, "--sync-batchnorm uses Horovod's SyncBatchNorm; use "
                                       "--collective horovod, or drop --sync-batchnorm"),
                 (self.cycle_time_ms != 0, "--cycle-time-ms tunes Horovod's background thread, "
-                                          "which --collective torch does not start; drop it")):
+                                          "which --collective torch does not start; drop it"),
+                (self.balance, "--balance runs on Horovod's scheme (sync/shares.py); use "
+                               "--collective horovod, or drop --balance")):
             if refused:
                 raise ConfigError(f"--collective torch: {why}")
