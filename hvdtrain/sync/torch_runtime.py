@@ -110,7 +110,7 @@ def _announce_by_horovodrun(store_address: tuple[str, int] | None,
         time.sleep(0.05)
 
 
-def _rank0_host(place: Placement) -> str:
+def _rank0_host() -> str:
     """The address the other ranks reach rank 0's store at: MASTER_ADDR if given, the host
     name horovodrun reached it by, else this host's name."""
     return (os.environ.get("MASTER_ADDR") or os.environ.get("HOROVOD_HOSTNAME")
@@ -129,7 +129,7 @@ def _store(place: Placement, timeout_s: float):
     if place.rank == 0:  # listens on every interface; the kernel picks the port
         store = dist.TCPStore("0.0.0.0", 0, place.size, is_master=True, timeout=timeout,
                               wait_for_workers=False)
-        address = (_rank0_host(place), store.port)
+        address = (_rank0_host(), store.port)
     if place.launcher == "mpirun":
         address = _announce_by_mpi(address)
     else:
@@ -183,7 +183,6 @@ def stop_torch_distributed() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-
 
 
 def torch_scheme(cfg: Config, runtime: Runtime):
