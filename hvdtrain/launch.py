@@ -18,7 +18,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -90,7 +90,7 @@ def run(cfg: Config, workload: Workload) -> Finished:
 def prepare_sync(cfg: Config, workload: Workload, model):
     """A sync trainer, Horovod started, nothing trained yet (benchmarks drive it by hand)."""
     from .runtime import start_horovod
-    from .sync import to_sync_batchnorm
+    from .sync.horovod import to_sync_batchnorm
 
     runtime = start_horovod(cfg.run, cfg.sync)
     layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
@@ -105,20 +105,26 @@ def prepare_sync(cfg: Config, workload: Workload, model):
     return _build_trainer(cfg, runtime, layout, scheme, workload, model)
 
 
-def _sync_scheme(cfg: Config) -> type:
-    """Elastic Horovod, local SGD / DiLoCo (--local-steps H > 1), batch shares that follow
-    speed (--balance), or plain Horovod sync. Config.validate refuses --elastic with
-    --local-steps H > 1, and --balance with either."""
-    from .local_sgd import LocalSGDSync
-    from .sync import ElasticHorovodSync, HorovodSync
+def _sync_scheme(cfg: Config) -> Callable[..., Any]:
+    """What builds the scheme from (cfg, runtime): elastic Horovod, local SGD / DiLoCo
+    (--local-steps H > 1), batch shares that follow speed (--balance), or plain Horovod sync.
+    Config.validate refuses --elastic with --local-steps H > 1, and --balance with either."""
+    from .sync.horovod import HorovodSync
 
     if cfg.sync.elastic:
+        from .sync.elastic import ElasticHorovodSync
+
         return ElasticHorovodSync
     if cfg.sync.balance:
-        from .balance import BalancedSync
+        from .sync.shares import BalancedSync
 
         return BalancedSync
-    return LocalSGDSync if cfg.sync.local_steps > 1 else HorovodSync
+    if cfg.sync.local_steps > 1:
+        from .sync.horovod_port import HorovodPort
+        from .sync.local_rounds_scheme import LocalSGDSync
+
+        return lambda cfg, runtime: LocalSGDSync(cfg, runtime, HorovodPort())
+    return HorovodSync
 
 
 def _run_sync(cfg: Config, workload: Workload, model):

@@ -110,7 +110,8 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
         bind_to_share(on_host)
     import horovod.torch as hvd
 
-    # On GPUs the per-gradient allreduces keep Horovod's cadence, which fuses them; see sync.py.
+    # On GPUs the per-gradient allreduces keep Horovod's cadence, which fuses them; see
+    # sync/horovod.py.
     # Not under --elastic: a job that took in a third worker hung after the reset with it on
     # (tests/multiproc/test_elastic.py; not investigated further).
     on_cpu = trains_on_cpu(run.device)

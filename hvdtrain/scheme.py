@@ -1,4 +1,4 @@
-"""The interface between the training loop and an update scheme (sync.HorovodSync,
+"""The interface between the training loop and an update scheme (sync/: HorovodSync,
 ps.client.ParameterServerClient, and the elastic variant of the first).
 
 A scheme implements the eight members marked *required*; everything else is a hook whose default,

@@ -179,7 +179,7 @@ def print_profile(profiler, steps: int, top: int = 30) -> None:
           f"function: hvdtrain's by cumulative, then all by own time", flush=True)
     loop = [v[3] for (f, _, n), v in stats.stats.items() if n == "_step" and "trainer" in f]
     scheme = [v[3] for (f, _, n), v in stats.stats.items() if n == "step" and
-              f.endswith(("sync.py", "balance.py"))]
+              f.endswith("collective.py")]  # sync/collective.py CollectiveSync.step
     if loop and scheme:
         print(f"PROFILE the loop around the scheme's step: {(loop[0] - scheme[0]) / steps * 1e6:.0f}"
               f" us per step (Trainer._step less the scheme's step, profiled)", flush=True)

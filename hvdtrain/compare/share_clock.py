@@ -45,7 +45,7 @@ class ShareClock:
         self.shares = equal_shares(self.global_batch, workers)
         self.plans: list[list[int]] = [list(self.shares)]
         self._compute: list[list[float]] = [[] for _ in range(workers)]
-        # as the real run plans (balance.py): the step's fixed part learned from the epochs
+        # as the real run plans (sync/shares.py): the step's fixed part learned from the epochs
         self.fixed_cost = FixedCost(min_move=max(granularity, -(-batch_size // 8)))
 
     def round_seconds(self, step: int) -> float:

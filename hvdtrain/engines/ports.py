@@ -35,6 +35,10 @@ class CollectivePort(Protocol):
         may have started the reduction during backward already (Horovod's hooks): then this
         waits for it."""
 
+    def broadcast_(self, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Every tensor becomes worker 0's, in place (the start: every replica from worker 0's
+        parameters and buffers)."""
+
     def sum(self, values: Sequence[float], name: str = "sum") -> list[float]:
         """The float64 sum of ``values`` across workers."""
 

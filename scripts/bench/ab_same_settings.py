@@ -19,7 +19,7 @@ from hvdtrain import launch
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.models import build_model
 from hvdtrain.scheme import Progress
-from hvdtrain.sync import gradient_groups
+from hvdtrain.sync.horovod import gradient_groups
 from hvdtrain.workload import workload_from_config
 
 ROUNDS, STEPS, BATCH = int(sys.argv[1]), 50, 64

@@ -12,7 +12,7 @@ shares are re-planned from the balanced epochs' step times only (and the first e
 import sys
 
 from hvdtrain import launch
-from hvdtrain.balance import BalancedSync
+from hvdtrain.sync.shares import BalancedSync
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.rules.balance import equal_shares
 from hvdtrain.workload import workload_from_config

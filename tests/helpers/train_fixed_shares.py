@@ -9,7 +9,7 @@ adding up to --batch-size x ranks). Every epoch trains with them; the flags must
 import sys
 
 from hvdtrain import launch
-from hvdtrain.balance import BalancedSync
+from hvdtrain.sync.shares import BalancedSync
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.workload import workload_from_config
 

@@ -1,4 +1,4 @@
-"""Grouped allreduces whose tensors are views into one flat buffer (hvdtrain.flat_gradients),
+"""Grouped allreduces whose tensors are views into one flat buffer (hvdtrain.sync.flat_gradients),
 against separate tensors, and one where rank 0 has views and the others separate tensors; run
 under horovodrun or mpirun with HOROVOD_TIMELINE set (tests/multiproc/test_zero_copy_allreduce_
 multiproc.py). Prints ``RESULT {json}``: for each group, whether every rank got the average (or
@@ -9,7 +9,7 @@ import json
 import torch
 
 import horovod.torch as hvd
-from hvdtrain.flat_gradients import FlatGradients
+from hvdtrain.sync.flat_gradients import FlatGradients
 
 SHAPES = [(300, 200), (200,), (7, 300), (7,)]
 

@@ -1,7 +1,7 @@
 """hvdtrain's Horovod build reduces a fused CPU allreduce in the tensors' own memory when they
 lie back to back as the fusion buffer would hold them
 (scripts/setup/horovod-0.28.1-zero-copy-allreduce.patch), and sync training keeps its gradients
-that way (hvdtrain/flat_gradients.py). Horovod's timeline, written by rank 0, shows which
+that way (hvdtrain/sync/flat_gradients.py). Horovod's timeline, written by rank 0, shows which
 collectives copied into the fusion buffer."""
 
 import json

@@ -4,6 +4,7 @@ names of the operations it joined."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any, Callable, Sequence
 
@@ -72,6 +73,12 @@ class FakePort:
         for i, g in enumerate(grads):
             g.copy_(torch.stack([own[i] for own in every]).mean(dim=0))
 
+    def broadcast_(self, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
+        every = self._all("broadcast", [t.clone() for _, t in tensors])
+        with torch.no_grad():
+            for (_, t), first in zip(tensors, every[0]):
+                t.copy_(first)
+
     def sum(self, values: Sequence[float], name: str = "sum") -> list[float]:
         every = self._all(name, [float(v) for v in values])
         return [sum(column) for column in zip(*every)]
@@ -80,11 +87,13 @@ class FakePort:
         every = self._all(name, [int(v) for v in values])
         return Done([sum(column) for column in zip(*every)])
 
+    # Objects travel as copies, as through a pickle: sent as they stand at the call, and no
+    # worker shares another's tensors.
     def broadcast_object(self, obj: Any, name: str = "object") -> Any:
-        return self._all(name, obj)[0]
+        return copy.deepcopy(self._all(name, copy.deepcopy(obj))[0])
 
     def gather_object(self, obj: Any, name: str = "gather") -> list[Any]:
-        return self._all(name, obj)
+        return copy.deepcopy(self._all(name, copy.deepcopy(obj)))
 
     def agree(self, value: int, name: str = "agree") -> tuple[int, int]:
         every = self._all(name, int(value))

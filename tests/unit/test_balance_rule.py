@@ -293,7 +293,7 @@ def test_balance_in_one_process_is_refused(monkeypatch):
 
     monkeypatch.setattr(hvd, "size", lambda: 1)
     monkeypatch.setattr(hvd, "rank", lambda: 0)
-    from hvdtrain.balance import BalancedSync
+    from hvdtrain.sync.shares import BalancedSync
 
     cfg = Config.from_overrides({"balance": True}).validate()
     with pytest.raises(ConfigError, match="this run has one process: start 2 or more"):
@@ -310,7 +310,7 @@ def balanced_scheme(monkeypatch, **options):
     """A BalancedSync for rank 0 of 2, without a launcher (Horovod's size and rank stood in)."""
     import horovod.torch as hvd
 
-    from hvdtrain.balance import BalancedSync
+    from hvdtrain.sync.shares import BalancedSync
 
     monkeypatch.setattr(hvd, "size", lambda: 2)
     monkeypatch.setattr(hvd, "rank", lambda: 0)

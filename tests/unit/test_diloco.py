@@ -143,7 +143,7 @@ class TwoRanksHorovod(RecordingHorovod):
 
 def test_a_round_sends_pseudo_gradients_and_steps_from_the_round_start():
     scheme, _ = diloco_scheme()
-    scheme.hvd = hvd = TwoRanksHorovod()
+    scheme.port.hvd = hvd = TwoRanksHorovod()
     start = [p.detach().clone() for p in scheme.replica.model.parameters()]
     take_steps(scheme, 3)
     assert hvd.take() == []

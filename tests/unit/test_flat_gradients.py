@@ -1,9 +1,9 @@
-"""hvdtrain.flat_gradients: every gradient a view into one buffer per device and dtype, kept
+"""hvdtrain.sync.flat_gradients: every gradient a view into one buffer per device and dtype, kept
 there across steps."""
 
 import torch
 
-from hvdtrain.flat_gradients import FlatGradients
+from hvdtrain.sync.flat_gradients import FlatGradients
 
 
 def model() -> torch.nn.Module:

@@ -57,7 +57,7 @@ def test_the_command_line_exits_2_before_training(monkeypatch, capsys, flags, me
 
 # --- when the scheme averages -----------------------------------------------------------------
 class RecordingHorovod:
-    """Horovod's calls that HorovodSync makes, for one rank that is alone: every collective
+    """Horovod's calls that HorovodPort makes, for one rank that is alone: every collective
     leaves its tensors as they are and is recorded by name."""
 
     Average = "average"
@@ -84,12 +84,13 @@ class RecordingHorovod:
 def local_sgd_scheme(local_steps: int, optimizer: str = "adam", lr: float = 0.01, **options):
     """A LocalSGDSync on a small model with a recording stand-in for Horovod; ``options`` are
     further Config overrides (DiLoCo's outer_lr, outer_momentum)."""
-    from hvdtrain.local_sgd import LocalSGDSync
+    from hvdtrain.sync.horovod_port import HorovodPort
+    from hvdtrain.sync.local_rounds_scheme import LocalSGDSync
 
     cfg = Config.from_overrides({"local_steps": local_steps, "optimizer": optimizer,
                                  "lr": lr, **options}).validate()
-    scheme = LocalSGDSync(cfg, runtime=None)
-    scheme.hvd = hvd = RecordingHorovod()
+    hvd = RecordingHorovod()
+    scheme = LocalSGDSync(cfg, runtime=None, port=HorovodPort(hvd))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6),
                                 torch.nn.Linear(6, 3))
@@ -177,7 +178,7 @@ class GatheringHorovod(RecordingHorovod):
 def test_a_checkpoint_inside_an_epoch_averages_nothing_and_keeps_the_round():
     from hvdtrain.scheme import Progress
     scheme, _ = local_sgd_scheme(local_steps=4, optimizer="sgd")
-    scheme.hvd = hvd = GatheringHorovod()
+    scheme.port.hvd = hvd = GatheringHorovod()
     take_steps(scheme, 6)  # one round after step 4, two steps into the next
     scheme.step_done(Progress(epoch=0, step=6, global_step=6))
     hvd.take()

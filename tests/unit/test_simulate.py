@@ -412,7 +412,7 @@ def average(tensor_groups) -> None:
 def test_local_sgd_final_model_equals_an_independent_computation():
     # H = 2 and epochs of 3 steps: rounds of 2 steps, then 1 (a round ends with its epoch).
     # Each worker steps from the average with its own momentum; the momentum is averaged at
-    # epoch ends (sync.py).
+    # epoch ends (sync/local_rounds_scheme.py).
     n, batch, per_epoch, epochs, seed, lr, momentum = 2, 16, 3, 2, 1, 0.05, 0.9
     sim = simulation(Mode("local2", scheme="sync", local_steps=2), n, "--batch-size", str(batch),
                      *steps(epochs, per_epoch), "--warmup-epochs", "0", seed=seed)

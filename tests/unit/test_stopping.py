@@ -226,7 +226,8 @@ def test_each_verdict_writes_its_stop_line(capsys):
 
 
 def test_sync_stop_vote_at_np1_is_the_ranks_own_flag_without_a_collective():
-    from hvdtrain.sync import HorovodSync
+    from hvdtrain.sync.horovod import HorovodSync
+    from hvdtrain.sync.horovod_port import HorovodPort
 
     class Alone:
         def size(self):
@@ -236,6 +237,6 @@ def test_sync_stop_vote_at_np1_is_the_ranks_own_flag_without_a_collective():
             raise AssertionError("a collective at np=1")
 
     scheme = HorovodSync.__new__(HorovodSync)
-    scheme.hvd, scheme._stop_vote = Alone(), None
+    scheme.port, scheme._stop_vote = HorovodPort(Alone()), None
     assert scheme.agree_to_stop(True) is True
     assert scheme.agree_to_stop(False) is False

@@ -5,7 +5,7 @@ node) trains fewer samples per step instead of holding every step up.
 What stays as in plain sync: the global batch (--batch-size x workers) and, at every step, the
 samples in it (the epoch plan cuts the same global batch into the shares, data/builtin.py
 share_batches), and the update: each worker's mean-loss gradient is weighted by its share
-(rules/balance.py gradient_weight), so Horovod's average is the global batch's mean-loss
+(rules/balance.py gradient_weight), so the average is the global batch's mean-loss
 gradient, as one process computes it. What changes: at each epoch's end the shares of the next
 epoch are re-planned from the epoch's step times (loop/step_times.py) by the rule in
 rules/balance.py plan_shares, the one definition the simulator uses too.
@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .config import Config, ConfigError
-from .replica import batch_length
-from .rules.balance import (FixedCost, balance_settings, equal_shares, gradient_weight,
-                            plan_shares)
-from .runtime import Runtime
-from .sync import HorovodSync
+from ..config import Config, ConfigError
+from ..replica import batch_length
+from ..rules.balance import (FixedCost, balance_settings, equal_shares, gradient_weight,
+                             plan_shares)
+from ..runtime import Runtime
+from .horovod import HorovodSync
 
 if TYPE_CHECKING:
-    from .loop.step_times import RankStepTimes
+    from ..loop.step_times import RankStepTimes
 
 
 class BalancedSync(HorovodSync):
@@ -39,7 +39,7 @@ class BalancedSync(HorovodSync):
 
     def __init__(self, cfg: Config, runtime: Runtime):
         super().__init__(cfg, runtime)
-        self.num_workers = self.hvd.size()
+        self.num_workers = self.port.size
         if self.num_workers < 2:
             raise ConfigError("--balance moves samples between workers, and this run has one "
                               "process: start 2 or more (horovodrun -np 2 / mpirun -np 2), or "
@@ -97,7 +97,7 @@ class BalancedSync(HorovodSync):
         saved = self.broadcast_object(state.get("batch_shares") if state is not None else None)
         if saved is not None and self._fits(saved):
             self.shares = [int(s) for s in saved]
-        elif self.hvd.rank() == 0:
+        elif self.port.rank == 0:
             why = ("it has none" if saved is None else
                    f"its shares {list(saved)} do not fit {self.num_workers} workers of "
                    f"--batch-size {self.cfg.run.batch_size}")
