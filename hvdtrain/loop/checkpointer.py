@@ -26,6 +26,7 @@ from ..scheme import Progress, UpdateScheme
 from ..trackers.state import CheckpointRecord
 from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainingError
+from .resume_source import resume_source
 
 
 def default_run_dir(cfg: Config, data_name: str, model_name: str) -> Path:
@@ -176,7 +177,7 @@ class Checkpointer:
             for tmp in checkpoint.remove_stale_temporaries(self.run_dir):
                 print(f"hvdtrain: removed {tmp}, left by a process killed while it wrote a "
                       "checkpoint", flush=True)
-        source = self._resume_source()
+        source = resume_source(self.run, self.run_dir, self.auto_resume, self.scheme)
         self.resumed_from = source
         if source is None:
             return None, Progress(workers=num_workers)
@@ -251,87 +252,6 @@ class Checkpointer:
             print(f"hvdtrain: the checkpoint {source} has finished all {epochs} epoch(s); "
                   f"nothing is left to train (pass --epochs {epochs + 1} or more to train "
                   "further)", flush=True)
-
-    def _resume_source(self) -> str | None:
-        """--resume, or the run folder's checkpoint under --auto-resume; None for a fresh run."""
-        run = self.run
-        if run.resume and run.run_dir:
-            return self._resume_into_other_folder()
-        if run.resume:
-            self._check_resume_is_latest()
-            return run.resume
-        if not run.run_dir:
-            return None
-
-        def decide() -> dict[str, str] | None:
-            if not self.path.exists():
-                return None
-            if self.auto_resume:
-                return {"resume": run.run_dir}
-            return {"error": (
-                f"{run.run_dir} already holds a checkpoint ({self.path}) and this run would "
-                f"overwrite it; continue that run with --resume {run.run_dir} (or "
-                f"--auto-resume), or pass another --run-dir for a new run")}
-
-        decision = self.scheme.main_decides(decide)
-        if decision and "error" in decision:
-            raise checkpoint.CheckpointError(decision["error"])
-        if decision and self._is_main():
-            print(f"hvdtrain: continuing the checkpoint in {run.run_dir}", flush=True)
-        return decision["resume"] if decision else None
-
-    def _check_resume_is_latest(self) -> None:
-        """--resume FILE without --run-dir writes into FILE's folder, which is right only when
-        FILE is that folder's latest checkpoint. Another file there (best.pt, a copy of an older
-        checkpoint) would replace the run's checkpoint.pt and mix a second branch into its log,
-        so it is refused with the command that branches into a new folder. Refused rather than
-        sent to a new default folder: a requeued job repeats its command, and with a new folder
-        each time it would start from FILE again and lose what it trained; with --run-dir NEW,
-        --auto-resume continues NEW's own checkpoint (_resume_into_other_folder)."""
-        run = self.run
-
-        def decide() -> dict[str, str] | None:
-            source = checkpoint.checkpoint_path(run.resume)
-            if not self.path.exists() or source.resolve() == self.path.resolve():
-                return None
-            branch = self.run_dir.with_name(f"{self.run_dir.name}-from-{source.stem}")
-            return {"error": (
-                f"--resume {run.resume}: {source.name} is not the latest checkpoint of "
-                f"{self.run_dir} ({self.path} is), and this run would write into that folder, "
-                f"replacing its checkpoint.pt and mixing a second branch into its log; train "
-                f"from {source.name} in a new folder with --resume {run.resume} --run-dir "
-                f"{branch}, or continue the run itself with --resume {self.run_dir}")}
-
-        decision = self.scheme.main_decides(decide)
-        if decision:
-            raise checkpoint.CheckpointError(decision["error"])
-
-    def _resume_into_other_folder(self) -> str:
-        """--resume A --run-dir B: B's own checkpoint, when it has one, belongs to the run in B.
-        Under --auto-resume that is this run, requeued after it wrote B's checkpoint (which is
-        newer than A); otherwise it is another run, and resuming A would overwrite it."""
-        run = self.run
-
-        def decide() -> dict[str, str]:
-            if not self.path.exists() or \
-                    checkpoint.checkpoint_path(run.resume).resolve() == self.path.resolve():
-                return {"resume": run.resume}
-            if self.auto_resume:
-                return {"resume": str(self.run_dir), "note": (
-                    f"hvdtrain: {self.run_dir} holds this run's own checkpoint, newer than "
-                    f"--resume {run.resume}; continuing it")}
-            return {"error": (
-                f"--resume {run.resume} --run-dir {run.run_dir}: {self.path} holds another "
-                f"run's checkpoint, which this run would overwrite; continue that run with "
-                f"--resume {run.run_dir}, add --auto-resume if it is this run requeued, or pass "
-                "another --run-dir")}
-
-        decision = self.scheme.main_decides(decide)
-        if "error" in decision:
-            raise checkpoint.CheckpointError(decision["error"])
-        if "note" in decision and self._is_main():
-            print(decision["note"], flush=True)
-        return decision["resume"]
 
     # --- cadence --------------------------------------------------------------------------------
     def step_done(self, before: int, progress: Progress, steps_per_epoch: int) -> None:

@@ -123,13 +123,12 @@ class RunLog:
         self.history: list[EpochResult] = []
         self.totals = EpochTotals(metric_names)
         # This worker's step times (a hook of the trainer's), summed with the epoch line; the
-        # listeners are called with each epoch's step times of every worker (and the epoch, from
-        # 1), on every worker that gets the epoch line's sum: the slow-rank check, then the
-        # scheme (UpdateScheme.step_times_measured). What one returns (a dict, or None) goes
-        # into the epoch line.
+        # listeners, the trainer's choice, are called with each epoch's step times of every
+        # worker (and the epoch, from 1), on every worker that gets the epoch line's sum, in
+        # their order. What one returns (a dict, or None) goes into the epoch line; the log
+        # itself decides nothing from them.
         self.timer = timer or StepTimer()
-        self.step_times_listeners = [*step_times_listeners,
-                                     *([scheme.step_times_measured] if scheme else [])]
+        self.step_times_listeners = list(step_times_listeners)
         # Lines waiting for their sums across workers, in the order written, each with the
         # number of the sum_later it waits for (-1: none, an eval line).
         self._pending: list[tuple[PendingSum, dict[str, Any], int]] = []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from functools import partial
 
-from ..config import Config
+from ..config import Config, RunConfig
 from ..optim import learning_rate
 from ..replica import Replica
 from ..runtime import Runtime
@@ -58,8 +58,8 @@ class Trainer:
         self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(run, runtime.rank)
         self.hooks = [*default_hooks(run, self.plan), self.stopping, slow_ranks, self.step_timer]
         self._bind_world()
-        self.log = RunLog(run.epochs, scheme, names, self.is_main, run.progress, run.log_steps,
-                          partial(build_sinks, run), self.step_timer, [slow_ranks], self.clock)
+        self.log = build_log(run, scheme, names, self.is_main, self.step_timer, slow_ranks,
+                             self.clock)
         self.history: list[EpochResult] = self.log.history  # the epochs' results, in order
         self.checkpointer.components["log"] = self.log  # its epoch lines still pending
         self.progress = Progress(workers=self.num_workers)
@@ -189,3 +189,14 @@ class Trainer:
     def _learning_rate(self) -> float:
         return learning_rate(self.progress.global_step, self.plan.total_steps,
                              self.plan.steps_per_epoch, self.cfg.optim, self.scheme.lr_scale)
+
+
+def build_log(run: RunConfig, scheme: UpdateScheme, names: list[str], is_main: bool,
+              timer: StepTimer, slow_ranks: SlowRankCheck, clock: TrainingClock) -> RunLog:
+    """The run log, and whom the trainer has it tell each epoch's step times of every worker
+    once the epoch line's sum is in (in sync at the epoch's end, on every rank, before the
+    next epoch's batches are planned): the slow-rank check, then the scheme, which re-plans
+    --balance's shares (UpdateScheme.step_times_measured). The log only writes lines."""
+    return RunLog(run.epochs, scheme, names, is_main, run.progress, run.log_steps,
+                  partial(build_sinks, run), timer, [slow_ranks, scheme.step_times_measured],
+                  clock)

@@ -171,7 +171,9 @@ def test_the_epoch_line_carries_every_workers_step_times(tmp_path):
     other = _timer([0.004] * 3, [0.0] * 3).vector(1, 2)
     scheme = _Summed([0.0] * 5 + other)  # the other worker's totals: nothing but its times
     timer = _timer([0.001] * 3, [0.003] * 3)
-    log = RunLog(1, scheme, ["acc"], True, False, False, timer=timer)
+    # The trainer has the scheme hear them (Trainer's build_log); the log only calls its listeners.
+    log = RunLog(1, scheme, ["acc"], True, False, False, timer=timer,
+                 step_times_listeners=[scheme.step_times_measured])
     log.open(tmp_path, append=False, header={})
     log.end_epoch(0, 3, 0.1, 2, None, 0.1, {})
     log.close()
@@ -180,3 +182,17 @@ def test_the_epoch_line_carries_every_workers_step_times(tmp_path):
     assert line["step_times"]["steps"] == [3, 3]
     assert line["batch_shares"] == [40, 24]  # what the scheme noted
     assert scheme.heard[0][1] == 1 and scheme.heard[0][0].compute_p50 == (0.001, 0.004)
+
+
+def test_the_run_log_asks_the_scheme_nothing_of_its_own(tmp_path):
+    """The trainer asks for the --balance re-plan; the run log only writes lines: without the
+    trainer's listeners, the scheme's step_times_measured is never called from the log."""
+    other = _timer([0.004] * 3, [0.0] * 3).vector(1, 2)
+    scheme = _Summed([0.0] * 5 + other)
+    log = RunLog(1, scheme, ["acc"], True, False, False, timer=_timer([0.001] * 3, [0.003] * 3))
+    log.open(tmp_path, append=False, header={})
+    log.end_epoch(0, 3, 0.1, 2, None, 0.1, {})
+    log.close()
+    line = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][-1]
+    assert line["step_times"]["compute_p50"] == [0.001, 0.004]
+    assert scheme.heard == [] and "batch_shares" not in line

@@ -255,3 +255,34 @@ def test_huge_model_args_are_recorded_as_their_size_and_digest(tmp_path):
     assert all(r.startswith(f"<{len(big)} bytes, sha256 {digest}") for r in recorded)
     small = '{"width": 4}'
     assert Config.from_overrides({"model_args": small}).to_record()["model"]["model_args"] == small
+
+
+class MeasuringScheme(LocalScheme):
+    """Notes, in order, each epoch's plan asking for the shares and each epoch's step times."""
+
+    def __init__(self):
+        super().__init__()
+        self.events: list[tuple[str, int]] = []
+        self.asked = 0
+
+    def batch_shares(self):
+        self.events.append(("asked", self.asked))
+        self.asked += 1
+        return None
+
+    def step_times_measured(self, times, epoch):
+        self.events.append(("measured", epoch))
+        return {"noted_epoch": epoch}
+
+
+def test_the_trainer_asks_the_scheme_for_the_re_plan_before_the_next_epoch_is_planned(tmp_path):
+    """The --balance re-plan's order (UpdateScheme.step_times_measured): the trainer has each
+    epoch's step times reach the scheme once the epoch line's sum is in, before the next
+    epoch's batches are planned, and what the scheme returns goes into that epoch line."""
+    scheme = MeasuringScheme()
+    make_trainer(tmp_path, epochs=2, max_steps_per_epoch=3, scheme=scheme).fit()
+    # asked at the start (whether the source can cut shares), then before each epoch
+    assert scheme.events == [("asked", 0), ("asked", 1), ("measured", 1),  # epoch 1's times
+                             ("asked", 2), ("measured", 2)]  # came before epoch 2's plan
+    lines = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
+    assert [r["noted_epoch"] for r in lines] == [1, 2]
