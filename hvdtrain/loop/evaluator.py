@@ -12,13 +12,12 @@ from .run_log import EpochTotals, means
 EVAL_BATCH = 1024
 
 
-class Evaluator:
-    def __init__(self, run: RunConfig, test: BatchSource | None, scheme: UpdateScheme,
-                 metric_names: list[str]):
+class EvalCadence:
+    """When a run evaluates, from its --eval-every and --eval-every-steps (the trainer's
+    Evaluator; the simulator asks it too, compare/sim/)."""
+
+    def __init__(self, run: RunConfig):
         self.run = run
-        self.test = test
-        self.scheme = scheme
-        self.names = metric_names
 
     def due(self, epoch: int) -> bool:
         """Every --eval-every epochs, and always after the last."""
@@ -32,6 +31,15 @@ class Evaluator:
         if not every or global_step // every <= before // every:
             return False
         return not (end_of_epoch and self.due(epoch))
+
+
+class Evaluator(EvalCadence):
+    def __init__(self, run: RunConfig, test: BatchSource | None, scheme: UpdateScheme,
+                 metric_names: list[str]):
+        super().__init__(run)
+        self.test = test
+        self.scheme = scheme
+        self.names = metric_names
 
     def timed(self, clock: TrainingClock):
         """(test figures, wall seconds when evaluated, training seconds by then), on ``clock``.

@@ -69,6 +69,15 @@ class Verdict:
         return self.detail if self.why == TARGET else None
 
 
+def loss_guard(loss: float, p: Progress) -> str | None:
+    """The loss guard's verdict on the loss of the step at ``p``: None where it is finite, else
+    why the run ends there (Stopping.after_step; the simulator's virtual workers too)."""
+    if math.isfinite(loss):
+        return None
+    return (f"loss became {loss} at epoch {p.epoch + 1}, step {p.step + 1} (global step "
+            f"{p.global_step + 1}); lower --lr or check the data")
+
+
 class Stopping(StepHook):
     def __init__(self, run: RunConfig, scheme: UpdateScheme, checkpointer: Checkpointer,
                  best: BestTracker, target: TargetStop, clock: TrainingClock,
@@ -97,12 +106,10 @@ class Stopping(StepHook):
     def after_step(self, step: StepResult) -> None:
         """The loss guard, a step hook: a NaN or infinite loss ends the run here, before the
         step reaches a checkpoint."""
-        if not math.isfinite(step.loss):
-            p = step.progress
-            self.verdict = Verdict(NON_FINITE_LOSS, (
-                f"loss became {step.loss} at epoch {p.epoch + 1}, step {p.step + 1} (global step "
-                f"{p.global_step + 1}); lower --lr or check the data. The last checkpoint is kept "
-                "unchanged."), at_step=True)
+        why = loss_guard(step.loss, step.progress)
+        if why is not None:
+            self.verdict = Verdict(NON_FINITE_LOSS, f"{why}. The last checkpoint is kept "
+                                   "unchanged.", at_step=True)
             raise TrainingError(self.verdict.detail)
 
     def evaluated(self, test: tuple[float, dict[str, float | None]] | None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,6 +25,7 @@ class _Worker:
     params: torch.Tensor | None = None    # async and local SGD: its own copy of the weights
     pulled_version: int = 0               # async: the server's version it last received
     optimizer: ShardOptimizer | None = None  # local SGD: its own optimizer state
+    engine: Any = None                    # sync, local SGD: the scheme's engine it runs
     started: float = 0.0                  # virtual time its current step began
     piece: tuple[int, int, int] | None = None  # the job's batches: the piece of the plan it holds
     slot: int = NO_SLOT                   # ... and its slot number
