@@ -58,7 +58,7 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
 
 def rank_from_environment() -> int:
     """The launcher's rank before any library starts, so only one rank prints start-up errors."""
-    for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+    for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"):  # RANK: torchrun
         if name in os.environ:
             return int(os.environ[name])
     return 0

@@ -88,11 +88,14 @@ def run(cfg: Config, workload: Workload) -> Finished:
 
 
 def prepare_sync(cfg: Config, workload: Workload, model):
-    """A sync trainer, Horovod started, nothing trained yet (benchmarks drive it by hand)."""
+    """A sync trainer, its collective started (Horovod, or torch.distributed under
+    --collective torch), nothing trained yet (benchmarks drive it by hand)."""
     from .runtime import start_horovod
     from .sync.horovod import to_sync_batchnorm
+    from .sync.torch_runtime import start_torch_distributed
 
-    runtime = start_horovod(cfg.run, cfg.sync)
+    start = start_torch_distributed if cfg.sync.collective == "torch" else start_horovod
+    runtime = start(cfg.run, cfg.sync)
     layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
     if cfg.sync.sync_batchnorm:
         if runtime.device.type != "cuda":
@@ -111,6 +114,10 @@ def _sync_scheme(cfg: Config) -> Callable[..., Any]:
     Config.validate refuses --elastic with --local-steps H > 1, and --balance with either."""
     from .sync.horovod import HorovodSync
 
+    if cfg.sync.collective == "torch":  # the refusals of what it lacks: config/sync_options.py
+        from .sync.torch_runtime import torch_scheme
+
+        return torch_scheme
     if cfg.sync.elastic:
         from .sync.elastic import ElasticHorovodSync
 
@@ -128,6 +135,16 @@ def _sync_scheme(cfg: Config) -> Callable[..., Any]:
 
 
 def _run_sync(cfg: Config, workload: Workload, model):
+    try:
+        return _train_sync(cfg, workload, model)
+    finally:
+        if cfg.sync.collective == "torch":  # a second fit() here starts its own process group
+            from .sync.torch_runtime import stop_torch_distributed
+
+            stop_torch_distributed()
+
+
+def _train_sync(cfg: Config, workload: Workload, model):
     trainer = prepare_sync(cfg, workload, model)
     scheme = trainer.scheme
     try:
