@@ -1,6 +1,6 @@
-"""Things that happen after every step, kept out of the loop: the straggler sleep here, the
-injected faults (faults/inject.py), and the finite-loss guard of the stopping component
-(stopping.py); the next features (clipping reports) add hooks here."""
+"""Things that happen after every step, kept out of the loop: the straggler sleep and the step
+timer here, the injected faults (faults/inject.py), and the finite-loss guard of the stopping
+component (stopping.py); the next features (clipping reports) add hooks here."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..config import RunConfig
 from ..faults.inject import FaultInjector, record_folder
 from ..stragglers import parse_straggler
 from ..scheme import Progress
+from .step_times import FIELDS as STEP_TIME_FIELDS
 
 
 class TrainingError(RuntimeError):
@@ -76,6 +79,40 @@ class Straggler(StepHook):
     def _work(self, samples: int) -> float:
         """The step's samples over --batch-size: a factor stretches the work done."""
         return samples / self.batch_size if samples and self.batch_size else 1.0
+
+
+class StepTimer(StepHook):
+    """This worker's step times in the epoch under way (step_times.py): the trainer's last
+    hook, so that the straggler's delay counts as compute."""
+
+    def __init__(self):
+        self.compute: list[float] = []
+        self.wait: list[float] = []
+        self.samples = 0
+
+    def start_epoch(self) -> None:
+        self.compute, self.wait, self.samples = [], [], 0
+
+    def after_step(self, step: StepResult) -> None:
+        seconds = time.perf_counter() - step.started
+        self.record(seconds - step.waited, step.waited, step.samples)
+
+    def record(self, compute_seconds: float, wait_seconds: float, samples: int) -> None:
+        self.compute.append(compute_seconds)
+        self.wait.append(wait_seconds)
+        self.samples += samples
+
+    def vector(self, worker: int, num_workers: int) -> list[float]:
+        """This worker's slots filled, the others' 0: summed across workers, the table."""
+        k = len(STEP_TIME_FIELDS)
+        out = [0.0] * (k * num_workers)
+        if self.compute:
+            compute, wait = np.asarray(self.compute), np.asarray(self.wait)
+            c10, c50, c90, w50, w90 = (*np.percentile(compute, [10, 50, 90]),
+                                       *np.percentile(wait, [50, 90]))
+            mine = [len(compute), self.samples, c50, c90, compute.mean(), w50, w90, c10]
+            out[worker * k:(worker + 1) * k] = [float(v) for v in mine]
+        return out
 
 
 def default_hooks(run: RunConfig, plan=None) -> list[StepHook]:

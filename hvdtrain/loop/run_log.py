@@ -25,8 +25,9 @@ from ..replica import BatchStats
 from ..scheme import PendingSum, Progress, UpdateScheme
 from .clock import TrainingClock
 from .flops import epoch_throughput, throughput_header
+from .hooks import StepTimer
 from .sinks import LOG_NAME, Sink, SinkFactory, close_all, default_sinks
-from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, StepTimer, table
+from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, table
 
 
 @dataclass

@@ -13,7 +13,7 @@ measured epochs in a row, when even its fastest steps (the 10th percentile) are 
 its extra time per step matters: at least
 ``MIN_EXCESS_SECONDS``, and at least ``MIN_EXCESS_FRACTION`` of the others' whole step (compute
 and wait), so that a difference lost in the communication's time is not called slowness. The
-figures are per step, from the start of a step to its last hook (step_times.StepTimer): the
+figures are per step, from the start of a step to its last hook (hooks.StepTimer): the
 epoch's evaluation, its line and its checkpoint, which worker 0 alone writes, come between
 steps and are not in them."""
 

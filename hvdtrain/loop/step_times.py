@@ -1,6 +1,7 @@
 """Per-worker step times: how long each worker computes (forward, backward, its own work and any
 straggler delay) and how long it waits for the others (in the collective, or for the server's
-reply) per step, so that a slow worker can be named and sync can rebalance around it.
+reply) per step, so that a slow worker can be named and sync can rebalance around it. This
+module holds their table; the step timer that measures them is a step hook (hooks.StepTimer).
 
 Cost: two clock reads and two list appends per step. Nothing is sent per step: at an epoch's end
 each worker's figures ride in slots of the epoch line's existing sum across workers (every
@@ -9,12 +10,7 @@ comes back on every worker that takes part in the sum (run_log.RunLog)."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
-
-import numpy as np
-
-from .hooks import StepHook, StepResult
 
 # The figures of one worker, in order, in the epoch line's vector.
 # compute_p10 came last, so that older logs read as before (from_record): a worker's fastest
@@ -57,41 +53,8 @@ class RankStepTimes:
         return cls(**{name: tuple(record[name]) for name in FIELDS if name in record})
 
 
-class StepTimer(StepHook):
-    """This worker's step times in the epoch under way: the trainer's last hook, so that the
-    straggler's delay counts as compute."""
-
-    def __init__(self):
-        self.compute: list[float] = []
-        self.wait: list[float] = []
-        self.samples = 0
-
-    def start_epoch(self) -> None:
-        self.compute, self.wait, self.samples = [], [], 0
-
-    def after_step(self, step: StepResult) -> None:
-        seconds = time.perf_counter() - step.started
-        self.record(seconds - step.waited, step.waited, step.samples)
-
-    def record(self, compute_seconds: float, wait_seconds: float, samples: int) -> None:
-        self.compute.append(compute_seconds)
-        self.wait.append(wait_seconds)
-        self.samples += samples
-
-    def vector(self, worker: int, num_workers: int) -> list[float]:
-        """This worker's slots filled, the others' 0: summed across workers, the table."""
-        out = [0.0] * (len(FIELDS) * num_workers)
-        if self.compute:
-            compute, wait = np.asarray(self.compute), np.asarray(self.wait)
-            c10, c50, c90, w50, w90 = (*np.percentile(compute, [10, 50, 90]),
-                                       *np.percentile(wait, [50, 90]))
-            mine = [len(compute), self.samples, c50, c90, compute.mean(), w50, w90, c10]
-            out[worker * len(FIELDS):(worker + 1) * len(FIELDS)] = [float(v) for v in mine]
-        return out
-
-
 def table(vector: list[float], num_workers: int) -> RankStepTimes:
-    """The summed vector (StepTimer.vector's layout) as a table by worker."""
+    """The summed vector (hooks.StepTimer.vector's layout) as a table by worker."""
     k = len(FIELDS)
     rows = [vector[w * k:(w + 1) * k] for w in range(num_workers)]
     columns = {name: tuple(row[i] for row in rows) for i, name in enumerate(FIELDS)}

@@ -29,12 +29,11 @@ from .checkpointer import Checkpointer, default_run_dir, run_identity
 from .clock import TrainingClock
 from .epoch_plan import EpochPlan
 from .evaluator import Evaluator
-from .hooks import StepResult, acting, default_hooks
+from .hooks import StepResult, StepTimer, acting, default_hooks
 from .lead import take_lead
 from .run_log import EpochResult, RunLog, run_header
 from .sinks import build_sinks
 from .slow_ranks import SlowRankCheck
-from .step_times import StepTimer
 from .stopping import Stopping, Verdict
 from .target import TargetStop
 from .watchdog import StallWatchdog

@@ -1,12 +1,15 @@
 """hvdtrain's modules import each other without a cycle: every import, read from the source (those
-inside functions too, which only postpone a cycle; those under ``if TYPE_CHECKING:`` never run),
-makes an edge, and the graph must have no loop. A cycle makes the order of imports matter and
-ties the layers together (cli -> compare/command -> compare/simulate -> cli was one)."""
+inside functions too, which only postpone a cycle, and those under ``if TYPE_CHECKING:``, which
+never run but still tie the two modules' designs together; issue 42), makes an edge, and the
+graph must have no loop. A cycle makes the order of imports matter and ties the layers together
+(cli -> compare/command -> compare/simulate -> cli was one)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 import hvdtrain
 
@@ -22,28 +25,30 @@ def module_names(root: Path, package: str) -> dict[str, Path]:
     return names
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
+def _is_type_checking(node: ast.AST) -> bool:
+    test = getattr(node, "test", None) if isinstance(node, ast.If) else None
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
         (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
-def _imports(nodes):
-    """Every import statement among ``nodes``, at any depth, except under ``if TYPE_CHECKING:``."""
+def _imports(nodes, type_only: bool = True):
+    """Every import statement among ``nodes``, at any depth; those under ``if TYPE_CHECKING:``
+    only with ``type_only``."""
     for node in nodes:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            yield from _imports(node.orelse)
+        if not type_only and _is_type_checking(node):
+            yield from _imports(node.orelse, type_only)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
         else:
-            yield from _imports(ast.iter_child_nodes(node))
+            yield from _imports(ast.iter_child_nodes(node), type_only)
 
 
-def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+def imported_modules(name: str, path: Path, modules: dict[str, Path],
+                     type_only: bool = True) -> set[str]:
     """The package's modules that module ``name`` (its source at ``path``) imports."""
     is_package = path.name == "__init__.py"
     found = set()
-    for node in _imports(ast.parse(path.read_text(encoding="utf-8")).body):
+    for node in _imports(ast.parse(path.read_text(encoding="utf-8")).body, type_only):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -63,9 +68,10 @@ def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str
     return found
 
 
-def import_graph(root: Path, package: str) -> dict[str, set[str]]:
+def import_graph(root: Path, package: str, type_only: bool = True) -> dict[str, set[str]]:
     modules = module_names(root, package)
-    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+    return {name: imported_modules(name, path, modules, type_only)
+            for name, path in modules.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -97,16 +103,30 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_hvdtrain_has_no_import_cycle():
-    graph = import_graph(Path(hvdtrain.__file__).parent, "hvdtrain")
+def test_hvdtrain_has_no_import_cycle_among_the_imports_that_run():
+    graph = import_graph(Path(hvdtrain.__file__).parent, "hvdtrain", type_only=False)
     assert "hvdtrain.train_flags" in graph["hvdtrain.cli"]  # the graph sees the imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 42: the simulator's runs name their Simulation in type-only imports, which "
+    "imports them: compare/sim/simulation -> local_run, server_run, sync_run -> simulation "
+    "(if TYPE_CHECKING). Remove this marker once they have none; the test above is then "
+    "redundant"))
+def test_hvdtrain_has_no_import_cycle_type_only_imports_included():
+    graph = import_graph(Path(hvdtrain.__file__).parent, "hvdtrain")
+    running = import_graph(Path(hvdtrain.__file__).parent, "hvdtrain", type_only=False)
+    assert any(graph[name] - running[name] for name in graph)  # it sees the type-only ones
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
 def test_a_cycle_is_found_and_named(tmp_path):
-    """The finder itself: a cycle through a function-level relative import is named, one under
-    TYPE_CHECKING is not an edge."""
+    """The finder itself: a cycle through a function-level relative import is named, and one
+    under TYPE_CHECKING is an edge like any other (unless the graph leaves type-only imports
+    out)."""
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("")
@@ -117,6 +137,10 @@ def test_a_cycle_is_found_and_named(tmp_path):
                               "if TYPE_CHECKING:\n    from . import a\n")
     graph = import_graph(pkg, "pkg")
     assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.c"}
-    assert find_cycle(graph) is None
+    assert graph["pkg.c"] == {"pkg.a"}  # the type-only import
+    assert find_cycle(graph) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+    assert find_cycle(import_graph(pkg, "pkg", type_only=False)) is None
     (pkg / "c.py").write_text("import pkg.a\n")
     assert find_cycle(import_graph(pkg, "pkg")) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+    (pkg / "c.py").write_text("")
+    assert find_cycle(import_graph(pkg, "pkg")) is None

@@ -13,7 +13,8 @@ from hvdtrain.config import ConfigError
 from hvdtrain.loop import hooks
 from hvdtrain.loop.run_log import RunLog
 from hvdtrain.loop.slow_ranks import SlowRankCheck, persisting, slow_workers
-from hvdtrain.loop.step_times import FIELDS, RankStepTimes, StepTimer, table
+from hvdtrain.loop.hooks import StepTimer
+from hvdtrain.loop.step_times import FIELDS, RankStepTimes, table
 from hvdtrain.scheme import PendingSum, Progress, UpdateScheme
 from hvdtrain.stragglers import parse_straggler
 from hvdtrain.train_flags import config_from_args
