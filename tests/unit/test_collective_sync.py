@@ -1,10 +1,16 @@
 """The sync schemes over any collective port (hvdtrain/sync/collective.py CollectiveSync and
 sync/local_rounds_scheme.py LocalSGDSync), each worker a thread on the fake collective of
 fake_collective.py: the start, steps, the stop vote and a local-SGD checkpoint inside a round
-resumed by as many workers. What Horovod adds is test_local_sgd.py's and the multiproc tests'."""
+resumed by as many workers; and HorovodSync's step, whose Horovod calls are counted (one wait
+for the allreduce a step, as before the engine). The rest of Horovod's part is
+test_local_sgd.py's and the multiproc tests'."""
 
 from __future__ import annotations
 
+import contextlib
+from types import SimpleNamespace
+
+import pytest
 import torch
 
 from hvdtrain.config import Config
@@ -109,3 +115,66 @@ def test_local_sgd_checkpoint_inside_a_round_resumes_each_worker_exactly():
 
     for straight, resumed in zip(run_workers(2, uninterrupted), run_workers(2, interrupted)):
         assert torch.allclose(straight, resumed, atol=1e-6)
+
+
+# --- Horovod's calls per step ---------------------------------------------------------------
+class CountingHorovod:
+    """The parts of horovod.torch that HorovodSync's step reaches, for rank 0 of 2, recording
+    every call that would reach Horovod."""
+
+    Average, Adasum, Sum = "average", "adasum", "sum"
+
+    class Compression:
+        none, fp16 = "none", "fp16"
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def size(self):
+        return 2
+
+    def rank(self):
+        return 0
+
+    def DistributedOptimizer(self, optimizer, **settings):  # noqa: N802 (Horovod's name)
+        hvd = self
+
+        class Distributed:
+            param_groups, state = optimizer.param_groups, optimizer.state
+            skipping = False
+
+            def synchronize(self):
+                hvd.calls.append("synchronize")
+
+            @contextlib.contextmanager
+            def skip_synchronize(self):
+                self.skipping = True
+                yield
+                self.skipping = False
+
+            def step(self):
+                hvd.calls.append("step" if self.skipping else "step+synchronize")
+                optimizer.step()
+
+            def zero_grad(self):
+                optimizer.zero_grad()
+
+        return Distributed()
+
+
+@pytest.mark.parametrize("clip", [0.0, 1.0])
+def test_a_horovod_step_waits_once_for_the_allreduce_and_steps_without_another(clip):
+    from hvdtrain.precision import Precision
+    from hvdtrain.sync.horovod import HorovodSync
+    from hvdtrain.sync.horovod_port import HorovodPort
+
+    cfg = Config.from_overrides({"optimizer": "sgd"}).validate()
+    hvd = CountingHorovod()
+    runtime = SimpleNamespace(horovod_wakes=True, device=torch.device("cpu"))
+    scheme = HorovodSync(cfg, runtime, HorovodPort(hvd))
+    scheme.attach(Replica(worker_model(0), torch.device("cpu"),
+                          precision=Precision("32", [torch.device("cpu")], clip)))
+    assert scheme._flat_gradients is not None  # one group, uncompressed, averaged: zero-copy
+    for step in range(3):
+        scheme.step(*batch(0, step), lr=0.1)
+    assert hvd.calls == ["synchronize", "step"] * 3  # as optimizer.step() did: one wait a step
