@@ -7,8 +7,10 @@ with a message that names the flag and the fix.
 
 - values.py: what the sections share (a field with its help, the readers of structured values);
 - data_options.py, model_options.py (the model and the optimizer), sync_options.py,
-  ps_options.py, pipeline_options.py, run_options.py (the loop, evaluation, checkpoints, logs,
-  the device, study settings): one section each, checking its own fields;
+  ps_options.py, pipeline_options.py: one section each, checking its own fields;
+- run_options.py: the run section, gathered from the loop's options and those of
+  eval_options.py, checkpoint_options.py, log_options.py, device_options.py and
+  study_options.py (stragglers, injected faults), each checking its own;
 - whole.py: ``Config``, built from flat option pairs and recorded; cross_checks.py: the
   combinations across sections. A rule's own combinations are checked in its file under
   hvdtrain/rules/ (local_sgd, balance, backup, dc_asgd, staleness_lr);

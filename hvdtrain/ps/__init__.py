@@ -4,5 +4,7 @@ protocol.py  tags, header layout, shard/chunk arithmetic (no MPI calls)
 server.py    ParameterServer: the message loop; what a push does is pushes.py, by the rules of
              hvdtrain/rules/ (round policy, apply step); shard.py, pauses.py, verdicts.py,
              silence.py and server_stats.py are its MPI-bound pieces
-client.py    ParameterServerClient: the worker-side update scheme behind the trainer
+client.py    ParameterServerClient: the worker-side update scheme behind the trainer; its parts
+             are server_link.py (the messages to the servers), worker_group.py (the workers'
+             sums, votes and broadcasts), stop_votes.py, flat_parameters.py and slot_feed.py
 """
