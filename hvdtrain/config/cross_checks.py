@@ -11,8 +11,9 @@ from ..errors import ConfigError, require
 
 
 def check_combinations(cfg: Any) -> None:
-    """``cfg``: a whole.Config (typed loosely: whole.py imports this module). Raise ConfigError for the first combination that cannot work, in the order a reader
-    meets them: the batch, the server's rules, recovery, --balance, async, the pipeline."""
+    """Raise ConfigError for the first combination of ``cfg`` (a whole.Config, typed loosely:
+    whole.py imports this module) that cannot work, in the order a reader meets them: the
+    batch, the server's rules, recovery, --balance, async, the pipeline."""
     from ..rules import backup, balance, dc_asgd, staleness_lr
 
     r, s, pl = cfg.run, cfg.sync, cfg.pipeline

@@ -1,5 +1,6 @@
 """What the option sections share: a field with its help text, the finite-number check, and
-the readers of values that are more than a number (a fault schedule, a metric goal, a stop target)."""
+the readers of values that are more than a number (a fault schedule, a metric goal, a stop
+target)."""
 
 from __future__ import annotations
 

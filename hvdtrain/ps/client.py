@@ -11,7 +11,6 @@ are worker_group.py's; the job's batches, slot_feed.py's.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
@@ -33,6 +32,7 @@ from .slot_feed import SlotFeed, plan_message
 from .stop_votes import StopVotes
 from .survivors import Survivors
 from .worker_group import WorkerGroup
+from .worker_pauses import WorkerPauses
 
 
 def _delegate(part: str, name: str) -> property:
@@ -76,7 +76,6 @@ class ParameterServerClient(UpdateScheme):
         self._started = False  # the servers have their INIT: other requests may follow
         self.clock = 0
         self.replica: Replica | None = None
-        self._debt = 0.0  # --eval-pauses-workers: seconds to sleep for an evaluation's pause
         self.feed: SlotFeed | None = None  # the job's batches, handed out by server 0
         # Lost workers (survivors.py): their collectives move to a communicator of the others.
         self.survivors = Survivors(MPI, comm, worker_comm, topology.server_ranks()[0])
@@ -88,6 +87,7 @@ class ParameterServerClient(UpdateScheme):
         self.link = ServerLink(MPI, comm, topology, worker_comm.Get_rank(), cfg.ps,
                                self.survivors.recovery, check_ended)
         self.stops = StopVotes(self.link, self._agree, self._going_idle, MPI.MAX)
+        self.pauses = WorkerPauses(self.link, cfg.ps.eval_pauses_workers)
 
     # The names the trainer, the replacement (newcomer.py) and the benchmarks read and write.
     comm = _delegate("link", "comm")
@@ -205,10 +205,7 @@ class ParameterServerClient(UpdateScheme):
                   want_params=self.clock % self.pull_every == self.pull_every - 1,
                   gradient=finite)
         self._waited = time.perf_counter() - started
-        if self.cfg.ps.eval_pauses_workers:
-            # After a reply: the seconds server 0 charged for an evaluation's pause, slept after
-            # the step (step_done), outside the step's own time, which a straggler multiplies.
-            self._debt += self.link.receive_debt()
+        self.pauses.after_reply()  # --eval-pauses-workers: what an evaluation's pause costs
         self.stops.after_push()
         self._regroup()
         return stats
@@ -285,28 +282,13 @@ class ParameterServerClient(UpdateScheme):
         self.pull()  # score the servers' current parameters
         return self.replica
 
-    @contextlib.contextmanager
     def evaluating(self):
-        """--eval-pauses-workers: the servers hold the other workers' replies while this worker
-        evaluates, and charge each of them the time it computed meanwhile, which it then
-        sleeps (step_done): as if the job froze, so that nobody trains during an evaluation,
-        as in sync mode."""
-        if self._started and self.eval_partition is not None:
-            self._tell_servers(Kind.QUIET)  # a long evaluation is no hang (silence.py)
-        if not (self.cfg.ps.eval_pauses_workers and self._started and
-                self.eval_partition is not None):
-            yield
-            return
-        self._tell_servers(Kind.PAUSE)
-        try:
-            yield
-        finally:
-            self._tell_servers(Kind.RESUME)
+        # worker_pauses.py: as if the job froze while worker 0 evaluates (--eval-pauses-workers)
+        evaluates = self._started and self.eval_partition is not None
+        return self.pauses.evaluating(self.clock, evaluates)
 
     def step_done(self, progress) -> None:
-        if self._debt > 0:
-            time.sleep(self._debt)
-            self._debt = 0.0
+        self.pauses.step_done()
 
     def _tell_servers(self, kind: Kind) -> None:
         self.link.tell(kind, self.clock)
