@@ -53,12 +53,13 @@ class ServerPort(Protocol):
         chunk by chunk as the gradient is applied (chunk_applied, then streamed); False: the
         engine calls reply once the update is done."""
 
-    def chunk_applied(self, worker: int, chunk: int) -> None:
-        """Chunk ``chunk`` of the parameters is updated: stream it to ``worker`` (it is not
-        touched again before streamed)."""
+    def chunk_applied(self, worker: int, chunk: int) -> object:
+        """Chunk ``chunk`` of the parameters is updated: start streaming it to ``worker`` (it
+        is not touched again before streamed); returns a handle for streamed."""
 
-    def streamed(self, worker: int) -> None:
-        """Every chunk went to ``worker``: the reply is complete (then sent_params)."""
+    def streamed(self, worker: int, handles: list) -> None:
+        """Every chunk is on its way to ``worker`` (``handles``: what chunk_applied returned,
+        in order): complete the reply, then call sent_params."""
 
     def begin_stop(self) -> None:
         """Every running worker stops after its current step (sent before the replies that
@@ -84,6 +85,7 @@ class ServerEngine:
         self.optimizer, self.port = optimizer, port
         self._params = optimizer.params.numpy()  # what the apply step's adjustments see
         self._chunks = list(enumerate(optimizer.chunks))
+        self._streaming: list = []  # the chunk handles of the reply being streamed
         self.clocks, self.versions = WorkerClocks(num_workers), Versions(num_workers)
         self.stats = RuleStatistics(staleness)
         self.pending: dict[int, bool] = {}  # worker -> wants params: replies the policy holds
@@ -254,14 +256,15 @@ class ServerEngine:
         lr, factor = step.rate(lr, staleness)
         self.stats.applied(staleness, factor)
         port.load(worker)
-        gradient_chunk = port.gradient_chunk
+        gradient_chunk, handles = port.gradient_chunk, self._streaming
         for i, (a, b) in self._chunks:
             step.apply_chunk(optimizer, i, gradient_chunk(worker, a, b), lr, worker)
             if stream:
-                port.chunk_applied(worker, i)
+                handles.append(port.chunk_applied(worker, i))
         self.versions.updated()
         if stream:
-            port.streamed(worker)
+            port.streamed(worker, handles)
+            handles.clear()
 
     # --- lock-step rounds -------------------------------------------------------------------------
     def _push_round(self, worker: int, lr: float, has_gradient: bool, want_params: bool,

@@ -10,10 +10,12 @@ from .protocol import Kind
 class ShardPort:
     def __init__(self, server, shard):
         self.server, self.shard = server, shard
-        self.sends: list = []  # the chunks streamed to one worker, until streamed()
-        # The per-push path calls these straight: no wrapper in between.
+        # The per-push path calls these straight: no wrapper in between. A chunk's send is
+        # non-blocking: the worker copies chunk i out while this process receives and updates
+        # chunk i+1, so the two directions overlap on two cores.
         self.load = lambda worker: shard.host.sync()  # its stores happened before its header
         self.gradient_chunk = shard.gradient_chunk
+        self.chunk_applied = shard.send_chunk  # returns the send's request
         self.discard = shard.discard_gradient
 
     def reply(self, worker: int, want_params: bool) -> None:
@@ -27,14 +29,8 @@ class ShardPort:
         server.pauses.send_debt(worker, stopping)
         return True
 
-    def chunk_applied(self, worker: int, chunk: int) -> None:
-        # Non-blocking: the worker copies chunk i out while this process receives and updates
-        # chunk i+1, so the two directions overlap on two cores.
-        self.sends.append(self.shard.send_chunk(worker, chunk))
-
-    def streamed(self, worker: int) -> None:
-        self.server.MPI.Request.Waitall(self.sends)
-        self.sends.clear()
+    def streamed(self, worker: int, handles: list) -> None:
+        self.server.MPI.Request.Waitall(handles)
         self.server.engine.sent_params(worker)
 
     def begin_stop(self) -> None:

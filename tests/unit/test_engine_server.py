@@ -57,8 +57,10 @@ class Port:
 
     def chunk_applied(self, worker, chunk):
         self.log.append(("chunk", worker, chunk))
+        return chunk
 
-    def streamed(self, worker):
+    def streamed(self, worker, handles):
+        assert handles == list(range(len(self.engine.optimizer.chunks)))
         self.log.append(("reply", worker))
         self.engine.sent_params(worker)
 

@@ -185,7 +185,7 @@ class ServerRun:
     def chunk_applied(self, worker: int, chunk: int) -> None:
         raise AssertionError("the simulator's replies are not streamed")
 
-    def streamed(self, worker: int) -> None:
+    def streamed(self, worker: int, handles: list) -> None:
         raise AssertionError("the simulator's replies are not streamed")
 
     def begin_stop(self) -> None:
