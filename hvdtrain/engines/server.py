@@ -77,7 +77,10 @@ class ServerEngine:
     """One shard's pushes, by the rules ``rules``, on ``optimizer`` (a ps.shard_optimizer
     ShardOptimizer: its params and chunks), answering through ``port``. ``follows``: a follower
     of server 0's verdicts (backup workers, a server other than 0). ``staleness``: the Counter
-    that the statistics fill (the simulator reads it as it goes)."""
+    that the statistics fill (the simulator reads it as it goes).
+
+    A backend changes the engine's state only through its methods; it may read ``clocks`` (the
+    WorkerClocks that the rules read, for its silence watch and pauses) and ``stopping``."""
 
     def __init__(self, rules: ServerRules, num_workers: int, optimizer, port: ServerPort,
                  follows: bool = False, staleness: Counter | None = None):
