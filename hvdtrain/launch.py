@@ -75,9 +75,7 @@ def run(cfg: Config, workload: Workload) -> Finished:
     """Build this process's role and run it."""
     from .loop.preemption import process_signals
 
-    torch.manual_seed(cfg.run.seed)  # every replica's factory draws the same initial weights
-    model = workload.build_model()
-    workload.name = workload.name or type(model).__name__
+    model = build_model(cfg, workload)
     process_signals.install()  # SIGTERM/SIGUSR1/SIGINT: stop at a step, with a checkpoint
     try:
         if cfg.run.mode == "async":
@@ -85,6 +83,26 @@ def run(cfg: Config, workload: Workload) -> Finished:
         return _run_sync(cfg, workload, model)
     finally:
         process_signals.restore()
+
+
+def build_model(cfg: Config, workload: Workload) -> torch.nn.Module:
+    """The workload's model with the initial weights every replica draws (also the simulator's,
+    compare/sim/)."""
+    torch.manual_seed(cfg.run.seed)  # every replica's factory draws the same initial weights
+    model = workload.build_model()
+    workload.name = workload.name or type(model).__name__
+    return model
+
+
+def ready_replica(cfg: Config, workload: Workload, replica) -> None:
+    """The workload bound to the replica's device and checked on its model; the replica's
+    objective is then the workload's own (also the simulator's, compare/sim/)."""
+    workload.bind(replica.device, cfg)  # a pipeline takes its inputs on its first stage's device
+    replica.model.eval()  # the check must not move BatchNorm statistics
+    with replica.eager():  # --compile compiles at the first step, for the shapes it trains on
+        workload.check(replica.forward, replica.device)
+    replica.model.train()
+    replica.objective = workload.objective()  # without the metrics the check dropped
 
 
 def prepare_sync(cfg: Config, workload: Workload, model):
@@ -257,12 +275,7 @@ def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workl
 
     replica = build_replica(model, cfg, runtime, layout, workload.objective())
     check_devices(cfg.run.precision, replica.devices, runtime.rank == 0)
-    workload.bind(replica.device, cfg)  # a pipeline takes its inputs on its first stage's device
-    replica.model.eval()  # the check must not move BatchNorm statistics
-    with replica.eager():  # --compile compiles at the first step, for the shapes it trains on
-        workload.check(replica.forward, replica.device)
-    replica.model.train()
-    replica.objective = workload.objective()  # without the metrics the check dropped
+    ready_replica(cfg, workload, replica)
     return Trainer(cfg, runtime, scheme, workload, replica)
 
 

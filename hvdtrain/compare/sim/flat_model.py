@@ -86,6 +86,7 @@ class _Setup:
 
     @classmethod
     def build(cls, train_args: Sequence[str], seed: int, straggler: str, mode: Mode) -> _Setup:
+        from ...launch import build_model, ready_replica
         from ...workload import workload_from_config
 
         cfg = config_from_train_args(train_args, {"seed": seed, "straggler": straggler,
@@ -97,16 +98,10 @@ class _Setup:
             raise ConfigError("--reduce-op adasum: the simulator averages gradients; use average")
         workload = workload_from_config(cfg)
         device = torch.device("cpu")
-        torch.manual_seed(cfg.run.seed)  # as launch.run: every replica draws these weights
-        module = workload.build_model()
-        workload.name = workload.name or type(module).__name__
+        module = build_model(cfg, workload)  # as a real run: the weights every replica draws
         replica = Replica(module, device, workload.objective(), Precision(cfg.run.precision,
                                                                           [device]))
-        workload.bind(device, cfg)
-        replica.model.eval()  # as launch: the check must not move BatchNorm statistics
-        workload.check(replica.forward, device)
-        replica.model.train()
-        replica.objective = workload.objective()  # without the metrics the check dropped
+        ready_replica(cfg, workload, replica)
         model = _FlatModel(replica, cfg.optim.clip_grad_norm)
         return cls(cfg, workload, model, parse_straggler(straggler))
 
