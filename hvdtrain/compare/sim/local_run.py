@@ -20,14 +20,14 @@ from .collective import VirtualCluster
 from .timing import _apply
 
 if TYPE_CHECKING:
-    from .simulation import Simulation
     from .workers import _Worker
 
 
 class LocalRun:
-    """Local SGD or DiLoCo training of ``sim``'s workers, one LocalRounds engine each."""
+    """Local SGD or DiLoCo training of ``sim``'s workers, one LocalRounds engine each. ``sim``:
+    the Simulation (simulation.py, which imports this module, so its type is not named here)."""
 
-    def __init__(self, sim: Simulation):
+    def __init__(self, sim):
         self.sim = sim
         cfg = sim.setup.cfg
         self.cluster = VirtualCluster(sim.num_workers)

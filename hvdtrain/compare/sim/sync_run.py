@@ -21,7 +21,6 @@ from ..share_clock import ShareClock
 from .collective import VirtualCluster
 
 if TYPE_CHECKING:
-    from .simulation import Simulation
     from .workers import _Worker
 
 
@@ -31,7 +30,7 @@ class FlatLearner:
     of it shaped as the model's parameters) and its own torch optimizer over the views, computed
     on the one real replica that every virtual worker loads its weights into."""
 
-    def __init__(self, sim: Simulation, worker: _Worker):
+    def __init__(self, sim, worker: _Worker):
         self.sim, self.worker, self.model = sim, worker, sim.setup.model
         self.params = self.model.flat.clone()
         self.views, offset = [], 0
@@ -70,9 +69,10 @@ class FlatLearner:
 
 
 class SyncRun:
-    """Sync training of ``sim``'s workers; each round is one SyncStep on every worker."""
+    """Sync training of ``sim``'s workers; each round is one SyncStep on every worker. ``sim``:
+    the Simulation (simulation.py, which imports this module, so its type is not named here)."""
 
-    def __init__(self, sim: Simulation):
+    def __init__(self, sim):
         self.sim = sim
         cfg = sim.setup.cfg
         self.cluster = VirtualCluster(sim.num_workers)
