@@ -9,7 +9,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
 
 import hvdtrain
 
@@ -110,11 +109,6 @@ def test_hvdtrain_has_no_import_cycle_among_the_imports_that_run():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 42: the simulator's runs name their Simulation in type-only imports, which "
-    "imports them: compare/sim/simulation -> local_run, server_run, sync_run -> simulation "
-    "(if TYPE_CHECKING). Remove this marker once they have none; the test above is then "
-    "redundant"))
 def test_hvdtrain_has_no_import_cycle_type_only_imports_included():
     graph = import_graph(Path(hvdtrain.__file__).parent, "hvdtrain")
     running = import_graph(Path(hvdtrain.__file__).parent, "hvdtrain", type_only=False)

@@ -15,8 +15,7 @@ from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.registry import server_rules
 from ...stragglers import _uniform
 
-if TYPE_CHECKING:
-    from .simulation import Simulation
+if TYPE_CHECKING:  # not the Simulation, which imports this module
     from .workers import _Worker
 
 
@@ -49,7 +48,7 @@ class ServerRun:
 
     ARRIVE, DONE = 0, 1
 
-    def __init__(self, sim: Simulation):
+    def __init__(self, sim):  # its Simulation (simulation.py)
         self.sim = sim
         self.timing = sim.timing
         cfg = sim.setup.cfg
