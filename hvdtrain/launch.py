@@ -173,7 +173,7 @@ def _train_sync(cfg: Config, workload: Workload, model):
         raise
     finally:
         workload.close()
-    history, run_dir, verdict = scheme.broadcast_object(
+    history, run_dir, verdict = scheme.group.broadcast_object(
         (trainer.history, trainer.run_dir, trainer.stopping.verdict))
     return Finished(history, run_dir, trainer, verdict)
 

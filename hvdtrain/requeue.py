@@ -15,7 +15,7 @@ the scheduler and the launcher:
 - the first SIGTERM, SIGINT or SIGUSR1 is passed on as SIGUSR1 to every process of the
   launcher's tree that handles it: mpirun, which forwards it to every rank on every host, and
   the ranks on this host (horovodrun does not handle it, and is left alone). One rank is enough:
-  the others learn of the stop from it (UpdateScheme.agree_to_stop, or the servers). A later
+  the others learn of the stop from it (scheme.group.agree_to_stop, or the servers). A later
   signal is passed on as it is, and ends the launcher its own way;
 - mpirun gets OMPI_MCA_odls_base_sigkill_timeout=60 unless it is set, so that ranks that Slurm
   signals directly have time for their checkpoint before mpirun's own abort kills them;

@@ -1,9 +1,10 @@
 """The interface between the training loop and an update scheme (sync/: HorovodSync,
 ps.client.ParameterServerClient, and the elastic variant of the first).
 
-A scheme implements the eight members marked *required*; everything else is a hook whose default,
+A scheme implements the members marked *required*, here and in its Group (the workers
+together: sums, broadcasts, the lead, the stop vote); everything else is a hook whose default,
 written once here, is right for a scheme with a fixed set of processes. The trainer talks to a
-scheme only through this class, so it never branches on the mode.
+scheme only through these classes, so it never branches on the mode.
 """
 
 from __future__ import annotations
@@ -63,29 +64,13 @@ class BatchFeed:
         raise NotImplementedError
 
 
-class UpdateScheme:
-    """What the trainer asks of an update scheme. Subclasses set ``replica`` in attach()."""
-
-    replica: Replica | None = None
+class Group:
+    """The workers of a run as one group: what the loop asks of all of them together (sums,
+    the lead's broadcasts and decisions, the stop vote, the evaluation's meeting), whichever
+    scheme updates the model. A scheme builds its own (``UpdateScheme.group``); the members
+    marked *required* have no default."""
 
     # --- required ---------------------------------------------------------------------------
-    @property
-    def lr_scale(self) -> float:
-        """Multiplier of one worker's learning rate that the combined update can take."""
-        raise NotImplementedError
-
-    def attach(self, replica: Replica) -> None:
-        """Take the replica and build what updates it (optimizer, flat buffers)."""
-        raise NotImplementedError
-
-    def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
-        """Collective: bring every replica to the same starting point. ``state`` is the
-        checkpoint on the processes that read it (see main_decides), None elsewhere."""
-        raise NotImplementedError
-
-    def step(self, x: Any, y: Any, lr: float) -> BatchStats:
-        raise NotImplementedError
-
     def workers(self) -> tuple[int, int]:
         """(this worker's index, number of workers); may change between calls (elastic)."""
         raise NotImplementedError
@@ -97,31 +82,7 @@ class UpdateScheme:
         """Worker 0's ``obj`` on every worker."""
         raise NotImplementedError
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint holds of the model and optimizer; may be collective."""
-        raise NotImplementedError
-
     # --- hooks with defaults ------------------------------------------------------------------
-    def batch_feed(self, steps_per_epoch: int, epochs: int, lookahead: int) -> BatchFeed | None:
-        """Where this worker's batches come from: None for its own fixed share of every epoch
-        (every worker runs the same steps: sync, lock-step rounds); else a feed of pieces the
-        job hands out (async). Called before start(), only for a source that can read any
-        batch on its own; ``lookahead``: batches the source reads ahead of training."""
-        return None
-
-    def batch_shares(self) -> list[int] | None:
-        """Each worker's samples per step in the epoch about to start (--balance: unequal
-        shares of the global batch, adding up to --batch-size x workers), or None for
-        --batch-size each. Asked by the epoch plan before every epoch, after the previous
-        epoch's step_times_measured; it must be the same on every worker."""
-        return None
-
-    @property
-    def steps_agree(self) -> bool:
-        """Whether every worker runs the same steps, so that per-step figures (step lines) can
-        be summed across workers; without it a step line is this worker's own."""
-        return True
-
     def leads(self) -> bool:
         """Whether this worker is the lead: it decides for the others (main_decides), evaluates
         where one worker does, writes the checkpoints and the log. Worker 0, and in async
@@ -152,14 +113,15 @@ class UpdateScheme:
         return posted
 
     @property
+    def steps_agree(self) -> bool:
+        """Whether every worker runs the same steps, so that per-step figures (step lines) can
+        be summed across workers; without it a step line is this worker's own."""
+        return True
+
+    @property
     def eval_partition(self) -> tuple[int, int] | None:
         """(index, parts) of the test split this worker scores, or None to score nothing."""
         return self.workers()
-
-    def eval_replica(self) -> Replica:
-        """The replica whose weights are evaluated (the async scheme pulls fresh ones first)."""
-        assert self.replica is not None, "call attach() first"
-        return self.replica
 
     def evaluating(self) -> contextlib.AbstractContextManager:
         """The context an evaluation runs in, with the trainer's evaluation clock inside it, so
@@ -171,6 +133,90 @@ class UpdateScheme:
         they computed meanwhile (ps/pauses.py EvalPauses.resume)."""
         return contextlib.nullcontext()
 
+    # The workers' mean seconds between the two votes before the one the last agree_to_stop
+    # read, the same on every worker (0: it read none): what loop/stop_cadence.py spaces the
+    # votes by. A group that does not measure it keeps 0, and is asked after every step.
+    vote_gap_s = 0.0
+
+    def agree_to_stop(self, wants: bool) -> bool:
+        """After a step (every few steps where steps agree: loop/stop_cadence.py): whether the
+        job stops now, because this worker ``wants`` to (a stop signal arrived) or another did.
+        Every worker must get the same answer at the same step, so a distributed group
+        overrides this; one process just answers itself."""
+        return wants
+
+    @property
+    def stall_timeout_s(self) -> float:
+        """Seconds without progress after which this process ends the job (0: never); for a
+        group whose waits have no timeout of their own (see loop/watchdog.py)."""
+        return 0.0
+
+
+class Batches:
+    """Where each worker's batches come from, epoch by epoch; the defaults are a fixed, equal
+    share of every epoch per worker (``UpdateScheme.batches``)."""
+
+    def batch_feed(self, steps_per_epoch: int, epochs: int, lookahead: int) -> BatchFeed | None:
+        """Where this worker's batches come from: None for its own fixed share of every epoch
+        (every worker runs the same steps: sync, lock-step rounds); else a feed of pieces the
+        job hands out (async). Called before start(), only for a source that can read any
+        batch on its own; ``lookahead``: batches the source reads ahead of training."""
+        return None
+
+    def batch_shares(self) -> list[int] | None:
+        """Each worker's samples per step in the epoch about to start (--balance: unequal
+        shares of the global batch, adding up to --batch-size x workers), or None for
+        --batch-size each. Asked by the epoch plan before every epoch, after the previous
+        epoch's step_times_measured; it must be the same on every worker."""
+        return None
+
+    def step_times_measured(self, times: RankStepTimes, epoch: int) -> dict | None:
+        """An epoch's step times of every worker (loop/step_times.py) and the epoch (from 1), on
+        each worker that took part in the epoch line's sum, once the sum is in: in sync at the
+        epoch's end, on every rank alike, before the next epoch's batches are planned. What it
+        returns (a dict, or None) goes into the epoch line."""
+        return None
+
+
+class UpdateScheme:
+    """What the trainer asks of an update scheme: how it attaches to the replica (which it keeps
+    as ``self.replica``), steps and saves its state. What the trainer asks of the workers
+    together is the scheme's ``group``; where their batches come from, its ``batches``."""
+
+    group: Group  # set by the subclass's constructor
+    batches = Batches()  # a fixed, equal share per worker; stateless, so one serves every scheme
+
+    # --- required ---------------------------------------------------------------------------
+    @property
+    def lr_scale(self) -> float:
+        """Multiplier of one worker's learning rate that the combined update can take."""
+        raise NotImplementedError
+
+    def attach(self, replica: Replica) -> None:
+        """Take the replica and build what updates it (optimizer, flat buffers)."""
+        raise NotImplementedError
+
+    def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
+        """Collective: bring every replica to the same starting point. ``state`` is the
+        checkpoint on the processes that read it (see Group.main_decides), None elsewhere."""
+        raise NotImplementedError
+
+    def step(self, x: Any, y: Any, lr: float) -> BatchStats:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint holds of the model and optimizer; may be collective."""
+        raise NotImplementedError
+
+    # --- hooks with defaults ------------------------------------------------------------------
+    def eval_replica(self) -> Replica:
+        """The replica whose weights are evaluated, inside group.evaluating(): the one attach()
+        took, which a subclass keeps as ``self.replica`` (sync averages its buffers first; the
+        async scheme pulls fresh weights)."""
+        replica = getattr(self, "replica", None)
+        assert replica is not None, "call attach() first"
+        return replica
+
     def run(self, loop: Callable[[], None], progress: Progress) -> None:
         """Run the epochs; an elastic scheme runs them again after a reset."""
         rank_started()  # its start-up is over: `hvdtrain run` may pass a stop on to it now
@@ -178,24 +224,6 @@ class UpdateScheme:
 
     def step_done(self, progress: Progress) -> None:
         """After every step (elastic: commit every N steps)."""
-
-    # The workers' mean seconds between the two votes before the one the last agree_to_stop
-    # read, the same on every worker (0: it read none): what loop/stop_cadence.py spaces the
-    # votes by. A scheme that does not measure it keeps 0, and is asked after every step.
-    vote_gap_s = 0.0
-
-    def agree_to_stop(self, wants: bool) -> bool:
-        """After a step (every few steps where steps agree: loop/stop_cadence.py): whether the
-        job stops now, because this worker ``wants`` to (a stop signal arrived) or another did.
-        Every worker must get the same answer at the same step, so a distributed scheme
-        overrides this; one process just answers itself."""
-        return wants
-
-    @property
-    def stall_timeout_s(self) -> float:
-        """Seconds without progress after which this process ends the job (0: never); for a
-        scheme whose waits have no timeout of their own (see loop/watchdog.py)."""
-        return 0.0
 
     def epoch_done(self, progress: Progress) -> None:
         """After every epoch's checkpoint."""
@@ -205,13 +233,6 @@ class UpdateScheme:
         for the server's reply), then 0 until the next step; the rest of the step is this
         worker's compute (loop/step_times.py). A scheme with nothing to wait for keeps 0."""
         return 0.0
-
-    def step_times_measured(self, times: RankStepTimes, epoch: int) -> dict | None:
-        """An epoch's step times of every worker (loop/step_times.py) and the epoch (from 1), on
-        each worker that took part in the epoch line's sum, once the sum is in: in sync at the
-        epoch's end, on every rank alike, before the next epoch's batches are planned. What it
-        returns (a dict, or None) goes into the epoch line."""
-        return None
 
     def take_epoch_metrics(self) -> dict:
         """Figures of the scheme's own for this epoch's log line (a GPU worker's copies); then
@@ -227,4 +248,3 @@ class UpdateScheme:
     def close(self) -> dict[str, Any] | None:
         """Shut down; may return figures for the log's closing line."""
         return None
-

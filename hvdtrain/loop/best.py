@@ -106,7 +106,7 @@ class BestTracker:
         run read it there), so all agree on the best so far and on whether patience ran out."""
         if self.metric is None:
             return
-        self.load_state_dict(self.scheme.broadcast_object(self.state_dict()))
+        self.load_state_dict(self.scheme.group.broadcast_object(self.state_dict()))
         self._check_patience(progress)
 
     def evaluated(self, test: tuple[float, dict[str, float | None]] | None,
@@ -122,7 +122,7 @@ class BestTracker:
             elif self._judge(value, progress.epoch):
                 self.checkpointer.save(progress, self.path)
         if self.patience:
-            self.load_state_dict(self.scheme.broadcast_object(self.state_dict()))
+            self.load_state_dict(self.scheme.group.broadcast_object(self.state_dict()))
             self._check_patience(progress)
 
     # --- arithmetic -----------------------------------------------------------------------------

@@ -6,7 +6,7 @@ A run folder's checkpoint is only ever replaced by the run that owns it: a fresh
 --run-dir that holds one unless it continues it (--resume, --auto-resume), --resume A --run-dir B
 refuses a B that holds another run's, and --resume FILE alone (which writes into FILE's folder)
 refuses a FILE that is not that folder's latest checkpoint, such as best.pt. Worker 0 decides and
-reads; the scheme tells the others (see UpdateScheme.main_decides), so a bad file stops every
+reads; the scheme tells the others (see scheme.group.main_decides), so a bad file stops every
 rank with the same message.
 """
 
@@ -103,7 +103,7 @@ class Checkpointer:
         return self.run_dir / checkpoint.CHECKPOINT_NAME
 
     def _is_main(self) -> bool:
-        return self.scheme.leads()
+        return self.scheme.group.leads()
 
     # --- the folder -----------------------------------------------------------------------------
     def claim(self) -> Path:
@@ -128,7 +128,7 @@ class Checkpointer:
             self.lock = lock
             return {"run_dir": str(folder)}
 
-        answer = self.scheme.main_decides(decide)
+        answer = self.scheme.group.main_decides(decide)
         if answer and "error" in answer:
             raise ConfigError(answer["error"])
         if answer:
@@ -199,7 +199,7 @@ class Checkpointer:
                                          state["global_step"], state["num_workers"]),
                     "finished": state.get("finished")}
 
-        answer = self.scheme.main_decides(read)
+        answer = self.scheme.group.main_decides(read)
         if "error" in answer:
             raise checkpoint.CheckpointError(answer["error"])
         progress = answer["progress"]

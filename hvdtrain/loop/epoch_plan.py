@@ -58,14 +58,14 @@ class EpochPlan:
 
     def ask_for_feed(self, scheme: UpdateScheme) -> None:
         """Where the data can be read in any order, the scheme may hand out the batches instead
-        (UpdateScheme.batch_feed). The scheme is also asked for each epoch's shares of the
-        global batch (UpdateScheme.batch_shares), which the source must be able to cut."""
+        (scheme.batches.batch_feed). The scheme is also asked for each epoch's shares of the
+        global batch (scheme.batches.batch_shares), which the source must be able to cut."""
         self.scheme = scheme
-        if scheme.batch_shares() is not None and not self.source.takes_shares:
+        if scheme.batches.batch_shares() is not None and not self.source.takes_shares:
             raise ConfigError(f"--balance: the training data ({self.source.describe()}) cannot "
                               "be cut into unequal shares of each global batch; drop --balance")
         if self.source.random_access:
-            self.use_feed(scheme.batch_feed(self.steps_per_epoch, self.run.epochs,
+            self.use_feed(scheme.batches.batch_feed(self.steps_per_epoch, self.run.epochs,
                                             self.source.lookahead))
 
     def batches(self, progress: Progress) -> Iterator[tuple[Any, Any]]:
@@ -75,7 +75,7 @@ class EpochPlan:
             return self.source.part_batches(self._pieces(self.feed, progress.epoch),
                                             self.feed.num_parts, self.run.batch_size,
                                             self.run.seed)
-        shares = self.scheme.batch_shares() if self.scheme is not None else None
+        shares = self.scheme.batches.batch_shares() if self.scheme is not None else None
         return self.source.train_batches(progress.epoch, self.worker, self.num_workers,
                                          self.run.batch_size, self.run.seed,
                                          first_step=progress.step, steps=self.steps_per_epoch,

@@ -43,23 +43,23 @@ class Evaluator(EvalCadence):
 
     def timed(self, clock: TrainingClock):
         """(test figures, wall seconds when evaluated, training seconds by then), on ``clock``.
-        Inside scheme.evaluating(), nobody trains off that clock: waiting for a straggler is
-        training time."""
-        with self.scheme.evaluating():
+        Inside scheme.group.evaluating(), nobody trains off that clock: waiting for a straggler
+        is training time."""
+        with self.scheme.group.evaluating():
             return clock.timed(self.evaluate)
 
     def evaluate(self) -> tuple[float, dict[str, float | None]] | None:
         """(test loss, each metric) over the whole test split, or None where nothing is scored."""
-        partition = self.scheme.eval_partition
+        partition = self.scheme.group.eval_partition
         if self.test is None or partition is None:
             return None
         part, parts = partition
-        replica = self.scheme.eval_replica()  # inside the trainer's scheme.evaluating()
+        replica = self.scheme.eval_replica()  # inside the trainer's scheme.group.evaluating()
         stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
         totals = EpochTotals(self.names)  # the training figures' sums, and their layout
         if stats is not None:
             totals.add(stats.loss_sum.item(), stats)
         values = totals.as_vector(seconds=0.0)
         if parts > 1:
-            values = self.scheme.sum_across_workers(values)
+            values = self.scheme.group.sum_across_workers(values)
         return means(values, self.names)

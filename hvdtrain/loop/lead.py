@@ -1,5 +1,5 @@
 """The lead's roles move when the lead is lost. The lead (worker 0) evaluates, writes the
-checkpoints and the log, and decides for the others (UpdateScheme.leads). Async training under
+checkpoints and the log, and decides for the others (scheme.group.leads). Async training under
 mpirun's recovery settings goes on without a lost worker (ps/membership.py); when the lost one
 is the lead, the survivors all pick the lowest live worker (ps/survivors.py), whose scheme
 calls take_lead, at a step or inside a wait for the others. Only local work happens here:

@@ -3,7 +3,7 @@ is told to stop), SIGUSR1 (Slurm's ``--signal`` warning) and SIGINT (Ctrl-C) end
 step boundary with a step checkpoint instead of losing up to an epoch.
 
 The handler only records the signal; the stopping component (stopping.py) asks the update scheme
-after every step whether any worker has one (UpdateScheme.agree_to_stop), so every rank stops
+after every step whether any worker has one (scheme.group.agree_to_stop), so every rank stops
 after the same step and rank 0 writes the checkpoint. The job then exits with EXIT_PREEMPTED,
 and ``--auto-resume`` continues from that step with the weights an uninterrupted run would have
 had.

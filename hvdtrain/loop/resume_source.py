@@ -1,7 +1,7 @@
 """Which checkpoint a run continues, if any: --resume, or the run folder's own under
 --auto-resume, and the refusals that keep a run folder's checkpoint from being replaced by
 another run (see checkpointer.py). Worker 0 decides; the scheme tells the others
-(UpdateScheme.main_decides), so a bad choice stops every rank with the same message."""
+(scheme.group.main_decides), so a bad choice stops every rank with the same message."""
 
 from __future__ import annotations
 
@@ -35,10 +35,10 @@ def resume_source(run: RunConfig, run_dir: Path, auto_resume: bool,
             f"overwrite it; continue that run with --resume {run.run_dir} (or "
             f"--auto-resume), or pass another --run-dir for a new run")}
 
-    decision = scheme.main_decides(decide)
+    decision = scheme.group.main_decides(decide)
     if decision and "error" in decision:
         raise checkpoint.CheckpointError(decision["error"])
-    if decision and scheme.leads():
+    if decision and scheme.group.leads():
         print(f"hvdtrain: continuing the checkpoint in {run.run_dir}", flush=True)
     return decision["resume"] if decision else None
 
@@ -65,7 +65,7 @@ def _check_resume_is_latest(run: RunConfig, run_dir: Path, scheme: UpdateScheme)
             f"from {source.name} in a new folder with --resume {run.resume} --run-dir "
             f"{branch}, or continue the run itself with --resume {run_dir}")}
 
-    decision = scheme.main_decides(decide)
+    decision = scheme.group.main_decides(decide)
     if decision:
         raise checkpoint.CheckpointError(decision["error"])
 
@@ -91,9 +91,9 @@ def _resume_into_other_folder(run: RunConfig, run_dir: Path, auto_resume: bool,
             f"--resume {run.run_dir}, add --auto-resume if it is this run requeued, or pass "
             "another --run-dir")}
 
-    decision = scheme.main_decides(decide)
+    decision = scheme.group.main_decides(decide)
     if "error" in decision:
         raise checkpoint.CheckpointError(decision["error"])
-    if "note" in decision and scheme.leads():
+    if "note" in decision and scheme.group.leads():
         print(decision["note"], flush=True)
     return decision["resume"]

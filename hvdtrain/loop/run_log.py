@@ -249,7 +249,7 @@ class RunLog:
         if self.log_steps:
             values = [loss * stats.count, stats.count]
             record = {"type": "step", "epoch": epoch + 1, "step": global_step, "lr": lr}
-            if self.scheme.steps_agree:
+            if self.scheme.group.steps_agree:
                 self._post(values, record)
             elif global_step > self._last_step_line:
                 # Async workers train unequal shares of a global step: worker 0's own figures,
@@ -271,7 +271,7 @@ class RunLog:
         record = {"type": "epoch", "epoch": epoch + 1, "step": global_step, "lr": lr,
                   "workers": workers, "seconds": seconds, "wall_seconds": wall_seconds,
                   "test": test, "extra": extra}
-        worker, num_workers = self.scheme.workers()
+        worker, num_workers = self.scheme.group.workers()
         self._post(self.totals.as_vector(seconds) + self.timer.vector(worker, num_workers),
                    {**record, "step_time_workers": num_workers})
         self.flush()
@@ -298,7 +298,7 @@ class RunLog:
                 **{f"test_{k}": v for k, v in metrics.items()}}
 
     def _post(self, values: list[float], record: dict[str, Any]) -> None:
-        self._pending.append((self.scheme.sum_later(values), record, self._posted))
+        self._pending.append((self.scheme.group.sum_later(values), record, self._posted))
         self._posted += 1
 
     def flush(self, wait: bool = False, below: int | None = None) -> None:
@@ -329,11 +329,11 @@ class RunLog:
         """After a stop: write the lines whose sums every worker posted. An async worker that
         stopped early never adds its share to the later lines of the others, so those step and
         epoch lines are left out rather than waited for (the workers agree how many sums all
-        of them posted, UpdateScheme.sums_posted_everywhere); the evaluations held behind
+        of them posted, scheme.group.sums_posted_everywhere); the evaluations held behind
         them, and those of the epoch lines left out, need no sums and are written as eval
         lines all the same (a run stopped at its target must keep the evaluation that
         reached it)."""
-        self.flush(wait=True, below=self.scheme.sums_posted_everywhere(self._posted))
+        self.flush(wait=True, below=self.scheme.group.sums_posted_everywhere(self._posted))
         left_out = [record for _, record, _ in self._pending if record["type"] != "eval"]
         for _, record, _ in self._pending:
             if record["type"] == "eval":

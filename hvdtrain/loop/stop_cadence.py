@@ -1,4 +1,4 @@
-"""How often the workers vote on stopping (UpdateScheme.agree_to_stop): about every VOTE_EVERY_S
+"""How often the workers vote on stopping (scheme.group.agree_to_stop): about every VOTE_EVERY_S
 seconds of training, at global steps every worker agrees on, instead of after every step.
 
 A sync vote is a small allreduce, started at one vote and read at the next. At a step of a

@@ -43,7 +43,7 @@ class Verdict:
     why: str | None = None  # SIGNAL, TARGET, EARLY_STOP, NON_FINITE_LOSS; None: no early stop
     detail: str = ""        # the signal's name, the target as reached, the early-stop reason...
     at_step: bool = False   # stop after this step (a step checkpoint), else after this epoch
-    # The workers agreed on it after a step (UpdateScheme.agree_to_stop): async workers may stop
+    # The workers agreed on it after a step (scheme.group.agree_to_stop): async workers may stop
     # at different steps, so the log writes only the lines every worker added its share to.
     agreed: bool = False
     clock: tuple[float, float] = (0.0, 0.0)  # (wall, training) seconds when a target stopped it
@@ -124,11 +124,11 @@ class Stopping(StepHook):
         reached = self.target.reached is not None
         if global_step is not None and not (reached or self.cadence.due(global_step)):
             return self.verdict
-        if self.scheme.agree_to_stop(self.signals.received is not None or reached):
+        if self.scheme.group.agree_to_stop(self.signals.received is not None or reached):
             self._agreed(at_step=True)
         if global_step is not None:
-            self.cadence.voted(global_step, self.scheme.vote_gap_s
-                               if self.scheme.steps_agree else 0.0)
+            self.cadence.voted(global_step, self.scheme.group.vote_gap_s
+                               if self.scheme.group.steps_agree else 0.0)
         return self.verdict
 
     def before_last_evaluation(self) -> None:
@@ -159,7 +159,7 @@ class Stopping(StepHook):
         anyway. A target wins over patience that ran out at the same evaluation."""
         if self.verdict.stop:
             return self.verdict
-        partition = self.scheme.eval_partition
+        partition = self.scheme.group.eval_partition
         if (self.target.reached is not None and progress.epoch < self.epochs
                 and partition is not None and partition[1] == num_workers):
             self.verdict = Verdict(TARGET, self.target.reached, clock=self.clock.now())

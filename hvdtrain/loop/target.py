@@ -4,7 +4,7 @@ time-to-accuracy benchmarks (MLPerf) measure a run.
 Who judges an evaluation: the processes that scored the test split (sync: every rank, which all
 received the same sums; async: worker 0 alone). This component only records ``reached``; the
 stopping component (stopping.py) stops the workers through the stop agreement that a signal uses
-(UpdateScheme.agree_to_stop), so the workers that never saw the evaluation stop too, at a step
+(scheme.group.agree_to_stop), so the workers that never saw the evaluation stop too, at a step
 they all agree on.
 """
 

@@ -63,13 +63,13 @@ class Trainer:
         self.checkpointer.components["log"] = self.log  # its epoch lines still pending
         self.progress = Progress(workers=self.num_workers)
         # Started by fit(); until then (a benchmark driving _train_epoch) its beats do nothing.
-        self.watchdog = StallWatchdog(scheme.stall_timeout_s, runtime.rank, runtime.size)
-        scheme.when_leading(partial(take_lead, self))  # async: the lead was lost (lead.py)
+        self.watchdog = StallWatchdog(scheme.group.stall_timeout_s, runtime.rank, runtime.size)
+        scheme.group.when_leading(partial(take_lead, self))  # async: the lead was lost (lead.py)
 
     def _bind_world(self) -> None:
         """What depends on this worker's rank and the number of workers; again after a reset."""
-        self.worker_rank, self.num_workers = self.scheme.workers()
-        self.is_main = self.scheme.leads()  # elastic: another process, after rank 0 died
+        self.worker_rank, self.num_workers = self.scheme.group.workers()
+        self.is_main = self.scheme.group.leads()  # elastic: another process, after rank 0 died
         self.plan.bind_world(self.worker_rank, self.num_workers)
         for hook in self.hooks:
             hook.bind_world(self.worker_rank, self.num_workers)
@@ -195,7 +195,7 @@ def build_log(run: RunConfig, scheme: UpdateScheme, names: list[str], is_main: b
     """The run log, and whom the trainer has it tell each epoch's step times of every worker
     once the epoch line's sum is in (in sync at the epoch's end, on every rank, before the
     next epoch's batches are planned): the slow-rank check, then the scheme, which re-plans
-    --balance's shares (UpdateScheme.step_times_measured). The log only writes lines."""
+    --balance's shares (scheme.batches.step_times_measured). The log only writes lines."""
     return RunLog(run.epochs, scheme, names, is_main, run.progress, run.log_steps,
-                  partial(build_sinks, run), timer, [slow_ranks, scheme.step_times_measured],
-                  clock)
+                  partial(build_sinks, run), timer,
+                  [slow_ranks, scheme.batches.step_times_measured], clock)

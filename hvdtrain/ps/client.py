@@ -6,7 +6,8 @@ layout and pushed shard by shard, chunk by chunk, with buffer-based (never pickl
 (server_link.py). A server on the same host reads that gradient buffer in place and the worker
 copies fresh parameters out of the server's shard, through an MPI shared-memory window
 (``shared_memory.py``). The workers' own collectives (sums, stop votes, the lead's broadcasts)
-are worker_group.py's; the job's batches, slot_feed.py's.
+are worker_group.py's, which the trainer reaches through async_group.py (the scheme's group);
+the job's batches, slot_feed.py's.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from ..config import Config
 from ..layout import Topology
 from ..replica import BatchStats, Replica
 from ..runtime import Runtime
-from ..scheme import BatchFeed, PendingSum, UpdateScheme
+from ..scheme import UpdateScheme
 from ..precision import PushGate
 from ..rules.backup import check_backup_workers
 from ..rules.clocks import IDLE_TO_EVERY_SERVER, IDLE_TO_LEADER
 from ..rules.registry import server_rules
+from .async_group import AsyncGroup, JobBatches
 from .device_copies import copies_for
-from .dispatch import SlotPlan, SlotQueue
 from .flat_parameters import FlatParameters
 from .protocol import Kind
 from .server_link import ServerLink
@@ -36,7 +37,7 @@ from .worker_pauses import WorkerPauses
 
 
 def _delegate(part: str, name: str) -> property:
-    """An attribute of the client that lives in one of its parts (``link``, ``group``)."""
+    """An attribute of the client that lives in one of its parts (``link``, ``peers``)."""
     return property(lambda self: getattr(getattr(self, part), name),
                     lambda self, value: setattr(getattr(self, part), name, value))
 
@@ -73,20 +74,21 @@ class ParameterServerClient(UpdateScheme):
         self._waited = 0.0  # seconds the last step's push waited (take_wait_seconds)
         self.backup_workers = cfg.ps.backup_workers
         check_backup_workers(self.backup_workers, topology.num_workers)  # as the servers do
-        self._started = False  # the servers have their INIT: other requests may follow
+        self.started = False  # the servers have their INIT: other requests may follow
         self.clock = 0
         self.replica: Replica | None = None
         self.feed: SlotFeed | None = None  # the job's batches, handed out by server 0
         # Lost workers (survivors.py): their collectives move to a communicator of the others.
         self.survivors = Survivors(MPI, comm, worker_comm, topology.server_ranks()[0])
-        self.group = WorkerGroup(MPI, worker_comm, self.survivors, worker_comm.Get_rank(),
+        self.peers = WorkerGroup(MPI, worker_comm, self.survivors, worker_comm.Get_rank(),
                                  cfg.ps.timeout_s)
+        self.group, self.batches = AsyncGroup(self), JobBatches(self)
         # While it waits for a server under recovery: a frozen worker, lost meanwhile, may wake
         # after the job ended, and leaves when told so rather than time out (survivors.py).
         check_ended = self.survivors.check_ended if self.survivors.recovery else None
         self.link = ServerLink(MPI, comm, topology, worker_comm.Get_rank(), cfg.ps,
                                self.survivors.recovery, check_ended)
-        self.stops = StopVotes(self.link, self._agree, self._going_idle, MPI.MAX)
+        self.stops = StopVotes(self.link, self.agree, self.going_idle, MPI.MAX)
         self.pauses = WorkerPauses(self.link, cfg.ps.eval_pauses_workers)
 
     # The names the trainer, the replacement (newcomer.py) and the benchmarks read and write.
@@ -96,52 +98,14 @@ class ParameterServerClient(UpdateScheme):
     grads_flat = _delegate("link", "grads_flat")
     host = _delegate("link", "host")  # a replacement opens no window
     worker_rank = _delegate("link", "worker")  # a replacement takes a lost worker's number
-    worker_comm = _delegate("group", "comm")
-    is_main = _delegate("group", "is_main")  # the lead: after its loss, the lowest live worker
+    worker_comm = _delegate("peers", "comm")
+    is_main = _delegate("peers", "is_main")  # the lead: after its loss, the lowest live worker
 
     @property
     def lr_scale(self) -> float:
         # The server's round policy says (rules/bsp.py, rules/ssp.py).
         num_workers = self.topology.num_workers
         return server_rules(self.cfg.ps, num_workers).policy.lr_scale(num_workers)
-
-    def workers(self) -> tuple[int, int]:
-        return self.worker_rank, self.topology.num_workers
-
-    def leads(self) -> bool:
-        return self.is_main
-
-    def when_leading(self, take_lead) -> None:
-        self.group.take_lead = take_lead
-
-    def batch_feed(self, steps_per_epoch: int, epochs: int, lookahead: int) -> BatchFeed | None:
-        """Progress is the job's (ps/dispatch.py): server 0 hands out the epochs' batches as
-        the workers ask, so a fast worker takes more of them and an epoch ends when its
-        batches are used up. The round policy says where that holds (its ``fixed_shares``):
-        plain --bsp keeps a fixed share per worker, as every round takes one batch of each;
-        backup workers take the job's batches, or a straggler whose gradients are dropped
-        would train most of its share alone at the end (issue 25)."""
-        num_workers = self.topology.num_workers
-        if server_rules(self.cfg.ps, num_workers).policy.fixed_shares:
-            return None
-        plan = SlotPlan(steps_per_epoch, num_workers, epochs)
-        # One slot ahead of what the source reads ahead: the next one arrives with each push's
-        # reply, so the worker never waits for the hand-out.
-        # Ask server 0 for more (at the start, and whenever the source reads further ahead
-        # than the replies have brought).
-        self.feed = SlotFeed(SlotQueue(plan), depth=1 + lookahead, fetch=lambda count, epoch:
-                             self.link.request_slots(count, epoch, self.clock))
-        return self.feed
-
-    @property
-    def steps_agree(self) -> bool:
-        return self.feed is None
-
-    @property
-    def eval_partition(self) -> tuple[int, int] | None:
-        # Worker 0 scores the whole test split with the servers' current parameters; the other
-        # workers keep training instead of waiting for it.
-        return (0, 1) if self.is_main else None
 
     # --- set-up --------------------------------------------------------------------------------
     def attach(self, replica: Replica) -> None:
@@ -185,7 +149,7 @@ class ParameterServerClient(UpdateScheme):
             if self.feed is not None:
                 self.link.send_plan(plan_message(self.feed.queue.plan, state))
         self.pull()
-        self._started = True
+        self.started = True
 
     # --- the hot path --------------------------------------------------------------------------
     def step(self, x: Any, y: Any, lr: float) -> BatchStats:
@@ -211,14 +175,11 @@ class ParameterServerClient(UpdateScheme):
         return stats
 
     def _regroup(self) -> bool:
-        return self.group.regroup()
+        return self.peers.regroup()
 
     def take_wait_seconds(self) -> float:
         waited, self._waited = self._waited, 0.0
         return waited
-
-    def agree_to_stop(self, wants: bool) -> bool:
-        return self.stops.agree_to_stop(wants)  # stop_votes.py
 
     def push(self, lr: float, samples: int = 0, want_params: bool = True,
              gradient: bool = True) -> None:
@@ -244,11 +205,11 @@ class ParameterServerClient(UpdateScheme):
             self.flat.copy_out()
 
     # --- what the trainer needs besides steps ----------------------------------------------------
-    def _going_idle(self) -> None:
+    def going_idle(self) -> None:
         """Before this worker waits for the others (a blocking collective of workers): tell the
         servers that its round policy says (idle_reports, rules/ssp.py and rules/bsp.py) not to
         count on it until its next push."""
-        if not self._started:
+        if not self.started:
             return
         policy = server_rules(self.cfg.ps, self.topology.num_workers).policy
         tell = policy.idle_reports(self.cfg.ps.eval_pauses_workers, self.survivors.recovery)
@@ -257,35 +218,14 @@ class ParameterServerClient(UpdateScheme):
         elif tell == IDLE_TO_LEADER:
             self.link.tell(Kind.IDLE, self.clock, leader_only=True)
 
-
-    def sum_across_workers(self, values: list[float]) -> list[float]:
-        self._going_idle()
-        return self.sum_later(values).wait()
-
-    def sum_later(self, values: list[float]) -> PendingSum:
-        """A non-blocking sum over the workers (worker_group.py)."""
-        return self.group.sum_later(values)
-
-    def _agree(self, value: int, op, what: str) -> int:
-        return self.group.agree(value, op, what)
-
-    def sums_posted_everywhere(self, posted: int) -> int:
-        # On stop_comm, after end_of_training: every stopped worker gets here once, whichever
-        # step it stopped at, while worker_comm may still hold the sums the others never join.
-        return self._agree(posted, self.MPI.MIN, "the end of its log")
-
-    def broadcast_object(self, obj: Any) -> Any:
-        self._going_idle()
-        return self.group.broadcast(obj)
+    def agree(self, value: int, op, what: str) -> int:
+        """One word agreed by every worker (worker_group.py), for the stop votes and the log's
+        end (async_group.py)."""
+        return self.peers.agree(value, op, what)
 
     def eval_replica(self) -> Replica:
         self.pull()  # score the servers' current parameters
         return self.replica
-
-    def evaluating(self):
-        # worker_pauses.py: as if the job froze while worker 0 evaluates (--eval-pauses-workers)
-        evaluates = self._started and self.eval_partition is not None
-        return self.pauses.evaluating(self.clock, evaluates)
 
     def step_done(self, progress) -> None:
         self.pauses.step_done()

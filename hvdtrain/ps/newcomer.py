@@ -23,6 +23,7 @@ from typing import Any
 
 from ..faults.schedule import parse_faults
 from ..scheme import PendingSum
+from .async_group import AsyncGroup
 from .client import ParameterServerClient
 from .protocol import Tag
 from .routes import Routes
@@ -72,24 +73,29 @@ class NewcomerClient(ParameterServerClient):
         self.worker_rank = int(welcome["worker"])
         self.is_main = False
         self.clock = int(welcome["clock"])  # where server 0 put it (replacement.start_clock)
+        self.group = NewcomerGroup(self)
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         self.host = HostWindow(self.comm, 0, enabled=False)  # no window: messages only
         self.pull()  # the servers' current parameters
-        self._started = True
+        self.started = True
 
     def _regroup(self) -> bool:
         self.survivors.poll()  # none is sent to it; nothing to regroup with
         return False
+
+    def agree(self, value: int, op, what: str) -> int:
+        return value
+
+
+class NewcomerGroup(AsyncGroup):
+    """A replacement's group: it joins none of the workers' collectives, so each is its own."""
 
     def sum_later(self, values: list[float]) -> PendingSum:
         return PendingSum(list(values))
 
     def sum_across_workers(self, values: list[float]) -> list[float]:
         return list(values)
-
-    def _agree(self, value: int, op, what: str) -> int:
-        return value
 
     def broadcast_object(self, obj: Any) -> Any:
         return obj

@@ -1,7 +1,8 @@
 """Sync's update scheme over any collective port (engines/ports.py): the sync engine
 (engines/sync_step.py) steps, and everything the trainer asks of the other workers (sums,
-broadcasts, the stop vote, barriers) goes through the same port. horovod.py adds Horovod's own
-optimizer wrapper on top; ``--collective torch`` runs this class over sync/torch_collective.py.
+broadcasts, the stop vote, barriers: the scheme's group, collective_group.py) goes through the
+same port. horovod.py adds Horovod's own optimizer wrapper on top; ``--collective torch``
+runs this class over sync/torch_collective.py.
 
 ``--local-steps H`` (H > 1), local SGD and DiLoCo, is its own scheme built on this one
 (local_rounds_scheme.py).
@@ -9,7 +10,6 @@ optimizer wrapper on top; ``--collective torch`` runs this class over sync/torch
 
 from __future__ import annotations
 
-import contextlib
 import time
 from typing import Any
 
@@ -22,6 +22,7 @@ from ..optim import build_optimizer, set_learning_rate
 from ..replica import BatchStats, Replica
 from ..runtime import Runtime
 from ..scheme import UpdateScheme
+from .collective_group import CollectiveGroup
 
 
 def to_cpu(obj: Any) -> Any:
@@ -51,13 +52,8 @@ class CollectiveSync(UpdateScheme):
         self.replica: Replica | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.engine: SyncStep | None = None  # built with the replica in attach()
-        self._stop_vote = None  # the pending sum of the stop vote started at the previous vote
-        self._voted_at: float | None = None  # when this rank started it (time.perf_counter)
+        self.group = CollectiveGroup(port, cfg.sync.stall_timeout_s)
         self._waited = 0.0  # seconds the last step waited for the average (take_wait_seconds)
-
-    @property
-    def stall_timeout_s(self) -> float:
-        return self.cfg.sync.stall_timeout_s
 
     @property
     def lr_scale(self) -> float:
@@ -106,50 +102,9 @@ class CollectiveSync(UpdateScheme):
         state; only the BatchNorm statistics differ."""
         self._share_model()
 
-    def agree_to_stop(self, wants: bool) -> bool:
-        """Every rank's stop flag is summed in the background, started at one vote and read at
-        the next, when it has long arrived; so the ranks agree on the same step without a
-        blocking collective. A signal therefore stops the job one vote later. The vote also sums
-        each rank's microseconds since its previous vote (integers: the sum is exact, so
-        vote_gap_s is the same on every rank), which spaces the votes (loop/stop_cadence.py)."""
-        port = self.port
-        agreed, self.vote_gap_s = False, 0.0
-        if port.size == 1:
-            # Alone there is no one to agree with: a vote would still pass a tensor through
-            # Horovod's background thread, which DDP's np=1 loop does not pay. It stops at once.
-            return wants
-        now = time.perf_counter()
-        if self._stop_vote is not None:
-            votes = self._stop_vote.wait()
-            agreed = votes[0] > 0
-            self.vote_gap_s = votes[1] / 1e6 / port.size
-            self._stop_vote = None
-        if not agreed:
-            gap_us = int((now - self._voted_at) * 1e6) if self._voted_at is not None else 0
-            self._stop_vote = port.start_sum([int(wants), gap_us], name="stop")
-            self._voted_at = now
-        return agreed
-
     def end_of_training(self) -> bool:
-        if self._stop_vote is not None:  # the last step's vote: no rank reads it any more
-            self._stop_vote.wait()
-            self._stop_vote = None
+        self.group.finish_vote()  # the last step's vote: no rank reads it any more
         return False  # every rank trained every step: a late signal has nothing left to stop
-
-    # --- collectives the trainer needs, without knowing the backend ------------------------
-    def sum_across_workers(self, values: list[float]) -> list[float]:
-        return self.port.sum(values, name="metrics")
-
-    def broadcast_object(self, obj: Any) -> Any:
-        return self.port.broadcast_object(obj)
-
-    def workers(self) -> tuple[int, int]:
-        return self.port.rank, self.port.size  # every rank also scores a share of the test split
-
-    @contextlib.contextmanager
-    def evaluating(self):
-        self.port.barrier()  # every rank evaluates a share: see UpdateScheme.evaluating
-        yield
 
     def eval_replica(self) -> Replica:
         self._share_model()
@@ -182,7 +137,7 @@ class CollectiveSync(UpdateScheme):
             self._share_optimizer_state()
             if self.replica.precision.scaler is not None:
                 # fp16: every rank must unscale by the same factor, or their updates differ.
-                self.replica.precision.load_state_dict(self.broadcast_object(
+                self.replica.precision.load_state_dict(self.port.broadcast_object(
                     state.get("grad_scaler") if state is not None else None))
         # Parameters go last: a backend's optimizer-state broadcast may step the optimizer
         # (Horovod's initialises empty state with a zero-gradient step, which weight decay

@@ -10,6 +10,7 @@ from ..config import Config
 from ..requeue import rank_started
 from ..runtime import Runtime
 from ..scheme import Progress
+from .collective_group import CollectiveGroup
 from .horovod import HorovodSync
 
 T = TypeVar("T")
@@ -28,12 +29,7 @@ class ElasticHorovodSync(HorovodSync):
         self.commit_every = cfg.sync.elastic_commit_steps
         self.state = None
         self.resets = 0
-
-    def main_decides(self, decide: Callable[[], T]) -> T:
-        # Workers that join later run the start-up code too, while the others are mid-training,
-        # so nothing before hvd.elastic.run may be collective: each process decides (and reads
-        # --resume) itself, from the shared run folder, and state.sync() broadcasts rank 0's state.
-        return decide()
+        self.group = ElasticGroup(self.port, cfg.sync.stall_timeout_s)
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         if state is not None:  # every process holds the checkpoint; no broadcast here
@@ -61,13 +57,9 @@ class ElasticHorovodSync(HorovodSync):
 
         elastic_loop(self.state)
 
-    @property
-    def stall_timeout_s(self) -> float:
-        return 0.0  # a stuck peer is elastic training's to handle: the survivors go on
-
     def _on_reset(self) -> None:
         self.resets += 1
-        self._stop_vote = None  # a vote started before the reset died with the old ring
+        self.group.forget_vote()
         hvd = self.hvd
         self.runtime = dataclasses.replace(self.runtime, rank=hvd.rank(), size=hvd.size(),
                                            local_rank=hvd.local_rank(),
@@ -91,3 +83,17 @@ class ElasticHorovodSync(HorovodSync):
 
     def epoch_done(self, progress: Progress) -> None:
         self._commit(progress)
+
+
+class ElasticGroup(CollectiveGroup):
+    """Sync's group, for processes that may join mid-training."""
+
+    def main_decides(self, decide: Callable[[], T]) -> T:
+        # Workers that join later run the start-up code too, while the others are mid-training,
+        # so nothing before hvd.elastic.run may be collective: each process decides (and reads
+        # --resume) itself, from the shared run folder, and state.sync() broadcasts rank 0's state.
+        return decide()
+
+    @property
+    def stall_timeout_s(self) -> float:
+        return 0.0  # a stuck peer is elastic training's to handle: the survivors go on

@@ -23,6 +23,7 @@ from ..replica import batch_length
 from ..rules.balance import (FixedCost, balance_settings, equal_shares, gradient_weight,
                              plan_shares)
 from ..runtime import Runtime
+from ..scheme import Batches
 from .horovod import HorovodSync
 
 if TYPE_CHECKING:
@@ -50,9 +51,7 @@ class BalancedSync(HorovodSync):
         self.shares = equal_shares(self.global_batch, self.num_workers)
         # a share move smaller than an eighth of --batch-size measures noise more than a slope
         self.fixed_cost = FixedCost(min_move=max(self.granularity, -(-cfg.run.batch_size // 8)))
-
-    def batch_shares(self) -> list[int]:
-        return list(self.shares)
+        self.batches = SharedBatches(self)
 
     def gradient_scale(self, y: Any) -> float:
         """This rank's share of the global batch, as a weight: the k backward passes over equal
@@ -94,7 +93,8 @@ class BalancedSync(HorovodSync):
         super().start(state, resuming)
         if not resuming:
             return
-        saved = self.broadcast_object(state.get("batch_shares") if state is not None else None)
+        saved = self.group.broadcast_object(state.get("batch_shares") if state is not None
+                                            else None)
         if saved is not None and self._fits(saved):
             self.shares = [int(s) for s in saved]
         elif self.port.rank == 0:
@@ -107,3 +107,17 @@ class BalancedSync(HorovodSync):
     def _fits(self, shares: list[int]) -> bool:
         return (len(shares) == self.num_workers and sum(shares) == self.global_batch
                 and all(s >= self.granularity and s % self.granularity == 0 for s in shares))
+
+
+class SharedBatches(Batches):
+    """The epoch plan's view of --balance: each epoch cut by the scheme's current shares, which
+    each epoch's step times re-plan (BalancedSync.step_times_measured)."""
+
+    def __init__(self, scheme: BalancedSync):
+        self.scheme = scheme
+
+    def batch_shares(self) -> list[int]:
+        return list(self.scheme.shares)
+
+    def step_times_measured(self, times: RankStepTimes, epoch: int) -> dict | None:
+        return self.scheme.step_times_measured(times, epoch)

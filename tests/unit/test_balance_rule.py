@@ -12,7 +12,7 @@ from hvdtrain.data.loader import LoaderBatches
 from hvdtrain.loop.epoch_plan import EpochPlan
 from hvdtrain.rules.balance import (FixedCost, apportion, equal_shares, gradient_weight,
                                    plan_shares)
-from hvdtrain.scheme import Progress, UpdateScheme
+from hvdtrain.scheme import Batches, Progress, UpdateScheme
 
 
 # --- the rule ----------------------------------------------------------------------------------
@@ -165,13 +165,15 @@ def test_shares_that_do_not_add_up_are_refused():
 
 class Shares(UpdateScheme):
     def __init__(self, shares):
+        self.batches = FixedShares(shares)
+
+
+class FixedShares(Batches):
+    def __init__(self, shares):
         self.shares = shares
 
     def batch_shares(self):
         return self.shares
-
-    def workers(self):
-        return 0, 1
 
 
 def plan_for(source, worker, shares, batch=8):
@@ -328,27 +330,28 @@ def times(samples, compute, steps=(22, 22)):
 
 def test_the_scheme_replans_at_epoch_ends_and_logs_both_shares(monkeypatch):
     scheme = balanced_scheme(monkeypatch, balance_damping=1.0)
-    assert scheme.batch_shares() == [32, 32]
-    noted = scheme.step_times_measured(times([32, 32], (0.001, 0.003)), epoch=1)
+    assert scheme.batches.batch_shares() == [32, 32]
+    noted = scheme.batches.step_times_measured(times([32, 32], (0.001, 0.003)), epoch=1)
     assert noted == {"batch_shares": [32, 32], "next_batch_shares": [48, 16]}
-    assert scheme.batch_shares() == [48, 16]
+    assert scheme.batches.batch_shares() == [48, 16]
     # A very slow worker stops at the floor, a quarter of the equal share.
-    scheme.step_times_measured(times([48, 16], (0.001, 0.1)), epoch=2)
-    assert scheme.batch_shares() == [56, 8]
+    scheme.batches.step_times_measured(times([48, 16], (0.001, 0.1)), epoch=2)
+    assert scheme.batches.batch_shares() == [56, 8]
 
 
 def test_the_scheme_keeps_its_shares_without_figures(monkeypatch):
     scheme = balanced_scheme(monkeypatch)
     scheme.shares = [40, 24]
-    scheme.step_times_measured(times([40, 24], (0.001, 0.003), steps=(0, 0)), epoch=3)
-    assert scheme.batch_shares() == [40, 24]
+    scheme.batches.step_times_measured(times([40, 24], (0.001, 0.003), steps=(0, 0)), epoch=3)
+    assert scheme.batches.batch_shares() == [40, 24]
 
 
 def test_shares_are_multiples_of_the_backward_passes(monkeypatch):
     scheme = balanced_scheme(monkeypatch, backward_passes_per_step=4, balance_floor=0.1,
                              balance_damping=1.0)
-    scheme.step_times_measured(times([32, 32], (0.001, 0.05)), epoch=1)
-    assert all(s % 4 == 0 for s in scheme.batch_shares()) and min(scheme.batch_shares()) == 4
+    scheme.batches.step_times_measured(times([32, 32], (0.001, 0.05)), epoch=1)
+    shares = scheme.batches.batch_shares()
+    assert all(s % 4 == 0 for s in shares) and min(shares) == 4
     assert scheme._fits([56, 8]) and not scheme._fits([58, 6]) and not scheme._fits([32, 32, 0])
 
 

@@ -103,9 +103,6 @@ def test_no_module_is_over_500_lines():
                       + "\n  ".join(long))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 42: UpdateScheme (hvdtrain/scheme.py) has 31 "
-                   "members; its collectives are to move to an object of their own. Remove this "
-                   "marker once it has at most 15")
 def test_the_update_scheme_has_at_most_15_members():
     members = class_members(*SCHEME)
     assert len(members) <= MAX_SCHEME_MEMBERS, (

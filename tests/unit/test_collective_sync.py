@@ -51,9 +51,9 @@ def test_collective_sync_starts_from_rank_0_and_steps_alike():
         for step in range(3):
             scheme.step(*batch(port.rank, step), lr=0.1)
         scheme.eval_replica()  # averages the BatchNorm statistics
-        votes = [scheme.agree_to_stop(port.rank == 2) for _ in range(2)]
+        votes = [scheme.group.agree_to_stop(port.rank == 2) for _ in range(2)]
         assert scheme.end_of_training() is False
-        return started, flat(scheme), votes, scheme.workers(), scheme.lr_scale
+        return started, flat(scheme), votes, scheme.group.workers(), scheme.lr_scale
 
     results = run_workers(3, work)
     for rank, (started, weights, votes, workers, scale) in enumerate(results):

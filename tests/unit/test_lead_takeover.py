@@ -14,10 +14,12 @@ from hvdtrain.loop.best import BestTracker
 from hvdtrain.loop.checkpointer import Checkpointer
 from hvdtrain.loop.run_log import RunLog, last_logged_epoch
 from hvdtrain.run_lock import LOCK_NAME, FolderLock
-from hvdtrain.scheme import UpdateScheme
+from hvdtrain.scheme import Group, UpdateScheme
+
+from fake_group import OwnGroup
 
 
-class OneWorker(UpdateScheme):
+class OneWorker(OwnGroup, Group, UpdateScheme):
     def __init__(self, lead=False):
         self.lead = lead
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 
 from hvdtrain.loop.run_log import RunLog
-from hvdtrain.scheme import PendingSum, UpdateScheme
+from hvdtrain.scheme import Group, PendingSum
+
+from fake_group import OwnGroup
 
 
-class NeverSummed(UpdateScheme):
+class NeverSummed(OwnGroup, Group):
     """A scheme whose sums across workers never arrive, as after another worker stopped."""
 
     def sum_later(self, values):
@@ -24,7 +26,7 @@ class NeverSummed(UpdateScheme):
         return 0  # the other worker stopped before its first epoch's sums
 
 
-class SlowSums(UpdateScheme):
+class SlowSums(OwnGroup, Group):
     """Sums that complete only when waited for; the other worker posted only the first."""
 
     def __init__(self):
@@ -85,7 +87,7 @@ def test_drain_waits_for_the_sums_every_worker_posted_and_no_others(tmp_path, ca
     assert "1 step or epoch line(s) left out of the log" in capsys.readouterr().out
 
 
-class OneWorker(UpdateScheme):
+class OneWorker(OwnGroup, Group):
     def workers(self):
         return 0, 1
 

@@ -15,9 +15,11 @@ from hvdtrain.loop.run_log import RunLog
 from hvdtrain.loop.slow_ranks import SlowRankCheck, persisting, slow_workers
 from hvdtrain.loop.hooks import StepTimer
 from hvdtrain.loop.step_times import FIELDS, RankStepTimes, table
-from hvdtrain.scheme import PendingSum, Progress, UpdateScheme
+from hvdtrain.scheme import Group, PendingSum, Progress
 from hvdtrain.stragglers import parse_straggler
 from hvdtrain.train_flags import config_from_args
+
+from fake_group import OwnGroup
 
 
 def _timer(compute, wait, samples=32):
@@ -150,7 +152,7 @@ def test_the_straggler_hook_gives_the_model_its_share_of_the_batch(monkeypatch):
     assert slept == [pytest.approx(0.005), pytest.approx(0.024), pytest.approx(0.006)]
 
 
-class _Summed(UpdateScheme):
+class _Summed(OwnGroup, Group):
     """Two workers' epoch sums: this worker's vector plus the other's, at once."""
 
     def __init__(self, other):

@@ -12,6 +12,7 @@ from hvdtrain.loop.stopping import SIGNAL, TARGET, Stopping
 from hvdtrain.loop.target import TargetStop
 from hvdtrain.scheme import Progress
 
+from fake_group import OwnGroup
 from test_stopping import REACHED, Best, Checkpointer
 
 
@@ -48,7 +49,7 @@ def test_reset_votes_at_the_next_step_again():
     assert cadence.due(0) and cadence.every == 1
 
 
-class Scheme:
+class Scheme(OwnGroup):
     """Two sync workers whose vote says stop once any worker wants it (read at the next vote,
     as Horovod's is); each vote carries 1 ms a step since the vote before."""
 

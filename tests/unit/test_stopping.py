@@ -17,11 +17,13 @@ from hvdtrain.loop.stopping import (EARLY_STOP, NON_FINITE_LOSS, SIGNAL, TARGET,
 from hvdtrain.loop.target import TargetStop
 from hvdtrain.scheme import Progress
 
+from fake_group import OwnGroup
+
 REACHED = (0.1, {"acc": 0.95})  # an evaluation that reaches test_acc>=0.9
 SHORT = (0.1, {"acc": 0.5})
 
 
-class Scheme:
+class Scheme(OwnGroup):
     """Two workers. others_stop: another worker has a stop signal (the agreement says stop, and
     at the end of training another worker was stopped); partition: who scored the evaluation."""
 
@@ -226,6 +228,7 @@ def test_each_verdict_writes_its_stop_line(capsys):
 
 
 def test_sync_stop_vote_at_np1_is_the_ranks_own_flag_without_a_collective():
+    from hvdtrain.sync.collective_group import CollectiveGroup
     from hvdtrain.sync.horovod import HorovodSync
     from hvdtrain.sync.horovod_port import HorovodPort
 
@@ -237,6 +240,6 @@ def test_sync_stop_vote_at_np1_is_the_ranks_own_flag_without_a_collective():
             raise AssertionError("a collective at np=1")
 
     scheme = HorovodSync.__new__(HorovodSync)
-    scheme.port, scheme._stop_vote = HorovodPort(Alone()), None
-    assert scheme.agree_to_stop(True) is True
-    assert scheme.agree_to_stop(False) is False
+    scheme.group = CollectiveGroup(HorovodPort(Alone()), stall_timeout_s=0.0)
+    assert scheme.group.agree_to_stop(True) is True
+    assert scheme.group.agree_to_stop(False) is False

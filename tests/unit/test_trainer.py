@@ -13,9 +13,10 @@ from hvdtrain.loop.epoch_plan import EpochPlan
 from hvdtrain.run_output import read_jsonl
 from hvdtrain.replica import Replica
 from hvdtrain.runtime import Runtime
-from hvdtrain.scheme import Progress, UpdateScheme
+from hvdtrain.scheme import Batches, Progress, UpdateScheme
 from hvdtrain.data.in_memory import InMemoryBatches
 from hvdtrain.workload import workload_from_objects
+from fake_group import OneProcess
 
 CPU = torch.device("cpu")
 
@@ -27,6 +28,7 @@ class LocalScheme(UpdateScheme):
 
     def __init__(self):
         self.started_with: tuple[dict | None, bool] | None = None
+        self.group = OneProcess()
 
     def attach(self, replica):
         self.replica = replica
@@ -45,15 +47,6 @@ class LocalScheme(UpdateScheme):
         stats = self.replica.forward_backward(x, y, 1.0)
         self.optimizer.step()
         return stats
-
-    def workers(self):
-        return 0, 1
-
-    def sum_across_workers(self, values):
-        return list(values)
-
-    def broadcast_object(self, obj):
-        return obj
 
     def state_dict(self):
         return {"model": self.replica.model.state_dict(),
@@ -202,6 +195,12 @@ class LaggingSums(LocalScheme):
     def __init__(self):
         super().__init__()
         self.posted: list[list] = []
+        self.group = LaggingGroup(self.posted)
+
+
+class LaggingGroup(OneProcess):
+    def __init__(self, posted):
+        self.posted = posted
 
     def sum_later(self, values):
         from hvdtrain.scheme import PendingSum
@@ -264,6 +263,7 @@ class MeasuringScheme(LocalScheme):
         super().__init__()
         self.events: list[tuple[str, int]] = []
         self.asked = 0
+        self.batches = AskTheScheme(self)
 
     def batch_shares(self):
         self.events.append(("asked", self.asked))
@@ -275,8 +275,21 @@ class MeasuringScheme(LocalScheme):
         return {"noted_epoch": epoch}
 
 
+class AskTheScheme(Batches):
+    """The epoch plan's questions, passed on to the scheme that notes them."""
+
+    def __init__(self, scheme):
+        self.scheme = scheme
+
+    def batch_shares(self):
+        return self.scheme.batch_shares()
+
+    def step_times_measured(self, times, epoch):
+        return self.scheme.step_times_measured(times, epoch)
+
+
 def test_the_trainer_asks_the_scheme_for_the_re_plan_before_the_next_epoch_is_planned(tmp_path):
-    """The --balance re-plan's order (UpdateScheme.step_times_measured): the trainer has each
+    """The --balance re-plan's order (scheme.batches.step_times_measured): the trainer has each
     epoch's step times reach the scheme once the epoch line's sum is in, before the next
     epoch's batches are planned, and what the scheme returns goes into that epoch line."""
     scheme = MeasuringScheme()
