@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from hvdtrain.config import Config
-from hvdtrain.engines.server import ServerEngine
+from hvdtrain.engines.server_engine import ServerEngine
 from hvdtrain.ps import server as server_module
 from hvdtrain.ps import shard as shard_module
 from hvdtrain.layout import Topology

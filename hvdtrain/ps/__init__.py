@@ -2,7 +2,7 @@
 
 protocol.py  tags, header layout, shard/chunk arithmetic (no MPI calls)
 server.py    ParameterServer: the message loop; what a push does is the server engine's
-             (engines/server.py, by the rules of hvdtrain/rules/), which answers through
+             (engines/server_engine.py, by the rules of hvdtrain/rules/), which answers through
              pushes.py's ShardPort; shard.py, pauses.py, verdicts.py, silence.py and
              server_stats.py are its MPI-bound pieces
 client.py    ParameterServerClient: the worker-side update scheme behind the trainer; its parts

@@ -1,4 +1,4 @@
-"""The real server's side of a push's messages: the ServerPort (engines/server.py) through which
+"""The real server's side of a push's messages: the ServerPort (engines/server_engine.py) through which
 the server engine reads a worker's gradient out of its shard and answers it over MPI. What a push
 does is the engine's; this class moves the chunks and the replies."""
 

@@ -3,7 +3,7 @@ applies each pushed gradient as it arrives, with a server-side torch optimizer w
 here.
 
 The server is a message loop: it receives a request, routes it, and replies. What a push does is
-the server engine's (engines/server.py, the rules of hvdtrain/rules/ and the state they read),
+the server engine's (engines/server_engine.py, the rules of hvdtrain/rules/ and the state they read),
 which answers through the ShardPort (pushes.py). The MPI-bound pieces each have a file:
 evaluation pauses (pauses.py), server 0's round verdicts for the other shards (verdicts.py), the
 silence check (silence.py) and the figures (server_stats.py).
@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import Config
 from ..layout import Topology
-from ..engines.server import ServerEngine
+from ..engines.server_engine import ServerEngine
 from ..rules.registry import server_rules
 from .dispatch import BatchDispatcher, SlotPlan
 from .ledger import PushLedger, answer_refused

@@ -1,7 +1,7 @@
 """--backup-workers with several servers: server 0 (the leader) decides for every shard. It sends
 the others each round's members, in the order they joined, and each dropped push, and they carry
 these verdicts out in order, each once the pushes it names have arrived (the server engine's
-follower side, engines/server.py). So every shard applies the same rounds with the same workers'
+follower side, engines/server_engine.py). So every shard applies the same rounds with the same workers'
 gradients and learning rate. Shards that decided on their own (as TensorFlow's
 SyncReplicasOptimizer does per variable) could hang: a worker late at one shard and on time at
 another waits there for a round that the workers it waits for cannot join."""

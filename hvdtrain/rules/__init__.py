@@ -6,5 +6,5 @@ makes of the workers' parameters (local_sgd.py), and the names of the comparison
 (registry.py).
 
 The parameter server (ps/server.py) and the simulator (compare/sim/) both build these
-objects with registry.server_rules and hand them to the same server engine (engines/server.py),
+objects with registry.server_rules and hand them to the same server engine (engines/server_engine.py),
 so the two cannot disagree on what a rule does."""

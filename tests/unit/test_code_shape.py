@@ -141,3 +141,28 @@ def test_the_member_count_sees_methods_properties_and_class_attributes(tmp_path)
         "        pass\n")
     members = class_members(*SCHEME, root=tmp_path)
     assert members == ["lr_scale", "num_parts", "step", "steps_agree"]
+
+
+def same_named_modules(root: Path = PACKAGE) -> list[str]:
+    """Module names (package __init__ aside) that two files under ``root`` share: a reader who
+    meets ``collective.py`` in a traceback or a docstring must know which one it is."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(path.relative_to(root).as_posix())
+    return [" and ".join(paths) for paths in seen.values() if len(paths) > 1]
+
+
+def test_no_two_modules_share_a_name():
+    shared = same_named_modules()
+    assert not shared, ("modules with the same name; rename one so that the name says which:\n  "
+                        + "\n  ".join(shared))
+
+
+def test_the_checker_finds_two_modules_of_one_name(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+        (tmp_path / folder / "server.py").write_text("")
+    (tmp_path / "a" / "client.py").write_text("")
+    assert same_named_modules(tmp_path) == ["a/server.py and b/server.py"]

@@ -1,4 +1,4 @@
-"""engines/server.py ServerEngine in-process, on a recording port and a plain SGD shard: what a
+"""engines/server_engine.py ServerEngine in-process, on a recording port and a plain SGD shard: what a
 push, an idle worker, a finished one and a stop do under each round policy. The real server
 (ps/server.py) and the simulator (compare/sim/server_run.py) both run this very class, so these
 tests stand for both (they replace the parity tests that kept two copies of it in step)."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from hvdtrain.engines.server import ServerEngine
+from hvdtrain.engines.server_engine import ServerEngine
 from hvdtrain.rules.clocks import IDLE_TO_EVERY_SERVER, IDLE_TO_LEADER
 from hvdtrain.rules.registry import Mode, server_rules
 

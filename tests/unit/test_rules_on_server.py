@@ -1,7 +1,7 @@
 """Each async-side rule on a real ParameterServer on a fake communicator (tests/fake_ps.py), fed
 push headers in a chosen arrival order: it holds, drops and applies stale gradients as the rule
 says. The rules come from the mode's Config options (rules/registry.py), as in a real run. (The
-simulator runs the same server engine, engines/server.py: tests/unit/test_engine_server.py.)"""
+simulator runs the same server engine, engines/server_engine.py: tests/unit/test_engine_server.py.)"""
 
 from __future__ import annotations
 

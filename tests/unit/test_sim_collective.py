@@ -1,4 +1,4 @@
-"""The simulator's virtual collective (hvdtrain/compare/sim/collective.py): virtual workers on
+"""The simulator's virtual collective (hvdtrain/compare/sim/virtual_collective.py): virtual workers on
 threads of their own that run one at a time in rank order and meet in the collectives of
 engines/ports.py, and the engines on it against the threaded fake collective of the engines'
 own tests."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fake_collective import run_workers
-from hvdtrain.compare.sim.collective import CollectiveMismatch, VirtualCluster
+from hvdtrain.compare.sim.virtual_collective import CollectiveMismatch, VirtualCluster
 from hvdtrain.engines.local_rounds import LocalRounds
 from hvdtrain.engines.sync_step import SyncStep
 from hvdtrain.rules.local_sgd import round_rule

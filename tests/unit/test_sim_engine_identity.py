@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hvdtrain.compare.plan import Mode
-from hvdtrain.compare.sim.collective import VirtualCluster
+from hvdtrain.compare.sim.virtual_collective import VirtualCluster
 from hvdtrain.compare.sim.simulation import Simulation
 from hvdtrain.compare.sim.timing import Timing
 from hvdtrain.config import Config

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ...engines.local_rounds import LocalRounds
 from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.local_sgd import round_rule
-from .collective import VirtualCluster
+from .virtual_collective import VirtualCluster
 from .timing import _apply
 
 if TYPE_CHECKING:

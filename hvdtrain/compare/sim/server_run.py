@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ...engines.server import ServerEngine
+from ...engines.server_engine import ServerEngine
 from ...ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
 from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.registry import server_rules
@@ -41,7 +41,7 @@ class ServerRun:
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
     computes its next step on those weights.
 
-    What a push does is the real server's engine (engines/server.py ServerEngine, the same
+    What a push does is the real server's engine (engines/server_engine.py ServerEngine, the same
     class) with the run's rules (rules/registry.server_rules on its Config); this class is its
     ServerPort, which keeps the virtual time. The policy also says whether the workers keep
     fixed shares or take the job's batches (fixed_shares)."""

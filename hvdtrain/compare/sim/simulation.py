@@ -27,7 +27,7 @@ many workers it saturates as a real one does.
     async, SSP  an event queue by completion time; the server applies each gradient on arrival
                 at lr; SSP holds back a worker more than s pushes ahead; --staleness-lr and
                 DC-ASGD: the real server's engine and rules, driven on the virtual clock
-                (server_run.py: engines/server.py)
+                (server_run.py: engines/server_engine.py)
     bsp/backup  rounds through the server at lr * (N - b) (ps/client.py); with b backup workers
                 a round closes with the first N-b gradients computed on its parameters, and a
                 later one is dropped, its worker going on from the new parameters. Plain bsp

@@ -18,7 +18,7 @@ from ...engines.sync_step import SyncStep
 from ...optim import build_optimizer, set_learning_rate
 from ...rules.balance import balance_settings
 from ..share_clock import ShareClock
-from .collective import VirtualCluster
+from .virtual_collective import VirtualCluster
 
 if TYPE_CHECKING:
     from .workers import _Worker
