@@ -27,6 +27,7 @@ def check_combinations(cfg: Any) -> None:
     _check_restarts(cfg)
     _check_elastic(cfg)
     balance.check_room(cfg)
+    _check_adasum(cfg)
     if r.mode == "async":
         require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
                 "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
@@ -42,6 +43,20 @@ def check_combinations(cfg: Any) -> None:
             f"each backward pass sees --batch-size {r.batch_size} / "
             f"--backward-passes-per-step {k} = {per_pass} "
             f"samples, too few for {pl.micro_batches} micro-batches; use at most {per_pass}")
+
+
+def _check_adasum(cfg: Any) -> None:
+    """Adasum combines the gradients inside Horovod's optimizer step, so nothing can read the
+    combined gradient before that step: a loss scale or a clip would act on each worker's own
+    gradient instead of the combined one (Horovod itself stopped such a run at its first step)."""
+    if cfg.sync.reduce_op != "adasum" or cfg.run.mode != "sync":
+        return
+    require(cfg.optim.clip_grad_norm <= 0, "--clip-grad-norm", cfg.optim.clip_grad_norm,
+            "Adasum combines the gradients inside its optimizer step, so there is no combined "
+            "gradient to clip; drop --clip-grad-norm or use --reduce-op average")
+    require(cfg.run.precision != "fp16", "--precision", cfg.run.precision,
+            "fp16's loss scale unscales the combined gradient, and Adasum combines inside its "
+            "optimizer step; use --precision bf16 or 32, or --reduce-op average")
 
 
 def _check_restarts(cfg: Any) -> None:

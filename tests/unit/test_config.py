@@ -40,6 +40,9 @@ def test_defaults_are_valid_and_flags_override():
     (["--auto-resume"], "--auto-resume", "pass --run-dir"),
     (["--elastic"], "--elastic", "needs --run-dir"),
     (["--auto-resume", "--resume", "r"], "--auto-resume", "pass --run-dir"),
+    # Adasum combines inside its optimizer step: no combined gradient to clip or unscale
+    (["--reduce-op", "adasum", "--clip-grad-norm", "1"], "--clip-grad-norm", "no combined"),
+    (["--reduce-op", "adasum", "--precision", "fp16"], "--precision", "--reduce-op average"),
 ])
 def test_invalid_values_name_the_flag_and_the_fix(argv, flag, hint):
     with pytest.raises(ConfigError) as err:
