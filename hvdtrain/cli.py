@@ -1,6 +1,6 @@
 """``hvdtrain train ...``: flags and config files in, a trained model and a metrics log out.
 
-Flags are generated from the dataclasses in config.py (train_flags.py), so every option is
+Flags are generated from the dataclasses in config/ (train_flags.py), so every option is
 documented once.
 Bad input (a wrong flag, an impossible value, a missing dataset or checkpoint) exits with code 2
 and a message that names the fix, before any rank starts communicating.

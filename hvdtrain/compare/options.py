@@ -1,7 +1,7 @@
 """Every option of ``hvdtrain compare``, as one documented dataclass.
 
 Each field's ``metadata["help"]`` is its documentation and also its ``--flag`` help text, as in
-config.py for ``hvdtrain train``. A CompareConfig is built from the parsed flags in one place
+config/ for ``hvdtrain train``. A CompareConfig is built from the parsed flags in one place
 (:meth:`CompareConfig.from_args`); fields left unset take the named plan's values, and the whole
 set is checked on construction, before any run starts, with a message that names the flag and
 the fix.

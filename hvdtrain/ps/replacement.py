@@ -36,7 +36,7 @@ SPAWN_WAIT_S = 120.0
 
 def check_restarts(max_restarts: int, recovery: bool) -> None:
     """--max-restarts needs mpirun's recovery: without it a lost worker ends the job. (Its
-    other needs, --mode async, one server and no --bsp, are config.py's checks.)"""
+    other needs, --mode async, one server and no --bsp, are the config package's checks.)"""
     if max_restarts and not recovery:
         raise ConfigError(f"--max-restarts {max_restarts}: without mpirun's recovery settings a "
                           f"lost worker ends the job, so none would be replaced; {LAUNCH_HINT}, "

@@ -10,7 +10,6 @@ from hvdtrain.loop.hooks import StepHook, StepResult, Straggler, acting, default
 from hvdtrain.loop.stop_cadence import MOST_STEPS, StopCadence
 from hvdtrain.loop.stopping import SIGNAL, TARGET, Stopping
 from hvdtrain.loop.target import TargetStop
-from hvdtrain.scheme import Progress
 
 from fake_group import OwnGroup
 from test_stopping import REACHED, Best, Checkpointer

@@ -65,9 +65,9 @@ class ServerRun:
         # asynchronous update applies one worker's gradient alone.
         self.lr_scale = self.policy.lr_scale(sim.num_workers)
         self.events: list[tuple[float, float, int, int]] = []
-        # As client.batch_feed, the round policy says: the job's plan handed out to whoever
-        # asks, as server 0 does (ps/dispatch.py), under async and backup workers; plain --bsp
-        # keeps each worker's own share.
+        # As the async workers' batch feed (ps/async_group.py JobBatches), the round policy
+        # says: the job's plan handed out to whoever asks, as server 0 does (ps/dispatch.py),
+        # under async and backup workers; plain --bsp keeps each worker's own share.
         self.dispatcher = None if self.policy.fixed_shares else BatchDispatcher(SlotPlan(
             sim.steps_per_epoch, sim.num_workers, cfg.run.epochs))
 
