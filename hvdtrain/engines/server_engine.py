@@ -92,7 +92,7 @@ class ServerEngine:
         self.clocks, self.versions = WorkerClocks(num_workers), Versions(num_workers)
         self.stats = RuleStatistics(staleness)
         self.pending: dict[int, bool] = {}  # worker -> wants params: replies the policy holds
-        self.stopping = False  # every worker stops after its step
+        self._stopping = False  # every worker stops after its step
         lock_step = self.policy.lock_step
         self.round = RoundSum(self._params.size) if lock_step else None
         self.round_lr = 0.0       # a round steps with the rate of the push that joined it last
@@ -102,6 +102,11 @@ class ServerEngine:
         self.awaiting: dict[int, tuple[bool, bool, float]] = {}  # ... pushes awaiting one
 
     # --- what the backend reads -------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        """Whether the job stops: every worker stops after its current step (begin_stop)."""
+        return self._stopping
+
     @property
     def version(self) -> int:
         return self.versions.version
@@ -209,8 +214,8 @@ class ServerEngine:
             self.round_stops = True
 
     def begin_stop(self) -> None:
-        if not self.stopping:
-            self.stopping = True
+        if not self._stopping:
+            self._stopping = True
             self.port.begin_stop()
 
     def sent_params(self, worker: int) -> None:

@@ -188,7 +188,7 @@ def test_a_dead_worker_is_found_while_the_job_stops_and_while_an_evaluation_paus
     # The live workers wait in the end-of-training agreement for the dead one (a --stop-at
     # target, a stop signal): skipping the check while stopping left such a job hanging.
     server = _server()
-    server.engine.stopping = True
+    server.engine.begin_stop()  # the job stops (its port tells the workers)
     assert Membership(0, recovery=True).check(server, _silent(server, 2)) == 1
     # Worker 0 evaluates (QUIET) and worker 1 is held: silent by design; worker 2 never
     # arrived.
