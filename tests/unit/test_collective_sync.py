@@ -88,9 +88,15 @@ def test_local_sgd_checkpoint_inside_a_round_resumes_each_worker_exactly():
                                  "lr": 0.05, "outer_lr": 0.7,
                                  "outer_momentum": 0.9}).validate()
 
+    # Drawn here, not in the workers' threads: two threads seeding and drawing from torch's one
+    # global generator at once would start the two runs compared below from different weights.
+    initial = worker_model(0).state_dict()
+
     def scheme_on(port, state=None, resuming=False) -> LocalSGDSync:
         scheme = LocalSGDSync(cfg, type("Runtime", (), {"rank": port.rank})(), port)
-        scheme.attach(Replica(worker_model(0), torch.device("cpu")))
+        model = worker_model(0)
+        model.load_state_dict(initial)
+        scheme.attach(Replica(model, torch.device("cpu")))
         scheme.start(state, resuming)
         return scheme
 
