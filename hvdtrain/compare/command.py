@@ -81,7 +81,7 @@ def _simulation_timing(cfg: CompareConfig, train_args):
                           push_seconds=cfg.sim_seconds("push"),
                           step_seconds=cfg.sim_seconds("step"),
                           apply_seconds=cfg.sim_seconds("apply"),
-                          sample_seconds=cfg.sim_seconds("sample"))
+                          sample_seconds=cfg.sim_seconds("sample"), link=cfg.sim_link())
 
 
 def _per_sample(timing, batch: int) -> str:

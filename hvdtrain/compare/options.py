@@ -170,6 +170,18 @@ class CompareConfig:
                                    "with the slowest worker's step; 0: an ideal network (one "
                                    "process cannot measure it; calibrate it from real runs)")
     sim_push_ms: float = _opt(0.0, "simulated async: milliseconds of each push and pull")
+    sim_link_mbit: float | None = _opt(None, "simulated runs and --from-run: a link of this many "
+                                       "Mbit/s prices every exchange by its bytes (the model's "
+                                       "elements at the wire's bytes each): a sync average as "
+                                       "a ring, 2(N-1)/N x bytes / bandwidth + 2(N-1) x "
+                                       "latency; a push or a pull, its bytes over the server's "
+                                       "link shared by the transfers in flight, + latency. It "
+                                       "wins over --sim-allreduce-ms and --sim-push-ms when "
+                                       "both are given (--from-run: instead of the bandwidth "
+                                       "fitted from the run's waits)", type=float)
+    sim_latency_ms: float = _opt(0.0, "with --sim-link-mbit: milliseconds of latency of each "
+                                 "message (a ring hop, a push, a pull); --from-run: the latency "
+                                 "its fitted link assumes")
     sim_step_ms: float | None = _opt(None, "--simulate: milliseconds of one worker's forward and "
                                      "backward pass, instead of the figure measured in this "
                                      "process, which drifts with the machine's load; give the "
@@ -340,9 +352,24 @@ class CompareConfig:
             raise ConfigError("--sim-step-ms and --sim-apply-ms fix the --simulate plan's "
                               "figures, but --sweep-workers measures each N's own batch; drop "
                               "one of them")
+        self._check_link()
         if self.simulate and (self.hostfile or self.launcher_args):
             raise ConfigError("--simulate runs in this one process: drop --hostfile and "
                               "--launcher-args, or drop --simulate")
+
+    def _check_link(self) -> None:
+        from .sim.link import check_link_flags
+
+        check_link_flags(self.sim_link_mbit, self.sim_latency_ms, self.from_run is not None,
+                         bool(self.simulate or self.sweep_workers.strip()))
+
+    def sim_link(self):
+        """The --sim-link-mbit link (compare/sim/link.py), None without one."""
+        from .sim.link import Link
+
+        if self.sim_link_mbit is None:
+            return None
+        return Link(self.sim_link_mbit, self.sim_latency_ms / 1000)
 
 
 def add_compare_flags(parser: argparse.ArgumentParser) -> None:

@@ -241,8 +241,7 @@ def sweep_table(results: list[RunResult], target: float, timings: dict, global_b
     first = timings[min(timings)] if timings else None  # the network's figures are constants
     network = ("" if first is None else
                f" The server applies a gradient in {first.apply_seconds * 1000:.2f} ms "
-               f"(measured here), an average costs {first.allreduce_seconds * 1000:g} ms and a "
-               f"push {first.push_seconds * 1000:g} ms.")
+               f"(measured here); {first.describe_network()}.")
     lines = ["", "## Simulated sweep over workers", "",
              f"Simulated (compare/sim/): one process computes every virtual worker's real "
              f"gradients on a virtual clock. Strong scaling: the global batch stays "

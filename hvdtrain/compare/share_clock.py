@@ -32,12 +32,14 @@ class ShareClock:
     the loop's own time, the slowest worker's step, and the allreduce. With ``balance`` the
     shares are re-planned at each :meth:`epoch_ended`; ``plans`` keeps every epoch's shares.
     ``floor`` and ``damping``: plan_shares' (None: its defaults; the simulator passes the run's,
-    rules/balance.balance_settings)."""
+    rules/balance.balance_settings). ``message_bytes``: the gradient's bytes, which a
+    Timing.link prices."""
 
     def __init__(self, timing: Timing, batch_size: int, workers: int, delay: Delay,
                  balance: bool = False, granularity: int = 1, floor: int | None = None,
-                 damping: float | None = None):
+                 damping: float | None = None, message_bytes: float = 0.0):
         self.timing, self.batch_size, self.delay = timing, batch_size, delay
+        self.exchange_seconds = timing.average_seconds(message_bytes, workers)  # the allreduce
         self.balance, self.granularity = balance, granularity
         self.options = {k: v for k, v in (("floor", floor), ("damping", damping))
                         if v is not None}
@@ -59,7 +61,7 @@ class ShareClock:
             own = compute + self.delay(worker, step, full, share / self.batch_size)
             self._compute[worker].append(own)
             busy.append(own)
-        return self.timing.loop_seconds + max(busy) + self.timing.allreduce_seconds
+        return self.timing.loop_seconds + max(busy) + self.exchange_seconds
 
     def epoch_ended(self) -> None:
         """--balance: the next epoch's shares, from this epoch's median compute times."""

@@ -71,7 +71,8 @@ class LocalRun:
 
     def _round_ended(self) -> None:
         sim = self.sim
-        seconds = max(self.busy) + sim.timing.allreduce_seconds
+        exchange = sim.timing.average_seconds(sim.message_bytes, sim.num_workers)
+        seconds = max(self.busy) + exchange
         self.busy = [0.0] * sim.num_workers
         sim.round_seconds.append(seconds)
         sim.now += seconds

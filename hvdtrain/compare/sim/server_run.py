@@ -14,6 +14,7 @@ from ...ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
 from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.registry import server_rules
 from ...stragglers import _uniform
+from .link import SharedLink
 
 if TYPE_CHECKING:  # not the Simulation, which imports this module
     from .workers import _Worker
@@ -39,14 +40,16 @@ class ServerRun:
     later, and the server, a queue, takes ``apply_seconds`` per gradient in arrival order.
     The reply carries the weights right after that update (the server streams them back);
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
-    computes its next step on those weights.
+    computes its next step on those weights. With a ``Timing.link`` the push and the reply
+    each cross the server's link instead (link.py SharedLink: the pushes in flight share the
+    way in, the replies the way out), and ``push_seconds`` is not charged.
 
     What a push does is the real server's engine (engines/server_engine.py ServerEngine, the same
     class) with the run's rules (rules/registry.server_rules on its Config); this class is its
     ServerPort, which keeps the virtual time. The policy also says whether the workers keep
     fixed shares or take the job's batches (fixed_shares)."""
 
-    ARRIVE, DONE = 0, 1
+    ARRIVE, DONE, SEND = 0, 1, 2
 
     def __init__(self, sim):  # its Simulation (simulation.py)
         self.sim = sim
@@ -65,6 +68,9 @@ class ServerRun:
         # asynchronous update applies one worker's gradient alone.
         self.lr_scale = self.policy.lr_scale(sim.num_workers)
         self.events: list[tuple[float, float, int, int]] = []
+        link = self.timing.link
+        self.inbound = SharedLink(link) if link else None   # the pushes
+        self.outbound = SharedLink(link) if link else None  # the replies
         # As the async workers' batch feed (ps/async_group.py JobBatches), the round policy
         # says: the job's plan handed out to whoever asks, as server 0 does (ps/dispatch.py),
         # under async and backup workers; plain --bsp keeps each worker's own share.
@@ -79,6 +85,8 @@ class ServerRun:
             w = self.sim.workers[rank]
             if kind == self.ARRIVE:
                 self._arrive(w, at)
+            elif kind == self.SEND:  # the push leaves the worker; the link says when it lands
+                self._schedule(self.inbound.send(at, self.sim.message_bytes), w, self.ARRIVE)
             else:
                 self._done(w, at)
         self.sim._finish(self.params)
@@ -115,6 +123,9 @@ class ServerRun:
             return
         start += self.timing.loop_seconds  # the loop's time before the update begins
         w.started = start
+        if self.inbound is not None:
+            self._schedule(start + self.timing.step_seconds, w, self.SEND)
+            return
         self._schedule(start + self.timing.step_seconds + self.timing.push_seconds, w,
                        self.ARRIVE)
 
@@ -176,7 +187,10 @@ class ServerRun:
         pass
 
     def reply(self, worker: int, want_params: bool) -> None:
-        self._start(self.sim.workers[worker], self.reply_at)
+        at = self.reply_at
+        if self.outbound is not None:
+            at = self.outbound.send(at, self.sim.message_bytes)
+        self._start(self.sim.workers[worker], at)
 
     def start_stream(self, worker: int) -> bool:
         return False  # the reply goes whole once the update is done, at the same virtual time

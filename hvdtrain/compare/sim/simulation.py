@@ -41,8 +41,9 @@ target (stop_at_target), all that a sweep over workers needs. Such a sweep keeps
 batch fixed (strong_scaling_args), so that the workers share the same data and steps at every N.
 
 Approximations, all of them deliberate: the model's buffers (BatchNorm running statistics) are
-one set that every virtual worker updates; communication costs are constants per step (to be
-calibrated from real runs), not a network model; one server, however many --num-servers say;
+one set that every virtual worker updates; communication costs are constants per exchange (to
+be calibrated from real runs), or a link's bandwidth and latency (link.py) without congestion
+beyond the server's link being shared; one server, however many --num-servers say;
 a DONE or a dropped gradient costs the server no time; the simulator computes on the CPU.
 --precision fp16 and --reduce-op adasum are refused, as their arithmetic is not simulated.
 """
@@ -69,6 +70,7 @@ from ..plan import Mode
 from ..results import RunResult, time_to_target
 from ..share_clock import ShareClock
 from .flat_model import _Setup
+from .link import gradient_bytes, wire_bytes
 from .local_run import LocalRun
 from .server_run import PushRecord, ServerRun
 from .sync_run import SyncRun
@@ -129,6 +131,11 @@ class Simulation:
         self.cadence = EvalCadence(dataclasses.replace(run, eval_every_steps=every))
         self.chunks = chunk_bounds(self.setup.model.flat.numel(),
                                    chunk_elements(self.setup.cfg.ps.chunk_mb))
+        # The bytes of one exchange on a Timing.link (link.py): sync's gradients, or the
+        # models and pseudo-gradients that local SGD, DiLoCo and the server's workers send.
+        plain_sync = not mode.is_async and mode.local_steps == 1
+        self.message_bytes = self.setup.model.flat.numel() * (
+            gradient_bytes(self.setup.cfg) if plain_sync else wire_bytes(self.setup.cfg))
         # what the run records
         self.now = 0.0
         self.curve: list[dict] = []

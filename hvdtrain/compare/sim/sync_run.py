@@ -88,7 +88,7 @@ class SyncRun:
                                    sim.workers[rank], step, seconds, work),
                                balance=sim.mode.balance,
                                granularity=cfg.sync.backward_passes_per_step, floor=floor,
-                               damping=damping)
+                               damping=damping, message_bytes=sim.message_bytes)
 
     def run(self) -> None:
         sim = self.sim

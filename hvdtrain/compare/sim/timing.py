@@ -20,6 +20,7 @@ from ...replica import batch_length, split_batch
 from ...scheme import Progress
 from ..plan import Mode
 from .flat_model import _FlatModel, _Setup
+from .link import Link
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,22 @@ class Timing:
     # The part of step_seconds that grows with the samples, per sample (measure_timing fits
     # it from two batch sizes); the rest is fixed per step. None: all of it grows with them.
     sample_seconds: float | None = None
+    # A link that prices each exchange by its bytes (link.py); given, it wins over
+    # allreduce_seconds and push_seconds.
+    link: Link | None = None
+
+    def average_seconds(self, nbytes: float, workers: int) -> float:
+        """One average of ``nbytes`` over ``workers``: the link's ring, or allreduce_seconds."""
+        return self.link.ring_seconds(nbytes, workers) if self.link else self.allreduce_seconds
+
+    def describe_network(self) -> str:
+        """What the exchanges cost, in words, for the report."""
+        if self.link is not None:
+            return (f"a link of {self.link.mbit:g} Mbit/s and {self.link.latency_seconds * 1000:g}"
+                    " ms latency prices each exchange by its bytes (a ring average; a push and "
+                    "a pull over the server's shared link)")
+        return (f"an average costs {self.allreduce_seconds * 1000:g} ms and a push "
+                f"{self.push_seconds * 1000:g} ms")
 
     def compute_seconds(self, samples: int, batch_size: int) -> float:
         """A step's forward and backward pass over ``samples`` (a --balance share) when
@@ -56,12 +73,14 @@ class Timing:
                 continue
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"Timing.{name}: invalid value {value}; use 0 or more seconds")
+        if self.link is not None:
+            self.link.check()
 
 
 def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, warmup: int = 5,
                    allreduce_seconds: float = 0.0, push_seconds: float = 0.0,
                    step_seconds: float | None = None, apply_seconds: float | None = None,
-                   sample_seconds: float | None = None) -> Timing:
+                   sample_seconds: float | None = None, link: Link | None = None) -> Timing:
     """The compute time of one worker's step (the median of ``repeats`` real forward and
     backward passes over real batches, after ``warmup`` that are not counted) and the server's
     time to apply one gradient (likewise), measured in this process unless given (the measured
@@ -69,11 +88,11 @@ def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, 
     A measured step also gives its part per sample (Timing.sample_seconds), from half batches
     timed in turn with the whole ones; a given one has ``sample_seconds`` (None: it grows in
     proportion to its samples).
-    Communication cannot be measured in one process: pass the figures, or 0 for an ideal
-    network."""
+    Communication cannot be measured in one process: pass the figures or a ``link``, or 0 for
+    an ideal network."""
     if step_seconds is not None and apply_seconds is not None:
         return Timing(step_seconds, apply_seconds, allreduce_seconds, push_seconds,
-                      sample_seconds=sample_seconds)
+                      sample_seconds=sample_seconds, link=link)
     setup = _Setup.build(train_args, seed, "", Mode("sync", scheme="sync"))
     plan = EpochPlan(setup.cfg.run, setup.workload.train)
     plan.bind_world(0, 1)
@@ -89,7 +108,8 @@ def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, 
                 apply = _apply_seconds(model.flat, setup.cfg, warmup, repeats)
     finally:
         setup.workload.close()
-    return Timing(step, apply, allreduce_seconds, push_seconds, sample_seconds=per_sample)
+    return Timing(step, apply, allreduce_seconds, push_seconds, sample_seconds=per_sample,
+                  link=link)
 
 
 def _compute_line(model: _FlatModel, batches: Iterator, warmup: int,

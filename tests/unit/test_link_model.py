@@ -1,0 +1,111 @@
+"""The simulator's link model (compare/sim/link.py): a ring average's and a push's cost from
+bytes, bandwidth and latency, the server's link shared by the transfers in flight, the fit of a
+link from a run's waits, and the --sim-link-mbit and --sim-latency-ms flags."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from hvdtrain.cli import build_parser
+from hvdtrain.compare import command
+from hvdtrain.compare.plan import Mode
+from hvdtrain.compare.sim.link import Link, SharedLink, fit_link, gradient_bytes, wire_bytes
+from hvdtrain.compare.sim.simulation import Simulation
+from hvdtrain.compare.sim.timing import Timing
+from hvdtrain.config import ConfigError
+
+DIGITS = ["--dataset", "digits", "--model", "mlp", "--hidden", "32", "--threads", "1",
+          "--epochs", "1", "--max-steps-per-epoch", "6"]
+MB = 12.5e6  # bytes that a 100 Mbit/s link carries in one second
+
+
+def test_a_ring_average_moves_2_n_minus_1_over_n_of_the_bytes_and_pays_a_latency_per_hop():
+    link = Link(100, latency_seconds=0.001)
+    assert link.ring_seconds(MB, 2) == pytest.approx(1.0 + 2 * 0.001)
+    assert link.ring_seconds(MB, 4) == pytest.approx(1.5 + 6 * 0.001)
+    assert link.ring_seconds(MB, 1) == 0.0  # nobody to average with
+    assert Link(1000).ring_seconds(MB, 4) == pytest.approx(0.15)  # ten times the rate
+
+
+def test_transfers_in_flight_share_the_server_link():
+    way_in = SharedLink(Link(100, latency_seconds=0.01))
+    assert way_in.send(0.0, MB) == pytest.approx(1.01)       # alone: its bytes, + latency
+    assert way_in.send(0.5, MB) == pytest.approx(2.51)       # one in flight: half the rate
+    assert way_in.send(3.0, MB) == pytest.approx(4.01)       # both landed: alone again
+
+
+def test_a_link_wins_over_the_fixed_allreduce_figure():
+    assert Timing(0.1, allreduce_seconds=0.5).average_seconds(MB, 2) == 0.5
+    timed = Timing(0.1, allreduce_seconds=0.5, link=Link(100))
+    assert timed.average_seconds(MB, 2) == pytest.approx(1.0)
+    with pytest.raises(ConfigError, match="link bandwidth"):
+        Timing(0.1, link=Link(0)).check()
+
+
+def test_the_wire_dtype_sets_the_bytes_of_an_element():
+    assert wire_bytes(SimpleNamespace()) == 4  # a config from before --wire-dtype: float32
+    assert wire_bytes(SimpleNamespace(ps=SimpleNamespace(wire_dtype="bf16"))) == 2
+    assert wire_bytes(SimpleNamespace(sync=SimpleNamespace(wire_dtype="fp32"))) == 4
+    assert gradient_bytes(SimpleNamespace(sync=SimpleNamespace(compression="fp16"))) == 2
+
+
+def test_fit_link_gives_back_the_bandwidth_of_a_measured_exchange():
+    link = Link(80, latency_seconds=0.002)
+    ring = fit_link(link.ring_seconds(MB, 3), MB, 3, ring=True, latency_seconds=0.002)
+    assert ring.mbit == pytest.approx(80)
+    push_pull = 2 * link.transfer_seconds(MB)
+    assert fit_link(push_pull, MB, 2, ring=False, latency_seconds=0.002).mbit == pytest.approx(80)
+    assert fit_link(0.001, MB, 2, ring=True, latency_seconds=0.002) is None  # latency only
+
+
+def run(mode: Mode, workers: int, timing: Timing) -> Simulation:
+    sim = Simulation(mode, workers, "", 0, DIGITS, 0.99, timing)
+    sim.result = sim.run()
+    return sim
+
+
+def test_simulated_sync_and_diloco_rounds_pay_the_ring_of_the_models_bytes():
+    link = Link(10, latency_seconds=0.001)
+    sync = run(Mode("sync", scheme="sync"), 3, Timing(0.01, link=link))
+    ring = link.ring_seconds(sync.message_bytes, 3)
+    assert sync.message_bytes == 4 * sync.setup.model.flat.numel()
+    assert sync.round_seconds == pytest.approx([0.01 + ring] * 6)
+    diloco = run(Mode("diloco3", scheme="sync", local_steps=3, outer_lr=0.7,
+                      outer_momentum=0.9), 3, Timing(0.01, link=link))
+    assert diloco.round_seconds == pytest.approx([3 * 0.01 + ring] * 2)  # one average a round
+
+
+def test_simulated_async_pushes_and_pulls_cross_the_shared_server_link():
+    link = Link(10)
+    sim = run(Mode("async"), 2, Timing(0.01, link=link))
+    one = sim.message_bytes / link.bytes_per_second
+    times = sorted(p.time for p in sim.pushes)
+    # Both workers push at 0.01 and share the way in: the second starts while the first is in
+    # flight, at half the rate (the first keeps the rate it started with).
+    assert times[:2] == pytest.approx([0.01 + one, 0.01 + 2 * one])
+    # Each reply crosses the way out before the next step: the first worker's next push lands
+    # after its reply, a step, and its push, alone on the link by then.
+    assert times[2] == pytest.approx(0.01 + one + one + 0.01 + one)
+
+
+def options(tmp_path, *flags):
+    return command.validate(build_parser().parse_args(
+        ["compare", "--out", str(tmp_path / "out"), *flags]))
+
+
+def test_sim_link_flags_are_checked_and_set_the_simulated_link(tmp_path):
+    cfg = options(tmp_path, "--simulate", "--sim-link-mbit", "100", "--sim-latency-ms", "2",
+                  "--sim-step-ms", "10", "--sim-apply-ms", "1")
+    timing = command._simulation_timing(cfg, [])
+    assert timing.link == Link(100, 0.002)
+    assert "100 Mbit/s" in timing.describe_network()
+    for flags, message in [(("--simulate", "--sim-link-mbit", "0"), "--sim-link-mbit: invalid"),
+                           (("--simulate", "--sim-link-mbit", "nan"), "--sim-link-mbit: inv"),
+                           (("--sim-link-mbit", "100"), "add --simulate"),
+                           (("--simulate", "--sim-latency-ms", "5"), "give --sim-link-mbit"),
+                           (("--simulate", "--sim-link-mbit", "9", "--sim-latency-ms", "-1"),
+                            "--sim-latency-ms: invalid")]:
+        with pytest.raises(ConfigError, match=message):
+            options(tmp_path, *flags)
