@@ -14,7 +14,7 @@ def check_combinations(cfg: Any) -> None:
     """Raise ConfigError for the first combination of ``cfg`` (a whole.Config, typed loosely:
     whole.py imports this module) that cannot work, in the order a reader meets them: the
     batch, the server's rules, recovery, --balance, async, the pipeline."""
-    from ..rules import backup, balance, dc_asgd, staleness_lr
+    from ..rules import backup, balance, dc_asgd, staleness_lr, wire_dtype
 
     r, s, pl = cfg.run, cfg.sync, cfg.pipeline
     k = s.backward_passes_per_step
@@ -24,6 +24,7 @@ def check_combinations(cfg: Any) -> None:
     dc_asgd.check_options(cfg)
     staleness_lr.check_options(cfg)
     backup.check_options(cfg)
+    wire_dtype.check_options(cfg)
     _check_restarts(cfg)
     _check_elastic(cfg)
     balance.check_room(cfg)

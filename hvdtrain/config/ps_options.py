@@ -34,6 +34,13 @@ class PSConfig:
                                     "steps; hvdtrain compare turns it on; see docs/async.md")
     chunk_mb: float = opt(1.0, "gradient and parameter messages travel in chunks of this many "
                           "MiB, so the server updates one chunk while the next is in flight")
+    wire_dtype: str = opt("fp32", "what travels between hosts: the gradients a worker pushes "
+                          "and the parameters a push's reply brings back, and in --mode sync "
+                          "what local SGD's and DiLoCo's rounds average (--local-steps H). "
+                          "bf16 or fp16 halve the bytes; the server's master copy and "
+                          "optimizer state, checkpoints and the shared-memory window stay "
+                          "float32. Plain sync's gradient allreduce has --compression instead. "
+                          "See docs/async.md", choices=("fp32", "bf16", "fp16"))
     timeout_s: float = opt(300.0, "seconds of silence from a process (a worker that sends "
                            "nothing while the others train, servers that send no reply, "
                            "workers that never reach the end) before the job is declared "

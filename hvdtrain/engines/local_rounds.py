@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..rules.local_sgd import RoundRule
+from ..rules.local_sgd import OuterNesterov, RoundRule, round_rule
 from .ports import CollectivePort
 
 Named = Sequence[tuple[str, torch.Tensor]]
@@ -44,6 +44,17 @@ def optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch
             if torch.is_tensor(value) and value.is_floating_point() and key != "step"]
 
 
+def rule_for_wire(params: list[torch.Tensor], outer_lr: float, outer_momentum: float,
+                  wire: torch.dtype | None) -> RoundRule:
+    """The round's rule (rules/local_sgd.py round_rule) for a wire of dtype ``wire`` (None:
+    float32). A rounded wire carries what a round moved, never the weights themselves, whose
+    small updates it would round away: plain local SGD then runs as DiLoCo at outer lr 1
+    without momentum, the same average (start - mean(start - local) = mean(local))."""
+    if wire is not None and not outer_lr:
+        return OuterNesterov(params, 1.0, 0.0)
+    return round_rule(params, outer_lr, outer_momentum)
+
+
 class LocalRounds:
     """The local-SGD engine of one worker.
 
@@ -53,7 +64,11 @@ class LocalRounds:
     replaced in place), ``buffers`` (float buffers averaged plainly, BatchNorm statistics) and
     ``optimizer_state`` (the inner optimizer's float state, averaged at epoch ends and
     checkpoints: ``optimizer_tensors`` for a torch optimizer, a ShardOptimizer's vectors in
-    the simulator). Every worker must name the same tensors in the same order.
+    the simulator). Every worker must name the same tensors in the same order. ``wire``: the
+    dtype a round's average of what the rule sends travels in (--wire-dtype: rounded before
+    the average, which every backend then reduces in it, so the real collectives and the
+    simulator's round alike), None: as the tensors are; buffers and optimizer state travel
+    as they are.
 
     The driver calls ``stepped()`` after each of this worker's own optimizer steps,
     ``share_model()`` wherever the model is read, ``share_everything()`` at epoch ends and
@@ -66,11 +81,16 @@ class LocalRounds:
 
     def __init__(self, port: CollectivePort, rule: RoundRule, local_steps: int,
                  parameters: Callable[[], Named], buffers: Callable[[], Named] = lambda: [],
-                 optimizer_state: Callable[[], Named] = lambda: []):
+                 optimizer_state: Callable[[], Named] = lambda: [],
+                 wire: torch.dtype | None = None):
         if local_steps < 1:
             raise ValueError(f"local_steps must be 1 or more, not {local_steps}")
+        if wire is not None and type(rule) is RoundRule:
+            raise ValueError("a rounded wire would round the weights that plain averaging "
+                             "sends; build the rule with rule_for_wire")
         self.port = port
         self.rule = rule
+        self.wire = wire
         self.local_steps = local_steps
         self._parameters, self._buffers, self._optimizer_state = (parameters, buffers,
                                                                   optimizer_state)
@@ -104,9 +124,14 @@ class LocalRounds:
         params = [t for _, t in named]
         sent = self.rule.sent(params)
         kind = "param" if sent is params else "delta"  # DiLoCo sends pseudo-gradients
+        wired = sent if self.wire is None else [t.to(self.wire) for t in sent]
         self.port.average_([(f"local_sgd.{kind}.{name}", t)
-                            for (name, _), t in zip(named, sent)] +
+                            for (name, _), t in zip(named, wired)] +
                            [(f"local_sgd.buffer.{name}", b) for name, b in self._buffers()])
+        if wired is not sent:  # widened back: the rule merges in float32
+            with torch.no_grad():
+                for t, w in zip(sent, wired):
+                    t.copy_(w)
         merged = self.rule.merged(sent)
         if merged is not params:
             with torch.no_grad():

@@ -115,6 +115,7 @@ class ParameterServer:
         """Serve the request whose header has just arrived from ``worker``; True if it is the
         worker's DONE."""
         kind = int(self.header[H_KIND])
+        self.shard.wire.request(worker, kind)  # a push's reply travels in --wire-dtype
         if kind in (Kind.PUSH, Kind.IDLE, Kind.DONE):
             self.pauses.arrived(worker, now)
         if kind == Kind.PUSH:
@@ -219,5 +220,5 @@ class ParameterServer:
             rules["eval_pause_debt_seconds"] = round(self.pauses.debt_seconds, 3)
         return self.load.report(self.index, self.engine.version,
                                 {**rules, **self.membership.report(self.load),
-                                 **self.ledger.report(),
+                                 **self.ledger.report(), **self.shard.wire.report(),
                                  **(self.dispatcher.statistics() if self.dispatcher else {})})

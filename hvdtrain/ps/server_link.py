@@ -18,6 +18,7 @@ from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT,
                        Tag, chunk_bounds, chunk_elements, make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
+from .wire import WorkerWire
 
 
 class ServerLink:
@@ -59,6 +60,7 @@ class ServerLink:
                                   shard_bounds(total, self.topology.num_servers)):
             self.routes.append((server, [(a + x, a + y) for x, y in chunk_bounds(b - a, chunk)]))
         self._ready = np.zeros(sum(len(chunks) for _, chunks in self.routes), dtype=np.int64)
+        self.wire = WorkerWire(self.ps.wire_dtype, total)  # --wire-dtype's buffers
 
     def bind_gradients(self, buffer: torch.Tensor, trained: list[torch.nn.Parameter]) -> None:
         """Make ``buffer`` the flat gradient the messages carry, and gather the parameters'
@@ -120,7 +122,7 @@ class ServerLink:
         if want_params:
             self.copies.before_parameters()
         # copies[i]: the parameters [a, b) that requests[i] brings, None for other messages
-        requests, copies = self._post_replies(want_params)
+        requests, copies = self._post_replies(want_params, kind)
         slot = queue.current() if queue is not None and kind == Kind.PUSH else NO_SLOT
         if slot != NO_SLOT:  # server 0 sends the next slot before the reply
             requests.append(self.comm.Irecv(self._slot_word, source=self.leader, tag=Tag.SLOT))
@@ -135,11 +137,12 @@ class ServerLink:
         if want_params:
             self.copies.parameters_done()
 
-    def _post_replies(self, want_params: bool) -> tuple[list, list]:
+    def _post_replies(self, want_params: bool, kind: Kind) -> tuple[list, list]:
         """The receives of every server's reply: its ACK, or its parameter chunks (READY words
-        from a server on this host); (requests, the parameters each brings)."""
-        params = self.params_flat.numpy()
+        from a server on this host; a push's in --wire-dtype); (requests, the parameters each
+        brings)."""
         requests, copies = [], []
+        self.wire.reply_kind(kind)
         ready = iter(range(len(self._ready)))
         for i, (server, chunks) in enumerate(self.routes):
             if not want_params:
@@ -149,7 +152,8 @@ class ServerLink:
             shared = self.shared_params.get(server)
             for a, b in chunks:
                 if shared is None:
-                    requests.append(self.comm.Irecv(params[a:b], source=server, tag=Tag.PARAMS))
+                    target = self.wire.params_target(self.params_flat, a, b)
+                    requests.append(self.comm.Irecv(target, source=server, tag=Tag.PARAMS))
                     copies.append((a, b, None, 0))
                 else:
                     k = next(ready)
@@ -170,7 +174,6 @@ class ServerLink:
     def _send_request(self, header: np.ndarray, send_grads: bool) -> list:
         """The header to every server, then the gradient chunks (in place in the shared window
         for a server on this host); the sends still in flight."""
-        grads = self.grads_flat.numpy()
         sends = []
         # Chunk numbers run over self.chunks: server by server, as gradients_to_host copies them.
         first_chunk = np.cumsum([0] + [len(chunks) for _, chunks in self.routes])
@@ -185,7 +188,8 @@ class ServerLink:
             if send_grads and server not in self.shared_params:
                 for n, (a, b) in enumerate(chunks, start=first):
                     self.copies.wait_gradient(n)  # the copies of later chunks go on meanwhile
-                    sends.append(self.comm.Isend(grads[a:b], dest=server, tag=Tag.GRAD))
+                    sends.append(self.comm.Isend(self.wire.gradient(self.grads_flat, a, b),
+                                                 dest=server, tag=Tag.GRAD))
         return sends
 
     def reply_timeout_s(self) -> float:
@@ -207,6 +211,8 @@ class ServerLink:
                 if shard is not None:  # announced by a READY word: copy it out of the window
                     self.host.sync()
                     params[a:b] = shard[a - first:b - first]
+                else:  # a message: widened out of the wire dtype (float32: received in place)
+                    self.wire.params_arrived(self.params_flat, a, b)
                 self.copies.parameters_to_device(a, b)
 
     def _no_reply(self, kind: Kind, clock: int) -> str:

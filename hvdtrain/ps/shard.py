@@ -19,6 +19,7 @@ from ..config import Config
 from .protocol import Tag, chunk_bounds, chunk_elements, shard_bounds
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
+from .wire import ShardWire
 
 
 class Shard:
@@ -41,13 +42,12 @@ class Shard:
         self.optimizer = ShardOptimizer(self.params, self.chunks, cfg.optim)
         self.grad_buffer = np.empty(max(b - a for a, b in self.chunks), dtype=np.float32)
         self.copy_gradients = copy_gradients  # the apply step rewrites them (DC-ASGD)
+        self.wire = ShardWire(comm, cfg.ps.wire_dtype, self.params, self.chunks)  # --wire-dtype
 
     def gradient_chunk(self, worker: int, a: int, b: int) -> np.ndarray:
         shared = self.shared_grads.get(worker)
         if shared is None:
-            grad = self.grad_buffer[: b - a]
-            self.comm.Recv(grad, source=worker, tag=Tag.GRAD)
-            return grad
+            return self.wire.gradient(worker, a, b)
         if self.copy_gradients:  # a correction rewrites it: work on a copy, not the worker's
             grad = self.grad_buffer[: b - a]
             grad[:] = shared[a:b]
@@ -65,8 +65,7 @@ class Shard:
         if worker in self.shared_grads:  # same host: the worker copies it out of the window
             self.host.sync()
             return self.comm.Isend(self.ready_words[chunk:chunk + 1], dest=worker, tag=Tag.READY)
-        a, b = self.chunks[chunk]
-        return self.comm.Isend(self.params.numpy()[a:b], dest=worker, tag=Tag.PARAMS)
+        return self.wire.send(worker, chunk)
 
     def send_all(self, MPI, worker: int) -> None:
         MPI.Request.Waitall([self.send_chunk(worker, i) for i in range(len(self.chunks))])

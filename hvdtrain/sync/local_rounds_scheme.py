@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import Config
-from ..engines.local_rounds import LocalRounds, optimizer_tensors
+from ..engines.local_rounds import LocalRounds, optimizer_tensors, rule_for_wire
 from ..engines.ports import CollectivePort
 from ..engines.sync_step import ReplicaLearner, SyncStep
 from ..optim import build_optimizer
 from ..replica import Replica
-from ..rules.local_sgd import round_rule
+from ..rules.wire_dtype import narrow_dtype
 from ..runtime import Runtime
 from .collective import CollectiveSync
 
@@ -72,14 +72,15 @@ class LocalSGDSync(CollectiveSync):
         self.engine = SyncStep(self.port, ReplicaLearner(replica, self.optimizer),
                                self.accumulation)
         model = replica.model
-        self.rule = round_rule([p.data for p in model.parameters()], self.cfg.sync.outer_lr,
-                               self.cfg.sync.outer_momentum)
+        wire = narrow_dtype(self.cfg.ps.wire_dtype)  # --wire-dtype: what a round averages in
+        self.rule = rule_for_wire([p.data for p in model.parameters()], self.cfg.sync.outer_lr,
+                                  self.cfg.sync.outer_momentum, wire)
         self.rounds = LocalRounds(
             self.port, self.rule, self.local_steps,
             parameters=lambda: [(name, p.data) for name, p in model.named_parameters()],
             buffers=lambda: [(name, b) for name, b in model.named_buffers()
                              if b.is_floating_point()],
-            optimizer_state=lambda: optimizer_tensors(self.optimizer))
+            optimizer_state=lambda: optimizer_tensors(self.optimizer), wire=wire)
 
     def _update(self) -> None:
         """This worker's own update (loss scale and clipping act on its own gradient; under fp16

@@ -21,6 +21,7 @@ parser.add_argument("--rounds", type=int, default=40)
 parser.add_argument("--chunk-mb", type=float, default=None)
 parser.add_argument("--optimizer", default="sgd")
 parser.add_argument("--momentum", type=float, default=0.9)
+parser.add_argument("--wire-dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
 parser.add_argument("--no-shared-memory", action="store_true",
                     help="move tensors through messages even though both processes share a host")
 args = parser.parse_args()
@@ -37,6 +38,7 @@ cfg.run.mode = "async"
 cfg.optim.optimizer = args.optimizer
 cfg.optim.momentum = args.momentum
 cfg.ps.shared_memory = not args.no_shared_memory
+cfg.ps.wire_dtype = args.wire_dtype
 if args.chunk_mb:
     cfg.ps.chunk_mb = args.chunk_mb
 world = MPI.COMM_WORLD

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ...engines.local_rounds import LocalRounds
+from ...engines.local_rounds import LocalRounds, rule_for_wire
 from ...ps.shard_optimizer import ShardOptimizer
-from ...rules.local_sgd import round_rule
+from ...rules.wire_dtype import narrow_dtype
 from .virtual_collective import VirtualCluster
 from .timing import _apply
 
@@ -34,10 +34,12 @@ class LocalRun:
         for w in sim.workers:
             w.params = sim.setup.model.flat.clone()
             w.optimizer = ShardOptimizer(w.params, sim.chunks, cfg.optim)
-            rule = round_rule([w.params], cfg.sync.outer_lr, cfg.sync.outer_momentum)
+            wire = narrow_dtype(cfg.ps.wire_dtype)  # rounded as the real rounds round
+            rule = rule_for_wire([w.params], cfg.sync.outer_lr, cfg.sync.outer_momentum, wire)
             w.engine = LocalRounds(self.cluster.port(w.rank), rule, sim.mode.local_steps,
                                    parameters=lambda w=w: [("flat", w.params)],
-                                   optimizer_state=lambda w=w: list(w.optimizer.vectors.items()))
+                                   optimizer_state=lambda w=w: list(w.optimizer.vectors.items()),
+                                   wire=wire)
             w.engine.start()
         self.lr_scale = rule.inner_lr_scale(sim.num_workers)
         self.busy = [0.0] * sim.num_workers  # each worker's seconds since the last round

@@ -1,0 +1,130 @@
+"""What the parameter server's messages carry (``--wire-dtype``): float32, or a 16-bit float
+(bf16, fp16) that halves the bytes of every push and of its reply.
+
+The master copy stays float32 on the server, and so does its optimizer state: a worker rounds
+its gradient to the wire dtype chunk by chunk as it sends it, the server widens each chunk back
+to float32 before the update, and rounds each updated chunk for the reply, which the worker
+widens into its float32 buffer. MPI has no bfloat16 datatype (and mpi4py no half float): a
+16-bit payload travels as its raw 16-bit words, an int16 view of the tensor given to MPI as a
+buffer, never through pickle.
+
+What stays float32 whatever the wire: INIT's parameters and optimizer state, a checkpoint's
+(SAVE), and the replies to a PULL (the start, an evaluation), so that what is evaluated and
+saved is the server's master copy itself; and the same-host shared-memory window, where nothing
+travels on a wire (the worker reads the float32 shard in place).
+
+The server receives a push's chunks ahead: while it applies chunk i, the receives of the next
+``AHEAD`` chunks are posted, so a transport that moves data without the receiver's CPU (a
+network card) brings chunk i+1 in during chunk i's update.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..rules.wire_dtype import torch_dtype
+from .protocol import Kind, Tag
+
+
+def words(t: torch.Tensor) -> np.ndarray:
+    """The buffer that MPI sends or receives for ``t``: float32 as it is, a 16-bit float as its
+    raw 16-bit words."""
+    return t.numpy() if t.dtype == torch.float32 else t.view(torch.int16).numpy()
+
+
+class WorkerWire:
+    """A worker's side: float32 travels from and into the flat buffers in place; a 16-bit wire
+    keeps one 16-bit copy of each (half the model's size), rounded chunk by chunk as it is sent
+    and widened chunk by chunk as it arrives."""
+
+    def __init__(self, name: str, total: int):
+        self.dtype = torch_dtype(name)
+        narrow = self.dtype != torch.float32
+        self.grads = torch.empty(total if narrow else 0, dtype=self.dtype)
+        self.params = torch.empty(total if narrow else 0, dtype=self.dtype)
+        self.exact = True  # the reply in flight is float32 (not a push's)
+
+    def reply_kind(self, kind: Kind) -> None:
+        """The request about to go: only a push's reply travels in the wire dtype."""
+        self.exact = kind != Kind.PUSH or self.dtype == torch.float32
+
+    def gradient(self, grads: torch.Tensor, a: int, b: int) -> np.ndarray:
+        """The buffer that sends elements [a, b) of the flat gradient ``grads``."""
+        if self.dtype == torch.float32:
+            return grads.numpy()[a:b]
+        self.grads[a:b].copy_(grads[a:b])
+        return words(self.grads[a:b])
+
+    def params_target(self, params: torch.Tensor, a: int, b: int) -> np.ndarray:
+        """The buffer that receives elements [a, b) of the parameters."""
+        return params.numpy()[a:b] if self.exact else words(self.params[a:b])
+
+    def params_arrived(self, params: torch.Tensor, a: int, b: int) -> None:
+        if not self.exact:
+            params[a:b].copy_(self.params[a:b])
+
+
+class ShardWire:
+    """A server's side, for the workers that reach it by messages: the receive of a push's
+    gradient chunks (posted ``AHEAD`` chunks ahead, into buffers of one chunk), the send of
+    parameter chunks, and the bytes both put on the wire (``report``)."""
+
+    AHEAD = 2
+
+    def __init__(self, comm, name: str, params: torch.Tensor, chunks: list[tuple[int, int]]):
+        self.comm, self.params, self.chunks = comm, params, chunks
+        self.dtype = torch_dtype(name)
+        self.name = name
+        self.index = {a: i for i, (a, _) in enumerate(chunks)}
+        longest = max(b - a for a, b in chunks)
+        self.incoming = [torch.empty(longest, dtype=self.dtype) for _ in range(self.AHEAD + 1)]
+        self.widened = torch.empty(longest if self.dtype != torch.float32 else 0)
+        self.outgoing = torch.empty(params.numel() if self.dtype != torch.float32 else 0,
+                                    dtype=self.dtype)
+        self.requests: list = []  # the receives of the push being read, by chunk
+        self.exact: dict[int, bool] = {}  # worker -> its reply travels in float32
+        self.bytes_pushed = self.bytes_pulled = 0
+
+    def request(self, worker: int, kind: int) -> None:
+        """A request of ``kind`` arrived from ``worker``: what its reply will carry."""
+        self.exact[worker] = kind != Kind.PUSH
+
+    def gradient(self, worker: int, a: int, b: int) -> np.ndarray:
+        """Elements [a, b) of ``worker``'s gradient, in float32; chunks are read in order."""
+        k = self.index[a]
+        if k == 0:
+            self.requests = [None] * len(self.chunks)
+            for n in range(min(self.AHEAD, len(self.chunks))):
+                self._post(worker, n)
+        self.requests[k].Wait()
+        if k + self.AHEAD < len(self.chunks):  # into the buffer that chunk k-1 has freed
+            self._post(worker, k + self.AHEAD)
+        self.bytes_pushed += (b - a) * self.dtype.itemsize
+        received = self.incoming[k % (self.AHEAD + 1)][:b - a]
+        if self.dtype == torch.float32:
+            return received.numpy()
+        self.widened[:b - a].copy_(received)
+        return self.widened[:b - a].numpy()
+
+    def _post(self, worker: int, k: int) -> None:
+        a, b = self.chunks[k]
+        self.requests[k] = self.comm.Irecv(words(self.incoming[k % (self.AHEAD + 1)][:b - a]),
+                                           source=worker, tag=Tag.GRAD)
+
+    def send(self, worker: int, k: int):
+        """Start sending chunk ``k`` of the parameters to ``worker``; returns the request."""
+        a, b = self.chunks[k]
+        if self.exact.get(worker, True) or self.dtype == torch.float32:
+            self.bytes_pulled += (b - a) * 4
+            return self.comm.Isend(self.params.numpy()[a:b], dest=worker, tag=Tag.PARAMS)
+        # One reply is in flight at a time (each is completed before the next request is
+        # served), so one shard-sized buffer is enough.
+        self.outgoing[a:b].copy_(self.params[a:b])
+        self.bytes_pulled += (b - a) * self.dtype.itemsize
+        return self.comm.Isend(words(self.outgoing[a:b]), dest=worker, tag=Tag.PARAMS)
+
+    def report(self) -> dict:
+        """The bytes that pushes and replies put on the wire (none for a same-host worker)."""
+        return {"wire_dtype": self.name, "wire_bytes_pushed": self.bytes_pushed,
+                "wire_bytes_pulled": self.bytes_pulled}
