@@ -8,7 +8,10 @@
    of the model's size. Target: at most 4.
 3. Async training throughput against sync training with the same number of workers.
 
-    python scripts/bench_ps.py [--rounds 3] [--mib 16]
+    python scripts/bench_ps.py [--rounds 3] [--mib 16] [--messages-only]
+
+``--messages-only``: pingpong and the messages-only row alone, with a float32 and a bf16 wire
+(--wire-dtype); the bf16 row counts model bytes, of which its messages carry half.
 """
 
 from __future__ import annotations
@@ -45,9 +48,12 @@ def pingpong_bandwidth(nbytes: int) -> float:
     return bandwidth * 1e6
 
 
-def ps_throughput(mib: float, momentum: float = 0.9, shared: bool = True) -> tuple[float, dict]:
+def ps_throughput(mib: float, momentum: float = 0.9, shared: bool = True,
+                  wire: str = "fp32") -> tuple[float, dict]:
+    """Model bytes (float32) pushed plus pulled per second, and the server's statistics: with
+    a 16-bit ``wire`` the messages carry half of them."""
     out = run(mpirun(2, sys.executable, str(HERE / "bench" / "ps_throughput.py"),
-                     "--mib", str(mib), "--momentum", str(momentum),
+                     "--mib", str(mib), "--momentum", str(momentum), "--wire-dtype", wire,
                      *([] if shared else ["--no-shared-memory"])), ENV)
     worker = json.loads(out.split("BENCH ", 1)[1].splitlines()[0])
     server = json.loads(out.split("SERVER ", 1)[1].splitlines()[0])
@@ -83,10 +89,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mib", type=float, default=16.0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--messages-only", action="store_true",
+                        help="only pingpong and the rows over messages (fp32 and bf16 wires)")
     args = parser.parse_args()
+    if args.messages_only:
+        return messages_only(args)
     nbytes = int(args.mib * 1024 * 1024)
 
     pp, ps, ps_plain, ps_messages, servers, sync_rate, async_rate = [], [], [], [], [], [], []
+    ps_bf16 = []
     for r in range(args.rounds):
         pp.append(pingpong_bandwidth(nbytes))
         rate, server = ps_throughput(args.mib)
@@ -94,6 +105,7 @@ def main() -> None:
         servers.append(server)
         ps_plain.append(ps_throughput(args.mib, momentum=0.0)[0])
         ps_messages.append(ps_throughput(args.mib, shared=False)[0])
+        ps_bf16.append(ps_throughput(args.mib, shared=False, wire="bf16")[0])
         sync_rate.append(training_rate("sync", args.workers, []))
         async_rate.append(training_rate("async", args.workers, []))
         print(f"round {r + 1}/{args.rounds}: pingpong {pp[-1] / 2**30:.2f} GiB/s, "
@@ -114,12 +126,37 @@ def main() -> None:
           f"pingpong {med(pp) / 2**30:.2f} GiB/s | {med(ps_plain) / med(pp):.2f} | >= 0.7 |")
     print(f"| momentum 0.9 over messages only (--no-shared-memory, the path between hosts) | "
           f"{med(ps_messages) / 2**30:.2f} GiB/s | pingpong {med(pp) / 2**30:.2f} GiB/s | "
-          f"{med(ps_messages) / med(pp):.2f} | - |")
+          f"{med(ps_messages) / med(pp):.2f} | >= 0.8 |")
+    print(f"| the same with --wire-dtype bf16 (model bytes; the messages carry half) | "
+          f"{med(ps_bf16) / 2**30:.2f} GiB/s | pingpong {med(pp) / 2**30:.2f} GiB/s | "
+          f"{med(ps_bf16) / med(pp):.2f} | >= 0.8 |")
     print(f"| server peak RSS above bare torch process | {(peak - bare) / 2**20:.0f} MiB | "
           f"model {model / 2**20:.0f} MiB | {(peak - bare) / model:.2f}x | <= 4x |")
     print(f"| async training, {args.workers} workers + 1 server | {med(async_rate):,.0f} samples/s "
           f"| sync, {args.workers} workers {med(sync_rate):,.0f} samples/s | "
           f"{med(async_rate) / med(sync_rate):.2f} | - |")
+
+
+def messages_only(args) -> None:
+    """The path between hosts alone: pingpong, then push+pull over messages with a float32 and
+    a bf16 wire, each round measured back to back (the machine's load moves all three)."""
+    nbytes = int(args.mib * 1024 * 1024)
+    pp, wide, narrow = [], [], []
+    for r in range(args.rounds):
+        pp.append(pingpong_bandwidth(nbytes))
+        wide.append(ps_throughput(args.mib, shared=False)[0])
+        narrow.append(ps_throughput(args.mib, shared=False, wire="bf16")[0])
+        print(f"round {r + 1}/{args.rounds}: pingpong {pp[-1] / 2**30:.2f} GiB/s, messages "
+              f"fp32 {wide[-1] / 2**30:.2f}, bf16 {narrow[-1] / 2**30:.2f} GiB/s of the model "
+              f"(ratios {wide[-1] / pp[-1]:.2f}, {narrow[-1] / pp[-1]:.2f})", flush=True)
+    med = statistics.median
+    print(f"\nmessage/model size: {args.mib:g} MiB; medians of {args.rounds} rounds")
+    print("| measure | value | baseline | ratio | target |")
+    print("|---|---|---|---|---|")
+    for label, rates in (("fp32", wide), ("bf16 (half the bytes on the wire)", narrow)):
+        print(f"| momentum 0.9 over messages only, --wire-dtype {label} | "
+              f"{med(rates) / 2**30:.2f} GiB/s of the model | pingpong {med(pp) / 2**30:.2f} "
+              f"GiB/s | {med(rates) / med(pp):.2f} | >= 0.8 |")
 
 
 if __name__ == "__main__":

@@ -193,3 +193,21 @@ def test_the_wire_dtype_is_taken_where_it_applies(argv):
 def test_the_wire_dtype_is_refused_where_it_has_no_meaning(argv, message):
     with pytest.raises(ConfigError, match=message):
         parse(*argv)
+
+
+# --- the simulator ------------------------------------------------------------------------------
+def test_the_simulated_server_rounds_what_crosses_the_wire_as_the_real_one():
+    from hvdtrain.compare.plan import Mode
+    from hvdtrain.compare.sim.simulation import Simulation
+    from hvdtrain.compare.sim.timing import Timing
+
+    digits = ["--dataset", "digits", "--model", "mlp", "--hidden", "32", "--threads", "1",
+              "--epochs", "1", "--max-steps-per-epoch", "4"]
+    weights = {}
+    for name in ("fp32", "bf16"):
+        sim = Simulation(Mode("async"), 2, "", 0, digits + ["--wire-dtype", name], 0.9,
+                         Timing(0.01))
+        assert sim.run().status == "ok"
+        weights[name] = sim.workers[0].params
+    assert torch.equal(weights["bf16"], weights["bf16"].to(torch.bfloat16).float())
+    assert not torch.equal(weights["fp32"], weights["fp32"].to(torch.bfloat16).float())

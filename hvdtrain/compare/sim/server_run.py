@@ -13,6 +13,7 @@ from ...engines.server_engine import ServerEngine
 from ...ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
 from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.registry import server_rules
+from ...rules.wire_dtype import narrow_dtype
 from ...stragglers import _uniform
 from .link import SharedLink
 
@@ -109,7 +110,7 @@ class ServerRun:
     def _start(self, w: _Worker, at: float, first: bool = False) -> None:
         """``w`` receives the server's weights at ``at``, sleeps its delay, starts its next
         step (or is done after its last)."""
-        w.params = self.params.clone()
+        w.params = self._wire(self.params)
         w.pulled_version = self.engine.version
         self.engine.sent_params(w.rank)  # every reply here is a push's, with the weights
         start = at
@@ -140,7 +141,7 @@ class ServerRun:
         # The worker's schedule, in its header: its own steps, or the job's position when it
         # trains the job's batches (async, backup workers).
         lr = self.sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
-        self.gradient = self.sim._gradient(w, w.params).numpy()
+        self.gradient = self._wire(self.sim._gradient(w, w.params)).numpy()
         slot = w.slot
         if self.dispatcher is not None:  # server 0 takes the push's slot, hands out the next
             self.dispatcher.complete(slot)
@@ -175,6 +176,12 @@ class ServerRun:
     def _record(self, w: _Worker, at: float, staleness: int | None, slot: int) -> None:
         self.sim.pushes.append(PushRecord(at, w.rank, w.steps, staleness,
                                           w.steps - min(self.engine.clocks.clocks), slot))
+
+    def _wire(self, tensor):
+        """A copy of ``tensor`` as it crosses the wire: rounded to --wire-dtype, as the real
+        pushes and replies are (ps/wire.py), and widened back to float32."""
+        wire = narrow_dtype(self.sim.setup.cfg.ps.wire_dtype)
+        return tensor.clone() if wire is None else tensor.to(wire).float()
 
     # --- the engine's ServerPort --------------------------------------------------------------
     def load(self, worker: int) -> None:
