@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .target_metric import Target
+
 MIN_SYNC_STEPS = 100  # fewer global steps: the plan warns that its target may be out of reach
 
 
@@ -34,14 +36,15 @@ class SyncBudget:
                 f"{self.steps_per_epoch} steps of {self.global_batch} samples) at a learning "
                 f"rate of {self.rate:.4g}")
 
-    def warning(self, target: float) -> str | None:
-        """A line saying the target may be out of reach, with the fix; None for a budget that
-        leaves room."""
+    def warning(self, target) -> str | None:
+        """A line saying the ``target`` (a Target, or a test accuracy) may be out of reach,
+        with the fix; None for a budget that leaves room."""
         if self.steps >= MIN_SYNC_STEPS:
             return None
         epochs = math.ceil(MIN_SYNC_STEPS / max(1, self.steps_per_epoch))
         return (f"warning: {self.describe()}: a budget under {MIN_SYNC_STEPS} steps is short, "
-                f"and modes that do not reach {target:.0%} within it show no time to target; "
+                f"and modes that do not reach {Target.of(target).short()} within it show no "
+                "time to target; "
                 f"raise --epochs to {epochs} or more, lower --global-batch, or lower --lr if "
                 "the rate is high for the model")
 

@@ -13,6 +13,7 @@ from ..exit_codes import EXIT_FAILED
 from ..run_lock import FolderLock
 from . import plan as planning
 from .options import CompareConfig, add_compare_flags, ints
+from .target_metric import check_plan_target
 
 
 def add_parser(commands) -> None:
@@ -47,13 +48,16 @@ def main(args: argparse.Namespace) -> int:
                   "--checkpoint-every", "1" if cfg.faults else "0",
                   "--eval-every-steps", str(cfg.eval_every_steps),
                   # a run ends at its target: the epochs are a budget, not the length of a run
-                  "--stop-at", f"test_acc>={cfg.target:g}", *shlex.split(cfg.train_args)]
+                  "--stop-at", cfg.goal.stop_at(), *shlex.split(cfg.train_args)]
     if cfg.tracker and not cfg.simulate:
         train_args += ["--tracker", cfg.tracker]  # each run a child of the comparison's run
     launcher = [*(["--hostfile", cfg.hostfile] if cfg.hostfile else []),
                 *shlex.split(cfg.launcher_args)]
     runs = planning.plan(modes, list(range(cfg.seeds)), cfg.stragglers.split(","),
                          cfg.workers, train_args, launcher, cfg.faults)
+    # Before any run starts: a metric the workload does not report would fail every run at
+    # its start (--stop-at), one after another.
+    check_plan_target(cfg.goal, train_args)
     out = Path(cfg.out)
     # Two compares into one folder would run the same plan twice and overwrite each other's
     # runs and report.
@@ -102,7 +106,7 @@ def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
     simulated_args = _simulated_args(cfg, train_args)
     batch = config_from_train_args(simulated_args, {}).run.batch_size
     budget = sync_budget(simulated_args, cfg.workers)
-    print(budget.warning(cfg.target) or f"budget: {budget.describe()}", flush=True)
+    print(budget.warning(cfg.goal) or f"budget: {budget.describe()}", flush=True)
     shared = (f"sharing a global batch of {cfg.global_batch}" if cfg.global_batch else
               f"a global batch of {batch * cfg.workers} (--global-batch keeps it fixed)")
     print(f"simulated cluster: {cfg.workers} virtual workers, {batch} samples a step each, "
@@ -116,12 +120,13 @@ def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
 
     def show(result):
         done.append(result)
-        reached = (f"reached {cfg.target:.0%} at {result.time_to_target:.2f} virtual s"
-                   if result.time_to_target is not None else f"did not reach {cfg.target:.0%}")
+        reached = (f"reached {cfg.goal.short()} at {result.time_to_target:.2f} virtual s"
+                   if result.time_to_target is not None else
+                   f"did not reach {cfg.goal.short()}")
         state = reached if result.status == "ok" else f"FAILED ({result.reason})"
         print(f"[{len(done)}/{len(runs)}] {result.name} (simulated): {state}", flush=True)
 
-    return sweep(modes, [cfg.workers], train_args, cfg.target, timing,
+    return sweep(modes, [cfg.workers], train_args, cfg.goal, timing,
                  stragglers=list(dict.fromkeys(r.straggler or "none" for r in runs)),
                  seeds=list(range(cfg.seeds)), eval_every_steps=cfg.eval_every_steps,
                  progress=show, global_batch=cfg.global_batch,
@@ -158,7 +163,7 @@ def _sweep(cfg: CompareConfig, modes, train_args, out: Path, timing) -> tuple[li
         plan_timing = None  # measured with another number of threads
     timings: dict = {}
     print(f"simulated sweep over {','.join(map(str, counts))} workers sharing a global batch of "
-          f"{global_batch}, {cfg.sweep_seeds} seed(s) each, every run up to {cfg.target:.0%} "
+          f"{global_batch}, {cfg.sweep_seeds} seed(s) each, every run up to {cfg.goal.short()} "
           f"(at most {epochs} epochs) ...", flush=True)
 
     def show(result):
@@ -166,13 +171,13 @@ def _sweep(cfg: CompareConfig, modes, train_args, out: Path, timing) -> tuple[li
                    else "not reached" if result.status == "ok" else f"FAILED ({result.reason})")
         print(f"  {result.name}: {reached}", flush=True)
 
-    results = sweep(modes, counts, sweep_args, cfg.target,
+    results = sweep(modes, counts, sweep_args, cfg.goal,
                     _sweep_timing(cfg, sweep_args, global_batch, plan_timing, timings),
                     stragglers=[s.strip() for s in cfg.stragglers.split(",")],
                     seeds=list(range(cfg.sweep_seeds)), eval_every_steps=cfg.eval_every_steps,
                     progress=show, global_batch=global_batch, stop_at_target=True)
-    write_sweep_plot(results, out / "sweep.png", cfg.target)
-    return results, sweep_table(results, cfg.target, timings, global_batch, epochs,
+    write_sweep_plot(results, out / "sweep.png", cfg.goal)
+    return results, sweep_table(results, cfg.goal, timings, global_batch, epochs,
                                 plan.threads or 1)
 
 
@@ -217,8 +222,8 @@ def _run_plan(cfg: CompareConfig, out: Path, runs, modes) -> int:
         results = _launch_runs(cfg, out, runs)
     swept, sweep_lines = _sweep(cfg, modes, train_args, out, timing)
     write_csv(results + swept, out / "summary.csv")
-    plots = write_plots(results, out, cfg.target) + (["sweep.png"] if swept else [])
-    report = write_report(results, out / "report.md", cfg.target, cfg.workers, _describe(cfg),
+    plots = write_plots(results, out, cfg.goal) + (["sweep.png"] if swept else [])
+    report = write_report(results, out / "report.md", cfg.goal, cfg.workers, _describe(cfg),
                           plots, sweep_lines)
     print("\n" + report.split("\n## Plots")[0].rstrip())
     failed = sum(r.status != "ok" for r in results)
@@ -246,17 +251,18 @@ def _launch_runs(cfg: CompareConfig, out: Path, runs) -> list:
         run_dir = out / "runs" / run.name
         if status["status"] != "ok":
             status["reason"] += f": {last_lines(run_dir / OUTPUT)}"
-        result = read_result(run, run_dir, status, cfg.target)
+        result = read_result(run, run_dir, status, cfg.goal)
         results.append(result)
         if status.get("skipped"):
             line = "skipped (finished earlier; --force runs it again)"
         elif result.status != "ok":
             line = f"FAILED ({result.reason}); output in {run_dir / OUTPUT}"
         else:
-            reached = (f"reached {cfg.target:.0%} at {result.time_to_target:.2f} s"
-                       if result.time_to_target is not None else f"did not reach {cfg.target:.0%}")
-            line = (f"ok in {status['seconds']:.1f} s: test acc {result.final_test_acc:.4f}, "
-                    f"{reached}")
+            reached = (f"reached {cfg.goal.short()} at {result.time_to_target:.2f} s"
+                       if result.time_to_target is not None else
+                       f"did not reach {cfg.goal.short()}")
+            final = ("-" if result.final_value is None else f"{result.final_value:.4f}")
+            line = f"ok in {status['seconds']:.1f} s: {cfg.goal.label} {final}, {reached}"
         tqdm.write(f"[{i}/{len(runs)}] {run.name}: {line}", file=sys.stdout)
     bar.close()
     return results

@@ -213,7 +213,8 @@ LOG = "metrics.jsonl"
 @dataclass
 class RunLog:
     """What --from-run reads of a finished run: its header (the full config), its epochs' step
-    times, and its evaluations (the curve of results.curve: training seconds, accuracy)."""
+    times, and its evaluations (the curve of results.curve: training seconds, every test
+    metric)."""
 
     folder: Path
     header: dict
@@ -231,6 +232,16 @@ class RunLog:
     def best_accuracy(self) -> float | None:
         scored = [p["test_acc"] for p in self.curve if p.get("test_acc") is not None]
         return max(scored) if scored else None
+
+    def metrics(self) -> list[str]:
+        """The test metrics the run's evaluations gave a value for (test_loss, test_acc, the
+        user's own), in the order of its log."""
+        return list(dict.fromkeys(k for p in self.curve for k, v in p.items()
+                                  if k.startswith("test_") and v is not None))
+
+    def best(self, target) -> float | None:
+        """The best value of ``target``'s metric (a Target) the run reached, in its direction."""
+        return target.best([p.get(target.metric) for p in self.curve])
 
 
 def read_run(folder: str | Path) -> RunLog:
@@ -261,8 +272,8 @@ def read_run(folder: str | Path) -> RunLog:
                           "recorded, or ended before its first epoch; train it again with this "
                           "hvdtrain for at least 3 epochs")
     run = RunLog(folder, header, epochs, curve(records))
-    if run.best_accuracy() is None:
-        raise ConfigError(f"--from-run: {path} has no test accuracy: the run never evaluated "
+    if not run.metrics():  # a language model's run has a test_loss and no test_acc
+        raise ConfigError(f"--from-run: {path} has no test figures: the run never evaluated "
                           "(a dataset without a test split, or --eval-every 0); train it again "
                           "with evaluations (--eval-every 1)")
     return run

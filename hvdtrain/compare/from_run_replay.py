@@ -23,6 +23,7 @@ from ..rules.registry import FAMILIES, Mode, modes
 from .from_run import RunFit, RunLog, fit_epochs, run_speeds, split_warmup
 from .results import time_to_target
 from .stats import bootstrap_ci, separated
+from .target_metric import Target, check_reported
 
 # The train flags a replay takes from the run's config, by section: what it trains, on what,
 # how and for how long. The rest (the mode's options, the run folder, checkpoints, logging,
@@ -136,7 +137,7 @@ class Prediction:
                 "run_low": span and span[0], "run_high": span and span[1]}
 
 
-def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
+def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: Target | str | float,
            apply_seconds: float) -> tuple[list[Prediction], RunFit]:
     """Every mode, every seed, on the fit of the run's epochs (the first left out with its
     warm-up): each seed has its own draws, initial weights and data order; its virtual time
@@ -144,6 +145,7 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
     expected time and single runs. Returns the predictions and the fit."""
     from .sim.sweep import simulate_run
 
+    target = Target.of(target)  # a float: a test accuracy
     own = mode_of_run(run.config)
     first, fitted = split_warmup(run.epochs)
     lock_step = not own.is_async or own.bsp
@@ -163,7 +165,7 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
                 continue
             if result.status != "ok":
                 prediction.failed.append(result.reason)
-            at = next((p for p in result.curve if (p.get("test_acc") or 0) >= target), None)
+            at = target.first_reached(result.curve)
             if result.status != "ok" or at is None:
                 prediction.times.append(None)
                 continue
@@ -174,8 +176,8 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: float,
     return predictions, fit
 
 
-def real_time_to_target(run: RunLog, target: float) -> float | None:
-    """The run's training seconds at its first evaluation at or above ``target``."""
+def real_time_to_target(run: RunLog, target: Target | str | float) -> float | None:
+    """The run's training seconds at its first evaluation that reaches ``target``."""
     return time_to_target(run.curve, target)
 
 
@@ -243,8 +245,7 @@ def main(cfg) -> int:
     from .sim.timing import measure_timing
 
     run = read_run(cfg.from_run)
-    best = run.best_accuracy()
-    target = min(cfg.target, best)
+    target, capped = run_target(cfg.goal, run)
     modes = list(cfg.planned_modes())
     own = mode_of_run(run.config)
     if own not in modes:
@@ -252,11 +253,10 @@ def main(cfg) -> int:
     check_out(cfg.out, run)  # before the replay's minute, not after
     args = train_args_from_config(run.config)
     apply_seconds = measure_timing(args, step_seconds=1.0).apply_seconds
-    capped = (f" (the best the run reached; --target {cfg.target:g} is above it)"
-              if target < cfg.target else "")
     print(f"hvdtrain compare --from-run {run.folder}: {run.header['model']} on "
           f"{run.num_workers} workers in mode {own.name}; replaying {len(modes)} modes x "
-          f"{cfg.seeds} seeds up to test accuracy {target:.4g}{capped} ...", flush=True)
+          f"{cfg.seeds} seeds up to {target.metric} {target.op} {target.value:.4g}{capped} "
+          "...", flush=True)
     seeds = [int(run.config["run"]["seed"]) + i for i in range(cfg.seeds)]
     predictions, fit = replay(run, modes, seeds, target, apply_seconds)
     real = real_time_to_target(run, target)
@@ -266,12 +266,30 @@ def main(cfg) -> int:
         _verdict(own_prediction, real, ok) + "\n\nrecommendation: " + recommend(predictions)
     print("\n" + table, flush=True)
     folder = output_folder(cfg.out, run)
-    write_answer(folder, {"run": str(run.folder), "target": target, "own_mode": own.name,
+    write_answer(folder, {"run": str(run.folder), "target": target.value,
+                          "target_metric": target.metric, "target_op": target.op,
+                          "own_mode": own.name,
                           "real_time_to_target": real, "own_mode_overlaps": ok,
                           "recommendation": recommend(predictions), "fit": _fit_record(fit),
                           "predictions": [p.row() for p in predictions]}, table)
     print(f"\nanswer: {folder / 'from_run.md'}, {folder / 'from_run.json'}", flush=True)
     return 0
+
+
+def run_target(goal: Target, run: RunLog) -> tuple[Target, str]:
+    """(the target to replay to, a note when it is not --target's): --target's metric must be
+    one the run evaluated (a language model's run has test_loss, no test_acc), and a value
+    beyond the best the run reached is capped there, so that the run's own time can be
+    checked."""
+    check_reported(goal, run.metrics(), f"the run {run.folder}")
+    best = run.best(goal)
+    if best is None:
+        raise ConfigError(f"--from-run: every evaluation of {run.folder} gave {goal.metric} as "
+                          "NaN or infinite; train it again until its evaluations are numbers")
+    target = goal.capped(best)
+    if target == goal:
+        return target, ""
+    return target, (f" (the best the run reached; --target {goal.stop_at()} lies beyond it)")
 
 
 def describe_fit(fit: RunFit) -> str:
@@ -292,8 +310,11 @@ def describe_fit(fit: RunFit) -> str:
     return "\n".join(lines)
 
 
-def prediction_table(predictions: list[Prediction], target: float) -> str:
-    lines = [f"| mode | reached {target:.4g} | predicted s to target (95% CI) | one run, 95% of "
+def prediction_table(predictions: list[Prediction], target: Target | str | float) -> str:
+    target = Target.of(target)
+    reached = (f"{target.value:.4g}" if target.is_accuracy else
+               f"{target.metric} {target.op} {target.value:.4g}")
+    lines = [f"| mode | reached {reached} | predicted s to target (95% CI) | one run, 95% of "
              "the time, s |", "|---|---|---|---|"]
     for p in predictions:
         ci, span = p.ci(), p.run_range()

@@ -23,6 +23,7 @@ from ..rules.registry import FAMILIES
 from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
 from . import plan as planning
+from .target_metric import Target
 
 # What the plan sets on every run's command line, and the compare flag to use instead: given in
 # --train-args too, the later flag would silently win and the runs would no longer be the plan.
@@ -113,7 +114,12 @@ class CompareConfig:
                        "per second of the whole job, restarts included; not with "
                        "--simulate or --from-run, which inject no faults")
     max_restarts: int = _opt(3, "--faults: launches of a failed sync run after the first")
-    target: float = _opt(0.95, "test accuracy to reach")
+    target: str = _opt("test_acc>=0.95", "what every run races to, as --stop-at writes it: "
+                       "NAME>=VALUE or NAME<=VALUE with NAME a test_ metric the runs report, "
+                       "e.g. test_acc>=0.95, test_loss<=1.9 (a language model's token loss) or "
+                       "a metric of your own workload; a bare number is a test accuracy "
+                       "(0.95: test_acc>=0.95). Checked against the workload's metrics before "
+                       "any run starts")
     epochs: int | None = _opt(None, "the budget of every run", type=int)
     eval_every_steps: int | None = _opt(None, "evaluate every N global steps (async: of the job, "
                                         "as worker 0 sees them), which times the target to "
@@ -263,8 +269,10 @@ class CompareConfig:
             raise ConfigError(f"--workers: invalid value {self.workers}; use 1 or more")
         if self.seeds < 1:
             raise ConfigError(f"--seeds: invalid value {self.seeds}; use 1 or more")
-        if not 0 < self.target <= 1:
-            raise ConfigError(f"--target: invalid value {self.target}; use an accuracy in (0, 1]")
+        try:
+            self.goal = Target.parse(self.target)  # what the plan, report and simulator judge
+        except ValueError as e:
+            raise ConfigError(f"--target: invalid value {self.target!r}; {e}") from None
         if self.epochs < 1:
             raise ConfigError(f"--epochs: invalid value {self.epochs}; use 1 or more")
         if self.eval_every_steps < 0:

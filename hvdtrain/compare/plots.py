@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .report import summarize
 from .results import RunResult
+from .target_metric import Target
 
 
 def _pyplot():
@@ -29,8 +30,8 @@ def _curves(results, conditions, colors, x_key, y_key, xlabel, ylabel, title, pa
         for r in results:
             if r.straggler != condition or not r.curve:
                 continue
-            xs = [p[x_key] for p in r.curve if p[y_key] is not None]
-            ys = [p[y_key] for p in r.curve if p[y_key] is not None]
+            xs = [p[x_key] for p in r.curve if p.get(y_key) is not None]
+            ys = [p[y_key] for p in r.curve if p.get(y_key) is not None]
             ax.plot(xs, ys, marker="o", markersize=3, color=colors[r.mode], alpha=0.8,
                     label=None if r.mode in labelled else r.mode)
             labelled.add(r.mode)
@@ -102,7 +103,7 @@ def _staleness(results, conditions, modes, colors, path):
     plt.close(fig)
 
 
-def write_sweep_plot(results: list[RunResult], path: Path, target: float) -> None:
+def write_sweep_plot(results: list[RunResult], path: Path, target: Target | str | float) -> None:
     """Simulated time to target against the number of workers, one line per mode, one panel per
     straggler condition (a missing point: that mode did not reach the target there)."""
     plt = _pyplot()
@@ -125,22 +126,33 @@ def write_sweep_plot(results: list[RunResult], path: Path, target: float) -> Non
         ax.set_xlabel("workers (simulated)")
         ax.grid(alpha=0.3)
         ax.legend()
-    axes[0][0].set_ylabel(f"virtual seconds to {target:.0%}")
+    axes[0][0].set_ylabel(f"virtual seconds to {Target.of(target).short()}")
     fig.suptitle("Simulated cluster: time to target against workers")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def write_plots(results: list[RunResult], out: Path, target: float) -> list[str]:
-    """Write the figures; returns their file names (relative to ``out``)."""
+def target_plot_name(target: Target | str | float) -> str:
+    """The file of the target's metric against time: accuracy_vs_time.png as it always was,
+    else named after the metric (test_loss_vs_time.png)."""
+    target = Target.of(target)
+    return "accuracy_vs_time.png" if target.metric == "test_acc" else \
+        f"{target.metric}_vs_time.png"
+
+
+def write_plots(results: list[RunResult], out: Path, target: Target | str | float) -> list[str]:
+    """Write the figures; returns their file names (relative to ``out``). The first plots the
+    target's metric (a loss target: falling curves down to its line)."""
+    target = Target.of(target)
     conditions = list(dict.fromkeys(r.straggler for r in results))
     modes = list(dict.fromkeys(r.mode for r in results))
     colors = _colors(modes)
     files = {
-        "accuracy_vs_time.png": lambda p: _curves(
-            results, conditions, colors, "wall_seconds", "test_acc", "training time (s)",
-            "test accuracy", "Test accuracy against wall time", p, target),
+        target_plot_name(target): lambda p: _curves(
+            results, conditions, colors, "wall_seconds", target.metric, "training time (s)",
+            target.label, f"{target.label[:1].upper()}{target.label[1:]} against wall time", p,
+            target.value),
         "loss_vs_steps.png": lambda p: _curves(
             results, conditions, colors, "step", "train_loss", "steps (of worker 0)",
             "training loss (epoch mean)", "Training loss against steps", p),

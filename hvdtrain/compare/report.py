@@ -9,8 +9,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..stragglers import parse_straggler
-from .results import RunResult
+from .results import RunResult, final_value
 from .stats import bootstrap_ci, separated
+from .target_metric import Target
 
 
 def write_csv(results: list[RunResult], path: Path) -> None:
@@ -53,9 +54,20 @@ def ceiling(straggler: str, workers: int) -> float | None:
     return None
 
 
-def summarize(results: list[RunResult], workers: int | None = None) -> dict[tuple[str, str], dict]:
+def final(r: RunResult, target: Target) -> float | None:
+    """A run's last value of the target's metric (a row made without one: its accuracy)."""
+    if r.final_value is not None:
+        return r.final_value
+    value = final_value(r.curve, target.metric)
+    return r.final_test_acc if value is None and target.metric == "test_acc" else value
+
+
+def summarize(results: list[RunResult], workers: int | None = None,
+              target: Target | str | float = 0.95) -> dict[tuple[str, str], dict]:
     """(straggler, mode) -> figures across seeds, in plan order: means with 95% bootstrap
-    intervals over the seeds (stats.py), and each mode against sync under the same condition."""
+    intervals over the seeds (stats.py), and each mode against sync under the same condition;
+    ``final`` is the last value of the ``target``'s metric."""
+    target = Target.of(target)
     groups: dict[tuple[str, str], list[RunResult]] = defaultdict(list)
     for r in results:
         groups[(r.straggler, r.mode)].append(r)
@@ -70,7 +82,7 @@ def summarize(results: list[RunResult], workers: int | None = None) -> dict[tupl
             # samples every worker trained on until the target: what staleness costs in work
             "samples_to_target": _mean_std([r.time_to_target * r.samples_per_sec for r in reached
                                             if r.samples_per_sec]),
-            "acc": _mean_std([r.final_test_acc for r in ok if r.final_test_acc is not None]),
+            "final": _mean_std([v for v in (final(r, target) for r in ok) if v is not None]),
             "rate": _mean_std([r.samples_per_sec for r in ok if r.samples_per_sec]),
             "staleness": _mean_std([r.mean_staleness for r in ok if r.mean_staleness is not None]),
         }
@@ -96,22 +108,24 @@ def _vs_sync(s: dict) -> str:
     return text
 
 
-def finding(summary: dict[tuple[str, str], dict], straggler: str, target: float) -> str:
+def finding(summary: dict[tuple[str, str], dict], straggler: str,
+            target: Target | str | float) -> str:
     """Which mode reached the target first under this straggler condition, against sync. A
     winner is named only when its 95% interval and the next one's do not overlap."""
+    target = Target.of(target)
     rows = {mode: s for (st, mode), s in summary.items() if st == straggler}
     label = ("without a straggler" if straggler == "none" else
              f"with straggler {straggler} ({parse_straggler(straggler).describe()})")
     complete = {m: s for m, s in rows.items() if s["runs"] and s["reached"] == s["runs"]}
     missing = [m for m in rows if m not in complete]
-    note = (f" Not every run of {', '.join(missing)} reached {target:.0%} (see the table), so "
+    note = (f" Not every run of {', '.join(missing)} reached {target.short()} (see the table), so "
             "those modes are not ranked." if missing else "")
     if not complete:
-        return f"- {_capitalized(label)}: no mode reached {target:.0%} in every run.{note}"
+        return f"- {_capitalized(label)}: no mode reached {target.short()} in every run.{note}"
     ranked = sorted(complete, key=lambda m: complete[m]["time_ci"][0])
     best = ranked[0]
     parts = [f"{m} {_ci(complete[m]['time_ci'])} s" for m in ranked]
-    text = (f"- {_capitalized(label)}: time to {target:.0%} test accuracy (mean [95% interval]), "
+    text = (f"- {_capitalized(label)}: time to {target.describe()} (mean [95% interval]), "
             f"fastest first: {', '.join(parts)}.")
     if len(ranked) == 1:
         return text + note
@@ -155,20 +169,22 @@ def conditions_in_words(conditions: list[str]) -> list[str]:
     return lines
 
 
-def write_report(results: list[RunResult], path: Path, target: float, workers: int,
-                 description: str, plots: list[str], extra: list[str] = ()) -> str:
+def write_report(results: list[RunResult], path: Path, target: Target | str | float,
+                 workers: int, description: str, plots: list[str], extra: list[str] = ()) -> str:
     """The Markdown report; ``extra``: more sections (the simulated sweep), before the plots."""
-    summary = summarize(results, workers)
+    target = Target.of(target)
+    summary = summarize(results, workers, target)
     conditions = list(dict.fromkeys(r.straggler for r in results))
     lines = [
-        "# Sync vs async: which reaches the target accuracy sooner, here?", "",
+        f"# Sync vs async: which reaches the target {target.title_word} sooner, here?", "",
         description, "",
         *conditions_in_words(conditions), "",
-        f"Target: {target:.0%} test accuracy. Time to target: seconds of training (from the first "
-        "step; start-up and the evaluations' own time excluded) until the first evaluation at or "
-        "above the target; the mean over the seeds that reached it, with its 95% bootstrap "
-        "interval over the seeds in brackets. Samples to target: every worker's training samples "
-        "until then (samples/s times the time), against sync's: what staleness costs in work. "
+        f"Target: {target.describe()}. Time to target: seconds of training (from the first "
+        "step; start-up and the evaluations' own time excluded) until the first evaluation "
+        f"{target.side} the target; the mean over the seeds that reached it, with its 95% "
+        "bootstrap interval over the seeds in brackets. Samples to target: every worker's "
+        "training samples until then (samples/s times the time), against sync's: what "
+        "staleness costs in work. "
         "Samples/s: every worker's training samples over the run's training time. Throughput "
         "vs sync: samples/s against sync's under the same condition; under a persistent k-times "
         "straggler no scheme whose steps cost what sync's cost can exceed the ceiling "
@@ -180,7 +196,8 @@ def write_report(results: list[RunResult], path: Path, target: float, workers: i
         f"gradient the server applied (sync is 0 by definition). Every mode has {workers} "
         "workers; async modes add parameter-server processes.", "",
         "| straggler | mode | runs ok | reached target | time to target (s) | samples to target "
-        "vs sync | final test acc | samples/s | throughput vs sync | mean staleness |",
+        f"vs sync | final {target.metric.replace('_', ' ')} | samples/s | throughput vs sync | "
+        "mean staleness |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (straggler, mode), s in summary.items():
@@ -188,7 +205,7 @@ def write_report(results: list[RunResult], path: Path, target: float, workers: i
         samples = "-" if s["samples_vs_sync"] is None else f"{s['samples_vs_sync']:.2f}x"
         lines.append(
             f"| {straggler} | {mode} | {runs_ok} | {s['reached']}/{s['runs']} | "
-            f"{_ci(s['time_ci'])} | {samples} | {_fmt(*s['acc'], digits=4)} | "
+            f"{_ci(s['time_ci'])} | {samples} | {_fmt(*s['final'], digits=4)} | "
             f"{_fmt(*s['rate'], digits=0)} | {_vs_sync(s)} | {_fmt(*s['staleness'])} |")
     lines += ["", "## Finding", ""] + [finding(summary, c, target) for c in conditions]
     failed = [r for r in results if r.status != "ok"]
@@ -230,8 +247,8 @@ def faults_table(results: list[RunResult]) -> list[str]:
     return lines
 
 
-def sweep_table(results: list[RunResult], target: float, timings: dict, global_batch: int,
-                epochs: int, threads: int) -> list[str]:
+def sweep_table(results: list[RunResult], target: Target | str | float, timings: dict,
+                global_batch: int, epochs: int, threads: int) -> list[str]:
     """The report's section on the simulated sweep: time to target per (straggler, workers,
     mode), on the virtual clock. ``timings``: the Timing of each number of workers; the workers
     share ``global_batch`` (strong scaling); ``epochs``: the runs' budget; ``threads``: each
@@ -251,7 +268,8 @@ def sweep_table(results: list[RunResult], target: float, timings: dict, global_b
              f"(--lr x N, after warmup) is the plan's at every N. A step's compute, measured "
              f"here with each N's batch on {threads} thread(s): {steps or '-'}.{network} Every "
              f"run stops at the target (budget: {epochs} epochs). Times are virtual seconds to "
-             f"{target:.0%}, mean [95% interval] over the seeds that reached it.", "",
+             f"{Target.of(target).short()}, mean [95% interval] over the seeds that reached it.",
+             "",
              "| straggler | workers | batch per worker | mode | reached target | time to target "
              "(virtual s) | samples/s (virtual) |", "|---|---|---|---|---|---|---|"]
     groups: dict[tuple, list[RunResult]] = defaultdict(list)

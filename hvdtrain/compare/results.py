@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..run_output import read_jsonl
 from .plan import PlannedRun
+from .target_metric import Target
 
 
 @dataclass
@@ -18,12 +19,14 @@ class RunResult:
     status: str                 # ok | failed
     reason: str
     final_test_acc: float | None
-    time_to_target: float | None  # seconds of training until the first evaluation >= target
+    time_to_target: float | None  # seconds of training until the first evaluation that reaches
+                                  # the target (--target: a metric, >= or <=, a value)
     samples_per_sec: float | None  # samples trained on / worker 0's training time (see below)
     mean_staleness: float | None   # async: mean over every applied gradient; sync: 0
     wall_seconds: float | None
     curve: list[dict]              # per evaluation: step, wall_seconds (of training: the
-                                   # evaluations' own time left out), train_loss, test_acc
+                                   # evaluations' own time left out), train_loss, test_acc and
+                                   # every other test_ metric it reported (test_loss...)
     staleness_histogram: dict[int, int]
     workers: int | None = None     # simulated runs (compare/sim/): the virtual workers
     simulated: bool = False        # True: on the simulator's virtual clock, not a real launch
@@ -32,6 +35,7 @@ class RunResult:
     # start-ups included; 0 when the job never finished
     restarts: int | None = None
     goodput: float | None = None
+    final_value: float | None = None  # the last evaluation's value of the --target's metric
 
     def row(self) -> dict:
         out = asdict(self)
@@ -40,11 +44,17 @@ class RunResult:
         return out
 
 
-def time_to_target(curve: list[dict], target: float) -> float | None:
-    for point in curve:
-        if point.get("test_acc") is not None and point["test_acc"] >= target:
-            return point["wall_seconds"]
-    return None
+def time_to_target(curve: list[dict], target: Target | str | float) -> float | None:
+    """Training seconds at the first evaluation that reaches ``target`` (a float: a test
+    accuracy), None if none did."""
+    point = Target.of(target).first_reached(curve)
+    return None if point is None else point["wall_seconds"]
+
+
+def final_value(curve: list[dict], metric: str) -> float | None:
+    """The last evaluation's value of ``metric`` (test_loss, test_acc...)."""
+    scored = [p[metric] for p in curve if p.get(metric) is not None]
+    return scored[-1] if scored else None
 
 
 def training_seconds(record: dict) -> float:
@@ -60,7 +70,8 @@ def curve(records: list[dict]) -> list[dict]:
     points have one."""
     points = [{"step": r["step"], "wall_seconds": training_seconds(r),
                "train_loss": r.get("train_loss") if r["type"] == "epoch" else None,
-               "test_acc": r.get("test_acc")}
+               "test_acc": r.get("test_acc"),
+               **{k: v for k, v in r.items() if k.startswith("test_")}}
               for r in records if r["type"] in ("eval", "epoch")]
     return sorted(points, key=lambda p: p["step"])  # stable: log order within a step
 
@@ -91,7 +102,11 @@ def model_samples(header: dict, epochs: list[dict], end: dict) -> int:
     return sum(e["samples"] for e in done) + (end["step"] - since) * batch * now
 
 
-def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> RunResult:
+def read_result(run: PlannedRun, run_dir: Path, status: dict,
+                target: Target | str | float) -> RunResult:
+    """The run's row, its time to ``target`` read off its evaluations (a float: a test
+    accuracy)."""
+    target = Target.of(target)
     result = RunResult(run.name, run.mode.name, run.straggler or "none", run.seed,
                        status["status"], status.get("reason", ""), None, None, None, None, None,
                        [], {})
@@ -113,8 +128,8 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict, target: float) -> 
         result.status, result.reason = "failed", f"unreadable metrics log: {e}"
         return result
     result.curve = curve(records)
-    scored = [p["test_acc"] for p in result.curve if p.get("test_acc") is not None]
-    result.final_test_acc = scored[-1] if scored else None
+    result.final_test_acc = final_value(result.curve, "test_acc")
+    result.final_value = final_value(result.curve, target.metric)
     result.time_to_target = time_to_target(result.curve, target)
     result.wall_seconds = training_seconds(end)
     result.samples_per_sec = (samples_trained(header, scheme, end, epochs) / result.wall_seconds

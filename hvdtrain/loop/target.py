@@ -14,6 +14,12 @@ from ..config import ConfigError, RunConfig, parse_stop_at
 from .best import evaluation_metrics, judged_value
 
 
+def reaches(value: float, op: str, target: float) -> bool:
+    """Whether ``value`` reaches ``target`` in the direction ``op`` (">=" or "<=", as
+    parse_stop_at returns it); also compare's judge of its runs (compare/target_metric.py)."""
+    return value >= target if op == ">=" else value <= target
+
+
 class TargetStop:
     def __init__(self, run: RunConfig, metric_names: list[str], has_test_split: bool):
         self.text = run.stop_at.strip()
@@ -38,6 +44,6 @@ class TargetStop:
         value = judged_value(test, self.metric, "--stop-at")
         if value is None:
             return  # a NaN evaluation reaches nothing
-        if (value >= self.value) if self.op == ">=" else (value <= self.value):
+        if reaches(value, self.op, self.value):
             self.reached = f"{self.metric} {value:.6g} {self.op} {self.value:g} at step " \
                            f"{global_step}"

@@ -3,6 +3,8 @@ a failed run shown as failed, and bad flags (the plan and the report are unit-te
 tests/unit/test_compare.py)."""
 
 import csv
+import json
+import re
 
 import pytest
 
@@ -10,7 +12,7 @@ from hvdtrain.cli import build_parser
 from hvdtrain.compare.command import validate
 from hvdtrain.compare.report import parse_table
 from hvdtrain.config import ConfigError
-from launch import hvdtrain, run
+from launch import REPO, hvdtrain, run
 
 pytestmark = pytest.mark.multiproc
 
@@ -100,3 +102,41 @@ def test_compare_under_faults_reports_goodput_and_restarts(tmp_path):
     assert float(rows["async"]["goodput (samples/s)"]) > 0
     output = (tmp_path / "runs" / "sync-seed0" / "output.txt").read_text()
     assert "restart 1 of at most 1, with --auto-resume" in output
+
+
+LM = "tests/helpers/user/tiny_lm.py"  # a tiny GPT, its text and its token loss (relative to REPO)
+
+
+@pytest.mark.multiproc
+def test_a_language_model_from_files_is_compared_on_its_loss_and_from_its_run(tmp_path):
+    """Issue 43: a user's language model (model, data and token loss from files) reports a test
+    loss and no accuracy. Compared on --target test_loss<=X, every mode gets a time to target
+    with its interval, and --from-run on one of its runs predicts every mode too. Tiny: the
+    loss falls below 2.8 in the second epoch, 2 modes without a server, 2 seeds."""
+    out, answers = tmp_path / "compare", tmp_path / "answers"
+    target = ["--target", "test_loss<=2.8", "--modes", "sync,local", "--local-steps", "2",
+              "--seeds", "2"]
+    proc = run(hvdtrain("compare", "--out", str(out), *target, "--epochs", "4",
+                        "--stragglers", "none", "--dataset", f"{LM}:corpus",
+                        "--model", f"{LM}:build", "--eval-every-steps", "2",
+                        f"--train-args=--loss {LM}:token_loss --optimizer adam --lr 0.003 "
+                        "--batch-size 16", "--run-timeout", "60"), cwd=REPO, timeout=240)
+    table = parse_table((out / "report.md").read_text())
+    assert [row["mode"] for row in table] == ["sync", "local2"], proc.stdout
+    for row in table:
+        assert row["reached target"] == "2/2", proc.stdout
+        mean, low, high = map(float, re.fullmatch(r"([\d.]+) \[([\d.]+), ([\d.]+)\]",
+                                                   row["time to target (s)"]).groups())
+        assert 0 < low <= mean <= high, row
+        assert float(row["final test loss"].split()[0]) <= 2.8, row
+    assert (out / "test_loss_vs_time.png").stat().st_size > 0
+
+    proc = run(hvdtrain("compare", "--from-run", str(out / "runs" / "sync-seed0"), "--out",
+                        str(answers), *target), cwd=REPO, timeout=120)
+    [folder] = (answers / "from-run").iterdir()
+    answer = json.loads((folder / "from_run.json").read_text())
+    assert (answer["target_metric"], answer["target_op"]) == ("test_loss", "<="), answer
+    assert answer["real_time_to_target"] is not None, proc.stdout
+    for p in answer["predictions"]:
+        assert p["mode"] in ("sync", "local2") and len(p["times"]) == 2, p
+        assert p["ci_low"] <= p["mean"] <= p["ci_high"], (p, proc.stdout)

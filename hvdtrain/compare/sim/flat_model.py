@@ -62,16 +62,18 @@ class _FlatModel:
             p.grad = flat_grad[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
 
-    def evaluate(self, test) -> tuple[float | None, float | None]:
-        """(test loss, test accuracy) of the loaded weights over the whole test split."""
+    def evaluate(self, test) -> dict[str, float | None]:
+        """The loaded weights' test figures over the whole test split, named as a real run's
+        log names them: test_loss, and test_NAME for each of the workload's metrics (test_acc,
+        or the user's own; None where it counted nothing). {} without a test split."""
         if test is None:
-            return None, None
+            return {}
         stats = self.replica.evaluate(test.eval_batches(0, 1, EVAL_BATCH))
         if stats is None or not stats.count:
-            return None, None
-        acc = stats.metrics.get("acc")
-        return (stats.loss_sum.item() / stats.count,
-                float(acc[0]) / float(acc[1]) if acc and float(acc[1]) else None)
+            return {}
+        return {"test_loss": stats.loss_sum.item() / stats.count,
+                **{f"test_{name}": float(s) / float(c) if float(c) else None
+                   for name, (s, c) in stats.metrics.items()}}
 
 
 @dataclass

@@ -67,8 +67,9 @@ from ...ps.protocol import chunk_bounds, chunk_elements
 from ...scheme import Progress
 from ...stragglers import StragglerModel
 from ..plan import Mode
-from ..results import RunResult, time_to_target
+from ..results import RunResult, final_value, time_to_target
 from ..share_clock import ShareClock
+from ..target_metric import Target
 from .flat_model import _Setup
 from .link import gradient_bytes, wire_bytes
 from .local_run import LocalRun
@@ -108,12 +109,13 @@ class Simulation:
     ``pushes`` every gradient the server received (async modes)."""
 
     def __init__(self, mode: Mode, workers: int, straggler: str, seed: int,
-                 train_args: Sequence[str], target: float, timing: Timing,
+                 train_args: Sequence[str], target: Target | str | float, timing: Timing,
                  eval_every_steps: int | None = None, stop_at_target: bool = False,
                  delays: StragglerModel | None = None):
         _check_arguments(mode, workers, eval_every_steps)
         timing.check()
-        self.mode, self.num_workers, self.seed, self.target = mode, workers, seed, target
+        self.mode, self.num_workers, self.seed = mode, workers, seed
+        self.target = Target.of(target)  # a float: a test accuracy
         self.stop_at_target = stop_at_target
         self.straggler_text = straggler.strip() if straggler.strip().lower() != "none" else ""
         self.timing = timing
@@ -211,14 +213,15 @@ class Simulation:
         evaluating costs no virtual time."""
         if weights is not None:
             self.setup.model.flat.copy_(weights)
-        test_loss, test_acc = self.setup.model.evaluate(self.setup.workload.test)
+        test = self.setup.model.evaluate(self.setup.workload.test)
         train_loss = self._loss_sum / self._loss_count if self._loss_count else None
         self.curve.append({"step": self._worker_steps // self.num_workers, "wall_seconds": at,
-                           "train_loss": train_loss, "test_acc": test_acc,
-                           "test_loss": test_loss})
+                           "train_loss": train_loss, "test_acc": test.get("test_acc"),
+                           "test_loss": test.get("test_loss"), **test})
         self._loss_sum, self._loss_count = 0.0, 0
         self._changed = False
-        if self.stop_at_target and test_acc is not None and test_acc >= self.target:
+        # judged as a real run's --stop-at judges it: the target's metric, in its direction
+        if self.stop_at_target and self.target.reached(test.get(self.target.metric)):
             raise _TargetReached  # unwinds whichever mode's loop is running
 
     def _finish(self, weights: torch.Tensor | None) -> None:
@@ -271,6 +274,7 @@ class Simulation:
             name=run_name(self.mode, self.num_workers, self.straggler_text, self.seed),
             mode=self.mode.name, straggler=self.straggler_text or "none", seed=self.seed,
             status="ok", reason="", final_test_acc=final["test_acc"],
+            final_value=final_value(self.curve, self.target.metric),
             time_to_target=time_to_target(self.curve, self.target),
             samples_per_sec=self._samples / wall if wall > 0 else None,
             mean_staleness=mean_staleness, wall_seconds=wall, curve=self.curve,

@@ -10,13 +10,15 @@ from ...config import ConfigError
 from ...stragglers import StragglerModel
 from ..plan import Mode
 from ..results import RunResult
+from ..target_metric import Target
 from .flat_model import config_from_train_args
 from .simulation import Simulation, failed_result
 from .timing import Timing
 
 
 def simulate_run(mode: Mode, workers: int, straggler: str, seed: int, train_args: Sequence[str],
-                 target: float, timing: Timing, eval_every_steps: int | None = None,
+                 target: Target | str | float, timing: Timing,
+                 eval_every_steps: int | None = None,
                  stop_at_target: bool = False,
                  delays: StragglerModel | None = None) -> RunResult:
     """One simulated run: the RunResult a real run of ``mode`` on ``workers`` workers would
@@ -24,8 +26,9 @@ def simulate_run(mode: Mode, workers: int, straggler: str, seed: int, train_args
     epochs, batch size, optimizer...). Evaluations fall where a real run's do: at the ends of
     epochs (--eval-every) and every --eval-every-steps global steps, which ``eval_every_steps``
     overrides (a global step is every worker's batch once: a sync round, N async pushes).
-    With ``stop_at_target`` the run ends at the first evaluation at or above ``target`` (its
-    figures are then those up to there), as the time to target is all a sweep needs.
+    With ``stop_at_target`` the run ends at the first evaluation that reaches ``target`` (a
+    Target, compare/target_metric.py: its metric in its direction; a float: a test accuracy),
+    its figures then those up to there, as the time to target is all a sweep needs.
     ``delays``, in place of ``straggler``'s model, gives each worker's delay per step (an
     object with StragglerModel.delay, e.g. the per-worker fit of compare --from-run).
     Raises ConfigError for what cannot run (e.g. too few samples for N workers)."""
@@ -57,7 +60,7 @@ def strong_scaling_args(train_args: Sequence[str], workers: int,
 
 
 def sweep(modes: Sequence[Mode], worker_counts: Sequence[int], train_args: Sequence[str],
-          target: float, timing: Timing | Callable[[int], Timing],
+          target: Target | str | float, timing: Timing | Callable[[int], Timing],
           stragglers: Sequence[str] = ("",), seeds: Sequence[int] = (0,),
           eval_every_steps: int | None = None,
           progress: Callable[[RunResult], None] | None = None,
