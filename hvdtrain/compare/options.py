@@ -24,6 +24,7 @@ from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
 from . import plan as planning
 from .target_metric import Target
+from .target_metric import Target
 
 # What the plan sets on every run's command line, and the compare flag to use instead: given in
 # --train-args too, the later flag would silently win and the runs would no longer be the plan.
@@ -149,8 +150,10 @@ class CompareConfig:
                                 "workers' step times (each one's persistent speed and random "
                                 "delays) and replay every mode (default: one of each family; "
                                 "or --modes) with its model, data and flags on the simulated "
-                                "cluster, --seeds seeds each, to --target (at most the best "
-                                "accuracy the run reached); prints the predicted time to target "
+                                "cluster, --seeds seeds each, to --target (a metric the run "
+                                "evaluated, capped at the best value of it the run reached: "
+                                "the highest accuracy, the lowest loss); prints the predicted "
+                                "time to target "
                                 "per mode with intervals and a recommendation, and writes them "
                                 "into a new folder under OUT/from-run", type=str)
     # --- the simulated cluster (--simulate) and the sweep over workers
