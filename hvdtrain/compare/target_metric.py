@@ -36,6 +36,9 @@ class Target:
             parsed = parse_stop_at(text)
             if parsed is None:
                 raise ValueError("give a target, e.g. test_acc>=0.95 or test_loss<=1.9") from None
+            if parsed[0] == ACCURACY and not 0 <= parsed[2] <= 1:  # 95 for 95%: never reached
+                raise ValueError("test_acc is a fraction of the test samples, in [0, 1]; "
+                                 "e.g. test_acc>=0.95") from None
             return cls(*parsed)
         if not 0 < number <= 1:
             raise ValueError(f"a bare number is a test accuracy, in (0, 1]; for another metric "

@@ -46,6 +46,7 @@ def test_a_target_is_a_metric_a_direction_and_a_value_and_a_bare_number_is_accur
     ("1.5", "a bare number is a test accuracy, in (0, 1]"),
     ("0", "a bare number is a test accuracy"),
     ("test_loss<=nan", "write NAME>=VALUE"),
+    ("test_acc>=95", "test_acc is a fraction of the test samples, in [0, 1]"),
 ])
 def test_a_bad_target_says_how_to_write_one(tmp_path, value, words):
     with pytest.raises(ConfigError, match="--target: invalid value") as e:
