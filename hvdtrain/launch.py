@@ -178,6 +178,15 @@ def _train_sync(cfg: Config, workload: Workload, model):
     return Finished(history, run_dir, trainer, verdict)
 
 
+def _client_class(cfg: Config) -> type:
+    """The async workers' scheme: plain, or asynchronous DiLoCo (H inner steps per push)."""
+    if cfg.sync.local_steps != 1:
+        from .ps.diloco_client import DiLoCoClient
+        return DiLoCoClient
+    from .ps.client import ParameterServerClient
+    return ParameterServerClient
+
+
 def _run_async(cfg: Config, workload: Workload, model):
     from .runtime import start_mpi
 
@@ -198,7 +207,6 @@ def _run_async(cfg: Config, workload: Workload, model):
     topology = layout.topology
     from mpi4py import MPI
 
-    from .ps.client import ParameterServerClient
     from .ps.server import ParameterServer
 
     world = MPI.COMM_WORLD
@@ -214,7 +222,7 @@ def _run_async(cfg: Config, workload: Workload, model):
             server = ParameterServer(comm, cfg, topology)
             lost = _serve(server)
         else:
-            scheme = ParameterServerClient(cfg, runtime, comm, worker_comm, topology)
+            scheme = _client_class(cfg)(cfg, runtime, comm, worker_comm, topology)
             trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
             trainer.fit()
             workload.close()

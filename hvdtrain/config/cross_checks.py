@@ -25,6 +25,10 @@ def check_combinations(cfg: Any) -> None:
     staleness_lr.check_options(cfg)
     backup.check_options(cfg)
     wire_dtype.check_options(cfg)
+    if s.local_steps != 1 or s.outer_momentum_every:
+        # async DiLoCo's combinations; its rule brings torch, so only where it may apply
+        from ..rules.local_sgd import check_async_options
+        check_async_options(cfg)
     _check_restarts(cfg)
     _check_elastic(cfg)
     balance.check_room(cfg)
@@ -36,9 +40,6 @@ def check_combinations(cfg: Any) -> None:
         require(s.collective == "horovod", "--collective", s.collective,
                 "the parameter server talks MPI itself, with no collective backend; drop "
                 "--collective (it is for --mode sync)")
-        require(s.local_steps == 1, "--local-steps", s.local_steps,
-                "local SGD is for --mode sync; async workers already step apart (their "
-                "pulls are set by --pull-every); drop --local-steps or use --mode sync")
     per_pass = r.batch_size // k
     require(pl.micro_batches <= per_pass, "--micro-batches", pl.micro_batches,
             f"each backward pass sees --batch-size {r.batch_size} / "

@@ -29,7 +29,9 @@ class SyncConfig:
     backward_passes_per_step: int = opt(1, "gradient accumulation: split each per-worker "
                                         "batch into this many backward passes before one "
                                         "allreduce and update")
-    local_steps: int = opt(1, "local SGD (Lin et al. 2020): each worker takes this many "
+    local_steps: int = opt(1, "local SGD (Lin et al. 2020; with --mode async, asynchronous "
+                           "local SGD / DiLoCo through the server, docs/async.md): each worker "
+                           "takes this many "
                            "optimizer steps on its own gradients, then the workers average "
                            "their parameters and BatchNorm statistics; 1 averages the gradient "
                            "of every step (plain sync). The optimizer state (momentum, Adam "
@@ -48,6 +50,13 @@ class SyncConfig:
                           "The outer momentum is checkpointed")
     outer_momentum: float = opt(0.0, "--outer-lr: Nesterov momentum of the outer SGD, in "
                                 "[0, 1); 0.9 in the paper. 0: plain outer SGD")
+    outer_momentum_every: int = opt(0, "--mode async --local-steps H (asynchronous DiLoCo): "
+                                    "Delayed Nesterov (Liu et al. 2024): the server updates "
+                                    "the outer momentum once every N pushes, with the mean of "
+                                    "the N pseudo-gradients, and applies the pushes in between "
+                                    "as plain outer SGD steps; 1: plain Nesterov on every push "
+                                    "(which diverged on digits); 0: the default, 4. See "
+                                    "docs/async.md")
     fusion_threshold_mb: float = opt(64.0, "Horovod tensor fusion buffer in MiB "
                                      "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
     elastic: bool = opt(False, "Horovod elastic training: survive lost workers and take in new "

@@ -35,7 +35,8 @@ class Tag(IntEnum):
     DEBT = 20      # float64, server 0 -> a worker, before a reply: seconds it computed during an
                    # evaluation's pause, which it then sleeps (--eval-pauses-workers)
     LOST = 22      # int64 [worker, pushes], server 0 -> each live worker: that worker is lost
-    SLOT = 21      # int64 slots of the job's batch plan, server 0 -> a worker (ps/dispatch.py)
+    SLOT = 21      # int64 slots of the job's batch plan, server 0 -> a worker (ps/dispatch.py);
+                   # worker -> server 0: the slots an async DiLoCo push lists (SLOT_LIST)
     ENDED = 23     # int64 [worker, pushes], server 0 -> a lost worker's own process once the
                    # servers serve no more: nothing will answer it, and it leaves
                    # (Membership.job_ended)
@@ -79,6 +80,9 @@ NO_GRADIENT = 8  # on a PUSH: no gradient follows (an fp16 step that overflowed 
 WANT_SLOT = 16  # on a PUSH: it trained slot H_SLOT of the job's batch plan; server 0 marks it
                # done and hands out the next (one Tag.SLOT word, sent before any reply)
 HAS_PLAN = 32  # on INIT to server 0: the job's batch plan follows (a pickled dict, Tag.INFO)
+SLOT_LIST = 64  # on a PUSH with WANT_SLOT (async DiLoCo: a round of several batches): H_SLOT is
+                # a count k, and the k slots follow to server 0 (int64, Tag.SLOT); server 0
+                # marks them done and hands out k new ones in one Tag.SLOT message
 
 
 def make_header(kind: Kind, clock: int = 0, lr: float = 0.0, flags: int = 0, size: int = 0,

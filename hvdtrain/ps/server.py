@@ -30,8 +30,8 @@ from .membership import Membership
 from .pauses import EvalPauses
 from .pushes import ShardPort
 from .protocol import (H_CLOCK, H_FLAGS, H_KIND, H_LR, H_SIZE, H_SLOT, H_WORKER, HAS_PLAN,
-                       HAS_STATE, HEADER_LEN, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP,
-                       Kind, Tag, word_to_lr)
+                       HAS_STATE, HEADER_LEN, NO_GRADIENT, SLOT_LIST, WANT_PARAMS, WANT_SLOT,
+                       WANTS_STOP, Kind, Tag, word_to_lr)
 from .replacement import Replacements
 from .server_stats import ServerLoad
 from .shard import Shard
@@ -157,8 +157,12 @@ class ParameterServer:
             return
         if flags & WANT_SLOT and self.dispatcher is not None:
             # Its slot is done; its next one goes out now, before the reply, which may be held.
-            self.dispatcher.complete(int(self.header[H_SLOT]), worker)
-            slot_waiters.hand_out(self, worker)  # never held
+            slots = [int(self.header[H_SLOT])]
+            if flags & SLOT_LIST:  # a round of async DiLoCo: several slots, listed
+                slots = slot_waiters.receive_list(self, worker, slots[0])
+            for slot in slots:
+                self.dispatcher.complete(slot, worker)
+            slot_waiters.hand_out(self, worker, len(slots))  # never held
         self.load.push(worker, int(self.header[H_SIZE]), now)
         self.engine.on_push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
                             not flags & NO_GRADIENT, bool(flags & WANT_PARAMS),

@@ -14,8 +14,9 @@ import numpy as np
 import torch
 
 from .dispatch import NO_SLOT
-from .protocol import (HAS_PLAN, HAS_STATE, NO_GRADIENT, WANT_PARAMS, WANT_SLOT, WANTS_STOP, Kind,
-                       Tag, chunk_bounds, chunk_elements, make_header, shard_bounds)
+from .protocol import (H_FLAGS, HAS_PLAN, HAS_STATE, NO_GRADIENT, SLOT_LIST, WANT_PARAMS,
+                       WANT_SLOT, WANTS_STOP, Kind, Tag, chunk_bounds, chunk_elements,
+                       make_header, shard_bounds)
 from .shared_memory import HostWindow
 from .waiting import wait_any
 from .wire import WorkerWire
@@ -112,28 +113,40 @@ class ServerLink:
 
     # --- the hot path --------------------------------------------------------------------------
     def exchange(self, kind: Kind, header: dict[str, Any], want_params: bool, send_grads: bool,
-                 queue) -> None:
+                 queue, slots: list[int] | None = None) -> None:
         """One request to every server, all in flight at once: post the receives for the reply
         first, then the header and gradient chunks, then wait for everything. A chunk from a
         server on this host arrives as a READY word and is copied out of the shared window as
         soon as it is announced, while the server updates the next one. ``header``: the
         request's clock, lr, size and wants_stop; ``queue``: the slots of the job's batches
-        (server 0 sends the next one with a push's reply), or None."""
+        (server 0 sends the next one with a push's reply), or None. ``slots``: the slots a
+        push of async DiLoCo's round trained (several; server 0 sends as many new ones), in
+        place of the queue's current one."""
         if want_params:
             self.copies.before_parameters()
         # copies[i]: the parameters [a, b) that requests[i] brings, None for other messages
         requests, copies = self._post_replies(want_params, kind)
         slot = queue.current() if queue is not None and kind == Kind.PUSH else NO_SLOT
-        if slot != NO_SLOT:  # server 0 sends the next slot before the reply
-            requests.append(self.comm.Irecv(self._slot_word, source=self.leader, tag=Tag.SLOT))
+        listed = None  # async DiLoCo's push: the slots its round trained, each answered anew
+        if slots is not None and queue is not None:
+            listed = np.array(slots, dtype=np.int64)
+            slot = listed.size or NO_SLOT  # H_SLOT: how many follow
+        answer = self._slot_word if listed is None else np.empty(listed.size, np.int64)
+        if slot != NO_SLOT:  # server 0 sends the next slot(s) before the reply
+            requests.append(self.comm.Irecv(answer, source=self.leader, tag=Tag.SLOT))
             copies.append(None)
         words = self._header(kind, want_params=want_params, send_grads=send_grads, slot=slot,
                              **header)
+        if listed is not None and slot != NO_SLOT:
+            words[H_FLAGS] |= SLOT_LIST
         sends = self._send_request(words, send_grads)
+        if listed is not None and slot != NO_SLOT:  # server 0 reads them after the header
+            sends.append(self.comm.Isend(listed, dest=self.leader, tag=Tag.SLOT))
         requests, copies = requests + sends, copies + [None] * len(sends)
         self._complete(kind, header["clock"], requests, copies)
         if slot != NO_SLOT:
-            queue.receive(int(self._slot_word[0]))
+            for word in answer:
+                queue.receive(int(word))
         if want_params:
             self.copies.parameters_done()
 

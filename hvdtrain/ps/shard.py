@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..config import Config
+from ..rules.local_sgd import outer_step_of
 from .protocol import Tag, chunk_bounds, chunk_elements, shard_bounds
 from .shard_optimizer import ShardOptimizer
 from .shared_memory import HostWindow
@@ -39,7 +40,7 @@ class Shard:
         self.ready_words = np.arange(len(self.chunks), dtype=np.int64)  # READY payloads
         # Chunk i is updated as soon as it has arrived. The update rules are elementwise, so
         # chunked application is the same arithmetic as one step over the whole shard.
-        self.optimizer = ShardOptimizer(self.params, self.chunks, cfg.optim)
+        self.optimizer = ShardOptimizer(self.params, self.chunks, cfg.optim, outer_step_of(cfg))
         self.grad_buffer = np.empty(max(b - a for a, b in self.chunks), dtype=np.float32)
         self.copy_gradients = copy_gradients  # the apply step rewrites them (DC-ASGD)
         self.wire = ShardWire(comm, cfg.ps.wire_dtype, self.params, self.chunks)  # --wire-dtype

@@ -22,13 +22,25 @@ ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8  # torch.optim.Adam's defaults, as syn
 
 
 class ShardOptimizer:
-    def __init__(self, params: torch.Tensor, chunks: list[tuple[int, int]], cfg: OptimConfig):
+    """``outer``: asynchronous DiLoCo's outer step (rules/local_sgd.OuterStep), which replaces
+    --optimizer: SGD with Nesterov momentum on each pushed pseudo-gradient, its momentum
+    updated every ``outer.every`` pushes (Delayed Nesterov)."""
+
+    def __init__(self, params: torch.Tensor, chunks: list[tuple[int, int]], cfg: OptimConfig,
+                 outer=None):
         self.params = params
         self.chunks = chunks
         self.cfg = cfg
+        self.outer = outer
         self.vectors: dict[str, torch.Tensor] = {}  # per-element state, same length as params
         self.steps: list[torch.Tensor] = []         # Adam's step count, one per chunk
-        if cfg.optimizer == "sgd":
+        self.pushes = [0] * len(chunks)  # Delayed Nesterov: pushes applied, per chunk
+        if outer is not None:
+            if outer.momentum:
+                self.vectors["momentum_buffer"] = torch.zeros_like(params)
+            if outer.momentum and outer.every > 1:  # the pushes since the momentum's update
+                self.vectors["delayed_sum"] = torch.zeros_like(params)
+        elif cfg.optimizer == "sgd":
             if cfg.momentum:
                 # Zeros give the same first step as torch's clone-of-the-gradient: 0*m + g = g.
                 self.vectors["momentum_buffer"] = torch.zeros_like(params)
@@ -41,6 +53,9 @@ class ShardOptimizer:
         """Update chunk ``chunk`` of the parameters with its gradient."""
         a, b = self.chunks[chunk]
         cfg = self.cfg
+        if self.outer is not None:
+            self._outer(chunk, a, b, grad, lr)
+            return
         if cfg.optimizer == "sgd":
             buf = self.vectors.get("momentum_buffer")
             # torch's fused CPU kernel makes one pass over parameters, gradient and momentum
@@ -57,8 +72,32 @@ class ShardOptimizer:
              amsgrad=False, beta1=ADAM_BETAS[0], beta2=ADAM_BETAS[1], lr=lr,
              weight_decay=cfg.weight_decay, eps=ADAM_EPS, maximize=False)
 
+    def _outer(self, chunk: int, a: int, b: int, grad: torch.Tensor, lr: float) -> None:
+        """The outer Nesterov step on pseudo-gradient ``grad`` (g). Every ``every``-th push:
+        m <- beta m + mean of the pushes since the last update (this one included), then
+        theta <- theta - lr (g + beta m); other pushes: theta <- theta - lr g. With every = 1
+        this is torch's Nesterov SGD (dampening 0), which runs it."""
+        momentum, every = self.outer.momentum, self.outer.every
+        buf = self.vectors.get("momentum_buffer")
+        if buf is None or every == 1:
+            sgd([self.params[a:b]], [grad], [buf[a:b] if buf is not None else None],
+                foreach=False, weight_decay=0.0, momentum=momentum, lr=lr, dampening=0.0,
+                nesterov=buf is not None, maximize=False)
+            return
+        self.pushes[chunk] += 1
+        params, buf, pending = self.params[a:b], buf[a:b], self.vectors["delayed_sum"][a:b]
+        pending.add_(grad)
+        if self.pushes[chunk] % every:
+            params.add_(grad, alpha=-lr)
+            return
+        buf.mul_(momentum).add_(pending, alpha=1.0 / every)
+        pending.zero_()
+        params.add_(grad, alpha=-lr).add_(buf, alpha=-lr * momentum)
+
     # --- checkpoints ---------------------------------------------------------------------------
     def scalars(self) -> dict[str, float]:
+        if self.outer is not None:  # Delayed Nesterov's place in its cycle of N pushes
+            return {"outer_pushes": float(self.pushes[0])}
         return {"step": float(self.steps[0])} if self.steps else {}
 
     def load(self, vectors: dict[str, torch.Tensor], scalars: dict[str, float]) -> None:
@@ -67,6 +106,8 @@ class ShardOptimizer:
                 raise ValueError(f"checkpoint has optimizer state {name!r}, which "
                                  f"--optimizer {self.cfg.optimizer} does not use")
             self.vectors[name].copy_(value)
+        if "outer_pushes" in scalars:
+            self.pushes = [int(scalars["outer_pushes"])] * len(self.chunks)
         if "step" in scalars:
             for step in self.steps:
                 step.fill_(scalars["step"])

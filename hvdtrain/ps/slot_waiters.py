@@ -21,10 +21,18 @@ import numpy as np
 from .protocol import Tag
 
 
-def hand_out(server, worker: int) -> None:
-    """A push's next slot, sent before its reply (which may be held): never held itself."""
-    _send(server, worker, [server.dispatcher.take(worker)])
+def hand_out(server, worker: int, count: int = 1) -> None:
+    """A push's next slot (``count`` of them for a round of async DiLoCo that trained as many),
+    sent before its reply (which may be held): never held itself."""
+    _send(server, worker, [server.dispatcher.take(worker) for _ in range(count)])
     answer(server)  # the push completed a slot, maybe the last one a waiter counted on
+
+
+def receive_list(server, worker: int, count: int) -> list[int]:
+    """The ``count`` slots that a push of async DiLoCo lists (protocol.SLOT_LIST)."""
+    slots = np.empty(count, dtype=np.int64)
+    server.comm.Recv(slots, source=worker, tag=Tag.SLOT)
+    return [int(s) for s in slots]
 
 
 def ask(server, worker: int, count: int, epoch: int) -> None:

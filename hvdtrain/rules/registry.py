@@ -36,7 +36,8 @@ class Mode:
     backup_workers: int = 0      # bsp: rounds close with the first N-b gradients
     staleness_lr: bool = False   # async: each step scaled by 1/max(1, staleness)
     dc_lambda: float = 0.0       # async: DC-ASGD delay compensation
-    local_steps: int = 1         # sync: average the models every H steps (local SGD)
+    local_steps: int = 1         # sync: average the models every H steps (local SGD); async:
+                                 # push a pseudo-gradient every H steps (async DiLoCo)
     outer_lr: float = 0.0        # local SGD: DiLoCo's outer Nesterov step (0: plain averaging)
     outer_momentum: float = 0.0  # DiLoCo: the outer step's momentum
     balance: bool = False        # sync: each worker's share of the global batch follows its speed
@@ -59,6 +60,9 @@ class Mode:
                     str(self.backup_workers)]
         bound = "inf" if math.isinf(self.staleness) else str(int(self.staleness))
         flags = ["--mode", "async", "--eval-pauses-workers", "--staleness", bound]
+        if self.local_steps != 1:  # asynchronous DiLoCo: the server takes the outer step
+            flags += ["--local-steps", str(self.local_steps), "--outer-lr",
+                      f"{self.outer_lr:g}", "--outer-momentum", f"{self.outer_momentum:g}"]
         if self.staleness_lr:
             flags.append("--staleness-lr")
         if self.dc_lambda:
@@ -76,7 +80,9 @@ class Mode:
         # these options (the round policy never reads it).
         return {"mode": "async", **({} if self.bsp else {"staleness": self.staleness}),
                 "bsp": self.bsp, "backup_workers": self.backup_workers,
-                "dc_lambda": self.dc_lambda, "staleness_lr": self.staleness_lr}
+                "dc_lambda": self.dc_lambda, "staleness_lr": self.staleness_lr,
+                **({"local_steps": self.local_steps, "outer_lr": self.outer_lr,
+                    "outer_momentum": self.outer_momentum} if self.local_steps != 1 else {})}
 
     def server_rules(self, num_workers: int) -> ServerRules:
         """The rule objects of this mode's parameter server (async modes)."""
@@ -91,6 +97,7 @@ class Family:
 
     build: Callable[..., Mode]
     expand: tuple[str, str, str] | None = None
+    simulated: bool = True  # compare --simulate runs it (compare/sim/)
 
 
 FAMILIES: dict[str, Family] = {
@@ -105,6 +112,11 @@ FAMILIES: dict[str, Family] = {
                                     outer_momentum=DILOCO_OUTER_MOMENTUM),
                      ("local_steps", "--local-steps", "a number of steps, e.g. 4")),
     "async": Family(lambda: Mode("async")),
+    # asynchronous DiLoCo (Liu et al. 2024): H inner steps per push, the server's outer step
+    "adiloco": Family(lambda h: Mode(f"adiloco{h}", local_steps=h, outer_lr=DILOCO_OUTER_LR,
+                                     outer_momentum=DILOCO_OUTER_MOMENTUM),
+                      ("local_steps", "--local-steps", "a number of steps, e.g. 8"),
+                      simulated=False),
     "ssp": Family(lambda s: Mode(f"ssp{s}", staleness=float(s)),
                   ("bounds", "--staleness-bounds", "a bound, e.g. 2")),
     "backup": Family(lambda b: Mode(f"backup{b}", staleness=0.0, bsp=True, backup_workers=b),
@@ -113,12 +125,13 @@ FAMILIES: dict[str, Family] = {
     "dcasgd": Family(lambda: Mode("dcasgd", dc_lambda=DC_LAMBDA)),
 }
 MODE_NAMES = ", ".join(FAMILIES)
+SIMULATED = [name for name, family in FAMILIES.items() if family.simulated]
 
 
 def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),
           local_steps: list[int] = (4,)) -> list[Mode]:
-    """The named modes; ``ssp``, ``backup``, ``local`` and ``diloco`` expand to one mode per
-    staleness bound, number of backup workers and number of local steps."""
+    """The named modes; ``ssp``, ``backup``, ``local``, ``diloco`` and ``adiloco`` expand to one
+    mode per staleness bound, number of backup workers and number of local steps."""
     lists = {"bounds": bounds, "backups": backups, "local_steps": local_steps}
     out: list[Mode] = []
     for name in names:

@@ -22,8 +22,9 @@ def test_the_flag_sets_local_steps_and_defaults_to_1():
 @pytest.mark.parametrize("flags, message", [
     (["--local-steps", "0"], "--local-steps: invalid value 0; use 1"),
     (["--local-steps", "-2"], "--local-steps: invalid value -2; use 1"),
-    (["--mode", "async", "--local-steps", "4"],
-     "--local-steps: invalid value 4; local SGD is for --mode sync"),
+    # async DiLoCo (tests/unit/test_async_diloco.py): every push pulls
+    (["--mode", "async", "--local-steps", "4", "--pull-every", "2"],
+     "--pull-every: invalid value 2; with --local-steps 4 every push"),
     (["--local-steps", "4", "--elastic", "--run-dir", "r"],
      "--local-steps 4 does not work with --elastic"),
     (["--local-steps", "4", "--reduce-op", "adasum"], "drop --reduce-op adasum"),
@@ -45,7 +46,8 @@ def test_the_same_options_pass_with_one_local_step(flags):
 
 @pytest.mark.parametrize("flags, message", [
     (["--local-steps", "0"], "hvdtrain: error: --local-steps: invalid value 0"),
-    (["--mode", "async", "--local-steps", "3"], "local SGD is for --mode sync"),
+    (["--mode", "async", "--local-steps", "3", "--dc-lambda", "0.04"],
+     "delay compensation corrects one stale gradient"),
 ])
 def test_the_command_line_exits_2_before_training(monkeypatch, capsys, flags, message):
     from hvdtrain import cli

@@ -19,9 +19,10 @@ ALL = modes(list(FAMILIES), bounds=[2], backups=[1], local_steps=[4])
 
 
 def test_the_table_names_every_mode_of_the_comparison():
-    assert MODE_NAMES == "sync, balanced, local, diloco, async, ssp, backup, async-slr, dcasgd"
-    assert [m.name for m in ALL] == ["sync", "balanced", "local4", "diloco4", "async", "ssp2",
-                                     "backup1", "async-slr", "dcasgd"]
+    assert MODE_NAMES == ("sync, balanced, local, diloco, async, adiloco, ssp, backup, async-slr, "
+                          "dcasgd")
+    assert [m.name for m in ALL] == ["sync", "balanced", "local4", "diloco4", "async",
+                                     "adiloco4", "ssp2", "backup1", "async-slr", "dcasgd"]
 
 
 @pytest.mark.parametrize("mode", ALL, ids=[m.name for m in ALL])

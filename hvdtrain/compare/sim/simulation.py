@@ -85,6 +85,10 @@ def _check_arguments(mode: Mode, workers: int, eval_every_steps: int | None) -> 
         raise ConfigError(f"workers: invalid value {workers}; use 1 or more")
     if mode.local_steps < 1:
         raise ConfigError(f"local steps: invalid value {mode.local_steps}; use 1 or more")
+    if mode.is_async and mode.local_steps != 1:
+        raise ConfigError(f"mode {mode.name}: the simulator does not run asynchronous DiLoCo "
+                          "(--mode async --local-steps H) yet; compare it in real runs (drop "
+                          "--simulate), or simulate diloco H")
     if mode.balance and (mode.is_async or mode.local_steps != 1):
         raise ConfigError(f"mode {mode.name}: --balance shares sync's global batch; use it "
                           "with sync (no --local-steps), not async or local SGD")

@@ -1,0 +1,120 @@
+"""Asynchronous DiLoCo through the parameter server (``--mode async --local-steps H``): the worker
+side. Each worker steps its own inner optimizer (--optimizer, --lr, --momentum,
+--weight-decay, as sync DiLoCo's workers do); every H steps its round's pseudo-gradient goes to
+the servers, which apply the outer step (--outer-lr, --outer-momentum, Nesterov;
+--outer-momentum-every: Delayed Nesterov) as it arrives and send back their parameters. When the
+rounds happen is engines/async_rounds.py's; this class moves the bytes (ps/client.py's link)."""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from ..engines.async_rounds import AsyncRounds
+from ..optim import build_optimizer
+from ..replica import BatchStats, Replica
+from .client import ParameterServerClient
+from .protocol import Kind
+
+
+class DiLoCoClient(ParameterServerClient):
+    """The async scheme with H inner steps per push. The job's batch plan still hands out one
+    batch per inner step; a push lists the batches of its round, so that they count as done only
+    once the server holds their progress (a checkpoint hands the others out again on resume).
+    The staleness bound, --staleness-lr and --bsp/--backup-workers count pushes: outer rounds.
+
+    Checkpoints: worker 0 pushes its round first, so the saved model holds its progress, and
+    saves its inner optimizer state, which every worker starts from on resume (as every worker
+    starts from worker 0's BatchNorm buffers). The other workers' rounds under way at a
+    checkpoint are not in it: their batches are outstanding, and trained again on resume."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        sync = self.cfg.sync
+        self.outer_lr = sync.outer_lr or 1.0  # without --outer-lr: each round's progress, as is
+        # Once the momentum has built up, a push moves the server by lr / (1 - m) times its
+        # pseudo-gradient (rules/local_sgd.py OuterNesterov.gain).
+        self.gain = self.outer_lr / (1 - sync.outer_momentum)
+        self.round_slots: list[int] = []  # the job's batches this round trained
+        self.rounds: AsyncRounds | None = None
+
+    @property
+    def lr_scale(self) -> float:
+        """The server's scale over the outer step's gain, as sync DiLoCo's inner rate
+        (sync/local_rounds_scheme.py): the combined update moves at plain async's rate."""
+        return super().lr_scale / self.gain
+
+    def attach(self, replica: Replica) -> None:
+        super().attach(replica)
+        self.optimizer = build_optimizer(self.trained, self.cfg.optim)  # the inner optimizer
+        self.rounds = AsyncRounds(
+            self, self.cfg.sync.local_steps, weights=lambda: self.copies.device_params,
+            push_buffer=lambda: self.copies.gradient_target(self.link.grads_flat))
+
+    def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
+        super().start(state, resuming)  # pulls: the live weights are the server's
+        inner = self.worker_comm.bcast(state.get("inner_optimizer") if state else None, root=0)
+        if inner is not None:
+            self.optimizer.load_state_dict(inner)
+        self.rounds.start()
+
+    # --- the hot path --------------------------------------------------------------------------
+    def step(self, x: Any, y: Any, lr: float) -> BatchStats:
+        for p in self.trained:
+            p.grad = None
+        if self.feed is not None:
+            self.round_slots.append(self.feed.queue.current())
+        stats = self.replica.forward_backward(x, y, grad_scale=1.0)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.replica.update(self.optimizer)  # unscale, clip, step (or skip an fp16 overflow)
+        self.flat.copy_in()  # parameters outside the flat buffer: into it
+        if not self.rounds.stepped() and self.stops.wants:
+            self.rounds.share_model()  # a stop signal rides on a push: send it now
+        self.stops.after_push()  # a STOP may arrive between pushes: look every step
+        self._regroup()
+        return stats
+
+    def push_round(self, steps: int) -> None:
+        """AsyncRounds' port: push the pseudo-gradient of ``steps`` inner steps, listing the
+        round's batches; the reply's parameters become the live weights."""
+        self.copies.gradients_to_host(self.link.chunks)
+        started = time.perf_counter()
+        self.clock += 1
+        slots, self.round_slots = self.round_slots, []
+        header = {"clock": self.clock, "lr": self.outer_lr, "size": steps,
+                  "wants_stop": self.stops.wants}
+        self.link.exchange(Kind.PUSH, header, True, True,
+                           self.feed.queue if self.feed else None, slots=slots)
+        self.flat.copy_out()
+        self._waited += time.perf_counter() - started
+        self.pauses.after_reply()
+
+    # --- where the model is read ---------------------------------------------------------------
+    def eval_replica(self) -> Replica:
+        self.rounds.refresh()  # push this worker's round, or pull: score the server's model
+        return self.replica
+
+    def end_of_training(self) -> bool:
+        self.rounds.share_model()  # the last round may be shorter than H steps
+        return super().end_of_training()
+
+    def state_dict(self) -> dict[str, Any]:
+        if not self.is_main:
+            return {}
+        self.rounds.share_model()
+        state = super().state_dict()  # the SAVE brings the server's parameters back
+        self.rounds.start()
+        # A copy: torch hands out the live buffers, which the next steps change.
+        return {**state, "inner_optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def take_epoch_metrics(self) -> dict:
+        return {**super().take_epoch_metrics(), "outer_rounds": self.rounds.take_epoch_rounds()}
+
+    def close(self) -> dict[str, Any] | None:
+        stats = super().close()
+        if stats is not None:
+            stats = {**stats, "local_steps": self.cfg.sync.local_steps,
+                     "outer_rounds_worker0": self.rounds.rounds_total}
+        return stats

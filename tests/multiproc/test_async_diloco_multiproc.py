@@ -1,0 +1,45 @@
+"""Asynchronous DiLoCo (--mode async --local-steps H): a real mpirun job of 2 workers and a
+server, with a timeout. tests/unit/test_async_diloco.py checks the outer step's arithmetic and
+the worker's rounds in one process."""
+
+import pytest
+import torch
+
+from launch import hvdtrain, mpirun, records, run
+
+pytestmark = pytest.mark.multiproc
+ADILOCO = ["--mode", "async", "--local-steps", "8", "--outer-lr", "0.7",
+           "--outer-momentum", "0.9", "--no-progress", "--seed", "1"]
+
+
+def test_digits_reaches_95_percent_and_a_resumed_run_applies_every_round_once(tmp_path):
+    """The issue's command line (20 epochs, the default), stopped after epoch 10 and resumed:
+    every batch of the plan is completed once, by a push that the server applied, and the
+    resumed run's server continues the checkpoint's outer step (version and momentum)."""
+    run_dir = tmp_path / "run"
+    run(mpirun(3, *hvdtrain("train", *ADILOCO, "--epochs", "10", "--run-dir", str(run_dir))),
+        timeout=150)
+    halfway = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    server = halfway["server_state"]
+    assert server["vectors"]["momentum_buffer"].abs().max() > 0  # the outer momentum is saved
+    assert "inner_optimizer" in halfway
+    run(mpirun(3, *hvdtrain("train", *ADILOCO, "--epochs", "20", "--resume", str(run_dir),
+                            "--run-dir", str(run_dir))), timeout=150)
+    epochs = records(run_dir, "epoch")
+    assert epochs[-1]["epoch"] == 20, epochs[-1]
+    # It reaches 0.95 (as a time to target counts it). Async runs vary with the interleaving of
+    # the pushes: the last epoch ended at 0.936 to 0.967 in the runs measured (docs/async.md).
+    assert max(e["test_acc"] for e in epochs) >= 0.95, [e["test_acc"] for e in epochs]
+    assert epochs[-1]["test_acc"] >= 0.9, epochs[-1]
+    first, second = records(run_dir, "scheme")
+    # 1437 samples / 32 per batch / 2 parts: 22 steps of 2 batches per epoch, 10 epochs a run
+    for part in (first, second):
+        assert part["batches_completed"] == 440 and part["batches_left"] == 0, part
+        assert part["pushes_applied"] == part["pushes_made_by_workers"], part
+    # Rounds of 8 batches, plus the early ones where worker 0 evaluates (once an epoch) and
+    # where a worker ends (a round each): as many outer rounds as an uninterrupted run, up to
+    # the one early round per worker that the interruption adds.
+    rounds = first["pushes_applied"] + second["pushes_applied"]
+    assert 880 // 8 <= rounds <= 880 // 8 + 20 + 2 * 2, rounds
+    final = torch.load(run_dir / "checkpoint.pt", weights_only=False)["server_state"]
+    assert final["version"] == server["version"] + second["pushes_applied"]

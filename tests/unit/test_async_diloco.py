@@ -1,0 +1,174 @@
+"""Asynchronous DiLoCo (--mode async --local-steps H): the server's outer step (Nesterov and
+Delayed Nesterov, ps/shard_optimizer.py) against a hand computation, the worker's rounds
+(engines/async_rounds.py) against a fake server, its options and its registry family.
+tests/multiproc/test_async_diloco_multiproc.py trains it across real ranks."""
+
+import re
+
+import pytest
+import torch
+
+from hvdtrain.config import Config, ConfigError
+from hvdtrain.config.model_options import OptimConfig
+from hvdtrain.engines.async_rounds import AsyncRounds
+from hvdtrain.ps.shard_optimizer import ShardOptimizer
+from hvdtrain.rules.local_sgd import OuterStep, outer_step_of
+from hvdtrain.rules.registry import modes
+
+
+def outer_optimizer(params: torch.Tensor, momentum: float, every: int) -> ShardOptimizer:
+    # two chunks, as a server applies a push chunk by chunk
+    return ShardOptimizer(params, [(0, 2), (2, 3)], OptimConfig(), OuterStep(momentum, every))
+
+
+def push(optimizer: ShardOptimizer, grad: torch.Tensor, lr: float) -> None:
+    for i, (a, b) in enumerate(optimizer.chunks):
+        optimizer.apply(i, grad[a:b].clone(), lr)
+
+
+PUSHES = [torch.tensor([0.5, -1.0, 0.25]), torch.tensor([0.1, 0.2, -0.3]),
+          torch.tensor([-0.4, 0.6, 0.05]), torch.tensor([0.3, 0.3, 0.3]),
+          torch.tensor([0.2, -0.1, 0.7])]
+
+
+def test_the_outer_step_is_torch_nesterov_sgd_on_each_push():
+    start = torch.tensor([1.0, -2.0, 0.5])
+    params = start.clone()
+    optimizer = outer_optimizer(params, 0.9, every=1)
+    reference = start.clone().requires_grad_(True)
+    torch_sgd = torch.optim.SGD([reference], lr=0.7, momentum=0.9, nesterov=True)
+    buf, theta = torch.zeros(3), start.clone()
+    for g in PUSHES:
+        push(optimizer, g, 0.7)
+        reference.grad = g.clone()
+        torch_sgd.step()
+        buf = 0.9 * buf + g  # by hand: m <- beta m + g; theta <- theta - lr (g + beta m)
+        theta = theta - 0.7 * (g + 0.9 * buf)
+    assert torch.allclose(params, reference.detach(), atol=1e-6)
+    assert torch.allclose(params, theta, atol=1e-6)
+
+
+def test_delayed_nesterov_updates_the_momentum_every_n_pushes_with_their_mean():
+    params = torch.tensor([1.0, -2.0, 0.5])
+    optimizer = outer_optimizer(params, 0.9, every=2)
+    theta, m, pending = params.clone(), torch.zeros(3), torch.zeros(3)
+    for t, g in enumerate(PUSHES, start=1):
+        push(optimizer, g, 0.7)
+        pending = pending + g
+        if t % 2:  # in between: a plain outer SGD step, the momentum untouched
+            theta = theta - 0.7 * g
+        else:
+            m = 0.9 * m + pending / 2
+            pending = torch.zeros(3)
+            theta = theta - 0.7 * (g + 0.9 * m)
+        assert torch.allclose(params, theta, atol=1e-6), t
+    assert torch.allclose(optimizer.vectors["momentum_buffer"], m, atol=1e-6)
+    assert torch.allclose(optimizer.vectors["delayed_sum"], pending, atol=1e-6)
+
+
+def test_delayed_nesterov_state_round_trips_through_a_checkpoint():
+    # A resume continues the cycle of N pushes where the checkpoint left it.
+    params = torch.tensor([1.0, -2.0, 0.5])
+    straight = outer_optimizer(params.clone(), 0.9, every=3)
+    for g in PUSHES[:2]:
+        push(straight, g, 0.7)
+    vectors = {k: v.clone() for k, v in straight.vectors.items()}
+    scalars = straight.scalars()
+    assert scalars == {"outer_pushes": 2.0}
+    resumed = outer_optimizer(straight.params.clone(), 0.9, every=3)
+    resumed.load(vectors, scalars)
+    for g in PUSHES[2:]:
+        push(straight, g, 0.7)
+        push(resumed, g, 0.7)
+    assert torch.equal(straight.params, resumed.params)
+
+
+class FakeServer:
+    """The port: applies each push as plain outer SGD at lr 1 and sends its parameters back;
+    ``drift`` stands for the other workers' pushes in between."""
+
+    def __init__(self, weights: torch.Tensor, buffer: torch.Tensor):
+        self.weights, self.buffer = weights, buffer
+        self.server = weights.clone()
+        self.pushes: list[tuple[int, torch.Tensor]] = []
+        self.pulls = 0
+        self.drift = torch.zeros_like(weights)
+
+    def push_round(self, steps: int) -> None:
+        self.pushes.append((steps, self.buffer.clone()))
+        self.server -= self.buffer
+        self.server += self.drift
+        self.weights.copy_(self.server)
+
+    def pull(self) -> None:
+        self.pulls += 1
+        self.weights.copy_(self.server)
+
+
+def test_a_worker_pushes_its_pseudo_gradient_every_h_steps_and_goes_on_from_the_reply():
+    weights, buffer = torch.tensor([1.0, 1.0]), torch.zeros(2)
+    server = FakeServer(weights, buffer)
+    rounds = AsyncRounds(server, 3, lambda: weights, lambda: buffer)
+    rounds.start()
+    server.drift = torch.tensor([0.5, 0.0])  # another worker pushed meanwhile
+    pushed = []
+    for _ in range(3):
+        weights -= 0.1  # an inner step
+        pushed.append(rounds.stepped())
+    assert pushed == [False, False, True]
+    steps, pseudo = server.pushes[0]
+    assert steps == 3 and torch.allclose(pseudo, torch.tensor([0.3, 0.3]))
+    # the reply is the live weights and the next round's start
+    assert torch.allclose(weights, torch.tensor([1.2, 0.7]))
+    assert torch.equal(rounds.pulled, weights)
+    assert rounds.unshared_steps == 0 and rounds.rounds_total == 1
+
+
+def test_where_the_model_is_read_a_round_ends_early_or_the_worker_pulls():
+    weights, buffer = torch.tensor([1.0]), torch.zeros(1)
+    server = FakeServer(weights, buffer)
+    rounds = AsyncRounds(server, 8, lambda: weights, lambda: buffer)
+    rounds.start()
+    weights -= 0.25
+    rounds.stepped()
+    rounds.refresh()  # one step unshared: an early push of it
+    assert [s for s, _ in server.pushes] == [1] and server.pulls == 0
+    server.server += 1.0  # the others moved the server
+    rounds.refresh()  # nothing unshared: a pull
+    assert server.pulls == 1 and torch.equal(rounds.pulled, weights)
+    assert rounds.take_epoch_rounds() == 1 and rounds.take_epoch_rounds() == 0
+
+
+def test_async_local_steps_configure_the_servers_outer_step():
+    cfg = Config.from_overrides({"mode": "async", "local_steps": 8, "outer_lr": 0.7,
+                                 "outer_momentum": 0.9, "outer_momentum_every": 2}).validate()
+    assert outer_step_of(cfg) == OuterStep(0.9, 2, 0.7)
+    assert outer_step_of(Config.from_overrides({"mode": "async"}).validate()) is None
+    plain = Config.from_overrides({"mode": "async", "local_steps": 4}).validate()
+    assert outer_step_of(plain) == OuterStep(0.0, 4, 1.0)  # each round's progress, as is
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"mode": "async", "local_steps": 8, "pull_every": 2}, "--pull-every"),
+    ({"mode": "async", "local_steps": 8, "dc_lambda": 0.04}, "use --staleness-lr"),
+    ({"mode": "sync", "local_steps": 8, "outer_lr": 0.7, "outer_momentum_every": 2},
+     "use it with --mode async --local-steps H"),
+    ({"mode": "async", "outer_momentum_every": 2}, "use it with --mode async --local-steps H"),
+    ({"mode": "async", "local_steps": 8, "outer_lr": 0.7, "outer_momentum_every": -1},
+     "use 0 (the default, 4), 1 (plain Nesterov)"),
+])
+def test_async_diloco_refuses_what_makes_no_sense(options, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Config.from_overrides(options).validate()
+
+
+def test_the_adiloco_family_runs_async_with_the_outer_step():
+    [mode] = modes(["adiloco"], bounds=[], local_steps=[8])
+    assert mode.name == "adiloco8" and mode.is_async
+    flags = mode.train_flags()
+    assert flags[:2] == ["--mode", "async"]
+    assert flags[flags.index("--local-steps") + 1] == "8"
+    assert flags[flags.index("--outer-lr") + 1] == "0.7"
+    assert flags[flags.index("--outer-momentum") + 1] == "0.9"
+    cfg = Config.from_overrides(mode.config_options()).validate()
+    assert outer_step_of(cfg) == OuterStep(0.9, 4, 0.7)  # Delayed Nesterov's default
