@@ -58,12 +58,18 @@ def main(args: argparse.Namespace) -> int:
     # Before any run starts: a metric the workload does not report would fail every run at
     # its start (--stop-at), one after another.
     check_plan_target(cfg.goal, train_args)
+    if cfg.plan == "links":
+        from .link_lab import check_lab
+        check_lab(cfg)  # root, namespaces and tc, before any run starts
     out = Path(cfg.out)
     # Two compares into one folder would run the same plan twice and overwrite each other's
     # runs and report.
     lock = FolderLock(out, flag="--out")
     lock.acquire()
     try:
+        if cfg.plan == "links":
+            from .link_lab import run_lab
+            return run_lab(cfg, out, runs, modes, _run_plan)
         return _run_plan(cfg, out, runs, modes)
     finally:
         lock.release()
@@ -272,6 +278,9 @@ def _describe(cfg: CompareConfig) -> str:
     """The report's account of how the runs were made."""
     where = "launched with mpirun " + (f"across the hosts of {cfg.hostfile}" if cfg.hostfile
                                        else "on one host")
+    if cfg.plan == "links":
+        where = (f"launched with mpirun across two network-namespace hosts joined by a link "
+                 f"throttled to {cfg.link_mbit} Mbit/s (tc tbf; compare/link_lab.py)")
     if cfg.simulate:
         where = ("run on a SIMULATED cluster (one process, real gradients, a virtual clock; times "
                  "are virtual seconds)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -138,11 +138,12 @@ class Prediction:
 
 
 def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: Target | str | float,
-           apply_seconds: float) -> tuple[list[Prediction], RunFit]:
+           apply_seconds: float, link=None) -> tuple[list[Prediction], RunFit]:
     """Every mode, every seed, on the fit of the run's epochs (the first left out with its
     warm-up): each seed has its own draws, initial weights and data order; its virtual time
     to the target, at the machine's speed of single runs (from_run.run_speeds), gives its
-    expected time and single runs. Returns the predictions and the fit."""
+    expected time and single runs. ``link`` (sim/link.py, e.g. from_run_link's): prices every
+    mode's exchanges by their bytes. Returns the predictions and the fit."""
     from .sim.sweep import simulate_run
 
     target = Target.of(target)  # a float: a test accuracy
@@ -151,6 +152,8 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: Target | st
     lock_step = not own.is_async or own.bsp
     own_waits = own.is_async and not own.bsp and math.isinf(own.staleness)
     fit = fit_epochs(fitted, lock_step, own.local_steps, apply_seconds, first, own_waits)
+    if link is not None:
+        fit = replace(fit, timing=replace(fit.timing, link=link))
     args = train_args_from_config(run.config, BUDGET_EPOCHS * int(run.config["run"]["epochs"]))
     per_epoch = int(run.header["steps_per_epoch"])
     predictions = [Prediction(m.name, m == own) for m in modes]
@@ -258,12 +261,14 @@ def main(cfg) -> int:
           f"{cfg.seeds} seeds up to {target.metric} {target.op} {target.value:.4g}{capped} "
           "...", flush=True)
     seeds = [int(run.config["run"]["seed"]) + i for i in range(cfg.seeds)]
-    predictions, fit = replay(run, modes, seeds, target, apply_seconds)
+    link, network = from_run_link(run, own, args, apply_seconds, cfg)
+    predictions, fit = replay(run, modes, seeds, target, apply_seconds, link)
     real = real_time_to_target(run, target)
     own_prediction = next(p for p in predictions if p.own)
     ok = overlaps(own_prediction, real)
-    table = describe_fit(fit) + "\n\n" + prediction_table(predictions, target) + "\n\n" + \
-        _verdict(own_prediction, real, ok) + "\n\nrecommendation: " + recommend(predictions)
+    table = describe_fit(fit) + "\n" + network + "\n\n" + \
+        prediction_table(predictions, target) + "\n\n" + _verdict(own_prediction, real, ok) + \
+        "\n\nrecommendation: " + recommend(predictions)
     print("\n" + table, flush=True)
     folder = output_folder(cfg.out, run)
     write_answer(folder, {"run": str(run.folder), "target": target.value,
@@ -292,6 +297,28 @@ def run_target(goal: Target, run: RunLog) -> tuple[Target, str]:
     return target, (f" (the best the run reached; --target {goal.stop_at()} lies beyond it)")
 
 
+def from_run_link(run: RunLog, own: Mode, args: list[str], apply_seconds: float, cfg):
+    """(the link that prices the replay's exchanges, what the report says of it): --sim-link-mbit
+    when given, else fitted from the run's measured exchange and its model's bytes
+    (sim/link.py run_link)."""
+    from .sim.flat_model import _Setup
+    from .sim.link import gradient_bytes, run_link, wire_bytes
+
+    first, fitted = split_warmup(run.epochs)
+    fit = fit_epochs(fitted, not own.is_async or own.bsp, own.local_steps, apply_seconds, first)
+    ring = not own.is_async
+    setup = _Setup.build(args, 0, "", own)
+    try:
+        plain_sync = ring and own.local_steps == 1
+        nbytes = setup.model.flat.numel() * (gradient_bytes(setup.cfg) if plain_sync
+                                             else wire_bytes(setup.cfg))
+    finally:
+        setup.workload.close()
+    exchange = fit.timing.allreduce_seconds if ring else fit.timing.push_seconds
+    return run_link(exchange, nbytes, run.num_workers, ring, cfg.sim_link(),
+                    cfg.sim_latency_ms / 1000)
+
+
 def describe_fit(fit: RunFit) -> str:
     t = fit.timing
     lines = [f"fit of epochs {','.join(map(str, fit.epochs_used))} (training clock: "
@@ -305,8 +332,9 @@ def describe_fit(fit: RunFit) -> str:
     lines.append(f"virtual clock: step {t.step_seconds * 1000:.2f} ms, allreduce "
                  f"{t.allreduce_seconds * 1000:.2f} ms, push {t.push_seconds * 1000:.2f} ms, "
                  f"apply {t.apply_seconds * 1000:.2f} ms (measured here), loop "
-                 f"{t.loop_seconds * 1000:.2f} ms; the other family's exchange is assumed to "
-                 "cost what the run's did")
+                 f"{t.loop_seconds * 1000:.2f} ms; " + (
+                     "every exchange priced by the link below" if t.link else
+                     "the other family's exchange is assumed to cost what the run's did"))
     return "\n".join(lines)
 
 

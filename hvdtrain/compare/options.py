@@ -23,6 +23,7 @@ from ..rules.registry import SIMULATED
 from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
 from . import plan as planning
+from .sim.link import Link, check_link_flags
 from .target_metric import Target
 from .target_metric import Target
 
@@ -53,6 +54,10 @@ PLANS = {
     "demo": dict(modes="sync,async-slr,backup", stragglers="3x", seeds=5, **WORKLOAD),
     "full": dict(modes="sync,local,async,ssp,async-slr,dcasgd,backup",
                  stragglers="none,3x,3x@0.3,exp:30ms,pareto:30ms", seeds=5, **WORKLOAD),
+    # links: the slow-link lab (link_lab.py): an MLP of 2.2M parameters (9 MB a float32 copy),
+    # whose every exchange is seconds at 100 Mbit/s, across two throttled namespace hosts
+    "links": dict(modes="sync,diloco,adiloco", stragglers="none,3x", seeds=3, model="mlp",
+                  train_args="--hidden 2048,1024", epochs=12, eval_every_steps=4),
 }
 
 # The most processes a run may start per core of this host (per slot of a --hostfile, with
@@ -115,6 +120,8 @@ class CompareConfig:
                        "per second of the whole job, restarts included; not with "
                        "--simulate or --from-run, which inject no faults")
     max_restarts: int = _opt(3, "--faults: launches of a failed sync run after the first")
+    link_mbit: str = _opt("1000,100", "--plan links: the rates in Mbit/s of the lab's link "
+                          "between its two namespace hosts (tc tbf), one comparison per rate")
     target: str = _opt("test_acc>=0.95", "what every run races to, as --stop-at writes it: "
                        "NAME>=VALUE or NAME<=VALUE with NAME a test_ metric the runs report, "
                        "e.g. test_acc>=0.95, test_loss<=1.9 (a language model's token loss) or "
@@ -363,24 +370,16 @@ class CompareConfig:
             raise ConfigError("--sim-step-ms and --sim-apply-ms fix the --simulate plan's "
                               "figures, but --sweep-workers measures each N's own batch; drop "
                               "one of them")
-        self._check_link()
+        check_link_flags(self.sim_link_mbit, self.sim_latency_ms, self.from_run is not None,
+                         bool(self.simulate or self.sweep_workers.strip()))
         if self.simulate and (self.hostfile or self.launcher_args):
             raise ConfigError("--simulate runs in this one process: drop --hostfile and "
                               "--launcher-args, or drop --simulate")
 
-    def _check_link(self) -> None:
-        from .sim.link import check_link_flags
-
-        check_link_flags(self.sim_link_mbit, self.sim_latency_ms, self.from_run is not None,
-                         bool(self.simulate or self.sweep_workers.strip()))
-
-    def sim_link(self):
+    def sim_link(self) -> Link | None:
         """The --sim-link-mbit link (compare/sim/link.py), None without one."""
-        from .sim.link import Link
-
-        if self.sim_link_mbit is None:
-            return None
-        return Link(self.sim_link_mbit, self.sim_latency_ms / 1000)
+        return None if self.sim_link_mbit is None else Link(self.sim_link_mbit,
+                                                             self.sim_latency_ms / 1000)
 
 
 def add_compare_flags(parser: argparse.ArgumentParser) -> None:

@@ -7,9 +7,13 @@ them from a run's waits).
     a push or a pull of G bytes over the server's link, shared by the k transfers in flight
         k x G / bandwidth + latency
 
-A link is full duplex, as a veth or an Ethernet port is: pushes share the way in, pulls the way
-out (SharedLink, one per direction). The bytes of an element follow the wire: 4 for float32, 2
-for --wire-dtype bf16 or fp16, and for sync's gradients Horovod's --compression fp16.
+The server takes one message at a time (its progress is one thread's), so its pushes and
+replies share one SharedLink: measured in the lab (compare/link_lab.py), an async step over a
+throttled link took the time of its pushes and pulls in series, not the time of either
+direction alone, as a full-duplex link would give. The bytes of an element follow the wire: 4
+for float32, 2 for --wire-dtype bf16 or fp16 (the server's pushes and replies, local SGD's and
+DiLoCo's rounds), and for sync's gradients Horovod's --compression fp16. A link's rate counts
+frames: TCP's payload is PAYLOAD_SHARE of it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from dataclasses import dataclass
 
 from ...config import ConfigError
 
+# TCP over Ethernet with a 1500-byte MTU: 1448 bytes of payload (with timestamps) in each
+# 1514-byte frame.
+PAYLOAD_SHARE = 1448 / 1514
 WIRE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
 
@@ -32,7 +39,9 @@ class Link:
 
     @property
     def bytes_per_second(self) -> float:
-        return self.mbit * 1e6 / 8
+        """The payload's rate: a link's rate counts whole frames (a tc tbf's, an Ethernet
+        port's), of which TCP's payload is a share (PAYLOAD_SHARE)."""
+        return self.mbit * 1e6 / 8 * PAYLOAD_SHARE
 
     def check(self) -> None:
         if not (math.isfinite(self.mbit) and self.mbit > 0):
@@ -57,10 +66,9 @@ class Link:
 
 
 class SharedLink:
-    """One direction of the server's link on the virtual clock: a transfer that starts while
-    others are in flight gets its share of the bandwidth (the ones in flight are not slowed
-    after the fact: an approximation of fair sharing that keeps each transfer's time fixed when
-    it starts)."""
+    """The server's link on the virtual clock: a transfer that starts while others are in
+    flight gets its share of the bandwidth (the ones in flight are not slowed after the fact:
+    an approximation of fair sharing that keeps each transfer's time fixed when it starts)."""
 
     def __init__(self, link: Link):
         self.link = link
@@ -105,7 +113,7 @@ def fit_link(exchange_seconds: float, nbytes: float, workers: int, ring: bool,
     spent = exchange_seconds - latency
     if moved <= 0 or spent <= 0:
         return None
-    return Link(moved / spent * 8 / 1e6, latency_seconds)
+    return Link(moved / spent * 8 / 1e6 / PAYLOAD_SHARE, latency_seconds)
 
 
 def check_link_flags(mbit: float | None, latency_ms: float, from_run: bool,
@@ -123,3 +131,26 @@ def check_link_flags(mbit: float | None, latency_ms: float, from_run: bool,
     if latency_ms and mbit is None and not from_run:
         raise ConfigError("--sim-latency-ms is the latency of --sim-link-mbit's link: give "
                           "--sim-link-mbit too")
+
+
+def run_link(exchange_seconds: float, nbytes: float, workers: int, ring: bool,
+             given: Link | None, latency_seconds: float) -> tuple[Link | None, str]:
+    """compare --from-run's link, and what it says of it: ``given`` (--sim-link-mbit) when
+    there is one, else the bandwidth fitted from the run's own exchange (``exchange_seconds``
+    for ``nbytes``: a ring average when ``ring``, else a push and a pull) at the given latency.
+    None where the wait shows no bandwidth: the replay then charges the fixed figures."""
+    size = f"{nbytes / 1e6:.3g} MB"
+    if given is not None:
+        return given, (f"link: {given.mbit:g} Mbit/s and {given.latency_seconds * 1000:g} ms "
+                       f"latency, given (--sim-link-mbit, --sim-latency-ms); the run's own "
+                       f"exchange of {size} took {exchange_seconds * 1000:.2f} ms (measured)")
+    link = fit_link(exchange_seconds, nbytes, workers, ring, latency_seconds)
+    if link is None:
+        return None, (f"link: not fitted (the run's exchange of {size} took "
+                      f"{exchange_seconds * 1000:.2f} ms, no more than its latency); every "
+                      "exchange costs the measured figures")
+    return link, (f"link: {link.mbit:.4g} Mbit/s fitted from the run's measured exchange of "
+                  f"{size} in {exchange_seconds * 1000:.2f} ms, at a latency of "
+                  f"{latency_seconds * 1000:g} ms given (--sim-latency-ms; one run's waits "
+                  "cannot tell bandwidth from latency); it prices every mode's exchanges by "
+                  "their bytes")

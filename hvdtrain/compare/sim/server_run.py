@@ -42,8 +42,8 @@ class ServerRun:
     The reply carries the weights right after that update (the server streams them back);
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
     computes its next step on those weights. With a ``Timing.link`` the push and the reply
-    each cross the server's link instead (link.py SharedLink: the pushes in flight share the
-    way in, the replies the way out), and ``push_seconds`` is not charged.
+    each cross the server's link instead (link.py SharedLink: the transfers in flight, pushes
+    and replies alike, share it), and ``push_seconds`` is not charged.
 
     What a push does is the real server's engine (engines/server_engine.py ServerEngine, the same
     class) with the run's rules (rules/registry.server_rules on its Config); this class is its
@@ -70,8 +70,8 @@ class ServerRun:
         self.lr_scale = self.policy.lr_scale(sim.num_workers)
         self.events: list[tuple[float, float, int, int]] = []
         link = self.timing.link
-        self.inbound = SharedLink(link) if link else None   # the pushes
-        self.outbound = SharedLink(link) if link else None  # the replies
+        # the pushes and the replies: one link, as the server takes one message at a time
+        self.inbound = self.outbound = SharedLink(link) if link else None
         # As the async workers' batch feed (ps/async_group.py JobBatches), the round policy
         # says: the job's plan handed out to whoever asks, as server 0 does (ps/dispatch.py),
         # under async and backup workers; plain --bsp keeps each worker's own share.

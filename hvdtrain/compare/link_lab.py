@@ -1,0 +1,231 @@
+"""The slow-link lab (``hvdtrain compare --plan links``): two hosts on this machine, network
+namespaces joined by a veth pair (scripts/netns/two_hosts.py), whose link is throttled with a
+token bucket (``tc qdisc ... tbf``; netem, which would add a delay, is not in this kernel), and
+the plan's modes run across them at each rate of ``--link-mbit``.
+
+Where the processes go: sync and local SGD/DiLoCo put one worker on each host, so that every
+average crosses the link (a ring of two); the async modes put the server alone on host A and
+the workers on host B, so that every push and pull crosses the link and the workers share it,
+as they share a real server's port. Each rate's runs are an ordinary comparison in a folder of
+their own (OUT/link-100mbit/: report, plots, runs); links.md sets the rates side by side.
+
+Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2's ip and tc, util-linux's unshare,
+and the source tree's scripts/netns (an installed hvdtrain without it cannot run the lab).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ConfigError
+from .plan import PlannedRun
+
+NETNS = Path(__file__).resolve().parents[2] / "scripts" / "netns"
+DEVICE = "hvd0"  # the link's end in each namespace (two_hosts.py)
+TIMER_HZ = 250   # a token bucket must hold at least a timer tick's bytes to reach its rate
+
+
+def _two_hosts_module():
+    spec = importlib.util.spec_from_file_location("two_hosts", NETNS / "two_hosts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def unavailable_reason() -> str | None:
+    """None when the lab can run here, else why not (what is missing)."""
+    if not (NETNS / "two_hosts.py").is_file():
+        return (f"the lab needs the source tree's scripts/netns ({NETNS} is missing): run it "
+                "from a checkout of hvdtrain")
+    if shutil.which("tc") is None:
+        return "the tc tool is not installed (iproute2)"
+    return _two_hosts_module().unavailable_reason()
+
+
+def tbf_command(namespace: str, mbit: float) -> list[str]:
+    """The token bucket that throttles ``namespace``'s end of the link to ``mbit`` Mbit/s: a
+    bucket of 32 kbit (4 KB) as a slow link has, or a timer tick's bytes where that is more
+    (a faster rate needs the larger bucket to reach its rate), and packets queued at most 50 ms."""
+    burst = max(4096, int(mbit * 1e6 / 8 / TIMER_HZ))
+    return ["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", DEVICE, "root",
+            "tbf", "rate", f"{mbit:g}mbit", "burst", str(burst), "latency", "50ms"]
+
+
+class SlowLinks:
+    """``with SlowLinks() as lab:`` two namespace hosts (lab.hosts, two_hosts.TwoHosts);
+    lab.throttle(100) sets both directions of their link to 100 Mbit/s. The bucket and the
+    namespaces are removed on the way out, whatever happened."""
+
+    def __init__(self, tag: str | None = None):
+        self.hosts = _two_hosts_module().TwoHosts(tag)
+        self.mbit: float | None = None
+
+    def __enter__(self) -> SlowLinks:
+        self.hosts.__enter__()
+        return self
+
+    def throttle(self, mbit: float) -> None:
+        if not mbit > 0:
+            raise ConfigError(f"link rate: invalid value {mbit}; use a positive Mbit/s")
+        for ns in self.hosts.namespaces:
+            subprocess.run(tbf_command(ns, mbit), check=True, capture_output=True, timeout=30)
+        self.mbit = mbit
+
+    def __exit__(self, *exc) -> None:
+        try:
+            for ns in self.hosts.namespaces:
+                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", DEVICE,
+                                "root"], capture_output=True, timeout=30)
+        finally:
+            self.hosts.__exit__(*exc)
+
+    def hostfile(self, folder: Path, server: bool) -> Path:
+        """A hostfile for a run of two workers: one on each host, or (``server``: an async
+        run) both on host B and the server, the last rank, alone on host A. mpirun puts its
+        own node's slots first whatever the file's order, so the runs start on host B."""
+        a, b = self.hosts.addresses
+        path = folder / ("hostfile-async" if server else "hostfile-sync")
+        path.write_text(f"{b} slots=2\n{a} slots=1\n" if server else f"{a} slots=1\n{b} slots=1\n")
+        return path
+
+    def env(self) -> dict[str, str]:
+        """What a launch across the hosts needs in its environment (netns_ssh's host map, and
+        the venv's bin on PATH for the ranks on host B)."""
+        env = self.hosts.env
+        env["PATH"] = f"{env['PATH']}{os.pathsep}{Path(sys.executable).parent}"
+        return env
+
+    def mpirun_flags(self, hostfile: Path) -> list[str]:
+        return ["--hostfile", str(hostfile), *self.hosts.mpirun_flags(), "-x", "PATH",
+                "-x", "PYTHONUNBUFFERED", "-x", "OMPI_ALLOW_RUN_AS_ROOT",
+                "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
+
+@dataclass(frozen=True)
+class LabRun(PlannedRun):
+    """A planned run launched on host B of the lab (its launcher_args place the ranks)."""
+
+    host: tuple[str, ...] = ()  # netns_ssh and host B's address: netns_ssh runs the command
+                                # through a shell, so it goes as one quoted word
+
+    def command(self, python: str, run_dir: str, cores: int | None = None) -> list[str]:
+        return [*self.host, shlex.join(super().command(python, run_dir, cores))]
+
+
+def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path) -> list[LabRun]:
+    """The plan's runs, placed on the lab's hosts (hostfiles written into ``folder``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    host = tuple(lab.hosts.on(1, []))
+    return [LabRun(run.name, run.mode, run.seed, run.straggler, run.processes, run.train_args,
+                   (*lab.mpirun_flags(lab.hostfile(folder, run.mode.is_async)),
+                    *run.launcher_args), run.faults, host=host)
+            for run in runs]
+
+
+def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_seconds: float = 0.0,
+                           seed: int = 0) -> float:
+    """The simulator's step time for one measured epoch of a lab run (``epoch``: from_run's
+    EpochTimes): the workers' compute and the loop's own time as the epoch measured them
+    (from_run.fit_epochs), the server's update ``apply_seconds``, and every exchange priced by
+    ``link`` (sim/link.py), not by the waits the epoch measured. ``train_args``: the run's train
+    flags, which the simulator trains on (a short budget is enough: it is a step time)."""
+    from dataclasses import replace
+
+    from .from_run import fit_epochs
+    from .sim.sweep import simulate_run
+
+    fit = fit_epochs([epoch], lock_step=not mode.is_async or mode.bsp,
+                     local_steps=mode.local_steps, apply_seconds=apply_seconds)
+    timing = replace(fit.timing, allreduce_seconds=0.0, push_seconds=0.0, link=link)
+    result = simulate_run(mode, epoch.times.num_workers, "", seed, train_args, 1.0, timing)
+    if result.status != "ok":
+        raise ConfigError(f"the simulated {mode.name} run failed: {result.reason}")
+    return result.wall_seconds / result.curve[-1]["step"]
+
+
+def check_lab(cfg) -> None:
+    """Before anything starts: the lab's own rules (``cfg``: a CompareConfig of --plan links)."""
+    from .options import ints
+
+    if cfg.simulate or cfg.hostfile or cfg.sweep_workers.strip():
+        raise ConfigError("--plan links runs on the lab's two namespace hosts: drop --simulate, "
+                          "--hostfile and --sweep-workers (to simulate a slow link, use "
+                          "another plan with --simulate --sim-link-mbit)")
+    if cfg.workers != 2:
+        raise ConfigError(f"--plan links: the lab has two hosts and places two workers; use "
+                          f"--workers 2, not {cfg.workers}")
+    if not ints(cfg.link_mbit, "--link-mbit") or any(r < 1 for r in ints(cfg.link_mbit,
+                                                                          "--link-mbit")):
+        raise ConfigError(f"--link-mbit: invalid value {cfg.link_mbit!r}; give rates of 1 Mbit/s "
+                          "or more, e.g. 1000,100")
+    reason = unavailable_reason()
+    if reason is not None:
+        raise ConfigError(f"--plan links needs network namespaces and tc on this machine, as "
+                          f"root: {reason}. Run it as root on Linux with iproute2, or estimate "
+                          "slow links with --simulate --sim-link-mbit RATE")
+
+
+def run_lab(cfg, out: Path, runs: list[PlannedRun], modes, run_plan) -> int:
+    """``hvdtrain compare --plan links``: the plan's runs across the lab's hosts at each rate of
+    --link-mbit, each rate an ordinary comparison in OUT/link-RATEmbit (``run_plan``: command.
+    _run_plan), then links.md with every rate's times to target. Returns the worst exit code."""
+    import copy
+
+    from .options import ints
+
+    codes, sections = [], []
+    with SlowLinks() as lab:
+        saved = dict(os.environ)
+        os.environ.update(lab.env())  # the runner's launch_env copies it
+        try:
+            for mbit in ints(cfg.link_mbit, "--link-mbit"):
+                lab.throttle(mbit)
+                folder = out / f"link-{mbit}mbit"
+                at_rate = copy.copy(cfg)
+                at_rate.link_mbit = str(mbit)  # what the rate's report says of its link
+                codes.append(run_plan(at_rate, folder, lab_runs(lab, runs, folder), modes))
+                sections.append(_rate_section(mbit, folder))
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+    (out / "links.md").write_text(_links_table(cfg, sections))
+    print(f"\nslow-link lab: {out / 'links.md'}", flush=True)
+    return max(codes)
+
+
+def _rate_section(mbit: int, folder: Path) -> list[str]:
+    """Rows of links.md for one rate: time to target per (straggler, mode), from the rate's
+    summary.csv, with the usual bootstrap interval over the seeds (stats.bootstrap_ci)."""
+    import csv
+
+    from .stats import bootstrap_ci
+
+    groups: dict[tuple[str, str], list[str]] = {}
+    with open(folder / "summary.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            groups.setdefault((row["straggler"], row["mode"]), []).append(row["time_to_target"])
+    rows = []
+    for (straggler, mode), times in groups.items():
+        reached = [float(t) for t in times if t not in ("", "None")]
+        ci = bootstrap_ci(reached) if len(reached) == len(times) else None
+        mean = (f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}]" if ci else
+                f"{len(reached)}/{len(times)} reached")
+        rows.append(f"| {mbit} | {straggler} | {mode} | {mean} |")
+    return rows
+
+
+def _links_table(cfg, sections: list[list[str]]) -> str:
+    return "\n".join([
+        "# Slow-link lab", "",
+        f"Two namespace hosts joined by a veth link throttled with tc tbf at each rate; "
+        f"{cfg.workers} workers (sync and DiLoCo: one on each host; async: both on one host, "
+        f"the server on the other); target {cfg.goal.stop_at()}; {cfg.seeds} seeds. Each rate's "
+        "report, runs and plots: link-RATEmbit/.", "",
+        "| link Mbit/s | straggler | mode | time to target, s (mean [95% interval]) |",
+        "|---|---|---|---|", *[row for rows in sections for row in rows], ""])

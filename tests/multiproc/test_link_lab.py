@@ -1,0 +1,96 @@
+"""The slow-link lab (compare/link_lab.py) against the simulator's link model (compare/sim/
+link.py): two namespace hosts joined by a link throttled with tc tbf, sync, DiLoCo and async
+training across them, and the step time each measured epoch took against the simulator's
+prediction for that epoch: its compute and the loop's own time as measured, every exchange
+priced by the link model from the bytes and the rate alone (not by the waits measured).
+
+One launch per mode, at two rates: the link is throttled to the first, and re-throttled to the
+second once the run logs its second epoch; the second epoch is read at the first rate (the
+first is warm-up), the fourth at the second (the third straddles the change)."""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hvdtrain.compare import plan as planning
+from hvdtrain.compare.from_run import read_run
+from hvdtrain.compare.link_lab import SlowLinks, lab_runs, predicted_step_seconds, \
+    unavailable_reason
+from hvdtrain.compare.runner import launch_env
+from hvdtrain.compare.sim.link import Link
+from hvdtrain.compare.sim.simulation import _check_arguments
+from hvdtrain.compare.sim.timing import measure_timing
+from hvdtrain.config import ConfigError
+from hvdtrain.rules.registry import FAMILIES
+
+REASON = unavailable_reason()
+pytestmark = [pytest.mark.multiproc,
+              pytest.mark.skipif(REASON is not None, reason=f"no slow-link lab: {REASON}")]
+
+RATES = (10.0, 25.0)  # Mbit/s: the model's 77 KB take 61 and 25 ms, most of a step
+MODEL = ["--dataset", "digits", "--model", "mlp", "--hidden", "256", "--batch-size", "32",
+         "--threads", "1", "--max-steps-per-epoch", "20", "--seed", "0"]
+ASYNC_DILOCO = [name for name in FAMILIES if "diloco" in name and name != "diloco"]
+
+
+def lab_modes() -> list:
+    """Sync, DiLoCo with 4 local steps, plain async (the server's shared link), and async
+    DiLoCo where the registry has it and the simulator runs it."""
+    chosen = []
+    for mode in planning.modes(["sync", "diloco", "async", *ASYNC_DILOCO], [0], [0], [4]):
+        try:
+            _check_arguments(mode, 2, None)
+        except ConfigError:
+            continue
+        chosen.append(mode)
+    return chosen
+
+
+def throttle_after_epoch(lab: SlowLinks, job, run_dir: Path, epoch: int, mbit: float,
+                         timeout: float = 120) -> None:
+    """Wait for the run's ``epoch``-th epoch line, then throttle the link to ``mbit``."""
+    log = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and job.poll() is None:
+        if log.is_file() and log.read_text().count('"type": "epoch"') >= epoch:
+            lab.throttle(mbit)
+            return
+        time.sleep(0.02)
+    pytest.fail(f"no epoch {epoch} in {log} (the job ended: {job.poll()})")
+
+
+def test_the_link_model_predicts_the_labs_step_times_at_two_rates(tmp_path):
+    import subprocess
+
+    apply_seconds = measure_timing(MODEL, step_seconds=1.0, repeats=10).apply_seconds
+    misses = []
+    with SlowLinks() as lab:
+        env = {**launch_env(), **lab.env()}
+        runs = lab_runs(lab, planning.plan(lab_modes(), [0], ["none"], 2,
+                                           [*MODEL, "--epochs", "4", "--no-progress"]), tmp_path)
+        for run in runs:
+            lab.throttle(RATES[0])
+            run_dir = tmp_path / run.name
+            with open(tmp_path / f"{run.name}.txt", "w") as out:
+                job = subprocess.Popen(run.command(sys.executable, str(run_dir)), env=env,
+                                       stdout=out, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, start_new_session=True)
+                try:
+                    throttle_after_epoch(lab, job, run_dir, 2, RATES[1])
+                    assert job.wait(timeout=120) == 0, (tmp_path / f"{run.name}.txt").read_text()
+                finally:
+                    if job.poll() is None:
+                        job.kill()
+            epochs = {e.epoch: e for e in read_run(run_dir).epochs}
+            for epoch, mbit in ((2, RATES[0]), (4, RATES[1])):
+                measured = epochs[epoch].seconds / epochs[epoch].steps
+                predicted = predicted_step_seconds(run.mode, [*MODEL, "--epochs", "1"],
+                                                   epochs[epoch], Link(mbit), apply_seconds)
+                line = (f"{run.mode.name} at {mbit:g} Mbit/s: measured {measured * 1000:.1f} ms "
+                        f"a step, predicted {predicted * 1000:.1f} ms")
+                print(line)
+                if abs(predicted / measured - 1) > 0.25:
+                    misses.append(line)
+    assert not misses, "; ".join(misses)
