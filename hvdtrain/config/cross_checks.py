@@ -25,7 +25,7 @@ def check_combinations(cfg: Any) -> None:
     staleness_lr.check_options(cfg)
     backup.check_options(cfg)
     wire_dtype.check_options(cfg)
-    if s.local_steps != 1 or s.outer_momentum_every:
+    if s.local_steps != 1 or s.outer_momentum_every or s.dynamic_local_steps:
         # async DiLoCo's combinations; its rule brings torch, so only where it may apply
         from ..rules.local_sgd import check_async_options
         check_async_options(cfg)

@@ -57,6 +57,13 @@ class SyncConfig:
                                     "as plain outer SGD steps; 1: plain Nesterov on every push "
                                     "(which diverged on digits); 0: the default, 4. See "
                                     "docs/async.md")
+    dynamic_local_steps: bool = opt(False, "--mode async --local-steps H: Dynamic Local "
+                                    "Updates (Liu et al. 2024): the fastest worker takes H "
+                                    "inner steps per round and every other worker a share of H "
+                                    "in proportion to its measured speed (at least 1), so that "
+                                    "rounds take about as long; each push tells server 0 its "
+                                    "worker's time per step and learns the fastest's, so no "
+                                    "worker waits for another. See docs/async.md")
     fusion_threshold_mb: float = opt(64.0, "Horovod tensor fusion buffer in MiB "
                                      "(HOROVOD_FUSION_THRESHOLD); 0 disables fusion")
     elastic: bool = opt(False, "Horovod elastic training: survive lost workers and take in new "

@@ -8,12 +8,14 @@ rounds happen is engines/async_rounds.py's; this class moves the bytes (ps/clien
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from typing import Any
 
 from ..engines.async_rounds import AsyncRounds
 from ..optim import build_optimizer
 from ..replica import BatchStats, Replica
+from ..rules.local_sgd import dynamic_local_steps
 from .client import ParameterServerClient
 from .protocol import Kind
 
@@ -37,7 +39,14 @@ class DiLoCoClient(ParameterServerClient):
         # pseudo-gradient (rules/local_sgd.py OuterNesterov.gain).
         self.gain = self.outer_lr / (1 - sync.outer_momentum)
         self.round_slots: list[int] = []  # the job's batches this round trained
+        self.round_samples = 0
         self.rounds: AsyncRounds | None = None
+        # --dynamic-local-steps: seconds between this worker's steps (its compute, data and any
+        # straggler's delay; not its pushes), measured over each round
+        self.dynamic = sync.dynamic_local_steps
+        self._intervals: list[float] = []
+        self._last_start: float | None = None
+        self._pushed_s = 0.0
 
     @property
     def lr_scale(self) -> float:
@@ -63,9 +72,11 @@ class DiLoCoClient(ParameterServerClient):
     def step(self, x: Any, y: Any, lr: float) -> BatchStats:
         for p in self.trained:
             p.grad = None
+        self._time_step()
         if self.feed is not None:
             self.round_slots.append(self.feed.queue.current())
         stats = self.replica.forward_backward(x, y, grad_scale=1.0)
+        self.round_samples += stats.count
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.replica.update(self.optimizer)  # unscale, clip, step (or skip an fp16 overflow)
@@ -76,20 +87,36 @@ class DiLoCoClient(ParameterServerClient):
         self._regroup()
         return stats
 
+    def _time_step(self) -> None:
+        now = time.perf_counter()
+        if self._last_start is not None:
+            self._intervals.append(now - self._last_start - self._pushed_s)
+        self._last_start, self._pushed_s = now, 0.0
+
     def push_round(self, steps: int) -> None:
         """AsyncRounds' port: push the pseudo-gradient of ``steps`` inner steps, listing the
-        round's batches; the reply's parameters become the live weights."""
+        round's batches (and this worker's step time); the reply's parameters become the live
+        weights."""
         self.copies.gradients_to_host(self.link.chunks)
         started = time.perf_counter()
         self.clock += 1
         slots, self.round_slots = self.round_slots, []
-        header = {"clock": self.clock, "lr": self.outer_lr, "size": steps,
+        header = {"clock": self.clock, "lr": self.outer_lr, "size": self.round_samples,
                   "wants_stop": self.stops.wants}
-        self.link.exchange(Kind.PUSH, header, True, True,
-                           self.feed.queue if self.feed else None, slots=slots)
+        # the median: an evaluation or a checkpoint between two steps is no measure of speed
+        own_s = statistics.median(self._intervals) if self._intervals else 0.0
+        self._intervals.clear()
+        fastest_us = self.link.exchange(Kind.PUSH, header, True, True,
+                                        self.feed.queue if self.feed else None, slots=slots,
+                                        step_us=int(own_s * 1e6))
+        self.round_samples = 0
         self.flat.copy_out()
-        self._waited += time.perf_counter() - started
+        self._pushed_s = time.perf_counter() - started
+        self._waited += self._pushed_s
         self.pauses.after_reply()
+        if self.dynamic:
+            self.rounds.local_steps = dynamic_local_steps(self.cfg.sync.local_steps, own_s,
+                                                          fastest_us / 1e6)
 
     # --- where the model is read ---------------------------------------------------------------
     def eval_replica(self) -> Replica:
@@ -110,11 +137,14 @@ class DiLoCoClient(ParameterServerClient):
         return {**state, "inner_optimizer": copy.deepcopy(self.optimizer.state_dict())}
 
     def take_epoch_metrics(self) -> dict:
-        return {**super().take_epoch_metrics(), "outer_rounds": self.rounds.take_epoch_rounds()}
+        return {**super().take_epoch_metrics(), "outer_rounds": self.rounds.take_epoch_rounds(),
+                **({"local_steps": self.rounds.local_steps} if self.dynamic else {})}
 
     def close(self) -> dict[str, Any] | None:
         stats = super().close()
         if stats is not None:
             stats = {**stats, "local_steps": self.cfg.sync.local_steps,
-                     "outer_rounds_worker0": self.rounds.rounds_total}
+                     "outer_rounds_worker0": self.rounds.rounds_total,
+                     **({"local_steps_worker0": self.rounds.local_steps}
+                        if self.dynamic else {})}
         return stats

@@ -81,8 +81,10 @@ WANT_SLOT = 16  # on a PUSH: it trained slot H_SLOT of the job's batch plan; ser
                # done and hands out the next (one Tag.SLOT word, sent before any reply)
 HAS_PLAN = 32  # on INIT to server 0: the job's batch plan follows (a pickled dict, Tag.INFO)
 SLOT_LIST = 64  # on a PUSH with WANT_SLOT (async DiLoCo: a round of several batches): H_SLOT is
-                # a count k, and the k slots follow to server 0 (int64, Tag.SLOT); server 0
-                # marks them done and hands out k new ones in one Tag.SLOT message
+                # a count k, and the k slots follow to server 0 (int64, Tag.SLOT), then the
+                # worker's time per step in microseconds (0: unmeasured); server 0 marks them
+                # done and answers with k new ones and the fastest worker's step time, in one
+                # Tag.SLOT message (--dynamic-local-steps)
 
 
 def make_header(kind: Kind, clock: int = 0, lr: float = 0.0, flags: int = 0, size: int = 0,

@@ -60,6 +60,7 @@ class ParameterServer:
         self.silence = SilenceWatch(self.index, n, cfg.ps.timeout_s,
                                     self.load.intervals if self.membership.recovery else None)
         self.dispatcher: BatchDispatcher | None = None  # server 0: the job's batch plan
+        self.step_times: dict[int, int] = {}  # worker -> its last round's step time (us)
 
     # --- set-up --------------------------------------------------------------------------------
     def _allocate(self, total: int) -> None:
@@ -157,12 +158,12 @@ class ParameterServer:
             return
         if flags & WANT_SLOT and self.dispatcher is not None:
             # Its slot is done; its next one goes out now, before the reply, which may be held.
-            slots = [int(self.header[H_SLOT])]
-            if flags & SLOT_LIST:  # a round of async DiLoCo: several slots, listed
+            slots, listed = [int(self.header[H_SLOT])], bool(flags & SLOT_LIST)
+            if listed:  # a round of async DiLoCo: several slots, listed
                 slots = slot_waiters.receive_list(self, worker, slots[0])
             for slot in slots:
                 self.dispatcher.complete(slot, worker)
-            slot_waiters.hand_out(self, worker, len(slots))  # never held
+            slot_waiters.hand_out(self, worker, len(slots), listed)  # never held
         self.load.push(worker, int(self.header[H_SIZE]), now)
         self.engine.on_push(worker, int(self.header[H_CLOCK]), word_to_lr(self.header[H_LR]),
                             not flags & NO_GRADIENT, bool(flags & WANT_PARAMS),

@@ -113,7 +113,7 @@ class ServerLink:
 
     # --- the hot path --------------------------------------------------------------------------
     def exchange(self, kind: Kind, header: dict[str, Any], want_params: bool, send_grads: bool,
-                 queue, slots: list[int] | None = None) -> None:
+                 queue, slots: list[int] | None = None, step_us: int = 0) -> int:
         """One request to every server, all in flight at once: post the receives for the reply
         first, then the header and gradient chunks, then wait for everything. A chunk from a
         server on this host arrives as a READY word and is copied out of the shared window as
@@ -121,7 +121,9 @@ class ServerLink:
         request's clock, lr, size and wants_stop; ``queue``: the slots of the job's batches
         (server 0 sends the next one with a push's reply), or None. ``slots``: the slots a
         push of async DiLoCo's round trained (several; server 0 sends as many new ones), in
-        place of the queue's current one."""
+        place of the queue's current one, with ``step_us``, this worker's time per step in
+        microseconds (0: not measured). Returns the fastest worker's that server 0 knows (0:
+        none), for --dynamic-local-steps."""
         if want_params:
             self.copies.before_parameters()
         # copies[i]: the parameters [a, b) that requests[i] brings, None for other messages
@@ -129,8 +131,8 @@ class ServerLink:
         slot = queue.current() if queue is not None and kind == Kind.PUSH else NO_SLOT
         listed = None  # async DiLoCo's push: the slots its round trained, each answered anew
         if slots is not None and queue is not None:
-            listed = np.array(slots, dtype=np.int64)
-            slot = listed.size or NO_SLOT  # H_SLOT: how many follow
+            listed = np.array([*slots, step_us], dtype=np.int64)
+            slot = len(slots) or NO_SLOT  # H_SLOT: how many follow (then the step time)
         answer = self._slot_word if listed is None else np.empty(listed.size, np.int64)
         if slot != NO_SLOT:  # server 0 sends the next slot(s) before the reply
             requests.append(self.comm.Irecv(answer, source=self.leader, tag=Tag.SLOT))
@@ -144,11 +146,15 @@ class ServerLink:
             sends.append(self.comm.Isend(listed, dest=self.leader, tag=Tag.SLOT))
         requests, copies = requests + sends, copies + [None] * len(sends)
         self._complete(kind, header["clock"], requests, copies)
+        fastest = 0
         if slot != NO_SLOT:
+            if listed is not None:  # the new slots, then the fastest step time
+                answer, fastest = answer[:-1], int(answer[-1])
             for word in answer:
                 queue.receive(int(word))
         if want_params:
             self.copies.parameters_done()
+        return fastest
 
     def _post_replies(self, want_params: bool, kind: Kind) -> tuple[list, list]:
         """The receives of every server's reply: its ACK, or its parameter chunks (READY words

@@ -21,18 +21,26 @@ import numpy as np
 from .protocol import Tag
 
 
-def hand_out(server, worker: int, count: int = 1) -> None:
-    """A push's next slot (``count`` of them for a round of async DiLoCo that trained as many),
-    sent before its reply (which may be held): never held itself."""
-    _send(server, worker, [server.dispatcher.take(worker) for _ in range(count)])
+def hand_out(server, worker: int, count: int = 1, listed: bool = False) -> None:
+    """A push's next slot (``count`` of them for a round of async DiLoCo that trained as many,
+    ``listed``, then the fastest worker's step time), sent before its reply (which may be held):
+    never held itself."""
+    slots = [server.dispatcher.take(worker) for _ in range(count)]
+    if listed:
+        times = [t for t in server.step_times.values() if t > 0]
+        slots.append(min(times) if times else 0)
+    _send(server, worker, slots)
     answer(server)  # the push completed a slot, maybe the last one a waiter counted on
 
 
 def receive_list(server, worker: int, count: int) -> list[int]:
-    """The ``count`` slots that a push of async DiLoCo lists (protocol.SLOT_LIST)."""
-    slots = np.empty(count, dtype=np.int64)
-    server.comm.Recv(slots, source=worker, tag=Tag.SLOT)
-    return [int(s) for s in slots]
+    """The ``count`` slots that a push of async DiLoCo lists (protocol.SLOT_LIST); the step
+    time that follows them goes to ``server.step_times``."""
+    words = np.empty(count + 1, dtype=np.int64)
+    server.comm.Recv(words, source=worker, tag=Tag.SLOT)
+    if words[-1] > 0:
+        server.step_times[worker] = int(words[-1])
+    return [int(s) for s in words[:-1]]
 
 
 def ask(server, worker: int, count: int, epoch: int) -> None:

@@ -133,6 +133,16 @@ def outer_step_of(cfg: Any) -> OuterStep | None:
                      s.outer_lr or 1.0)
 
 
+def dynamic_local_steps(base: int, own_s: float, fastest_s: float) -> int:
+    """Dynamic Local Updates (Liu et al. 2024), --dynamic-local-steps: the inner steps of a
+    worker whose step takes ``own_s`` seconds when the fastest worker's takes ``fastest_s``: the
+    fastest takes ``base``, one at half its speed half as many (at least 1), so that every
+    worker's round takes about as long. Unmeasured (0): ``base``."""
+    if own_s <= 0 or fastest_s <= 0:
+        return base
+    return max(1, min(base, round(base * fastest_s / own_s)))
+
+
 def check_async_options(cfg: Any) -> None:
     """``--mode async --local-steps H`` (asynchronous DiLoCo): the combinations that have no
     meaning when each worker pushes a pseudo-gradient every H inner steps."""
@@ -141,7 +151,13 @@ def check_async_options(cfg: Any) -> None:
         require(s.outer_momentum_every == 0, "--outer-momentum-every", s.outer_momentum_every,
                 "it spaces the outer momentum of async DiLoCo: use it with --mode async "
                 "--local-steps H (e.g. 8), or drop it")
+        require(not s.dynamic_local_steps, "--dynamic-local-steps", s.dynamic_local_steps,
+                "it sets each async DiLoCo worker's H by its speed: use it with --mode async "
+                "--local-steps H (H: the fastest worker's), or drop it")
         return
+    require(not (s.dynamic_local_steps and ps.bsp), "--dynamic-local-steps",
+            s.dynamic_local_steps, "--bsp rounds take one push of every worker in lock-step "
+                                   "and a fixed share of batches; drop one of them")
     h = f"--local-steps {s.local_steps}"
     require(ps.pull_every == 1, "--pull-every", ps.pull_every,
             f"with {h} every push (one per round) brings the server's parameters back, "

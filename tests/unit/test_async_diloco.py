@@ -12,7 +12,7 @@ from hvdtrain.config import Config, ConfigError
 from hvdtrain.config.model_options import OptimConfig
 from hvdtrain.engines.async_rounds import AsyncRounds
 from hvdtrain.ps.shard_optimizer import ShardOptimizer
-from hvdtrain.rules.local_sgd import OuterStep, outer_step_of
+from hvdtrain.rules.local_sgd import OuterStep, dynamic_local_steps, outer_step_of
 from hvdtrain.rules.registry import modes
 
 
@@ -148,12 +148,34 @@ def test_async_local_steps_configure_the_servers_outer_step():
     assert outer_step_of(plain) == OuterStep(0.0, 4, 1.0)  # each round's progress, as is
 
 
+def test_dynamic_local_steps_follow_the_speed_relative_to_the_fastest():
+    assert dynamic_local_steps(8, own_s=0.010, fastest_s=0.010) == 8  # the fastest: the base
+    assert dynamic_local_steps(8, own_s=0.020, fastest_s=0.010) == 4  # half the speed: half
+    assert dynamic_local_steps(8, own_s=0.030, fastest_s=0.010) == 3  # a 3x straggler
+    assert dynamic_local_steps(8, own_s=1.0, fastest_s=0.010) == 1    # at least one step
+    assert dynamic_local_steps(8, own_s=0.005, fastest_s=0.010) == 8  # never above the base
+    assert dynamic_local_steps(8, own_s=0.0, fastest_s=0.010) == 8    # not measured yet
+    assert dynamic_local_steps(8, own_s=0.020, fastest_s=0.0) == 8    # nobody's known yet
+
+
+def test_a_worker_whose_h_changes_pushes_at_the_new_h():
+    weights, buffer = torch.tensor([1.0]), torch.zeros(1)
+    server = FakeServer(weights, buffer)
+    rounds = AsyncRounds(server, 8, lambda: weights, lambda: buffer)
+    rounds.start()
+    rounds.local_steps = 3  # --dynamic-local-steps, after a push measured this worker slow
+    assert [rounds.stepped() for _ in range(6)] == [False, False, True] * 2
+
+
 @pytest.mark.parametrize("options,message", [
     ({"mode": "async", "local_steps": 8, "pull_every": 2}, "--pull-every"),
     ({"mode": "async", "local_steps": 8, "dc_lambda": 0.04}, "use --staleness-lr"),
     ({"mode": "sync", "local_steps": 8, "outer_lr": 0.7, "outer_momentum_every": 2},
      "use it with --mode async --local-steps H"),
     ({"mode": "async", "outer_momentum_every": 2}, "use it with --mode async --local-steps H"),
+    ({"mode": "async", "dynamic_local_steps": True}, "use it with --mode async --local-steps H"),
+    ({"mode": "async", "local_steps": 8, "dynamic_local_steps": True, "bsp": True},
+     "--bsp rounds take one push of every worker in lock-step"),
     ({"mode": "async", "local_steps": 8, "outer_lr": 0.7, "outer_momentum_every": -1},
      "use 0 (the default, 4), 1 (plain Nesterov)"),
 ])
