@@ -103,8 +103,11 @@ class ShardOptimizer:
     def load(self, vectors: dict[str, torch.Tensor], scalars: dict[str, float]) -> None:
         for name, value in vectors.items():
             if name not in self.vectors:
-                raise ValueError(f"checkpoint has optimizer state {name!r}, which "
-                                 f"--optimizer {self.cfg.optimizer} does not use")
+                uses = (f"--optimizer {self.cfg.optimizer}" if self.outer is None else
+                        "async DiLoCo's outer step (--outer-momentum "
+                        f"{self.outer.momentum:g}, --outer-momentum-every {self.outer.every})")
+                raise ValueError(f"checkpoint has optimizer state {name!r}, which {uses} does "
+                                 "not use")
             self.vectors[name].copy_(value)
         if "outer_pushes" in scalars:
             self.pushes = [int(scalars["outer_pushes"])] * len(self.chunks)

@@ -83,6 +83,13 @@ def test_delayed_nesterov_state_round_trips_through_a_checkpoint():
     assert torch.equal(straight.params, resumed.params)
 
 
+def test_a_checkpoint_of_another_outer_step_is_refused_with_what_differs():
+    delayed = outer_optimizer(torch.zeros(3), 0.9, every=4)
+    plain = outer_optimizer(torch.zeros(3), 0.9, every=1)
+    with pytest.raises(ValueError, match=re.escape("--outer-momentum-every 1")):
+        plain.load({k: v.clone() for k, v in delayed.vectors.items()}, delayed.scalars())
+
+
 class FakeServer:
     """The port: applies each push as plain outer SGD at lr 1 and sends its parameters back;
     ``drift`` stands for the other workers' pushes in between."""
