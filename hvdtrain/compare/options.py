@@ -55,9 +55,11 @@ PLANS = {
     "full": dict(modes="sync,local,async,ssp,async-slr,dcasgd,backup",
                  stragglers="none,3x,3x@0.3,exp:30ms,pareto:30ms", seeds=5, **WORKLOAD),
     # links: the slow-link lab (link_lab.py): an MLP of 2.2M parameters (9 MB a float32 copy),
-    # whose every exchange is seconds at 100 Mbit/s, across two throttled namespace hosts
+    # whose every exchange is most of a second at 100 Mbit/s, across two throttled namespace
+    # hosts. DiLoCo needs more epochs than sync (comparison.md), and an evaluation inside a
+    # round ends it early: evaluations every 8 steps suit --local-steps 4 and 8.
     "links": dict(modes="sync,diloco,adiloco", stragglers="none,3x", seeds=3, model="mlp",
-                  train_args="--hidden 2048,1024", epochs=12, eval_every_steps=4),
+                  train_args="--hidden 2048,1024", epochs=20, eval_every_steps=8),
 }
 
 # The most processes a run may start per core of this host (per slot of a --hostfile, with
