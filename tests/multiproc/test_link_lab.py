@@ -8,6 +8,8 @@ One launch per mode, at two rates: the link is throttled to the first, and re-th
 second once the run logs its second epoch; the second epoch is read at the first rate (the
 first is warm-up), the fourth at the second (the third straddles the change)."""
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -81,8 +83,9 @@ def test_the_link_model_predicts_the_labs_step_times_at_two_rates(tmp_path):
                     throttle_after_epoch(lab, job, run_dir, 2, RATES[1])
                     assert job.wait(timeout=120) == 0, (tmp_path / f"{run.name}.txt").read_text()
                 finally:
-                    if job.poll() is None:
-                        job.kill()
+                    if job.poll() is None:  # mpirun and its ranks are in the job's session
+                        os.killpg(job.pid, signal.SIGKILL)
+                        job.wait()
             epochs = {e.epoch: e for e in read_run(run_dir).epochs}
             for epoch, mbit in ((2, RATES[0]), (4, RATES[1])):
                 measured = epochs[epoch].seconds / epochs[epoch].steps
