@@ -120,8 +120,8 @@ def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
           f"({'--sim-step-ms' if cfg.sim_step_ms is not None else 'measured here'}"
           f"{_per_sample(timing, batch)}) and the "
           f"server applies a gradient in {timing.apply_seconds * 1000:.2f} ms "
-          f"({'--sim-apply-ms' if cfg.sim_apply_ms is not None else 'measured here'})",
-          flush=True)
+          f"({'--sim-apply-ms' if cfg.sim_apply_ms is not None else 'measured here'}); "
+          f"{timing.describe_network()}", flush=True)
     done = []
 
     def show(result):
