@@ -166,3 +166,23 @@ def test_plan_links_is_refused_with_what_to_do_where_the_lab_cannot_run(tmp_path
         link_lab.check_lab(options(tmp_path, "--plan", "links", "--workers", "3"))
     with pytest.raises(ConfigError, match="--link-mbit: invalid"):
         link_lab.check_lab(options(tmp_path, "--plan", "links", "--link-mbit", "0"))
+
+
+def test_lab_runs_start_on_host_b_with_the_server_alone_on_host_a(tmp_path):
+    import shlex
+
+    from hvdtrain.compare import plan as planning
+    from hvdtrain.compare.link_lab import SlowLinks, lab_runs
+
+    lab = SlowLinks(tag="unit")  # nothing is created before ``with``
+    modes = planning.modes(["sync", "async"], [0], [0], [4])
+    runs = lab_runs(lab, planning.plan(modes, [0], ["none"], 2, ["--stop-at", "test_acc>=0.9"]),
+                    tmp_path)
+    a, b = lab.hosts.addresses
+    assert (tmp_path / "hostfile-sync").read_text() == f"{a} slots=1\n{b} slots=1\n"
+    assert (tmp_path / "hostfile-async").read_text() == f"{b} slots=2\n{a} slots=1\n"
+    command = runs[1].command("python", "RUN")
+    assert command[:2] == [str(lab.hosts.on(1, [])[0]), b]  # netns_ssh, host B
+    words = shlex.split(command[2])  # one word, through netns_ssh's shell
+    assert words[:3] == ["mpirun", "-np", "3"] and "test_acc>=0.9" in words
+    assert words[words.index("--hostfile") + 1] == str(tmp_path / "hostfile-async")
