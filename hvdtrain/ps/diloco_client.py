@@ -67,6 +67,16 @@ class DiLoCoClient(ParameterServerClient):
         if inner is not None:
             self.optimizer.load_state_dict(inner)
         self.rounds.start()
+        self._warn_of_early_rounds()
+
+    def _warn_of_early_rounds(self) -> None:
+        """Worker 0's evaluation ends its round early (as sync DiLoCo's does): evaluations
+        every N steps, N not a multiple of H, cut most of its rounds short."""
+        every, h = self.cfg.run.eval_every_steps, self.cfg.sync.local_steps
+        if every and every % h and self.is_main:
+            print(f"hvdtrain: warning: --eval-every-steps {every} is not a multiple of "
+                  f"--local-steps {h}: worker 0 ends its round early at every evaluation, "
+                  f"pushing fewer than {h} steps; use a multiple of {h}", flush=True)
 
     # --- the hot path --------------------------------------------------------------------------
     def step(self, x: Any, y: Any, lr: float) -> BatchStats:
