@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import ConfigError, check_faults, check_writable_folder
 from ..faults.schedule import parse_faults
-from ..rules.registry import SIMULATED
+from ..rules.registry import FAMILIES
 from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
 from . import plan as planning
@@ -220,7 +220,7 @@ class CompareConfig:
 
     def __post_init__(self) -> None:
         if self.from_run is not None and self.modes is None:  # every scheme, for one run's answer
-            self.modes = ",".join(SIMULATED)  # (what the simulator runs)
+            self.modes = ",".join(FAMILIES)
         for key, value in PLANS[self.plan].items():  # fill every option left unset
             if getattr(self, key) is None:
                 setattr(self, key, value)

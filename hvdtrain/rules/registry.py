@@ -97,7 +97,6 @@ class Family:
 
     build: Callable[..., Mode]
     expand: tuple[str, str, str] | None = None
-    simulated: bool = True  # compare --simulate runs it (compare/sim/)
 
 
 FAMILIES: dict[str, Family] = {
@@ -115,8 +114,7 @@ FAMILIES: dict[str, Family] = {
     # asynchronous DiLoCo (Liu et al. 2024): H inner steps per push, the server's outer step
     "adiloco": Family(lambda h: Mode(f"adiloco{h}", local_steps=h, outer_lr=DILOCO_OUTER_LR,
                                      outer_momentum=DILOCO_OUTER_MOMENTUM),
-                      ("local_steps", "--local-steps", "a number of steps, e.g. 8"),
-                      simulated=False),
+                      ("local_steps", "--local-steps", "a number of steps, e.g. 8")),
     "ssp": Family(lambda s: Mode(f"ssp{s}", staleness=float(s)),
                   ("bounds", "--staleness-bounds", "a bound, e.g. 2")),
     "backup": Family(lambda b: Mode(f"backup{b}", staleness=0.0, bsp=True, backup_workers=b),
@@ -125,7 +123,6 @@ FAMILIES: dict[str, Family] = {
     "dcasgd": Family(lambda: Mode("dcasgd", dc_lambda=DC_LAMBDA)),
 }
 MODE_NAMES = ", ".join(FAMILIES)
-SIMULATED = [name for name, family in FAMILIES.items() if family.simulated]
 
 
 def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),

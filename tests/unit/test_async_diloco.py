@@ -201,3 +201,23 @@ def test_the_adiloco_family_runs_async_with_the_outer_step():
     assert flags[flags.index("--outer-momentum") + 1] == "0.9"
     cfg = Config.from_overrides(mode.config_options()).validate()
     assert outer_step_of(cfg) == OuterStep(0.9, 4, 0.7)  # Delayed Nesterov's default
+
+
+# --- the simulator --------------------------------------------------------------------------
+def test_a_simulated_adiloco_run_pushes_rounds_of_h_batches_through_the_outer_step():
+    from hvdtrain.compare.sim.simulation import Simulation
+    from hvdtrain.compare.sim.timing import Timing
+
+    [mode] = modes(["adiloco"], bounds=[], local_steps=[4])
+    digits = ["--dataset", "digits", "--model", "mlp", "--hidden", "32", "--threads", "1"]
+    sim = Simulation(mode, 2, "", 0, [*digits, "--epochs", "2"], 0.9, Timing(step_seconds=1.0))
+    sim.result = sim.run()
+    # 2 epochs of 22 steps x 2 batches: 88 batches of the job's plan, 4 a push, but for each
+    # worker's last round, which may be short
+    assert 88 // 4 <= len(sim.pushes) <= 88 // 4 + 2
+    assert sorted(p.slot for p in sim.pushes)[0] == 0
+    for worker in (0, 1):  # each push is one outer round: the clocks count pushes
+        assert [p.clock for p in sim.pushes if p.worker == worker] == \
+            list(range(1, 1 + sum(p.worker == worker for p in sim.pushes)))
+    assert 40 <= sim.now <= 52  # each worker: about 11 rounds of 4 one-second steps
+    assert sim.curve[-1]["test_acc"] > sim.curve[0]["test_acc"]

@@ -263,13 +263,12 @@ def _options(tmp_path, *flags):
 
 
 def test_from_run_replays_one_mode_of_each_family_unless_modes_says(tmp_path):
-    from hvdtrain.rules.registry import SIMULATED
+    from hvdtrain.rules.registry import FAMILIES
 
     run = _write_log(tmp_path / "r")
     cfg = _options(tmp_path, "--from-run", str(run))
-    # every family the simulator runs (not yet async DiLoCo's adiloco)
-    assert cfg.modes.split(",") == SIMULATED and "adiloco" not in SIMULATED
-    assert len(cfg.planned_modes()) == len(SIMULATED) and cfg.planned_modes()[0].name == "sync"
+    assert cfg.modes.split(",") == list(FAMILIES)
+    assert len(cfg.planned_modes()) == len(FAMILIES) and cfg.planned_modes()[0].name == "sync"
     assert _options(tmp_path, "--from-run", str(run), "--modes", "sync,async").modes == \
         "sync,async"
 

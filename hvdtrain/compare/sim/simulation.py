@@ -28,6 +28,9 @@ many workers it saturates as a real one does.
                 at lr; SSP holds back a worker more than s pushes ahead; --staleness-lr and
                 DC-ASGD: the real server's engine and rules, driven on the virtual clock
                 (server_run.py: engines/server_engine.py)
+    adiloco H   async whose workers take H inner steps each, then push the pseudo-gradient;
+                the server applies the outer step as each arrives (diloco_run.py: the real
+                server's engine and outer step)
     bsp/backup  rounds through the server at lr * (N - b) (ps/client.py); with b backup workers
                 a round closes with the first N-b gradients computed on its parameters, and a
                 later one is dropped, its worker going on from the new parameters. Plain bsp
@@ -72,6 +75,7 @@ from ..share_clock import ShareClock
 from ..target_metric import Target
 from .flat_model import _Setup
 from .link import gradient_bytes, wire_bytes
+from .diloco_run import DiLoCoRun
 from .local_run import LocalRun
 from .server_run import PushRecord, ServerRun
 from .sync_run import SyncRun
@@ -85,10 +89,6 @@ def _check_arguments(mode: Mode, workers: int, eval_every_steps: int | None) -> 
         raise ConfigError(f"workers: invalid value {workers}; use 1 or more")
     if mode.local_steps < 1:
         raise ConfigError(f"local steps: invalid value {mode.local_steps}; use 1 or more")
-    if mode.is_async and mode.local_steps != 1:
-        raise ConfigError(f"mode {mode.name}: the simulator does not run asynchronous DiLoCo "
-                          "(--mode async --local-steps H) yet; compare it in real runs (drop "
-                          "--simulate), or simulate diloco H")
     if mode.balance and (mode.is_async or mode.local_steps != 1):
         raise ConfigError(f"mode {mode.name}: --balance shares sync's global batch; use it "
                           "with sync (no --local-steps), not async or local SGD")
@@ -239,8 +239,8 @@ class Simulation:
         mode = self.mode
         try:
             with _torch_threads(self.setup.cfg.run.threads):
-                if mode.is_async:
-                    ServerRun(self).run()
+                if mode.is_async:  # with local steps, asynchronous DiLoCo
+                    (DiLoCoRun if mode.local_steps > 1 else ServerRun)(self).run()
                 elif mode.local_steps > 1:
                     LocalRun(self).run()
                 else:

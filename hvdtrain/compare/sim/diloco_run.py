@@ -1,0 +1,118 @@
+"""The simulator's asynchronous DiLoCo (``adiloco`` modes: --mode async --local-steps H): virtual
+workers that each take H inner steps with their own optimizer and push the round's
+pseudo-gradient, and one parameter server that applies the outer step to each push as it
+arrives (compare/sim/simulation.py Simulation runs it).
+
+The server side is ServerRun's, with the real server's engine and the real outer step
+(ps/shard_optimizer.py with rules/local_sgd.OuterStep); a worker's round is
+ps/diloco_client.py's: the inner steps consume one batch of the job's plan each, the push lists
+them, and the reply's weights are both the worker's live weights and its next round's start. Where
+a real worker 0 ends its round early for an evaluation, the simulator evaluates the server's
+weights without cutting the round (evaluating costs no virtual time here)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ...ps.dispatch import NO_SLOT
+from ...ps.shard_optimizer import ShardOptimizer
+from ...rules.local_sgd import outer_step_of
+from .server_run import PushRecord, ServerRun
+from .timing import _apply
+
+if TYPE_CHECKING:
+    from .workers import _Worker
+
+
+class DiLoCoRun(ServerRun):
+    """ServerRun whose workers push a round of H inner steps (class docstring of the module)."""
+
+    def __init__(self, sim):  # its Simulation (simulation.py)
+        super().__init__(sim)
+        cfg = sim.setup.cfg
+        outer = outer_step_of(cfg)
+        assert outer is not None, "DiLoCoRun runs --mode async --local-steps H > 1"
+        self.optimizer = ShardOptimizer(self.params, sim.chunks, cfg.optim, outer)
+        self.engine.optimizer = self.optimizer  # the server's outer step
+        self.local_steps, self.outer_lr = cfg.sync.local_steps, outer.lr
+        # As DiLoCoClient.lr_scale: the inner rate over the outer step's gain.
+        self.lr_scale = self.lr_scale * (1 - cfg.sync.outer_momentum) / outer.lr
+        for w in sim.workers:
+            w.params = self.params.clone()
+            w.optimizer = ShardOptimizer(w.params, sim.chunks, cfg.optim)  # the inner one
+            w.engine = {"pulled": self.params.clone(), "pushes": 0}
+
+    # --- a worker's side --------------------------------------------------------------------------
+    def _start(self, w: _Worker, at: float, first: bool = False) -> None:
+        """``w`` receives the server's weights at ``at`` (its live weights and its round's
+        start), then computes its next round (or is done after its last)."""
+        with torch.no_grad():
+            w.params.copy_(self._wire(self.params))
+            w.engine["pulled"].copy_(w.params)
+        w.pulled_version = self.engine.version
+        self.engine.sent_params(w.rank)
+        if self.dispatcher is not None and first:
+            self._hand_out(w)
+        if (w.slot == NO_SLOT if self.dispatcher is not None else
+                w.steps == self.sim.total_steps):
+            self._schedule(at, w, self.DONE)
+            return
+        timing, own = self.timing, self.timing.step_seconds
+        # The round's steps, each with the straggler's delay after it (loop/hooks.py).
+        start = at + sum(timing.loop_seconds + own + self.sim._delay(w, w.steps + k, own)
+                         for k in range(self.local_steps))
+        w.started = start
+        if self.inbound is not None:
+            self._schedule(start, w, self.SEND)
+            return
+        self._schedule(start + timing.push_seconds, w, self.ARRIVE)
+
+    def _arrive(self, w: _Worker, at: float) -> None:
+        slots = self._inner_steps(w)
+        self.gradient = self._wire(w.engine["pulled"] - w.params).numpy()
+        if self.dispatcher is not None:  # server 0 takes the listed slots, hands out the next
+            for slot in slots:
+                self.dispatcher.complete(slot)
+            self._hand_out(w)
+        w.engine["pushes"] += 1
+        engine, version = self.engine, self.engine.version
+        late = engine.is_late(w.rank)
+        staleness = None if late else 0 if self.policy.lock_step else engine.staleness(w.rank)
+        done = self.reply_at = self._serve(at, 0.0 if late else self.timing.apply_seconds)
+        pushes = w.engine["pushes"]
+        with torch.no_grad(), np.errstate(over="ignore", invalid="ignore"):  # see _gradient
+            engine.on_push(w.rank, pushes, self.outer_lr, True, True, False)
+        self.sim.pushes.append(PushRecord(done, w.rank, pushes, staleness,
+                                          pushes - min(engine.clocks.clocks),
+                                          slots[0] if slots else NO_SLOT))
+        self._updated(version)
+        self.sim.now = max(self.sim.now, self.free_at)
+
+    def _inner_steps(self, w: _Worker) -> list[int]:
+        """Up to H inner steps of ``w`` on its own weights, one batch of the job's plan each
+        (the slots it trained, in order), fewer where the batches run out."""
+        sim, slots = self.sim, []
+        for k in range(self.local_steps):
+            if self.dispatcher is not None:
+                if w.slot == NO_SLOT:
+                    break
+                if k:  # the first came with the last reply
+                    self._take(w)
+                    if w.slot == NO_SLOT:
+                        break
+                slots.append(w.slot)
+            elif w.steps == sim.total_steps:
+                break
+            lr = sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
+            _apply(w.optimizer, sim.chunks, sim._gradient(w, w.params), lr)
+        return slots
+
+    def _take(self, w: _Worker) -> None:
+        """The next slot of the round (server 0 hands it out with the last, as the real
+        worker's queue holds it)."""
+        w.slot = self.dispatcher.take(w.rank)
+        w.piece = None if w.slot == NO_SLOT else self.dispatcher.plan.locate(w.slot)
+
