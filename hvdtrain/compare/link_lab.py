@@ -129,12 +129,16 @@ def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path) -> list[LabRu
 
 
 def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_seconds: float = 0.0,
-                           seed: int = 0) -> float:
+                           seed: int = 0, loop_seconds: float | None = None) -> float:
     """The simulator's step time for one measured epoch of a lab run (``epoch``: from_run's
     EpochTimes): the workers' compute and the loop's own time as the epoch measured them
     (from_run.fit_epochs), the server's update ``apply_seconds``, and every exchange priced by
     ``link`` (sim/link.py), not by the waits the epoch measured. ``train_args``: the run's train
-    flags, which the simulator trains on (a short budget is enough: it is a step time)."""
+    flags, which the simulator trains on (a short budget is enough: it is a step time).
+    ``loop_seconds``: the loop's own time per step, given instead of the epoch's: the fit takes
+    it as what the step period leaves after compute and the mean wait, and the log describes a
+    wait by its median and 90th percentile, which miss the mean of a run that waits at one step
+    in H (local steps); a sync run's epoch, which waits at every step, gives it better."""
     from dataclasses import replace
 
     from .from_run import fit_epochs
@@ -143,6 +147,8 @@ def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_secon
     fit = fit_epochs([epoch], lock_step=not mode.is_async or mode.bsp,
                      local_steps=mode.local_steps, apply_seconds=apply_seconds)
     timing = replace(fit.timing, allreduce_seconds=0.0, push_seconds=0.0, link=link)
+    if loop_seconds is not None:
+        timing = replace(timing, loop_seconds=loop_seconds)
     result = simulate_run(mode, epoch.times.num_workers, "", seed, train_args, 1.0, timing)
     if result.status != "ok":
         raise ConfigError(f"the simulated {mode.name} run failed: {result.reason}")
