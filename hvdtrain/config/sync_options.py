@@ -9,6 +9,24 @@ from dataclasses import dataclass
 from ..errors import ConfigError, require
 from .values import MAX_CYCLE_TIME_MS, opt
 
+AUTO_LOCAL_STEPS = 8  # --local-steps auto: the fastest worker's H, as in the adiloco8 mode
+
+
+def expand_local_steps(values: dict) -> dict:
+    """``--local-steps auto`` or ``auto:H`` (asynchronous DiLoCo's Dynamic Local Updates, Liu et
+    al. 2024) as the two options it stands for: H for the fastest worker (8 unless given) and
+    --dynamic-local-steps. Any other value passes through to the whole-number check."""
+    given = values.get("local_steps")
+    if not (isinstance(given, str) and given.strip().lower().startswith("auto")):
+        return values
+    word, colon, base = given.strip().lower().partition(":")
+    if word != "auto" or (colon and not base.isdigit()):
+        raise ConfigError(f"--local-steps: invalid value {given!r}; use a whole number of "
+                          "steps, 'auto' (each async worker's H follows its speed, the "
+                          f"fastest's {AUTO_LOCAL_STEPS}) or 'auto:H', e.g. auto:16")
+    return {**values, "local_steps": int(base) if base else AUTO_LOCAL_STEPS,
+            "dynamic_local_steps": True}
+
 
 @dataclass
 class SyncConfig:
@@ -30,7 +48,9 @@ class SyncConfig:
                                         "batch into this many backward passes before one "
                                         "allreduce and update")
     local_steps: int = opt(1, "local SGD (Lin et al. 2020; with --mode async, asynchronous "
-                           "local SGD / DiLoCo through the server, docs/async.md): each worker "
+                           "local SGD / DiLoCo through the server, docs/async.md, where 'auto' "
+                           "or 'auto:H' is --dynamic-local-steps with H, by default "
+                           f"{AUTO_LOCAL_STEPS}, for the fastest worker): each worker "
                            "takes this many "
                            "optimizer steps on its own gradients, then the workers average "
                            "their parameters and BatchNorm statistics; 1 averages the gradient "

@@ -15,7 +15,7 @@ from .model_options import ModelConfig, OptimConfig
 from .pipeline_options import PipelineConfig
 from .ps_options import PSConfig
 from .run_options import RunConfig
-from .sync_options import SyncConfig
+from .sync_options import SyncConfig, expand_local_steps
 from .cross_checks import check_combinations
 from .values import parse_bool, parse_int_tuple, require_finite
 
@@ -41,7 +41,7 @@ class Config:
         """Build from flat ``{field_name: value}`` pairs; names are unique across sections."""
         cfg = cls()
         owner = field_owners()
-        for name, value in values.items():
+        for name, value in expand_local_steps(values).items():
             if name not in owner:
                 raise ConfigError(f"unknown option {name!r}; valid options are: "
                                   f"{', '.join(sorted(owner))}")

@@ -191,6 +191,19 @@ def test_async_diloco_refuses_what_makes_no_sense(options, message):
         Config.from_overrides(options).validate()
 
 
+@pytest.mark.parametrize("given,steps", [("auto", 8), ("auto:16", 16), ("AUTO", 8)])
+def test_local_steps_auto_is_dynamic_local_steps_with_the_fastest_workers_h(given, steps):
+    cfg = Config.from_overrides({"mode": "async", "local_steps": given, "outer_lr": 0.7,
+                                 "outer_momentum": 0.9}).validate()
+    assert (cfg.sync.local_steps, cfg.sync.dynamic_local_steps) == (steps, True)
+
+
+@pytest.mark.parametrize("given", ["autox", "auto:", "auto:four", "auto:-2"])
+def test_a_bad_local_steps_auto_says_how_to_write_it(given):
+    with pytest.raises(ConfigError, match=re.escape("'auto:H', e.g. auto:16")):
+        Config.from_overrides({"mode": "async", "local_steps": given})
+
+
 def test_the_adiloco_family_runs_async_with_the_outer_step():
     [mode] = modes(["adiloco"], bounds=[], local_steps=[8])
     assert mode.name == "adiloco8" and mode.is_async
