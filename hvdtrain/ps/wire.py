@@ -12,10 +12,6 @@ What stays float32 whatever the wire: INIT's parameters and optimizer state, a c
 (SAVE), and the replies to a PULL (the start, an evaluation), so that what is evaluated and
 saved is the server's master copy itself; and the same-host shared-memory window, where nothing
 travels on a wire (the worker reads the float32 shard in place).
-
-The server receives a push's chunks ahead: while it applies chunk i, the receives of the next
-``AHEAD`` chunks are posted, so a transport that moves data without the receiver's CPU (a
-network card) brings chunk i+1 in during chunk i's update.
 """
 
 from __future__ import annotations
@@ -67,22 +63,18 @@ class WorkerWire:
 
 class ShardWire:
     """A server's side, for the workers that reach it by messages: the receive of a push's
-    gradient chunks (posted ``AHEAD`` chunks ahead, into buffers of one chunk), the send of
-    parameter chunks, and the bytes both put on the wire (``report``)."""
-
-    AHEAD = 2
+    gradient chunks into a buffer of one chunk, the send of parameter chunks, and the bytes
+    both put on the wire (``report``)."""
 
     def __init__(self, comm, name: str, params: torch.Tensor, chunks: list[tuple[int, int]]):
         self.comm, self.params, self.chunks = comm, params, chunks
         self.dtype = torch_dtype(name)
         self.name = name
-        self.index = {a: i for i, (a, _) in enumerate(chunks)}
         longest = max(b - a for a, b in chunks)
-        self.incoming = [torch.empty(longest, dtype=self.dtype) for _ in range(self.AHEAD + 1)]
+        self.incoming = torch.empty(longest, dtype=self.dtype)
         self.widened = torch.empty(longest if self.dtype != torch.float32 else 0)
         self.outgoing = torch.empty(params.numel() if self.dtype != torch.float32 else 0,
                                     dtype=self.dtype)
-        self.requests: list = []  # the receives of the push being read, by chunk
         self.exact: dict[int, bool] = {}  # worker -> its reply travels in float32
         self.bytes_pushed = self.bytes_pulled = 0
 
@@ -91,26 +83,17 @@ class ShardWire:
         self.exact[worker] = kind != Kind.PUSH
 
     def gradient(self, worker: int, a: int, b: int) -> np.ndarray:
-        """Elements [a, b) of ``worker``'s gradient, in float32; chunks are read in order."""
-        k = self.index[a]
-        if k == 0:
-            self.requests = [None] * len(self.chunks)
-            for n in range(min(self.AHEAD, len(self.chunks))):
-                self._post(worker, n)
-        self.requests[k].Wait()
-        if k + self.AHEAD < len(self.chunks):  # into the buffer that chunk k-1 has freed
-            self._post(worker, k + self.AHEAD)
+        """Elements [a, b) of ``worker``'s gradient, in float32. One chunk at a time: posting
+        the next chunks' receives ahead let them share the link with this one, which delayed
+        the first updated chunk's reply and lowered a push's throughput on a throttled link
+        (see docs/async.md)."""
+        received = self.incoming[:b - a]
+        self.comm.Recv(words(received), source=worker, tag=Tag.GRAD)
         self.bytes_pushed += (b - a) * self.dtype.itemsize
-        received = self.incoming[k % (self.AHEAD + 1)][:b - a]
         if self.dtype == torch.float32:
             return received.numpy()
         self.widened[:b - a].copy_(received)
         return self.widened[:b - a].numpy()
-
-    def _post(self, worker: int, k: int) -> None:
-        a, b = self.chunks[k]
-        self.requests[k] = self.comm.Irecv(words(self.incoming[k % (self.AHEAD + 1)][:b - a]),
-                                           source=worker, tag=Tag.GRAD)
 
     def send(self, worker: int, k: int):
         """Start sending chunk ``k`` of the parameters to ``worker``; returns the request."""
