@@ -11,15 +11,21 @@
     python scripts/bench_ps.py [--rounds 3] [--mib 16] [--messages-only]
 
 ``--messages-only``: pingpong and the messages-only row alone, with a float32 and a bf16 wire
-(--wire-dtype); the bf16 row counts model bytes, of which its messages carry half.
+(--wire-dtype); the bf16 row counts model bytes, of which its messages carry half. With
+``--link RATE`` (e.g. 1gbit; needs root) the two processes run on two network namespaces of
+scripts/netns/two_hosts.py, over TCP through a veth throttled to RATE by ``tc tbf``: the path
+between hosts, where a push and its reply share the link, one in each direction.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -35,11 +41,39 @@ def mpirun(np: int, *command: str) -> list[str]:
     return ["mpirun", "-np", str(np), "--oversubscribe", *command]
 
 
-def pingpong_bandwidth(nbytes: int) -> float:
+@contextlib.contextmanager
+def two_hosts(rate: str):
+    """(launch, env) that run 2 ranks on two network namespaces whose veth is throttled to
+    ``rate`` (tc tbf), one rank each."""
+    sys.path.insert(0, str(HERE / "netns"))
+    from two_hosts import TwoHosts, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        raise SystemExit(f"--link: {reason}")
+    with TwoHosts("bench") as hosts, tempfile.TemporaryDirectory() as tmp:
+        for ns in hosts.namespaces:
+            subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "hvd0", "root",
+                            "tbf", "rate", rate, "burst", "256kb", "latency", "50ms"],
+                           check=True, capture_output=True, timeout=30)
+        hostfile = Path(tmp) / "hostfile"
+        hostfile.write_text("".join(f"{a} slots=1\n" for a in hosts.addresses))
+        env = {**ENV, **hosts.env,
+               "PATH": f"{hosts.env['PATH']}{os.pathsep}{ENV['PATH']}"}  # ssh, then the venv
+
+        def launch(np: int, *command: str) -> list[str]:
+            return hosts.on(0, ["mpirun", "-np", str(np), "--hostfile", str(hostfile),
+                                *hosts.mpirun_flags(), "-x", "PATH", "-x", "PYTHONPATH",
+                                "-x", "OMPI_ALLOW_RUN_AS_ROOT",
+                                "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", *command])
+        yield launch, env
+
+
+def pingpong_bandwidth(nbytes: int, launch=mpirun, env=ENV) -> float:
     """Bytes per second that mpi4py's own ping-pong reaches at this message size."""
-    out = run(mpirun(2, sys.executable, "-m", "mpi4py.bench", "pingpong", "-a", "numpy",
+    out = run(launch(2, sys.executable, "-m", "mpi4py.bench", "pingpong", "-a", "numpy",
                      "-m", str(nbytes), "-n", str(nbytes), "--loop-huge", "40",
-                     "--skip-huge", "5"), ENV)
+                     "--skip-huge", "5"), env)
     # "# Size [B]  Bandwidth [MB/s] | Time Mean [s] ..." where MB = 1e6 bytes and the time is
     # one way, so bandwidth = size / (half the round trip).
     rows = [line.split() for line in out.splitlines() if re.match(r"^\s*\d+\s", line)]
@@ -49,12 +83,12 @@ def pingpong_bandwidth(nbytes: int) -> float:
 
 
 def ps_throughput(mib: float, momentum: float = 0.9, shared: bool = True,
-                  wire: str = "fp32") -> tuple[float, dict]:
+                  wire: str = "fp32", launch=mpirun, env=ENV) -> tuple[float, dict]:
     """Model bytes (float32) pushed plus pulled per second, and the server's statistics: with
     a 16-bit ``wire`` the messages carry half of them."""
-    out = run(mpirun(2, sys.executable, str(HERE / "bench" / "ps_throughput.py"),
+    out = run(launch(2, sys.executable, str(HERE / "bench" / "ps_throughput.py"),
                      "--mib", str(mib), "--momentum", str(momentum), "--wire-dtype", wire,
-                     *([] if shared else ["--no-shared-memory"])), ENV)
+                     *([] if shared else ["--no-shared-memory"])), env)
     worker = json.loads(out.split("BENCH ", 1)[1].splitlines()[0])
     server = json.loads(out.split("SERVER ", 1)[1].splitlines()[0])
     return worker["bytes_per_sec"], {**server, "model_bytes": worker["model_bytes"]}
@@ -91,9 +125,14 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--messages-only", action="store_true",
                         help="only pingpong and the rows over messages (fp32 and bf16 wires)")
+    parser.add_argument("--link", default=None, metavar="RATE",
+                        help="--messages-only between two network namespaces joined by a veth "
+                             "throttled to RATE (tc tbf, e.g. 1gbit); needs root")
     args = parser.parse_args()
-    if args.messages_only:
-        return messages_only(args)
+    if args.messages_only or args.link:
+        with (two_hosts(args.link) if args.link else contextlib.nullcontext((mpirun, ENV))) \
+                as (launch, env):
+            return messages_only(args, launch, env)
     nbytes = int(args.mib * 1024 * 1024)
 
     pp, ps, ps_plain, ps_messages, servers, sync_rate, async_rate = [], [], [], [], [], [], []
@@ -137,20 +176,22 @@ def main() -> None:
           f"{med(async_rate) / med(sync_rate):.2f} | - |")
 
 
-def messages_only(args) -> None:
+def messages_only(args, launch, env) -> None:
     """The path between hosts alone: pingpong, then push+pull over messages with a float32 and
     a bf16 wire, each round measured back to back (the machine's load moves all three)."""
     nbytes = int(args.mib * 1024 * 1024)
     pp, wide, narrow = [], [], []
     for r in range(args.rounds):
-        pp.append(pingpong_bandwidth(nbytes))
-        wide.append(ps_throughput(args.mib, shared=False)[0])
-        narrow.append(ps_throughput(args.mib, shared=False, wire="bf16")[0])
+        pp.append(pingpong_bandwidth(nbytes, launch, env))
+        wide.append(ps_throughput(args.mib, shared=False, launch=launch, env=env)[0])
+        narrow.append(ps_throughput(args.mib, shared=False, wire="bf16", launch=launch,
+                                    env=env)[0])
         print(f"round {r + 1}/{args.rounds}: pingpong {pp[-1] / 2**30:.2f} GiB/s, messages "
               f"fp32 {wide[-1] / 2**30:.2f}, bf16 {narrow[-1] / 2**30:.2f} GiB/s of the model "
               f"(ratios {wide[-1] / pp[-1]:.2f}, {narrow[-1] / pp[-1]:.2f})", flush=True)
     med = statistics.median
-    print(f"\nmessage/model size: {args.mib:g} MiB; medians of {args.rounds} rounds")
+    where = f", two hosts over {args.link}" if args.link else ", one host"
+    print(f"\nmessage/model size: {args.mib:g} MiB{where}; medians of {args.rounds} rounds")
     print("| measure | value | baseline | ratio | target |")
     print("|---|---|---|---|---|")
     for label, rates in (("fp32", wide), ("bf16 (half the bytes on the wire)", narrow)):
