@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..config import ConfigError, parse_stop_at
-from ..loop.best import evaluation_metrics
-from ..loop.target import reaches
+from ..config.values import reaches
 
 ACCURACY = "test_acc"
 
@@ -127,6 +126,7 @@ def workload_metrics(train_args: Sequence[str]) -> list[str]:
     import torch
 
     from ..launch import build_model, ready_replica
+    from ..loop.best import evaluation_metrics  # the loop imports torch: not for --help
     from ..precision import Precision
     from ..replica import Replica
     from ..workload import workload_from_config

@@ -97,6 +97,13 @@ def parse_metric_goal(text: str) -> tuple[str, str] | None:
 STOP_AT_FORMAT = "write NAME>=VALUE or NAME<=VALUE, e.g. test_acc>=0.95 or test_loss<=0.1"
 
 
+def reaches(value: float, op: str, target: float) -> bool:
+    """Whether ``value`` reaches ``target`` in the direction ``op`` (">=" or "<=", as
+    parse_stop_at returns it): the run's --stop-at (loop/target.py) and compare's judge of its
+    runs (compare/target_metric.py), which imports no torch for `compare --help`."""
+    return value >= target if op == ">=" else value <= target
+
+
 def parse_stop_at(text: str) -> tuple[str, str, float] | None:
     """``"test_acc>=0.95"`` -> ("test_acc", ">=", 0.95); ``"test_loss <= 0.1"`` ->
     ("test_loss", "<=", 0.1); ``""`` -> None. Whether the run reports NAME is known only once

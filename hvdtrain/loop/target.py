@@ -11,13 +11,8 @@ they all agree on.
 from __future__ import annotations
 
 from ..config import ConfigError, RunConfig, parse_stop_at
+from ..config.values import reaches
 from .best import evaluation_metrics, judged_value
-
-
-def reaches(value: float, op: str, target: float) -> bool:
-    """Whether ``value`` reaches ``target`` in the direction ``op`` (">=" or "<=", as
-    parse_stop_at returns it); also compare's judge of its runs (compare/target_metric.py)."""
-    return value >= target if op == ">=" else value <= target
 
 
 class TargetStop:
