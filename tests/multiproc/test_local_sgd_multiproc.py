@@ -161,9 +161,11 @@ def test_digits_trains_to_90_percent_with_4_local_steps(tmp_path):
     assert all(e["averaging_rounds"] == 6 for e in epochs)  # 22 steps per epoch: 5 + 1
 
 
-def test_local_steps_with_async_mode_exits_2_under_mpirun(tmp_path):
+def test_a_refused_async_local_steps_combination_exits_2_under_mpirun(tmp_path):
+    # --mode async --local-steps H is asynchronous DiLoCo; --pull-every has no meaning there
     proc = run(mpirun(WORKERS, *hvdtrain("train", "--mode", "async", "--local-steps", "4",
-                                         "--run-dir", str(tmp_path))), check=False)
+                                         "--pull-every", "2", "--run-dir", str(tmp_path))),
+               check=False)
     assert proc.returncode == 2
-    assert proc.stderr.count("--local-steps: invalid value 4; local SGD is for --mode sync") == 1
+    assert proc.stderr.count("--pull-every: invalid value 2; with --local-steps 4 every push") == 1
     assert not (tmp_path / "metrics.jsonl").exists()
