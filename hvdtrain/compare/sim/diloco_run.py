@@ -54,10 +54,7 @@ class DiLoCoRun(ServerRun):
             w.engine["pulled"].copy_(w.params)
         w.pulled_version = self.engine.version
         self.engine.sent_params(w.rank)
-        if self.dispatcher is not None and first:
-            self._hand_out(w)
-        if (w.slot == NO_SLOT if self.dispatcher is not None else
-                w.steps == self.sim.total_steps):
+        if self._out_of_work(w, first):
             self._schedule(at, w, self.DONE)
             return
         timing, own = self.timing, self.timing.step_seconds

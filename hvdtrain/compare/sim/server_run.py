@@ -116,10 +116,7 @@ class ServerRun:
         start = at
         if not first:  # the straggler stretches the step's compute, not the wait for the reply
             start += self.sim._delay(w, w.steps - 1, self.timing.step_seconds)
-        if self.dispatcher is not None and first:
-            self._hand_out(w)
-        if (w.slot == NO_SLOT if self.dispatcher is not None else
-                w.steps == self.sim.total_steps):
+        if self._out_of_work(w, first):
             self._schedule(start, w, self.DONE)
             return
         start += self.timing.loop_seconds  # the loop's time before the update begins
@@ -131,6 +128,15 @@ class ServerRun:
                        self.ARRIVE)
 
     # --- the server's side ------------------------------------------------------------------------
+    def _out_of_work(self, w: _Worker, first: bool) -> bool:
+        """After a reply: whether ``w`` has nothing left to train (the job's plan has no batch
+        for it, or it took every step); a worker's first reply hands out its first batch."""
+        if self.dispatcher is None:
+            return w.steps == self.sim.total_steps
+        if first:
+            self._hand_out(w)
+        return w.slot == NO_SLOT
+
     def _hand_out(self, w: _Worker) -> None:
         w.slot = self.dispatcher.take(w.rank)
         w.piece = None if w.slot == NO_SLOT else self.dispatcher.plan.locate(w.slot)
