@@ -30,6 +30,8 @@ def add_parser(commands) -> None:
 def validate(args: argparse.Namespace) -> CompareConfig:
     """The parsed flags as a checked CompareConfig (ConfigError names the flag to fix)."""
     cfg = CompareConfig.from_args(args)
+    if cfg.measured is not None and cfg.measured.warning():
+        print(cfg.measured.warning(), flush=True)  # an unfit cluster's links are still measured
     if cfg.seeds < 2:
         print("hvdtrain compare: with one seed per mode there is no interval, so no finding "
               "can be settled; use --seeds 5 or more", flush=True)
@@ -85,13 +87,17 @@ def _simulated_args(cfg: CompareConfig, train_args: list[str]) -> list[str]:
 
 
 def _simulation_timing(cfg: CompareConfig, train_args):
+    from dataclasses import replace
+
+    from .measured_links import server_link
     from .sim.timing import measure_timing
 
-    return measure_timing(train_args, allreduce_seconds=cfg.sim_seconds("allreduce"),
-                          push_seconds=cfg.sim_seconds("push"),
-                          step_seconds=cfg.sim_seconds("step"),
-                          apply_seconds=cfg.sim_seconds("apply"),
-                          sample_seconds=cfg.sim_seconds("sample"), link=cfg.sim_link())
+    timing = measure_timing(train_args, allreduce_seconds=cfg.sim_seconds("allreduce"),
+                            push_seconds=cfg.sim_seconds("push"),
+                            step_seconds=cfg.sim_seconds("step"),
+                            apply_seconds=cfg.sim_seconds("apply"),
+                            sample_seconds=cfg.sim_seconds("sample"), link=cfg.sim_link())
+    return replace(timing, server_link=server_link(cfg))
 
 
 def _per_sample(timing, batch: int) -> str:
@@ -121,7 +127,8 @@ def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
           f"{_per_sample(timing, batch)}) and the "
           f"server applies a gradient in {timing.apply_seconds * 1000:.2f} ms "
           f"({'--sim-apply-ms' if cfg.sim_apply_ms is not None else 'measured here'}); "
-          f"{timing.describe_network()}", flush=True)
+          f"{cfg.measured.describe() if cfg.measured else timing.describe_network()}",
+          flush=True)
     done = []
 
     def show(result):
@@ -294,6 +301,8 @@ def _describe(cfg: CompareConfig) -> str:
             f"{' with ' + cfg.launcher_args if cfg.launcher_args else ''}{shared}. "
             "Extra flags: "
             f"{cfg.train_args or 'none'}."
+            + (f" The simulated exchanges are priced by the {cfg.measured.describe()}."
+               if cfg.measured else "")
             + (f" Every run under the fault schedule `{cfg.faults}` (--faults); a failed sync "
                f"run restarted from its checkpoint up to {cfg.max_restarts} times." if cfg.faults
                else ""))

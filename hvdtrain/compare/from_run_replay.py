@@ -138,12 +138,14 @@ class Prediction:
 
 
 def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: Target | str | float,
-           apply_seconds: float, link=None) -> tuple[list[Prediction], RunFit]:
+           apply_seconds: float, link=None,
+           server_link=None) -> tuple[list[Prediction], RunFit]:
     """Every mode, every seed, on the fit of the run's epochs (the first left out with its
     warm-up): each seed has its own draws, initial weights and data order; its virtual time
     to the target, at the machine's speed of single runs (from_run.run_speeds), gives its
     expected time and single runs. ``link`` (sim/link.py, e.g. from_run_link's): prices every
-    mode's exchanges by their bytes. Returns the predictions and the fit."""
+    mode's exchanges by their bytes; ``server_link``, where given (compare --links), the
+    server's pushes and replies instead. Returns the predictions and the fit."""
     from .sim.sweep import simulate_run
 
     target = Target.of(target)  # a float: a test accuracy
@@ -153,7 +155,7 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: Target | st
     own_waits = own.is_async and not own.bsp and math.isinf(own.staleness)
     fit = fit_epochs(fitted, lock_step, own.local_steps, apply_seconds, first, own_waits)
     if link is not None:
-        fit = replace(fit, timing=replace(fit.timing, link=link))
+        fit = replace(fit, timing=replace(fit.timing, link=link, server_link=server_link))
     args = train_args_from_config(run.config, BUDGET_EPOCHS * int(run.config["run"]["epochs"]))
     per_epoch = int(run.header["steps_per_epoch"])
     predictions = [Prediction(m.name, m == own) for m in modes]
@@ -245,6 +247,7 @@ def main(cfg) -> int:
     (its --modes, --local-steps, --staleness-bounds, --backup-workers, --seeds, --target,
     --out)."""
     from .from_run import read_run
+    from .measured_links import server_link
     from .sim.timing import measure_timing
 
     run = read_run(cfg.from_run)
@@ -262,7 +265,8 @@ def main(cfg) -> int:
           "...", flush=True)
     seeds = [int(run.config["run"]["seed"]) + i for i in range(cfg.seeds)]
     link, network = from_run_link(run, own, args, apply_seconds, cfg)
-    predictions, fit = replay(run, modes, seeds, target, apply_seconds, link)
+    predictions, fit = replay(run, modes, seeds, target, apply_seconds, link,
+                              server_link(cfg))
     real = real_time_to_target(run, target)
     own_prediction = next(p for p in predictions if p.own)
     ok = overlaps(own_prediction, real)
@@ -298,9 +302,9 @@ def run_target(goal: Target, run: RunLog) -> tuple[Target, str]:
 
 
 def from_run_link(run: RunLog, own: Mode, args: list[str], apply_seconds: float, cfg):
-    """(the link that prices the replay's exchanges, what the report says of it): --sim-link-mbit
-    when given, else fitted from the run's measured exchange and its model's bytes
-    (sim/link.py run_link)."""
+    """(the link that prices the replay's exchanges, what the report says of it): --links' ring
+    or --sim-link-mbit when given, else fitted from the run's measured exchange and its model's
+    bytes (sim/link.py run_link)."""
     from .sim.flat_model import _Setup
     from .sim.link import gradient_bytes, run_link, wire_bytes
 
@@ -315,6 +319,10 @@ def from_run_link(run: RunLog, own: Mode, args: list[str], apply_seconds: float,
     finally:
         setup.workload.close()
     exchange = fit.timing.allreduce_seconds if ring else fit.timing.push_seconds
+    if cfg.measured is not None:
+        return cfg.sim_link(), (f"link: the {cfg.measured.describe()}; the run's own exchange "
+                                f"of {nbytes / 1e6:.3g} MB took {exchange * 1000:.2f} ms "
+                                "(measured)")
     return run_link(exchange, nbytes, run.num_workers, ring, cfg.sim_link(),
                     cfg.sim_latency_ms / 1000)
 

@@ -23,8 +23,8 @@ from ..rules.registry import FAMILIES
 from ..stragglers import parse_straggler
 from ..train_flags import config_from_args, parse_train_flags
 from . import plan as planning
+from .measured_links import links_flag
 from .sim.link import Link, check_link_flags
-from .target_metric import Target
 from .target_metric import Target
 
 # What the plan sets on every run's command line, and the compare flag to use instead: given in
@@ -200,6 +200,9 @@ class CompareConfig:
     sim_latency_ms: float = _opt(0.0, "with --sim-link-mbit: milliseconds of latency of each "
                                  "message (a ring hop, a push, a pull); --from-run: the latency "
                                  "its fitted link assumes")
+    links: str | None = _opt(None, "simulated runs and --from-run: a doctor.json (hvdtrain "
+                             "doctor) whose measured links price the exchanges, instead of "
+                             "--sim-link-mbit (docs/compare.md)", type=str)
     sim_step_ms: float | None = _opt(None, "--simulate: milliseconds of one worker's forward and "
                                      "backward pass, instead of the figure measured in this "
                                      "process, which drifts with the machine's load; give the "
@@ -374,12 +377,15 @@ class CompareConfig:
                               "one of them")
         check_link_flags(self.sim_link_mbit, self.sim_latency_ms, self.from_run is not None,
                          bool(self.simulate or self.sweep_workers.strip()))
+        self.measured = links_flag(self)  # --links' doctor.json, read and checked
         if self.simulate and (self.hostfile or self.launcher_args):
             raise ConfigError("--simulate runs in this one process: drop --hostfile and "
                               "--launcher-args, or drop --simulate")
 
     def sim_link(self) -> Link | None:
-        """The --sim-link-mbit link (compare/sim/link.py), None without one."""
+        """The ring's link (compare/sim/link.py): --links' or --sim-link-mbit's, or None."""
+        if self.measured is not None:
+            return self.measured.ring
         return None if self.sim_link_mbit is None else Link(self.sim_link_mbit,
                                                              self.sim_latency_ms / 1000)
 

@@ -69,7 +69,7 @@ class ServerRun:
         # asynchronous update applies one worker's gradient alone.
         self.lr_scale = self.policy.lr_scale(sim.num_workers)
         self.events: list[tuple[float, float, int, int]] = []
-        link = self.timing.link
+        link = self.timing.server_link or self.timing.link
         # the pushes and the replies: one link, as the server takes one message at a time
         self.inbound = self.outbound = SharedLink(link) if link else None
         # As the async workers' batch feed (ps/async_group.py JobBatches), the round policy

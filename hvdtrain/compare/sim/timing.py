@@ -42,6 +42,9 @@ class Timing:
     # A link that prices each exchange by its bytes (link.py); given, it wins over
     # allreduce_seconds and push_seconds.
     link: Link | None = None
+    # The server's link where it is not the ring's (compare --links: the pairs of the server's
+    # host); None: the server's pushes and replies cross ``link``.
+    server_link: Link | None = None
 
     def average_seconds(self, nbytes: float, workers: int) -> float:
         """One average of ``nbytes`` over ``workers``: the link's ring, or allreduce_seconds."""
@@ -49,6 +52,12 @@ class Timing:
 
     def describe_network(self) -> str:
         """What the exchanges cost, in words, for the report."""
+        if self.server_link is not None and self.link is not None:
+            return (f"links price each exchange by its bytes: a ring average's of "
+                    f"{self.link.mbit:.4g} Mbit/s and {self.link.latency_seconds * 1000:.3g} ms "
+                    f"latency, the server's shared link of {self.server_link.mbit:.4g} Mbit/s "
+                    f"and {self.server_link.latency_seconds * 1000:.3g} ms (frames, as the "
+                    "link model counts)")
         if self.link is not None:
             return (f"a link of {self.link.mbit:g} Mbit/s and {self.link.latency_seconds * 1000:g}"
                     " ms latency prices each exchange by its bytes (a ring average; a push and "
@@ -73,8 +82,9 @@ class Timing:
                 continue
             if not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"Timing.{name}: invalid value {value}; use 0 or more seconds")
-        if self.link is not None:
-            self.link.check()
+        for link in (self.link, self.server_link):
+            if link is not None:
+                link.check()
 
 
 def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, warmup: int = 5,
