@@ -200,7 +200,7 @@ def _run_async(cfg: Config, workload: Workload, model):
     parent = parent_link() if cfg.ps.max_restarts else None
     if parent is not None:  # a replacement worker that server 0 started (--max-restarts)
         return run_newcomer(cfg, workload, model, parent, _build_trainer, Finished)
-    runtime = start_mpi(cfg.run, is_server)
+    runtime = start_mpi(cfg.run, is_server, cfg.ps.server_device)
     # The same on every rank: errors need no abort. A worker's local rank and size count this
     # host's workers, whose pipeline stages take its GPUs; servers hold no stages.
     layout = Layout.build(cfg, runtime.size, runtime.local_rank, runtime.local_size)
@@ -219,7 +219,7 @@ def _run_async(cfg: Config, workload: Workload, model):
     trainer = None
     try:
         if is_server:
-            server = ParameterServer(comm, cfg, topology)
+            server = ParameterServer(comm, cfg, topology, runtime.device)
             lost = _serve(server)
         else:
             scheme = _client_class(cfg)(cfg, runtime, comm, worker_comm, topology)

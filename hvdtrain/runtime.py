@@ -128,12 +128,14 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
     return runtime
 
 
-def start_mpi(run: RunConfig, is_server: Callable[[int, int], bool]) -> Runtime:
+def start_mpi(run: RunConfig, is_server: Callable[[int, int], bool],
+              server_device: str = "cpu") -> Runtime:
     """MPI through mpi4py, for the parameter server (async mode). mpi4py asks for
     MPI_THREAD_MULTIPLE, which Horovod also wants should both live in one process.
     ``is_server(rank, world_size)``: whether that rank serves (the job's Topology, layout.py).
 
-    Servers stay on the CPU. A worker's local rank counts the workers on its host only, so that
+    Servers stay on the CPU unless ``server_device`` (--server-device) says otherwise
+    (pick_server_device). A worker's local rank counts the workers on its host only, so that
     the workers take GPUs 0, 1, ... however the servers are placed among them."""
     launcher = detect_launcher()
     if launcher == "horovodrun --gloo":
@@ -146,12 +148,15 @@ def start_mpi(run: RunConfig, is_server: Callable[[int, int], bool]) -> Runtime:
     serves = is_server(rank, size)  # an impossible split fails everywhere
     if run.device.startswith("cuda") and not torch.cuda.is_available():
         pick_device(run.device, 0)  # the same message on every rank, servers included
+    if server_device == "cuda":  # a server's host may lack what the workers' hosts have
+        check_server_cuda(world.allreduce(int(serves and not torch.cuda.is_available())))
     node = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks on this host
     peers = node.Split(int(serves), rank)           # ... that have this rank's role
     local_rank, local_size, host_size = peers.Get_rank(), peers.Get_size(), node.Get_size()
     peers.Free()
     node.Free()
-    device = torch.device("cpu") if serves else pick_device(run.device, local_rank)
+    device = (pick_server_device(server_device, local_rank) if serves
+              else pick_device(run.device, local_rank))
     runtime = Runtime(rank=rank, size=size, local_rank=local_rank, local_size=local_size,
                       device=device, launcher=launcher)
     configure_torch(run, host_size)  # every process on the host shares its cores
@@ -176,6 +181,28 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
         device = torch.device(requested)
     else:  # one GPU per local rank
         device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def check_server_cuda(servers_without_cuda: int) -> None:
+    """--server-device cuda: every rank raises the same error (so that no rank waits for one
+    that left) when any server rank sees no CUDA device."""
+    if servers_without_cuda:
+        raise ConfigError(f"--server-device cuda: {servers_without_cuda} parameter server "
+                          "rank(s) see no CUDA device; use --server-device auto (a GPU where "
+                          "the server has one) or cpu, or place the servers on GPU hosts")
+
+
+def pick_server_device(requested: str, local_server: int) -> torch.device:
+    """A server's device: the CPU for --server-device cpu (and for auto without CUDA); else a
+    GPU counted from the host's last, server ``local_server`` of the host taking the
+    (local_server + 1)-th from the end, so that servers and workers (which count from GPU 0)
+    share a GPU only when the host has fewer GPUs than processes."""
+    if requested == "cpu" or not torch.cuda.is_available():  # cuda without: check_server_cuda
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    device = torch.device("cuda", (count - 1 - local_server) % count)
     torch.cuda.set_device(device)
     return device
 

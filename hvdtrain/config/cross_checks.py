@@ -40,6 +40,9 @@ def check_combinations(cfg: Any) -> None:
         require(s.collective == "horovod", "--collective", s.collective,
                 "the parameter server talks MPI itself, with no collective backend; drop "
                 "--collective (it is for --mode sync)")
+    require(r.mode == "async" or cfg.ps.server_device == "cpu", "--server-device",
+            cfg.ps.server_device, "only --mode async has parameter servers; drop "
+            "--server-device (sync training computes on --device)")
     per_pass = r.batch_size // k
     require(pl.micro_batches <= per_pass, "--micro-batches", pl.micro_batches,
             f"each backward pass sees --batch-size {r.batch_size} / "

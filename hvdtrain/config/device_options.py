@@ -14,7 +14,8 @@ class DeviceOptions:
     """Where and how each worker computes."""
 
     device: str = opt("auto", "auto (a GPU per local rank when CUDA is present), cpu or cuda; "
-                      "in async mode each worker takes a GPU and the servers stay on the CPU")
+                      "in async mode each worker takes a GPU and the servers stay on the CPU "
+                      "unless --server-device says otherwise")
     precision: str = opt("32", "32 (float32), bf16 (autocast to bfloat16, on CPUs and GPUs) or "
                          "fp16 (autocast to float16 with a dynamic loss scale, for GPUs; steps "
                          "whose gradient overflows are skipped). Parameters, gradients and "

@@ -53,6 +53,12 @@ class PSConfig:
     shared_memory: bool = opt(True, "between a server and the workers on its host, keep "
                               "gradients and parameters in an MPI shared-memory window instead "
                               "of copying them through messages")
+    server_device: str = opt("cpu", "where each server holds its shard of the parameters and "
+                             "the optimizer state, and applies the pushes: cpu, cuda (the "
+                             "server rank's GPU; refused where that rank has none) or auto (a "
+                             "GPU where there is one). Messages still move host memory; "
+                             "checkpoints hold CPU tensors either way. See docs/gpu.md",
+                             choices=("cpu", "cuda", "auto"))
 
     def validate(self) -> None:
         p = self

@@ -52,9 +52,10 @@ class ParameterServerClient(UpdateScheme):
     worker starts from worker 0's, and the model that is evaluated and checkpointed carries
     worker 0's, which track its shard of the same data.
 
-    Devices: the servers keep parameters and optimizer state in host memory. A worker computes
-    on its replica's device; device_copies.py moves the flat buffers between the two, and is the
-    only part that differs between a CPU and a GPU worker.
+    Devices: the messages carry host memory (a server's shard may live on its GPU,
+    --server-device, behind its own host copy: shard_device.py). A worker computes on its
+    replica's device; device_copies.py moves the flat buffers between the two, and is the only
+    part that differs between a CPU and a GPU worker.
 
     Mixed precision and clipping happen here, on the worker, before the push (precision.py):
     the worker unscales its gradient (fp16), clips it, and pushes it in float32, or skips the

@@ -41,10 +41,14 @@ from .verdicts import Verdicts
 
 
 class ParameterServer:
-    def __init__(self, comm, cfg: Config, topology: Topology):
+    """``device``: where the shard's master copy and optimizer state live (--server-device,
+    runtime.pick_server_device); the messages always move host memory."""
+
+    def __init__(self, comm, cfg: Config, topology: Topology, device=None):
         from mpi4py import MPI
 
         self.MPI, self.comm, self.cfg, self.topology = MPI, comm, cfg, topology
+        self.device = device
         self.index = topology.server_index(comm.Get_rank())
         self.num_workers = n = topology.num_workers
         self.rules = server_rules(cfg.ps, n)  # what the engine runs; it checks the options now
@@ -65,7 +69,8 @@ class ParameterServer:
     # --- set-up --------------------------------------------------------------------------------
     def _allocate(self, total: int) -> None:
         self.shard = Shard(self.comm, self.cfg, self.index, self.topology.num_servers,
-                           self.num_workers, total, self.rules.step.rewrites_gradient)
+                           self.num_workers, total, self.rules.step.rewrites_gradient,
+                           self.device)
         self.engine = ServerEngine(self.rules, self.num_workers, self.shard.optimizer,
                                    ShardPort(self, self.shard), follows=self.verdicts.follows)
 
@@ -226,4 +231,5 @@ class ParameterServer:
         return self.load.report(self.index, self.engine.version,
                                 {**rules, **self.membership.report(self.load),
                                  **self.ledger.report(), **self.shard.wire.report(),
+                                 "server_device": str(self.shard.device),
                                  **(self.dispatcher.statistics() if self.dispatcher else {})})

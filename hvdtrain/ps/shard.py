@@ -18,32 +18,38 @@ import torch
 from ..config import Config
 from ..rules.local_sgd import outer_step_of
 from .protocol import Tag, chunk_bounds, chunk_elements, shard_bounds
-from .shard_optimizer import ShardOptimizer
+from .shard_device import host_buffer, shard_optimizer_on
 from .shared_memory import HostWindow
 from .wire import ShardWire
 
 
 class Shard:
+    """``device``: where the master parameters and optimizer state live (--server-device;
+    shard_device.py); ``params`` is always the host buffer that the messages carry."""
+
     def __init__(self, comm, cfg: Config, index: int, num_servers: int, num_workers: int,
-                 total: int, copy_gradients: bool):
+                 total: int, copy_gradients: bool, device: torch.device | None = None):
         self.comm = comm
+        self.device = device = device or torch.device("cpu")
         start, end = shard_bounds(total, num_servers)[index]
         # Collective with every worker on this host, which create it right after sending INIT.
         self.host = HostWindow(comm, 4 * (end - start), cfg.ps.shared_memory)
         if self.host.shares_host(comm.Get_rank()):
             self.params = torch.from_numpy(self.host.segment(comm.Get_rank()))
         else:
-            self.params = torch.zeros(end - start, dtype=torch.float32)
+            self.params = host_buffer(end - start, device)
         self.shared_grads = {w: self.host.segment(w)[start:end] for w in range(num_workers)
                              if self.host.shares_host(w)}  # worker -> its gradient, this shard
         self.chunks = chunk_bounds(end - start, chunk_elements(cfg.ps.chunk_mb))
         self.ready_words = np.arange(len(self.chunks), dtype=np.int64)  # READY payloads
         # Chunk i is updated as soon as it has arrived. The update rules are elementwise, so
         # chunked application is the same arithmetic as one step over the whole shard.
-        self.optimizer = ShardOptimizer(self.params, self.chunks, cfg.optim, outer_step_of(cfg))
+        self.optimizer = shard_optimizer_on(device, self.params, self.chunks, cfg.optim,
+                                            outer_step_of(cfg))
         self.grad_buffer = np.empty(max(b - a for a, b in self.chunks), dtype=np.float32)
         self.copy_gradients = copy_gradients  # the apply step rewrites them (DC-ASGD)
-        self.wire = ShardWire(comm, cfg.ps.wire_dtype, self.params, self.chunks)  # --wire-dtype
+        self.wire = ShardWire(comm, cfg.ps.wire_dtype, self.params, self.chunks,
+                              pin=device.type == "cuda")  # --wire-dtype
 
     def gradient_chunk(self, worker: int, a: int, b: int) -> np.ndarray:
         shared = self.shared_grads.get(worker)
@@ -75,6 +81,8 @@ class Shard:
         params = self.params.numpy()
         for a, b in self.chunks:
             self.comm.Recv(params[a:b], source=source, tag=Tag.PARAMS)
+        if self.device.type != "cpu":
+            self.optimizer.params_received()
 
     # --- checkpoint state ----------------------------------------------------------------------
     def send_state(self, dest: int, extra: dict) -> None:
@@ -85,7 +93,7 @@ class Shard:
         self.comm.send({"vectors": vectors, "scalars": self.optimizer.scalars(), **extra},
                        dest=dest, tag=Tag.INFO)
         for name in vectors:
-            vector = self.optimizer.vectors[name].numpy()
+            vector = self.optimizer.vectors[name].cpu().numpy()  # a GPU shard's too
             for a, b in self.chunks:
                 self.comm.Send(vector[a:b], dest=dest, tag=Tag.STATE)
 

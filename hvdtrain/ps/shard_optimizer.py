@@ -47,7 +47,8 @@ class ShardOptimizer:
         else:
             self.vectors["exp_avg"] = torch.zeros_like(params)
             self.vectors["exp_avg_sq"] = torch.zeros_like(params)
-            self.steps = [torch.tensor(0.0) for _ in chunks]
+            # on the parameters' device: the fused CUDA kernel reads it there
+            self.steps = [torch.tensor(0.0, device=params.device) for _ in chunks]
 
     def apply(self, chunk: int, grad: torch.Tensor, lr: float) -> None:
         """Update chunk ``chunk`` of the parameters with its gradient."""

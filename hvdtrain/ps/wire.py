@@ -66,13 +66,16 @@ class ShardWire:
     gradient chunks into a buffer of one chunk, the send of parameter chunks, and the bytes
     both put on the wire (``report``)."""
 
-    def __init__(self, comm, name: str, params: torch.Tensor, chunks: list[tuple[int, int]]):
+    def __init__(self, comm, name: str, params: torch.Tensor, chunks: list[tuple[int, int]],
+                 pin: bool = False):
         self.comm, self.params, self.chunks = comm, params, chunks
         self.dtype = torch_dtype(name)
         self.name = name
         longest = max(b - a for a, b in chunks)
-        self.incoming = torch.empty(longest, dtype=self.dtype)
-        self.widened = torch.empty(longest if self.dtype != torch.float32 else 0)
+        # pin: a GPU shard (--server-device) copies the received chunk to the device from here
+        self.incoming = torch.empty(longest, dtype=self.dtype, pin_memory=pin)
+        self.widened = torch.empty(longest if self.dtype != torch.float32 else 0,
+                                   pin_memory=pin)
         self.outgoing = torch.empty(params.numel() if self.dtype != torch.float32 else 0,
                                     dtype=self.dtype)
         self.exact: dict[int, bool] = {}  # worker -> its reply travels in float32
