@@ -153,7 +153,8 @@ def test_mpirun_gets_time_for_the_checkpoint_before_kubernetes_kills_it(name):
     # long again later; the pod must outlive both, or the checkpoint is lost.
     pod = launcher_pods()[name]
     container = pod["containers"][0]
-    assert "mpirun" in container["command"][:3]  # after `hvdtrain run` in the one-node Job
+    # after first_launch.sh's doctor, and after `hvdtrain run` in the one-node Job
+    assert "mpirun" in container["command"][2:5]
     env = {e["name"]: e["value"] for e in container.get("env", [])}
     timeout = int(env["OMPI_MCA_odls_base_sigkill_timeout"])
     assert timeout >= 30  # one step plus a checkpoint write
@@ -185,8 +186,9 @@ def test_kubernetes_retries_a_preempted_run_without_counting_it_as_a_failure():
     assert first_matching_action(rules, exit_code=1) == "Count"  # a real failure: backoffLimit
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--auto-resume" in command
-    # A SIGTERM to the pod's first process: mpirun alone exits 1, `hvdtrain run` 75 (issue 24).
-    assert command[:3] == ["hvdtrain", "run", "mpirun"]
+    # A SIGTERM to the pod's first process: mpirun alone exits 1, `hvdtrain run` 75 (issue 24);
+    # first_launch.sh execs it after the doctor.
+    assert command[2:5] == ["hvdtrain", "run", "mpirun"]
 
     # MPIJob has no per-exit-code rule; its ExitCode policy would make 75 final (1-127: permanent).
     for name in ("mpijob-sync.yaml", "mpijob-async.yaml"):
@@ -209,13 +211,17 @@ def test_schema_rejects_a_pod_failure_policy_the_api_server_would():
 
 def start_slurm_script(tmp_path, env: dict) -> subprocess.Popen:
     """Start the sbatch file with stand-in srun, mpirun and scontrol that record how they were
-    called; FAKE_EXIT sets the launcher's exit code, FAKE_WAIT_FOR_USR1 keeps it running until a
-    SIGUSR1 (then it exits 75, as hvdtrain does)."""
+    called, one line a call; FAKE_EXIT sets the training launcher's exit code, FAKE_DOCTOR_EXIT
+    the doctor's, FAKE_WAIT_FOR_USR1 keeps training running until a SIGUSR1 (then it exits 75,
+    as hvdtrain does)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     for tool in ("srun", "mpirun"):
         (fake / tool).write_text(f"""#!/bin/sh
 echo {tool} "$@" >> "{tmp_path}/launched"
+case "$*" in *"hvdtrain doctor"*)
+    echo "doctor: fit"; exit "${{FAKE_DOCTOR_EXIT:-0}}";;
+esac
 echo "$OMPI_MCA_odls_base_sigkill_timeout" > "{tmp_path}/sigkill_timeout"
 trap 'echo USR1 >> "{tmp_path}/signals"; exit {PREEMPTED}' USR1
 if [ -n "$FAKE_WAIT_FOR_USR1" ]; then
@@ -250,9 +256,16 @@ def run_slurm_script(tmp_path, env: dict) -> subprocess.CompletedProcess:
 def test_slurm_script_launches_hvdtrain(tmp_path, env, expect):
     proc = run_slurm_script(tmp_path, env)
     assert proc.returncode == 0, proc.stderr
-    launched = (tmp_path / "launched").read_text().split()
+    doctor, launched = [line.split() for line in
+                        (tmp_path / "launched").read_text().splitlines()]
     assert launched[:len(expect)] == expect
     assert launched[-2:] == ["--epochs", "3"]
+    # the doctor first, with the same launcher and the run's own folder
+    program = launched.index("hvdtrain")
+    assert doctor[:program + 2] == launched[:program] + ["hvdtrain", "doctor"]
+    run_dir = launched[launched.index("--run-dir") + 1]
+    assert doctor[doctor.index("--run-dir") + 1] == run_dir
+    assert doctor[doctor.index("--json") + 1] == f"{run_dir}/doctor.json"
     if env.get("MODE") == "async":
         assert "--device" in launched and "async" in launched
     assert not (tmp_path / "requeued").exists()
@@ -297,3 +310,122 @@ def test_slurm_warning_signal_reaches_the_launcher_and_requeues(tmp_path, launch
     assert (tmp_path / "signals").read_text().split() == ["USR1"], err
     assert proc.returncode == PREEMPTED, out + err
     assert (tmp_path / "requeued").read_text().split() == ["scontrol", "requeue", "42"]
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_slurm_script_stops_with_the_doctors_message_when_the_nodes_are_unfit(tmp_path, launcher):
+    proc = run_slurm_script(tmp_path, {"LAUNCHER": launcher, "FAKE_DOCTOR_EXIT": "2"})
+    assert proc.returncode == 2  # the doctor's own code: NOT fit
+    launched = (tmp_path / "launched").read_text().splitlines()
+    assert len(launched) == 1 and "hvdtrain doctor" in launched[0]  # training never started
+    assert "doctor: fit" in proc.stdout  # the stand-in's report reaches the job's output
+    assert "the doctor found this allocation NOT fit (or refused its input)" in proc.stderr
+    assert not (tmp_path / "requeued").exists()
+
+
+FIRST_LAUNCH = K8S / "first_launch.sh"
+
+
+def manifest_command(name: str) -> list[str]:
+    doc = yaml.safe_load((K8S / name).read_text())
+    if doc["kind"] == "MPIJob":
+        return doc["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0][
+            "command"]
+    return doc["spec"]["template"]["spec"]["containers"][0]["command"]
+
+
+@pytest.mark.parametrize("name", ["mpijob-sync.yaml", "mpijob-async.yaml", "job-one-node.yaml"])
+def test_each_deploy_file_runs_the_doctor_before_training(name):
+    command = manifest_command(name)
+    assert command[:2] == ["bash", "/opt/hvdtrain/deploy/k8s/first_launch.sh"], name
+    # the image holds the repository at /opt/hvdtrain, the script with it
+    assert any(i == "COPY" and args.split()[-1] == "/opt/hvdtrain" and "--from" in args
+               for i, args in stages()["cpu"])
+    text = SBATCH.read_text()
+    doctor = text.index('"${launch[@]}" hvdtrain doctor')
+    assert doctor < text.index('"${launch[@]}" "${train[@]}" &')
+
+
+def run_first_launch(tmp_path, command: list[str], env: dict) -> subprocess.CompletedProcess:
+    """first_launch.sh with stand-in ssh (FAKE_SSH_FAILS failed tries before it answers), hvdtrain
+    (its doctor prints a problem and exits FAKE_DOCTOR_EXIT) and mpirun, each recording its
+    call in calls, one line a call."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    calls = tmp_path / "calls"
+    (fake / "ssh").write_text(f"""#!/bin/sh
+echo ssh "$@" >> "{calls}"
+tries=$(cat "{tmp_path}/tries" 2>/dev/null || echo 0)
+echo $((tries + 1)) > "{tmp_path}/tries"
+[ "$tries" -ge "${{FAKE_SSH_FAILS:-0}}" ]
+""")
+    (fake / "hvdtrain").write_text(f"""#!/bin/sh
+echo hvdtrain "$@" >> "{calls}"
+if [ "$1" = doctor ]; then
+    echo "doctor: versions: torch 2.1.0 on b, 2.13.0 on a -- fix: install one torch"
+    echo "doctor: NOT fit (1 problems)"
+    exit "${{FAKE_DOCTOR_EXIT:-0}}"
+fi
+""")
+    (fake / "mpirun").write_text(f'#!/bin/sh\necho mpirun "$@" >> "{calls}"\n')
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("job-worker-0.job-worker slots=4\njob-worker-1.job-worker slots=4\n")
+    environment = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
+                   "OMPI_MCA_orte_default_hostfile": str(hostfile),
+                   "TERMINATION_LOG": str(tmp_path / "termination-log"), **env}
+    return subprocess.run(["bash", str(FIRST_LAUNCH), *command], env=environment,
+                          capture_output=True, text=True, timeout=60)
+
+
+def with_run_dir(command: list[str], run_dir) -> list[str]:
+    i = command.index("--run-dir")
+    return command[2:i + 1] + [str(run_dir)] + command[i + 2:]
+
+
+def test_the_mpijob_launcher_waits_for_its_workers_then_runs_the_doctor_then_trains(tmp_path):
+    command = with_run_dir(manifest_command("mpijob-sync.yaml"), tmp_path / "run")
+    proc = run_first_launch(tmp_path, command, {"FAKE_SSH_FAILS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    calls = [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+    program = command.index("hvdtrain")
+    hosts = [c[-2] for c in calls if c[0] == "ssh"]
+    # a worker that did not answer yet is asked again, then the next one
+    assert hosts == ["job-worker-0.job-worker"] * 2 + ["job-worker-1.job-worker"]
+    doctor, train = [c for c in calls if c[0] != "ssh"]
+    assert doctor[:2] == ["hvdtrain", "doctor"] and doctor[-program:] == command[:program]
+    assert doctor[doctor.index("--json") + 1] == f"{tmp_path / 'run'}/doctor.json"
+    assert train == command  # the job itself, unchanged, after the doctor
+
+
+def test_an_unfit_cluster_ends_the_launcher_with_the_doctors_lines(tmp_path):
+    command = with_run_dir(manifest_command("mpijob-async.yaml"), tmp_path / "run")
+    proc = run_first_launch(tmp_path, command, {"FAKE_DOCTOR_EXIT": "2"})
+    assert proc.returncode == 2
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert not any(c.startswith("mpirun") for c in calls)  # training never started
+    assert "the doctor found this cluster NOT fit (or refused its input); training was" \
+        in proc.stderr
+    assert (tmp_path / "termination-log").read_text().splitlines() == [
+        "doctor: versions: torch 2.1.0 on b, 2.13.0 on a -- fix: install one torch",
+        "doctor: NOT fit (1 problems)"]
+
+
+def test_a_worker_that_never_answers_is_named_before_the_deadline(tmp_path):
+    command = with_run_dir(manifest_command("mpijob-sync.yaml"), tmp_path / "run")
+    proc = run_first_launch(tmp_path, command, {"FAKE_SSH_FAILS": "99",
+                                                "WORKER_WAIT_SECONDS": "0"})
+    assert proc.returncode == 1
+    assert "worker job-worker-0.job-worker did not answer ssh within 0 s" in proc.stderr
+    assert "hvdtrain doctor" not in (tmp_path / "calls").read_text()
+
+
+def test_the_one_node_job_runs_the_doctor_on_its_mpirun_line_then_hvdtrain_run(tmp_path):
+    command = with_run_dir(manifest_command("job-one-node.yaml"), tmp_path / "run")
+    proc = run_first_launch(tmp_path, command, {"OMPI_MCA_orte_default_hostfile": "/nonexistent"})
+    assert proc.returncode == 0, proc.stderr
+    doctor, run = [line.split() for line in (tmp_path / "calls").read_text().splitlines()]
+    assert doctor[:2] == ["hvdtrain", "doctor"]
+    assert doctor[-5:] == ["mpirun", "-np", "4", "--bind-to", "none"] and "run" not in doctor
+    assert run == command  # hvdtrain run mpirun ..., as the container's first process
