@@ -53,6 +53,8 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
     add_compare(commands)
     from .requeue import add_parser as add_run
     add_run(commands)
+    from .doctor.doctor_cli import add_parser as add_doctor
+    add_doctor(commands)
     return parser
 
 
@@ -90,6 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = argparse.ArgumentParser(prog="hvdtrain", allow_abbrev=False)
         add_parser(parser.add_subparsers(dest="command", required=True))
         return run_launcher(parser.parse_args(argv), relay)
+    if argv[:1] == ["doctor"]:  # no torch for its --help and its launcher (doctor/doctor_cli.py)
+        from .doctor.doctor_cli import add_parser as add_doctor, main as doctor
+
+        parser = argparse.ArgumentParser(prog="hvdtrain", allow_abbrev=False)
+        add_doctor(parser.add_subparsers(dest="command", required=True))
+        return doctor(parser.parse_args(argv))
     # Before anything imports torch: OpenMP counts its cores when torch loads it (core_binding)
     release_default_binding(local_size_hint())
     if argv[:1] != ["train"]:

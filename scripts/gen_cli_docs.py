@@ -1,4 +1,4 @@
-"""Write docs/cli.md, the flag reference of `hvdtrain train`, `hvdtrain compare` and `hvdtrain run`.
+"""Write docs/cli.md, the flag reference of `hvdtrain train`, `compare`, `run` and `doctor`.
 
 It is generated from the commands' argparse parsers, whose help strings come from the config
 dataclasses (hvdtrain/config/), so nobody edits it by hand: change a help string, then run
@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 from hvdtrain.cli import build_parser  # noqa: E402  (the top-level parser, with its subcommands)
 
 DOC = ROOT / "docs" / "cli.md"
-COMMANDS = ("train", "compare", "run")
+COMMANDS = ("train", "compare", "run", "doctor")
 STALE = "docs/cli.md is stale: run python scripts/gen_cli_docs.py"
 WIDTH = 100
 INTRO = ("Every `hvdtrain train` flag is also a key of a TOML/YAML `--config` file, at the top level "

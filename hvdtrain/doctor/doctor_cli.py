@@ -1,0 +1,56 @@
+"""``hvdtrain doctor [options] [LAUNCHER ARGS...]``: its flags, and the choice between running a
+launcher with the probe appended (launcher.py) and being the probe itself (rank.py), when a
+launcher started this process. Imports nothing heavy: `hvdtrain doctor --help` loads no torch."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .asked import DoctorInput
+from .doctor_options import add_options, checked
+
+# Set by a launcher in each rank it starts: this process is a rank, not the user's shell.
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def add_parser(commands) -> None:
+    p = commands.add_parser(
+        "doctor", help="check a cluster before the first launch: hosts, versions, devices, "
+                       "network, run folder, environment",
+        description="Check a cluster before the first launch, with the job's launcher and "
+                    "hosts: hvdtrain doctor mpirun -np 8 -H a:4,b:4 (or horovodrun, srun), or "
+                    "as the job's command (srun ... hvdtrain doctor, mpirun ... hvdtrain doctor "
+                    "--expect a:4,b:4, an MPIJob's launcher). Prints one line per problem with "
+                    "its fix, the links' bandwidth and latency, and 'doctor: fit' (exit 0) or "
+                    "'doctor: NOT fit' (exit 2); writes doctor.json (see docs/doctor.md).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    add_options(p)
+    p.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="LAUNCHER ARGS",
+                   help="the job's launcher line without its program (mpirun -np 4 -H a:2,b:2 "
+                        "...); leave it out when a launcher started the doctor")
+
+
+def under_launcher(env: dict[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return any(name in env for name in RANK_VARIABLES)
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..exit_codes import EXIT_BAD_INPUT
+
+    try:
+        args = checked(args)
+        command = [w for w in args.launch_command if w != "--"] if args.launch_command else []
+        if command:
+            from .launcher import run_doctor
+            return run_doctor(command, args)
+        if under_launcher():
+            from .rank import probe
+            return probe(args, to_stdout=False)
+        from .launcher import run_doctor  # on its own: one local rank, through mpirun
+        return run_doctor(["mpirun", "-np", "1"], args)
+    except DoctorInput as e:
+        print(f"hvdtrain doctor: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT

@@ -1,0 +1,140 @@
+"""The doctor with a launcher line: run ``LAUNCHER ARGS... <python> -m hvdtrain.doctor.rank``
+within --timeout, read the ranks' "started" lines and rank 0's facts from the launcher's output,
+and judge them here, where the launcher's own environment is known. A launcher still running at
+the deadline is ended with its whole session, and the hosts that never answered are named."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from ..exit_codes import EXIT_BAD_INPUT
+from .asked import Asked, DoctorInput, from_launcher, launcher_kind, parse_host_slots
+from .facts import environment
+from .problem import Problem
+from .rank import FACTS, STARTED, resolve
+
+END_S = 5.0  # kept for ending the launcher and writing the verdict
+
+
+def python_for_ranks() -> str:
+    """The python the ranks start: found on each host's PATH, as a job's `python` or `hvdtrain`
+    would be, when this one is the PATH's; else this one's path."""
+    name = Path(sys.executable).name
+    found = shutil.which(name)
+    if found and os.path.realpath(found) == os.path.realpath(sys.executable):
+        return name
+    return sys.executable
+
+
+def probe_command(command: list[str], args, timeout: float) -> list[str]:
+    """The launcher line with the probe appended. horovodrun is told --mpi: the probe talks
+    over MPI, which horovodrun's Gloo mode does not start."""
+    kind = launcher_kind(command)
+    if kind == "horovodrun":
+        if "--gloo" in command:
+            raise DoctorInput("horovodrun --gloo: the doctor's probe talks over MPI; leave out "
+                              "--gloo (the checks still report Horovod's Gloo build)")
+        if "--mpi" not in command:
+            command = [command[0], "--mpi", *command[1:]]
+    probe = [python_for_ranks(), "-m", "hvdtrain.doctor.rank", "--facts-to-stdout",
+             "--timeout", f"{timeout:g}", "--run-dir", args.run_dir, "--sizes", args.sizes]
+    if args.env:
+        probe += ["--env", args.env]
+    return [*command, *probe]
+
+
+class Output:
+    """The launcher's output, read as it comes: started ranks, rank 0's facts, the rest."""
+
+    def __init__(self, stream, echo) -> None:
+        self.started: dict[int, str] = {}
+        self.facts: dict | None = None
+        self.other: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(stream, echo), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream, echo) -> None:
+        for line in stream:
+            words = line.split(maxsplit=2)
+            if words[:1] == [STARTED] and len(words) == 3 and words[1].isdigit():
+                self.started[int(words[1])] = words[2].strip()
+            elif words[:1] == [FACTS]:
+                self.facts = json.loads(line.split(maxsplit=1)[1])
+            else:
+                self.other.append(line)
+                echo(line)
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+
+def _echo(line: str) -> None:
+    print(line, end="", file=sys.stderr, flush=True)
+
+
+def run_launcher(command: list[str], timeout: float) -> tuple[int | None, Output]:
+    """Run the launcher; its exit code, or None when it was ended at the deadline."""
+    from ..requeue import end_session
+
+    try:
+        launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+    except OSError as e:
+        raise DoctorInput(f"cannot start {command[0]} ({e.strerror or e}); give a launcher on "
+                          "PATH") from None
+    output = Output(launcher.stdout, _echo)
+    try:
+        code = launcher.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        end_session(launcher)
+        code = None
+    output.join(2.0)
+    return code, output
+
+
+def run_doctor(command: list[str], args) -> int:
+    from .verdict import conclude, write_json
+
+    asked = (Asked(parse_host_slots(args.expect, "--expect"), None, "--expect") if args.expect
+             else from_launcher(command))
+    budget = args.timeout - END_S  # the probe's own, less a second to report
+    code, output = run_launcher(probe_command(command, args, max(5.0, budget - 1.0)), budget)
+    facts = output.facts
+    if facts is None:
+        problems = _no_facts(code, output, asked, args.timeout)
+        for problem in problems:
+            print(problem.line(), flush=True)
+        write_json(args.json, _empty_report(asked, problems, len(output.started)))
+        print(f"doctor: NOT fit ({len(problems)} problem{'s' if len(problems) > 1 else ''})",
+              flush=True)
+        return EXIT_BAD_INPUT
+    facts["launcher"] = launcher_kind(command)
+    facts["launcher_env"] = environment(dict(os.environ), args.env_names)
+    facts["resolved"] = resolve(list(asked.hosts))
+    return conclude(facts, asked, args.run_dir, args.json)
+
+
+def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) -> list[Problem]:
+    from .host_checks import never_started
+
+    if code is None:
+        return never_started(asked, output.started, asked.np or asked.slots or None, timeout)
+    tail = " | ".join(line.strip() for line in output.other[-3:] if line.strip())
+    return [Problem("hosts", f"the launcher exited {code} before the ranks reported "
+                    f"({len(output.started)} rank(s) started){': ' + tail if tail else ''}",
+                    "read the launcher's output above: a host it cannot reach, a rank that "
+                    "cannot import hvdtrain there, or a wrong launcher flag")]
+
+
+def _empty_report(asked: Asked, problems: list[Problem], ranks: int) -> dict:
+    from .verdict import VERSION
+
+    return {"version": VERSION, "fit": False, "ranks": ranks, "asked": asked.to_json(),
+            "hosts": {}, "links": [], "allreduce": None,
+            "problems": [p.to_json() for p in problems]}

@@ -1,0 +1,132 @@
+"""The per-rank probe: ``python -m hvdtrain.doctor.rank [doctor options]``, which the doctor
+appends to a launcher line, and what `hvdtrain doctor` runs when a launcher started it.
+
+Every rank says at once that it started (a line the doctor reads, so that on a timeout it can
+name the hosts that never answered), then gathers its facts, measures with the others, and
+rank 0 either prints the facts as one line for the doctor (``--facts-to-stdout``) or judges them
+itself (verdict.py). Every rank exits with the verdict's code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+STARTED = "hvdtrain-doctor-started"
+FACTS = "hvdtrain-doctor-facts"
+MARGIN_S = 3.0  # for the verdict, the file and MPI's finalize
+
+
+def rank_from_environment() -> int:
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "HOROVOD_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0
+
+
+def _routes(comm, everyone: list[dict]) -> dict[str, str | None]:
+    """At a host's leader: the interface of the route to each other host."""
+    from .facts import route_interface
+    from .measure import leaders
+
+    hosts = [f["host"] for f in everyone]
+    me = comm.Get_rank()
+    if leaders(hosts).get(hosts[me]) != me:
+        return {}
+    table = everyone[me]["addresses"]
+    routes = {}
+    for host, leader in leaders(hosts).items():
+        if host == hosts[me]:
+            continue
+        theirs = [a for a in everyone[leader]["addresses"].values() if not a.startswith("127.")]
+        target = host if _is_address(host) else (theirs[0] if theirs else host)
+        routes[host] = route_interface(target, table)
+    return routes
+
+
+def _is_address(name: str) -> bool:
+    try:
+        socket.inet_aton(name)
+        return name.count(".") == 3
+    except OSError:
+        return False
+
+
+def gather(args, started: float) -> dict | None:
+    """Every rank's facts and the measurements; the whole at rank 0, None elsewhere."""
+    from mpi4py import MPI
+
+    from . import measure
+    from .facts import local_facts
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    everyone = comm.allgather(local_facts(rank, args.env_names))
+    hosts = [f["host"] for f in everyone]
+    mine = {"routes": _routes(comm, everyone)}
+    offsets = measure.clock_offsets(comm, hosts)
+    mine["run_dir"] = measure.run_dir_test(comm, args.run_dir)
+    left = comm.bcast(args.timeout - MARGIN_S - (time.monotonic() - started), root=0)
+    links = measure.links(comm, hosts, args.size_list, max(0.5, left * 0.6))
+    left = comm.bcast(args.timeout - MARGIN_S - (time.monotonic() - started), root=0)
+    reduce = measure.allreduce(comm, args.size_list, max(0.2, left * 0.8), min(0.3, left / 10))
+    parts = comm.gather(mine, root=0)
+    if rank != 0:
+        return None
+    for facts, part in zip(everyone, parts):
+        facts.update(part)
+    return {"ranks": everyone, "links": links, "allreduce": reduce, "clock_offsets": offsets}
+
+
+def probe(args: argparse.Namespace, to_stdout: bool) -> int:
+    started = time.monotonic()
+    print(f"{STARTED} {rank_from_environment()} {socket.gethostname()}", flush=True)
+    facts = gather(args, started)
+    from mpi4py import MPI
+
+    code = 0
+    if facts is not None and to_stdout:
+        print(f"{FACTS} {json.dumps(facts)}", flush=True)
+    elif facts is not None:
+        from .asked import from_probe_options
+        from .verdict import conclude
+
+        asked = from_probe_options(args.expect, args.hostfile)
+        facts["resolved"] = resolve(list(asked.hosts) if asked else [])
+        code = conclude(facts, asked, args.run_dir, args.json)
+    return MPI.COMM_WORLD.bcast(code, root=0)
+
+
+def resolve(names: list[str]) -> dict[str, str]:
+    """Host name -> IPv4 address, for the names that resolve."""
+    found = {}
+    for name in names:
+        try:
+            found[name] = socket.gethostbyname(name)
+        except OSError:
+            continue
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .asked import DoctorInput
+    from .doctor_options import add_options, checked
+
+    parser = argparse.ArgumentParser(prog="python -m hvdtrain.doctor.rank", allow_abbrev=False)
+    add_options(parser)
+    parser.add_argument("--facts-to-stdout", action="store_true",
+                        help="rank 0 prints the facts as one line for the doctor that launched it")
+    args = parser.parse_args(argv)
+    try:
+        args = checked(args)
+    except DoctorInput as e:
+        print(f"hvdtrain doctor: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return probe(args, args.facts_to_stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

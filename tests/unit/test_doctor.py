@@ -1,0 +1,141 @@
+"""hvdtrain doctor's input (issue 44): what was asked, read from a launcher line, --expect, a
+hostfile or Slurm; its options; bad input as one message and exit 2; the verdict and doctor.json
+over fake facts; a link test's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from hvdtrain.doctor import asked as asking
+from hvdtrain.doctor.asked import Asked, DoctorInput
+from hvdtrain.doctor.doctor_options import parse_sizes
+from hvdtrain.doctor.facts import environment, path_venv, watched
+from hvdtrain.doctor.launcher import probe_command
+from hvdtrain.doctor.measure import link_summary
+from hvdtrain.doctor.verdict import conclude
+
+from test_doctor_checks import cluster
+
+
+def test_mpirun_and_horovodrun_lines():
+    a = asking.from_launcher(["mpirun", "-np", "4", "-H", "a:2,b:2", "--bind-to", "none"], {})
+    assert (a.hosts, a.np, a.source) == ({"a": 2, "b": 2}, 4, "-H")
+    h = asking.from_launcher(["horovodrun", "-np", "3", "-H", "a,b:2"], {})
+    assert (h.hosts, h.np) == ({"a": 1, "b": 2}, 3)
+    assert asking.from_launcher(["mpirun", "--np=2"], {}).np == 2
+
+
+def test_a_hostfile_of_each_kind(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# the cluster\na slots=2\nb slots=2 max_slots=4\nc:3\nd\n")
+    a = asking.from_launcher(["mpirun", "--hostfile", str(hostfile)], {})
+    assert a.hosts == {"a": 2, "b": 2, "c": 3, "d": 1} and a.hostfile == str(hostfile)
+    inside = asking.from_probe_options(None, None,
+                                       {"OMPI_MCA_orte_default_hostfile": str(hostfile)})
+    assert inside.hosts["c"] == 3 and "default hostfile" in inside.source
+    hostfile.write_text("a slots=two\n")
+    with pytest.raises(DoctorInput, match="no valid slot count"):
+        asking.parse_hostfile(str(hostfile))
+    with pytest.raises(DoctorInput, match="cannot read it"):
+        asking.parse_hostfile(str(tmp_path / "missing"))
+
+
+def test_slurm_s_variables():
+    env = {"SLURM_JOB_NODELIST": "n[01-03],gpu7", "SLURM_TASKS_PER_NODE": "2(x3),1",
+           "SLURM_NTASKS": "7"}
+    a = asking.from_probe_options(None, None, env)
+    assert a.hosts == {"n01": 2, "n02": 2, "n03": 2, "gpu7": 1} and a.np == 7
+    s = asking.from_launcher(["srun", "-n", "4", "--ntasks-per-node", "2", "-w", "n[01-02]"], env)
+    assert (s.hosts, s.np) == ({"n01": 2, "n02": 2}, 4)
+
+
+def test_bad_input_names_the_fix():
+    with pytest.raises(DoctorInput, match="unknown launcher 'ssh'"):
+        asking.from_launcher(["ssh", "a"], {})
+    for bad in ("a:0", "a:x,b:2", ","):
+        with pytest.raises(DoctorInput, match="write it as a:2,b:2"):
+            asking.parse_host_slots(bad, "--expect")
+    with pytest.raises(DoctorInput, match="is not a size"):
+        parse_sizes("64KiB,lots")
+    assert parse_sizes("1MiB,64KiB,64k") == [65536, 1048576]
+    with pytest.raises(DoctorInput, match="--gloo"):
+        probe_command(["horovodrun", "--gloo", "-np", "2"], SimpleNamespace(
+            run_dir="runs", sizes="1MiB", env=""), 10)
+
+
+def test_horovodrun_is_told_mpi_and_the_probe_is_appended():
+    args = SimpleNamespace(run_dir="r", sizes="1MiB", env="FOO")
+    line = probe_command(["horovodrun", "-np", "2"], args, 30)
+    assert line[:4] == ["horovodrun", "--mpi", "-np", "2"]
+    assert line[5:8] == ["-m", "hvdtrain.doctor.rank", "--facts-to-stdout"]
+    assert line[-2:] == ["--env", "FOO"]
+
+
+def test_placement_fills_slots_in_order():
+    assert Asked({"a": 2, "b": 2}, 3).placement() == {"a": 2, "b": 1}
+    assert Asked({"a": 2, "b": 2}, None).placement() == {"a": 2, "b": 2}
+
+
+def test_the_watched_variables():
+    assert watched("HOROVOD_FUSION_THRESHOLD") and watched("OMPI_MCA_btl_tcp_if_include")
+    assert not watched("OMPI_MCA_ess_base_vpid") and not watched("HOROVOD_RANK")
+    assert not watched("HOME") and watched("MY_VAR", ("MY_VAR",))
+    env = environment({"NCCL_DEBUG": "INFO", "HOME": "/root", "PATH": ""})
+    assert env == {"NCCL_DEBUG": "INFO", "PATH_VENV": ""}
+
+
+def test_path_venv_is_the_first_python_s_folder(tmp_path):
+    (tmp_path / "venv" / "bin").mkdir(parents=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    python.write_text("")
+    python.chmod(0o755)
+    assert path_venv(f"{tmp_path}/none:{tmp_path}/venv/bin") == str(tmp_path / "venv")
+
+
+def test_a_link_is_its_slower_direction_at_the_largest_size():
+    forth = [{"bytes": 65536, "seconds": 0.001, "mbit": 500.0},
+             {"bytes": 1048576, "seconds": 0.01, "mbit": 900.0}]
+    back = [{"bytes": 65536, "seconds": 0.001, "mbit": 400.0},
+            {"bytes": 1048576, "seconds": 0.1, "mbit": 95.0}]
+    link = link_summary(forth, back, 0.0002)
+    assert link["bandwidth_mbit"] == 95.0 and link["latency_ms"] == 0.2
+    assert link["sizes"][1]["mbit_each_way"] == [900.0, 95.0]
+
+
+def test_the_verdict_prints_one_line_per_problem_and_writes_doctor_json(tmp_path, capsys):
+    ranks = cluster({"a": 2, "b": 2})
+    ranks[3]["run_dir"] = {**ranks[3]["run_dir"], "sees_rank0": False}
+    facts = {"ranks": ranks, "clock_offsets": {"a": 0.0, "b": 0.01},
+             "links": [{"hosts": ["a", "b"], "bandwidth_mbit": 94.1, "latency_ms": 0.21,
+                        "sizes": []}], "allreduce": None}
+    code = conclude(facts, Asked({"a": 2, "b": 2}, 4, "-H"), "runs", str(tmp_path / "d.json"))
+    out = capsys.readouterr().out.splitlines()
+    assert code == 2 and out[-1] == "doctor: NOT fit (1 problem)"
+    assert out[0].startswith("doctor: run_dir: b see(s) a different runs than a")
+    assert "doctor: link a - b: 94.1 Mbit/s, latency 0.210 ms" in out
+    document = json.loads((tmp_path / "d.json").read_text())
+    assert document["version"] == 1 and document["fit"] is False and document["ranks"] == 4
+    assert document["asked"] == {"hosts": {"a": 2, "b": 2}}
+    assert document["hosts"]["b"]["ranks"] == [2, 3]
+    assert document["hosts"]["b"]["clock_offset_s"] == 0.01
+    assert document["problems"][0]["check"] == "run_dir"
+    ranks[3]["run_dir"]["sees_rank0"] = True
+    assert conclude(facts, None, "runs", str(tmp_path / "d.json")) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "doctor: fit"
+
+
+def test_doctor_help_imports_no_torch_and_bad_input_exits_2():
+    code = ("import sys\nfrom hvdtrain.cli import main\n"
+            "try:\n    main(['doctor', '--help'])\nexcept SystemExit as e:\n    print(e.code)\n"
+            "print(main(['doctor', '--expect', 'a:0']), main(['doctor', 'ssh', 'a']))\n"
+            "print('torch' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.split()[-4:] == ["0", "2", "2", "False"], (proc.stdout[-300:], proc.stderr)
+    assert "hvdtrain doctor: error: --expect 'a:0'" in proc.stderr
+    assert "unknown launcher 'ssh'" in proc.stderr
