@@ -257,6 +257,7 @@ class ParameterServerClient(UpdateScheme):
         stats = self.link.say_done(self.clock, collect=self.is_main)
         self.survivors.poll()
         if not self.survivors.lost:  # a lost worker never joins the collective
+            self.copies.release()  # the window's pages a GPU worker registered with CUDA
             self.host.close()  # collective with the servers, which close after the last DONE
         if not self.is_main:
             return None

@@ -15,15 +15,21 @@ fixed points of a step, and only what they do differs:
   directions use two streams, as the bus carries both at once.
 
 Between a worker and a server on the same host the gradient goes into the MPI shared-memory
-window, which is pageable memory: CUDA then stages that copy itself, and it ends before the call
-returns. Everything else passes through pinned memory.
+window, and the fresh parameters come out of the server's segment of it. A GPU worker registers
+the window's pages with CUDA (host_pinning.py), so both are DMA on the copy streams: the gradient
+is copied straight into the window and each parameter chunk straight out of it to the device,
+with no copy by the CPU in between. Were the registration refused, the same copies run from
+pageable memory (CUDA stages them itself, and they end before the call returns).
 """
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
+
+from .host_pinning import HostPinning
 
 
 class HostCopies:
@@ -52,6 +58,17 @@ class HostCopies:
 
     def parameters_to_device(self, a: int, b: int) -> None:
         """Elements [a, b) of the host parameters arrived: start moving them to the device."""
+
+    def parameters_from_window(self, chunk: np.ndarray, a: int, b: int) -> None:
+        """Elements [a, b) of the parameters are ``chunk``, in a same-host server's segment of
+        the shared window: into the weights (a CPU worker's are the host buffer itself)."""
+        self.host_params.numpy()[a:b] = chunk
+
+    def pin_window(self, segments: list[np.ndarray]) -> None:
+        """The window's segments this worker copies to and from its device."""
+
+    def release(self) -> None:
+        """Before the window is freed."""
 
     def parameters_done(self) -> None:
         """The next kernel on the compute stream sees every parameter that arrived."""
@@ -84,6 +101,7 @@ class StagedCopies(HostCopies):
         self.copy_seconds = 0.0  # time the copies took on the bus (CUDA) or the CPU
         self.wait_seconds = 0.0  # time this process was blocked waiting for them
         self.bytes = 0
+        self.pinning = HostPinning()
 
     def new_host_gradients(self, total: int) -> torch.Tensor:
         return torch.zeros(total, dtype=torch.float32, pin_memory=self.cuda)
@@ -137,20 +155,39 @@ class StagedCopies(HostCopies):
         self._params_copied = None
 
     def parameters_to_device(self, a: int, b: int) -> None:
+        self._to_device(self.host_params[a:b], a, b)
+        self._params_copied = self._timings[-1][1] if self.cuda else None
+
+    def parameters_from_window(self, chunk: np.ndarray, a: int, b: int) -> None:
+        # Straight from the server's segment: the CPU copy into the host buffer, which took the
+        # worker's thread for the whole model each step, is gone. The host buffer's chunk is
+        # stale afterwards, and nothing reads it: the servers' next INIT comes from
+        # parameters_to_host, and other replies are received into it afresh.
+        self._to_device(torch.from_numpy(chunk), a, b)
+
+    def _to_device(self, source: torch.Tensor, a: int, b: int) -> None:
         self.bytes += 4 * (b - a)
         if not self.cuda:
             t0 = time.perf_counter()
-            self.device_params[a:b].copy_(self.host_params[a:b])
+            self.device_params[a:b].copy_(source)
             self.copy_seconds += time.perf_counter() - t0
             return
         # Timed chunk by chunk: the chunks arrive with gaps between them, which are not copying.
         start, end = self._event(), self._event()
         with torch.cuda.stream(self.to_device):
             start.record()
-            self.device_params[a:b].copy_(self.host_params[a:b], non_blocking=True)
+            self.device_params[a:b].copy_(source, non_blocking=True)
             end.record()
         self._timings.append((start, end))
-        self._params_copied = end
+
+    def pin_window(self, segments: list[np.ndarray]) -> None:
+        if self.cuda:
+            self.pinning.pin(segments)
+
+    def release(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)  # no copy may still read the window
+        self.pinning.release()
 
     def parameters_done(self) -> None:
         if self.cuda:
@@ -173,7 +210,9 @@ class StagedCopies(HostCopies):
             self._add_finished_timings(wait=True)
         out = {"device_copy_seconds": round(self.copy_seconds, 4),
                "device_copy_wait_seconds": round(self.wait_seconds, 4),
-               "device_copy_bytes": self.bytes}
+               "device_copy_bytes": self.bytes,
+               **({"device_copy_pageable_ranges": self.pinning.failed}
+                  if self.pinning.failed else {})}
         self.copy_seconds = self.wait_seconds = 0.0
         self.bytes = 0
         return out

@@ -114,7 +114,7 @@ class ParameterServer:
         stats = self.statistics()
         self.comm.send(stats, dest=self.membership.lead(self.num_workers), tag=Tag.INFO)
         if not self.membership.lost:  # a lost worker never joins the collective
-            self.shard.host.close()  # collective with the workers' close()
+            self.shard.close()  # collective with the workers' close()
         return stats
 
     def _handle(self, worker: int, now: float) -> bool:

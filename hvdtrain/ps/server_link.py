@@ -95,6 +95,9 @@ class ServerLink:
                                            shard_bounds(total, self.topology.num_servers)):
             if self.host.shares_host(server):
                 self.shared_params[server] = (self.host.segment(server), first)
+        if self.shared_params:  # a GPU worker's copies to and from the window: DMA
+            self.copies.pin_window([self.grads_flat.numpy()] +
+                                   [shard for shard, _ in self.shared_params.values()])
 
     def send_init_payload(self, server_state: dict[str, Any] | None) -> None:
         params = self.params_flat.numpy()
@@ -219,7 +222,6 @@ class ServerLink:
 
     def _complete(self, kind: Kind, clock: int, requests: list, copies: list) -> None:
         """Wait for every request; copy each parameter chunk to the device as it arrives."""
-        params = self.params_flat.numpy()
         while True:
             index = wait_any(self.MPI, requests, self.reply_timeout_s(),
                              lambda: self._no_reply(kind, clock), check=self.check_ended)
@@ -229,10 +231,10 @@ class ServerLink:
                 a, b, shard, first = copies[index]
                 if shard is not None:  # announced by a READY word: copy it out of the window
                     self.host.sync()
-                    params[a:b] = shard[a - first:b - first]
+                    self.copies.parameters_from_window(shard[a - first:b - first], a, b)
                 else:  # a message: widened out of the wire dtype (float32: received in place)
                     self.wire.params_arrived(self.params_flat, a, b)
-                self.copies.parameters_to_device(a, b)
+                    self.copies.parameters_to_device(a, b)
 
     def _no_reply(self, kind: Kind, clock: int) -> str:
         """Why a reply may not come: a server died (a killed one looks like this: Open MPI

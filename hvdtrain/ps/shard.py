@@ -18,6 +18,7 @@ import torch
 from ..config import Config
 from ..rules.local_sgd import outer_step_of
 from .protocol import Tag, chunk_bounds, chunk_elements, shard_bounds
+from .host_pinning import HostPinning
 from .shard_device import host_buffer, shard_optimizer_on
 from .shared_memory import HostWindow
 from .wire import ShardWire
@@ -50,6 +51,14 @@ class Shard:
         self.copy_gradients = copy_gradients  # the apply step rewrites them (DC-ASGD)
         self.wire = ShardWire(comm, cfg.ps.wire_dtype, self.params, self.chunks,
                               pin=device.type == "cuda")  # --wire-dtype
+        self.pinning = HostPinning()  # a GPU shard's copies to and from the window: DMA
+        if device.type == "cuda" and self.shared_grads:
+            self.pinning.pin([self.params.numpy(), *self.shared_grads.values()])
+
+    def close(self) -> None:
+        """Collective with the workers of this host (the window's)."""
+        self.pinning.release()
+        self.host.close()
 
     def gradient_chunk(self, worker: int, a: int, b: int) -> np.ndarray:
         shared = self.shared_grads.get(worker)

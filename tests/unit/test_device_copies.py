@@ -2,10 +2,14 @@
 (hvdtrain/ps/device_copies.py), on CPUs: the staged path must move exactly the chunks it is told
 to, and the direct path must share one buffer."""
 
+import mmap
+
+import numpy as np
 import pytest
 import torch
 
 from hvdtrain.ps.device_copies import HostCopies, StagedCopies, copies_for
+from hvdtrain.ps.host_pinning import PAGE, HostPinning, page_spans
 
 
 def test_a_cpu_worker_computes_in_the_host_buffers():
@@ -60,3 +64,69 @@ def test_gpu_copies_go_through_pinned_memory_without_blocking():
     copies.parameters_done()
     assert torch.equal(copies.device_params.cpu(), host_grads * 2)
     assert copies.take_epoch_metrics()["device_copy_seconds"] > 0
+
+
+def test_parameters_come_out_of_the_window_straight_into_the_weights():
+    """A same-host server's chunk goes to the device straight from its segment of the window
+    (staged), or into the host buffer that is the weights (direct); nothing else moves."""
+    window = np.arange(6, dtype=np.float32) + 10  # the server's segment: elements 4..9
+    staged = StagedCopies(10, torch.device("cpu"))
+    staged.host_params.fill_(-1)
+    staged.before_parameters()
+    staged.parameters_from_window(window[1:4], 5, 8)
+    staged.parameters_done()
+    assert staged.device_params[5:8].tolist() == [11, 12, 13]
+    assert staged.host_params.tolist() == [-1] * 10  # no CPU copy through the host buffer
+    assert staged.take_epoch_metrics()["device_copy_bytes"] == 4 * 3
+    direct = copies_for(torch.device("cpu"), 10)
+    direct.parameters_from_window(window[1:4], 5, 8)
+    assert direct.device_params[5:8].tolist() == [11, 12, 13]
+
+
+def test_page_spans_cover_segments_and_merge_shared_pages():
+    mapping = mmap.mmap(-1, 4 * PAGE)  # page-aligned, as a shared window is
+    pages = np.frombuffer(mapping, dtype=np.float32)
+    first = pages.ctypes.data
+    assert first % PAGE == 0
+    # two segments on one page (a window's neighbours): one range, whole pages; empty: none
+    assert page_spans([pages[:10], pages[5:20], pages[:0]]) == [(first, first + PAGE)]
+    last = len(pages) - 1
+    assert page_spans([pages[:1], pages[last:]]) == [(first, first + PAGE),
+                                                     (first + 3 * PAGE, first + 4 * PAGE)]
+    del pages
+
+
+def test_pinning_registers_each_range_once_and_releases_it():
+    registered, released = [], []
+    pinning = HostPinning(lambda a, n: registered.append((a, n)) or True, released.append)
+    segment = np.zeros(3 * PAGE // 4, dtype=np.float32)
+    pinning.pin([segment[:100], segment[50:]])  # overlapping: one registration
+    pinning.pin([segment])  # the same window asked again: nothing new
+    assert len(registered) == 1 and registered[0][1] % PAGE == 0
+    pinning.release()
+    assert released == [registered[0][0]] and pinning.pinned == []
+
+
+def test_a_refused_registration_leaves_the_copies_pageable_and_says_so():
+    pinning = HostPinning(lambda a, n: False, lambda a: pytest.fail("nothing to release"))
+    pinning.pin([np.zeros(10, np.float32)])
+    assert pinning.failed == 1 and pinning.pinned == []
+    pinning.release()
+    staged = StagedCopies(4, torch.device("cpu"))
+    staged.pinning = pinning
+    assert staged.take_epoch_metrics()["device_copy_pageable_ranges"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_registered_window_segment_is_pinned_for_the_gpu():
+    window = np.zeros(1 << 20, dtype=np.float32)
+    copies = copies_for(torch.device("cuda", 0), 1 << 20)
+    copies.pin_window([window])
+    assert copies.pinning.pinned and torch.from_numpy(window).is_pinned()
+    window[:] = 3
+    copies.before_parameters()
+    copies.parameters_from_window(window, 0, 1 << 20)
+    copies.parameters_done()
+    assert torch.equal(copies.device_params.cpu(), torch.from_numpy(window))
+    copies.release()
+    assert copies.pinning.pinned == []
