@@ -139,11 +139,16 @@ def _pair(path: str, index: int, entry) -> Pair:
     an exchange, and leaving it out could leave out the slowest."""
     try:
         a, b = entry["hosts"]
-        mbit, latency = float(entry["bandwidth_mbit"]), float(entry["latency_ms"])
+        unmeasured = entry["bandwidth_mbit"] is None  # the doctor's mark of an untimed pair
+        if not unmeasured:
+            mbit, latency = float(entry["bandwidth_mbit"]), float(entry["latency_ms"])
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"--links {path}: links[{index}] is not a measured pair (it needs "
                           f"\"hosts\": [A, B], \"bandwidth_mbit\" and \"latency_ms\"; got "
                           f"{json.dumps(entry)[:120]}); run `hvdtrain doctor` again") from None
+    if unmeasured:
+        raise ConfigError(f"--links {path}: the doctor could not measure the link {a}-{b}; fix "
+                          "what it says of that pair and run it again")
     if not (math.isfinite(mbit) and mbit > 0 and math.isfinite(latency) and latency >= 0):
         raise ConfigError(f"--links {path}: the link {a}-{b} has no usable measurement "
                           f"({mbit:g} Mbit/s, {latency:g} ms); fix what the doctor says of it "

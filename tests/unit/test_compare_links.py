@@ -84,8 +84,11 @@ def test_a_file_without_usable_links_says_why(tmp_path):
         read_links(one_host)
     unmeasured = doctor(tmp_path, "gap.json", links=[pair("a", "b", 50.0, 0.2),
                                                      pair("a", "c", None, 0.1)])
-    with pytest.raises(ConfigError, match="links\\[1\\] is not a measured pair"):
+    with pytest.raises(ConfigError, match="the doctor could not measure the link a-c"):
         read_links(unmeasured)
+    malformed = doctor(tmp_path, "bad.json", links=[{"hosts": ["a"], "bandwidth_mbit": 5}])
+    with pytest.raises(ConfigError, match="links\\[0\\] is not a measured pair"):
+        read_links(malformed)
     zero = doctor(tmp_path, "zero.json", links=[pair("a", "b", 0.0, 0.2)])
     with pytest.raises(ConfigError, match="the link a-b has no usable measurement"):
         read_links(zero)
