@@ -135,3 +135,38 @@ def test_no_async_skips_the_async_runs_and_says_so(monkeypatch):
     launched.clear()
     bench.run_round(1, bench.parse_args(["--no-cpu"]), {})
     assert ("async", "cuda") in launched and ("async", "cpu") not in launched
+
+
+def test_the_async_gpu_rows_and_issue_43s_goals(monkeypatch):
+    """The async variants run once each (the server on the GPU, async DiLoCo H=32 with the
+    server on the GPU and on the CPU); only plain async's copies count against the bound; the
+    goal lines say met, NOT met, or no figure."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    bench = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu")
+    launched = []
+    monkeypatch.setattr(bench, "pinned_bandwidth", lambda mib, repeats: (4e9, 4e9))
+    monkeypatch.setattr(bench, "hand_loop", lambda workers, args: 1000.0)
+    rates = {(): 100.0, ("--server-device", "cuda"): 400.0}
+
+    def train(mode, device, workers, args, extra=()):
+        launched.append((mode, device, *extra))
+        rate = rates.get(extra, 950.0 if "--local-steps" in extra else 500.0)
+        epoch = {"type": "epoch", "samples_per_sec": rate, "epoch_seconds": 1.0,
+                 "device_copy_seconds": 0.3, "device_copy_bytes": 1, "device_copy_wait_seconds": 0}
+        return [{"type": "header", "steps_per_epoch": 100, "num_parameters": 1_000_000},
+                *[epoch] * 3]
+
+    monkeypatch.setattr(bench, "train", train)
+    results: dict = {}
+    bench.run_round(1, bench.parse_args(["--no-cpu"]), results)
+    for flags in bench.ASYNC_VARIANTS.values():
+        assert launched.count(("async", "cuda", *flags)) == 1
+    assert len(results["copies"]) == 1  # plain async's alone
+    rows = {row[0]: row for row in bench.variant_rows(results)}
+    assert rows["async, server on the GPU / hand loop"][2] == "0.40"
+    assert rows["async DiLoCo H=32, server on the GPU / hand loop"][2] == "0.95"
+    goals = bench.goal_lines(results, 1)
+    assert goals[0] == "goal: async DiLoCo H=32, server on the GPU / hand loop >= 0.9: 0.95 (met)"
+    # bound: 2 x 4 MB at 4 GB/s = 2 ms of a 10 ms step, 0.2; measured 0.3: 1.50
+    assert goals[1] == "goal: plain async's copies / their bandwidth bound <= 2: 1.50 (met)"
+    assert bench.goal_lines({}, 1)[0].endswith(": - (no figure)")
