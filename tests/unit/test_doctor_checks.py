@@ -154,10 +154,23 @@ def test_a_link_far_below_the_others_is_flagged():
              {"hosts": ["a", "c"], "bandwidth_mbit": 930.0, "latency_ms": 0.1},
              {"hosts": ["b", "c"], "bandwidth_mbit": 95.0, "latency_ms": 0.1}]
     problems = lines(check_links(links))
-    assert problems == ["doctor: network: link b-c: 95.0 Mbit/s, far below the links' median "
-                        "930.0 Mbit/s -- fix: check that pair's interfaces and path (ethtool, tc "
-                        "qdisc, the switch port), or keep the job off it"]
+    assert problems == ["doctor: network: link b-c: 95.0 Mbit/s, far below the other links' "
+                        "median 935.0 Mbit/s -- fix: check that pair's interfaces and path "
+                        "(ethtool, tc qdisc, the switch port), or keep the job off it"]
     assert check_links(links[:1]) == []  # one link: nothing to compare it with
+
+
+def test_a_slow_host_among_three_has_both_its_links_flagged():
+    # Host c's own link is slow: two of the three links are, and the median of all three is
+    # one of them; each is compared with the others' median instead.
+    links = [{"hosts": ["a", "b"], "bandwidth_mbit": 940.0, "latency_ms": 0.1},
+             {"hosts": ["a", "c"], "bandwidth_mbit": 95.0, "latency_ms": 0.1},
+             {"hosts": ["b", "c"], "bandwidth_mbit": 90.0, "latency_ms": 0.1}]
+    problems = lines(check_links(links))
+    assert [p.split(":")[2].strip() for p in problems] == ["link a-c", "link b-c"], problems
+    # links of about the same rate: none is far below the others
+    assert check_links([{**link, "bandwidth_mbit": rate} for link, rate
+                        in zip(links, (940.0, 700.0, 880.0))]) == []
 
 
 def test_a_run_dir_not_shared_and_one_not_writable():
