@@ -135,11 +135,24 @@ def interface_settings(env: dict[str, str]) -> dict[str, str]:
     return told
 
 
-def local_facts(rank: int, extra_env: tuple[str, ...] = ()) -> dict:
-    """This rank's facts, without its measurements (measure.py adds those)."""
+def local_facts(rank: int, extra_env: tuple[str, ...] = (), lead: bool = True) -> dict:
+    """This rank's facts, without its measurements (measure.py adds those). Horovod's build and
+    the devices need torch (two seconds a rank): only a host's lead rank imports it, and a rank
+    given devices of its own (CUDA_VISIBLE_DEVICES); the others take their lead's (fill_in)."""
     env = dict(os.environ)
-    host = socket.gethostname()
-    return {"rank": rank, "host": host, "pid": os.getpid(), "executable": sys.executable,
-            "versions": versions(), "horovod": horovod_build(), **devices(),
-            "addresses": addresses(), "told": interface_settings(env),
-            "env": environment(env, extra_env)}
+    facts = {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(),
+             "executable": sys.executable, "versions": versions(),
+             "addresses": addresses(), "told": interface_settings(env),
+             "env": environment(env, extra_env)}
+    if lead or "CUDA_VISIBLE_DEVICES" in env:
+        facts.update(horovod=horovod_build(), **devices())
+    return facts
+
+
+def fill_in(everyone: list[dict]) -> None:
+    """Horovod's build and the devices of the ranks that left them to their host's lead."""
+    leads: dict[str, dict] = {}
+    for facts in everyone:
+        leads.setdefault(facts["host"], facts)
+        for key in ("horovod", "gpus", "cuda", "nccl"):
+            facts.setdefault(key, leads[facts["host"]].get(key))

@@ -76,8 +76,8 @@ def _host_problems(name: str, slots: int, placed: int, host: str | None,
                         "named as it resolves, and listed with its slots")]
     if ran != placed:
         fix = (f"write '{name} slots={ran}' in {asked.hostfile} (or run {placed} ranks there)"
-               if asked.hostfile else f"ask for {name}:{ran}, or give -np so that {name} gets "
-               f"{placed}")
+               if asked.hostfile else f"launch {placed} rank(s) on {name} (-H {name}:{placed}), "
+               f"or ask for {name}:{ran} in {asked.source}")
         return [Problem("hosts", f"{name}: {ran} rank(s) ran there, {asked.source} asked for "
                         f"{placed}", fix)]
     return []

@@ -17,7 +17,7 @@ from ..exit_codes import EXIT_BAD_INPUT
 from .asked import Asked, DoctorInput, from_launcher, launcher_kind, parse_host_slots
 from .facts import environment
 from .problem import Problem
-from .rank import FACTS, STARTED, resolve
+from .rank import FACTS, STARTED, STEP, resolve
 
 END_S = 5.0  # kept for ending the launcher and writing the verdict
 
@@ -54,7 +54,8 @@ class Output:
 
     def __init__(self, stream, echo) -> None:
         self.started: dict[int, str] = {}
-        self.facts: dict | None = None
+        self.facts: dict | None = None  # rank 0's, the measurements in them once "partial" is not
+        self.step: str | None = None  # what the ranks were doing last
         self.other: list[str] = []
         self._thread = threading.Thread(target=self._read, args=(stream, echo), daemon=True)
         self._thread.start()
@@ -66,6 +67,8 @@ class Output:
                 self.started[int(words[1])] = words[2].strip()
             elif words[:1] == [FACTS]:
                 self.facts = json.loads(line.split(maxsplit=1)[1])
+            elif words[:1] == [STEP]:
+                self.step = line.split(maxsplit=1)[1].strip()
             else:
                 self.other.append(line)
                 echo(line)
@@ -99,18 +102,20 @@ def run_launcher(command: list[str], timeout: float) -> tuple[int | None, Output
 
 
 def run_doctor(command: list[str], args) -> int:
-    from .verdict import conclude, write_json
+    from .verdict import conclude, unfinished_report, write_json
 
     asked = (Asked(parse_host_slots(args.expect, "--expect"), None, "--expect") if args.expect
              else from_launcher(command))
     budget = args.timeout - END_S  # the probe's own, less a second to report
     code, output = run_launcher(probe_command(command, args, max(5.0, budget - 1.0)), budget)
     facts = output.facts
+    if facts is not None and facts.get("partial"):
+        facts["problems_before"] = [hung(output.step, args.timeout)]
     if facts is None:
         problems = _no_facts(code, output, asked, args.timeout)
         for problem in problems:
             print(problem.line(), flush=True)
-        write_json(args.json, _empty_report(asked, problems, len(output.started)))
+        write_json(args.json, unfinished_report(asked, problems, len(output.started)))
         print(f"doctor: NOT fit ({len(problems)} problem{'s' if len(problems) > 1 else ''})",
               flush=True)
         return EXIT_BAD_INPUT
@@ -118,6 +123,14 @@ def run_doctor(command: list[str], args) -> int:
     facts["launcher_env"] = environment(dict(os.environ), args.env_names)
     facts["resolved"] = resolve(list(asked.hosts))
     return conclude(facts, asked, args.run_dir, args.json)
+
+
+def hung(step: str | None, timeout: float) -> Problem:
+    """The ranks started and reported, but did not finish: where they hung."""
+    return Problem("network", f"the ranks hung in {step or 'their tests'} and were ended after "
+                   f"{timeout:g} s", "check that MPI can connect those hosts (a firewall, "
+                   "btl_tcp_if_include naming an interface they do not share), or raise "
+                   "--timeout")
 
 
 def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) -> list[Problem]:
@@ -130,11 +143,3 @@ def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) ->
                     f"({len(output.started)} rank(s) started){': ' + tail if tail else ''}",
                     "read the launcher's output above: a host it cannot reach, a rank that "
                     "cannot import hvdtrain there, or a wrong launcher flag")]
-
-
-def _empty_report(asked: Asked, problems: list[Problem], ranks: int) -> dict:
-    from .verdict import VERSION
-
-    return {"version": VERSION, "fit": False, "ranks": ranks, "asked": asked.to_json(),
-            "hosts": {}, "links": [], "allreduce": None,
-            "problems": [p.to_json() for p in problems]}

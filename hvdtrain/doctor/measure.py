@@ -186,8 +186,10 @@ def link_summary(forth: list[dict], back: list[dict], lat: float) -> dict:
             "latency_ms": round(lat * 1e3, 4), "sizes": sizes}
 
 
-def links(comm, hosts: list[str], sizes: list[int], budget_s: float) -> list[dict]:
-    """Every pair of hosts in turn, between their leaders (rank 0 collects the results)."""
+def links(comm, hosts: list[str], sizes: list[int], budget_s: float,
+          starting=lambda x, y: None) -> list[dict]:
+    """Every pair of hosts in turn, between their leaders (rank 0 collects the results).
+    ``starting(x, y)`` is called by the first leader before each pair's test."""
     rank, heads = comm.Get_rank(), leaders(hosts)
     pairs = list(combinations(heads, 2))
     found = []
@@ -195,10 +197,13 @@ def links(comm, hosts: list[str], sizes: list[int], budget_s: float) -> list[dic
     target = min(0.3, per_pair / (2 * len(sizes) * 2.5))
     for x, y in pairs:
         a, b = heads[x], heads[y]
+        if rank == a:
+            starting(x, y)
         if rank in (a, b):
             link = pair_test(comm, a, b, sizes, target, per_pair)
             if link is not None:
                 found.append({"hosts": [x, y], **link})
+        comm.Barrier()  # strictly in turn: no other pair's traffic, and the step said is this
     gathered = comm.gather(found, root=0)
     return [link for part in gathered for link in part] if rank == 0 else []
 

@@ -15,8 +15,9 @@ import socket
 import sys
 import time
 
-STARTED = "hvdtrain-doctor-started"
+STARTED = "hvdtrain-doctor-started"  # the line's kinds, for the doctor that launched the ranks
 FACTS = "hvdtrain-doctor-facts"
+STEP = "hvdtrain-doctor-step"
 MARGIN_S = 3.0  # for the verdict, the file and MPI's finalize
 
 
@@ -55,23 +56,32 @@ def _is_address(name: str) -> bool:
         return False
 
 
-def gather(args, started: float) -> dict | None:
-    """Every rank's facts and the measurements; the whole at rank 0, None elsewhere."""
+def gather(args, started: float, say) -> dict | None:
+    """Every rank's facts and the measurements; the whole at rank 0, None elsewhere. ``say``
+    tells the doctor what the ranks do now, and the facts so far, so that a hang is named."""
     from mpi4py import MPI
 
     from . import measure
-    from .facts import local_facts
+    from .facts import fill_in, local_facts
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
-    everyone = comm.allgather(local_facts(rank, args.env_names))
-    hosts = [f["host"] for f in everyone]
+    hosts = comm.allgather(socket.gethostname())
+    lead = measure.leaders(hosts)[hosts[rank]] == rank
+    everyone = comm.allgather(local_facts(rank, args.env_names, lead))
+    fill_in(everyone)
+    if rank == 0:
+        say(FACTS, json.dumps({"ranks": everyone, "partial": True}))
+        say(STEP, "the clocks' and the run folder's tests")
     mine = {"routes": _routes(comm, everyone)}
     offsets = measure.clock_offsets(comm, hosts)
     mine["run_dir"] = measure.run_dir_test(comm, args.run_dir)
     left = comm.bcast(args.timeout - MARGIN_S - (time.monotonic() - started), root=0)
-    links = measure.links(comm, hosts, args.size_list, max(0.5, left * 0.6))
+    links = measure.links(comm, hosts, args.size_list, max(0.5, left * 0.6),
+                          lambda x, y: say(STEP, f"the link test between {x} and {y}"))
     left = comm.bcast(args.timeout - MARGIN_S - (time.monotonic() - started), root=0)
+    if rank == 0:
+        say(STEP, f"the allreduce over {len(hosts)} ranks")
     reduce = measure.allreduce(comm, args.size_list, max(0.2, left * 0.8), min(0.3, left / 10))
     parts = comm.gather(mine, root=0)
     if rank != 0:
@@ -82,14 +92,22 @@ def gather(args, started: float) -> dict | None:
 
 
 def probe(args: argparse.Namespace, to_stdout: bool) -> int:
+    """With ``to_stdout`` (the doctor launched this), rank 0 prints the facts for the doctor to
+    judge; else rank 0 judges them here. Every rank returns the verdict's exit code."""
     started = time.monotonic()
-    print(f"{STARTED} {rank_from_environment()} {socket.gethostname()}", flush=True)
-    facts = gather(args, started)
+
+    def say(kind: str, text: str) -> None:
+        if to_stdout:
+            print(f"{kind} {text}", flush=True)
+
+    say(STARTED, f"{rank_from_environment()} {socket.gethostname()}")
+    watchdog = None if to_stdout else start_watchdog(args)
+    facts = gather(args, started, say)
     from mpi4py import MPI
 
     code = 0
     if facts is not None and to_stdout:
-        print(f"{FACTS} {json.dumps(facts)}", flush=True)
+        say(FACTS, json.dumps(facts))
     elif facts is not None:
         from .asked import from_probe_options
         from .verdict import conclude
@@ -97,7 +115,24 @@ def probe(args: argparse.Namespace, to_stdout: bool) -> int:
         asked = from_probe_options(args.expect, args.hostfile)
         facts["resolved"] = resolve(list(asked.hosts) if asked else [])
         code = conclude(facts, asked, args.run_dir, args.json)
-    return MPI.COMM_WORLD.bcast(code, root=0)
+    code = MPI.COMM_WORLD.bcast(code, root=0)
+    if watchdog is not None:
+        watchdog.kill()
+        watchdog.wait()
+    return code
+
+
+def start_watchdog(args):
+    """The deadline of a rank no doctor launched (deadline.py), None where it cannot start."""
+    import subprocess
+
+    seconds = max(1.0, args.timeout - 1.0)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "hvdtrain.doctor.deadline",
+                                 str(os.getpid()), f"{seconds:g}",
+                                 str(rank_from_environment()), args.json])
+    except OSError:
+        return None
 
 
 def resolve(names: list[str]) -> dict[str, str]:

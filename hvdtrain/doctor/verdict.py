@@ -55,6 +55,13 @@ def report(facts: dict, problems: list[Problem], asked: Asked | None) -> dict:
             "problems": [p.to_json() for p in problems]}
 
 
+def unfinished_report(asked: Asked | None, problems: list[Problem], ranks: int) -> dict:
+    """doctor.json when the ranks never reported: what is known is the problems."""
+    return {"version": VERSION, "fit": False, "ranks": ranks,
+            "asked": asked.to_json() if asked else None, "hosts": {}, "links": [],
+            "allreduce": None, "problems": [p.to_json() for p in problems]}
+
+
 def write_json(path: str, document: dict) -> None:
     """Atomically: a reader (compare --links, a deploy script) never sees half a file."""
     target = Path(path)
