@@ -95,9 +95,9 @@ class ServerLink:
                                            shard_bounds(total, self.topology.num_servers)):
             if self.host.shares_host(server):
                 self.shared_params[server] = (self.host.segment(server), first)
-        if self.shared_params:  # a GPU worker's copies to and from the window: DMA
-            self.copies.pin_window([self.grads_flat.numpy()] +
-                                   [shard for shard, _ in self.shared_params.values()])
+        # A GPU worker's copies to and from the window run as DMA once its pages are pinned.
+        self.copies.pin_window([shard for shard, _ in self.shared_params.values()] + (
+            [self.grads_flat.numpy()] if self.host.shares_host(me) else []))
 
     def send_init_payload(self, server_state: dict[str, Any] | None) -> None:
         params = self.params_flat.numpy()

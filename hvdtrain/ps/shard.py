@@ -52,7 +52,7 @@ class Shard:
         self.wire = ShardWire(comm, cfg.ps.wire_dtype, self.params, self.chunks,
                               pin=device.type == "cuda")  # --wire-dtype
         self.pinning = HostPinning()  # a GPU shard's copies to and from the window: DMA
-        if device.type == "cuda" and self.shared_grads:
+        if device.type == "cuda" and self.host.shares_host(comm.Get_rank()):
             self.pinning.pin([self.params.numpy(), *self.shared_grads.values()])
 
     def close(self) -> None:

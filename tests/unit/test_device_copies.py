@@ -130,3 +130,36 @@ def test_a_registered_window_segment_is_pinned_for_the_gpu():
     assert torch.equal(copies.device_params.cpu(), torch.from_numpy(window))
     copies.release()
     assert copies.pinning.pinned == []
+
+
+@pytest.mark.parametrize("server_here", [True, False], ids=["server-here", "server-elsewhere"])
+def test_a_worker_pins_the_window_segments_it_copies_through(monkeypatch, server_here):
+    """Its gradient segment whether or not a server shares its host (the gradient then leaves
+    by messages, from the same pageable segment), and the segments of the servers it reads."""
+    from hvdtrain.config import Config
+    from hvdtrain.layout import Topology
+    from hvdtrain.ps import server_link
+
+    total = 8
+    segments = {0: np.zeros(total, np.float32), 2: np.zeros(total, np.float32)}
+
+    class Window:  # worker 0 and, maybe, server 2 on this host
+        def __init__(self, comm, nbytes, enabled=True):
+            pass
+
+        def shares_host(self, rank):
+            return rank == 0 or (server_here and rank == 2)
+
+        def segment(self, rank):
+            return segments[rank]
+
+    pinned = []
+    copies = StagedCopies(total, torch.device("cpu"))
+    monkeypatch.setattr(copies, "pin_window", pinned.extend)
+    monkeypatch.setattr(server_link, "HostWindow", Window)
+    comm = type("Comm", (), {"Get_rank": lambda self: 0})()
+    link = server_link.ServerLink(None, comm, Topology(3, 1), 0, Config().ps, False, None)
+    link.lay_out(copies, total)
+    link.open_window(total, [torch.nn.Parameter(torch.zeros(total))], True)
+    want = [segments[2], segments[0]] if server_here else [segments[0]]
+    assert [a.ctypes.data for a in pinned] == [a.ctypes.data for a in want]
