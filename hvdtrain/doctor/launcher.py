@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,10 @@ from .facts import environment
 from .problem import Problem
 from .rank import FACTS, STARTED, STEP, resolve
 
+# The probe's lines, wherever the launcher puts them: horovodrun tags each with
+# "[1,0]<stdout>:" (Open MPI's --tag-output), srun's --label with "0: ".
+MARKED = re.compile(f"({STARTED}|{FACTS}|{STEP}) (.*)")
+TAGGED = re.compile(r"\[\d+,\d+\]<std(out|err)>:\s*$")
 END_S = 5.0  # kept for ending the launcher and writing the verdict
 
 
@@ -62,13 +67,15 @@ class Output:
 
     def _read(self, stream, echo) -> None:
         for line in stream:
-            words = line.split(maxsplit=2)
-            if words[:1] == [STARTED] and len(words) == 3 and words[1].isdigit():
-                self.started[int(words[1])] = words[2].strip()
-            elif words[:1] == [FACTS]:
-                self.facts = json.loads(line.split(maxsplit=1)[1])
-            elif words[:1] == [STEP]:
-                self.step = line.split(maxsplit=1)[1].strip()
+            found = MARKED.search(line)
+            kind, text = (found.group(1), TAGGED.sub("", found.group(2))) if found else ("", "")
+            words = text.split()
+            if kind == STARTED and len(words) == 2 and words[0].isdigit():
+                self.started[int(words[0])] = words[1]
+            elif kind == FACTS:
+                self.facts = json.JSONDecoder().raw_decode(text)[0]
+            elif kind == STEP:
+                self.step = text.strip()
             else:
                 self.other.append(line)
                 echo(line)

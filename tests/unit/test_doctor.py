@@ -5,8 +5,10 @@ over fake facts; a link test's arithmetic."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +16,9 @@ import pytest
 from hvdtrain.doctor import asked as asking
 from hvdtrain.doctor.asked import Asked, DoctorInput
 from hvdtrain.doctor.doctor_options import parse_sizes
-from hvdtrain.doctor.facts import environment, path_venv, watched
-from hvdtrain.doctor.launcher import probe_command
+from hvdtrain.doctor.facts import environment, fill_in, path_venv, watched
+from hvdtrain.doctor.launcher import probe_command, run_doctor
+from hvdtrain.doctor.rank import FACTS, STARTED, STEP
 from hvdtrain.doctor.measure import link_summary
 from hvdtrain.doctor.verdict import conclude
 
@@ -139,3 +142,52 @@ def test_doctor_help_imports_no_torch_and_bad_input_exits_2():
     assert proc.stdout.split()[-4:] == ["0", "2", "2", "False"], (proc.stdout[-300:], proc.stderr)
     assert "hvdtrain doctor: error: --expect 'a:0'" in proc.stderr
     assert "unknown launcher 'ssh'" in proc.stderr
+
+
+def _fake_launcher(tmp_path, lines: list[str]):
+    """An "mpirun" that prints ``lines`` as the probe's ranks would, then hangs."""
+    script = tmp_path / "mpirun"
+    body = "".join(f"echo {shlex.quote(line)}\n" for line in lines)
+    script.write_text(f"#!/bin/sh\n{body}exec sleep 60\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+def _doctor_args(tmp_path, timeout=6.0):
+    return SimpleNamespace(expect=None, timeout=timeout, run_dir="runs", sizes="1MiB", env="",
+                           env_names=(), json=str(tmp_path / "doctor.json"))
+
+
+def test_ranks_that_hang_are_ended_at_the_timeout_and_the_step_is_named(tmp_path, capsys):
+    partial = json.dumps({"ranks": cluster({"a": 1, "b": 1}), "partial": True})
+    launcher = _fake_launcher(tmp_path, [
+        f"[1,0]<stdout>:{STARTED} 0 a", f"{STARTED} 1 b", f"{FACTS} {partial}",
+        f"{STEP} the link test between a and b"])
+    started = time.monotonic()
+    code = run_doctor([launcher, "-np", "2", "-H", "a:1,b:1"], _doctor_args(tmp_path))
+    assert code == 2 and time.monotonic() - started < 6
+    out = capsys.readouterr().out
+    assert ("doctor: network: the ranks hung in the link test between a and b and were ended "
+            "after 6 s") in out
+    report = json.loads((tmp_path / "doctor.json").read_text())
+    assert report["fit"] is False and sorted(report["hosts"]) == ["a", "b"]
+
+
+def test_ranks_that_never_start_are_counted(tmp_path, capsys):
+    launcher = _fake_launcher(tmp_path, [f"{STARTED} 0 a"])
+    code = run_doctor([launcher, "-np", "3", "-H", "a:2,b:1"], _doctor_args(tmp_path))
+    out = capsys.readouterr().out
+    assert code == 2 and "doctor: hosts: no rank on b answered within 6 s (1 rank(s) on a did)" \
+        in out, out
+    assert out.splitlines()[-1] == "doctor: NOT fit (1 problem)"
+    assert json.loads((tmp_path / "doctor.json").read_text())["problems"][0]["check"] == "hosts"
+
+
+def test_fill_in_gives_the_lead_s_devices_to_the_other_ranks_of_its_host():
+    everyone = [{"host": "a", "horovod": {"mpi": True}, "gpus": 2, "cuda": "12.1", "nccl": None},
+                {"host": "a"}, {"host": "b", "horovod": None, "gpus": 0, "cuda": None,
+                                "nccl": None}, {"host": "b", "gpus": 1, "horovod": None,
+                                                "cuda": "12.1", "nccl": "2.18"}]
+    fill_in(everyone)
+    assert everyone[1]["gpus"] == 2 and everyone[1]["horovod"] == {"mpi": True}
+    assert everyone[3]["gpus"] == 1  # its own devices (CUDA_VISIBLE_DEVICES) stay
