@@ -35,14 +35,22 @@ def check_environment(ranks: list[dict], launcher: str | None = None,
         elif not lacking and name not in MAY_DIFFER and len(hosts) > 1:
             common, odd = odd_hosts({h: v[0] for h, v in values.items()})
             for host in odd:
-                problems.append(Problem("environment", f"{name} is {values[host][0]!r} on "
-                                        f"{host}, {common!r} on the others",
-                                        f"set the same {name} on every host"))
+                problems.append(_differs(name, host, values[host][0], common, launcher))
     for name, value in sorted((launcher_env or {}).items()):
         if name != "PATH_VENV" and name not in every:
             problems.append(Problem("environment", f"{name} is set where the launcher runs "
                                     f"but reached no rank", forward_fix(name, launcher)))
     return problems
+
+
+def _differs(name: str, host: str, value: str, common: str, launcher: str | None) -> Problem:
+    if name == "PATH_VENV":  # not a variable: the folder of the first python on PATH
+        return Problem("environment", f"PATH finds python in {value!r} on {host}, in "
+                       f"{common!r} on the others",
+                       "put the same venv first on PATH on every host "
+                       f"({forward_fix('PATH', launcher)})")
+    return Problem("environment", f"{name} is {value!r} on {host}, {common!r} on the others",
+                   f"set the same {name} on every host")
 
 
 def check_clocks(offsets: dict[str, float], rank0_host: str) -> list[Problem]:

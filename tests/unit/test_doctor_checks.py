@@ -201,7 +201,10 @@ def test_a_variable_with_another_value_and_one_that_reached_no_rank():
     ranks[2]["env"]["PATH_VENV"] = "/other"
     launcher_env = {"NCCL_DEBUG": "INFO", "PATH_VENV": "/venv"}
     problems = lines(check_environment(ranks, "mpirun", launcher_env))
-    assert any("PATH_VENV is '/other' on c, '/venv' on the others" in p for p in problems)
+    # PATH_VENV is no variable to set: the fix is the PATH that finds the venv
+    assert any("environment: PATH finds python in '/other' on c, in '/venv' on the others -- fix: "
+               "put the same venv first on PATH on every host (mpirun -x PATH" in p
+               for p in problems), problems
     assert any("NCCL_DEBUG is set where the launcher runs but reached no rank" in p and
                "mpirun -x NCCL_DEBUG" in p for p in problems)
 
