@@ -42,7 +42,8 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         args = checked(args)
-        command = [w for w in args.launch_command if w != "--"] if args.launch_command else []
+        command = list(args.launch_command or [])
+        command = command[1:] if command[:1] == ["--"] else command
         if command:
             from .launcher import run_doctor
             return run_doctor(command, args)
@@ -51,6 +52,9 @@ def main(args: argparse.Namespace) -> int:
             return probe(args, to_stdout=False)
         from .launcher import run_doctor  # on its own: one local rank, through mpirun
         return run_doctor(["mpirun", "-np", "1"], args)
-    except DoctorInput as e:
-        print(f"hvdtrain doctor: error: {e}", file=sys.stderr, flush=True)
+    except DoctorInput as e:  # under a launcher every rank has it: rank 0 says it
+        from .rank import rank_from_environment
+
+        if rank_from_environment() == 0:
+            print(f"hvdtrain doctor: error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT

@@ -145,7 +145,13 @@ def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) ->
 
     if code is None:
         return never_started(asked, output.started, asked.np or asked.slots or None, timeout)
-    tail = " | ".join(line.strip() for line in output.other[-3:] if line.strip())
+    missing = next((line.strip() for line in output.other if "No module named" in line), None)
+    if missing:
+        return [Problem("versions", "a rank cannot import what the doctor needs "
+                        f"({missing[-160:]})", "install hvdtrain (with mpi4py) in the same venv "
+                        f"on every host, and put it first on PATH there ({python_for_ranks()} is "
+                        "what the ranks ran)")]
+    tail = " | ".join(line.strip()[:160] for line in output.other[-3:] if line.strip())
     return [Problem("hosts", f"the launcher exited {code} before the ranks reported "
                     f"({len(output.started)} rank(s) started){': ' + tail if tail else ''}",
                     "read the launcher's output above: a host it cannot reach, a rank that "

@@ -191,3 +191,15 @@ def test_fill_in_gives_the_lead_s_devices_to_the_other_ranks_of_its_host():
     fill_in(everyone)
     assert everyone[1]["gpus"] == 2 and everyone[1]["horovod"] == {"mpi": True}
     assert everyone[3]["gpus"] == 1  # its own devices (CUDA_VISIBLE_DEVICES) stay
+
+
+def test_a_rank_without_hvdtrain_is_a_versions_problem(tmp_path, capsys):
+    script = tmp_path / "mpirun"
+    script.write_text("#!/bin/sh\necho \"/usr/bin/python3: No module named hvdtrain\" >&2\n"
+                      "exit 1\n")
+    script.chmod(0o755)
+    assert run_doctor([str(script), "-np", "2"], _doctor_args(tmp_path)) == 2
+    captured = capsys.readouterr()
+    assert "doctor: versions: a rank cannot import what the doctor needs (/usr/bin/python3: No " \
+           "module named hvdtrain) -- fix: install hvdtrain" in captured.out
+    assert "No module named hvdtrain" in captured.err  # the launcher's own output, passed on
