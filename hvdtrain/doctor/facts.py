@@ -25,9 +25,10 @@ PER_RANK = {
 }
 PER_RANK_PREFIXES = ("OMPI_MCA_ess_", "OMPI_MCA_orte_ess_", "OMPI_MCA_orte_hnp",
                      "OMPI_MCA_orte_local", "OMPI_MCA_orte_jobfam", "OMPI_MCA_orte_top_session",
-                     "OMPI_MCA_orte_launch", "OMPI_MCA_orte_app_num", "OMPI_MCA_orte_bound", "OMPI_MCA_orte_num_nodes",
-                     "OMPI_MCA_orte_precondition", "HOROVOD_GLOO_RENDEZVOUS",
-                     "HOROVOD_CONTROLLER", "HOROVOD_CPU_OPERATIONS_RANK")
+                     "OMPI_MCA_orte_launch", "OMPI_MCA_orte_app_num", "OMPI_MCA_orte_bound",
+                     "OMPI_MCA_orte_num_nodes", "OMPI_MCA_orte_precondition",
+                     "HOROVOD_GLOO_RENDEZVOUS", "HOROVOD_CONTROLLER",
+                     "HOROVOD_CPU_OPERATIONS_RANK")
 WATCHED_PREFIXES = ("HOROVOD_", "NCCL_", "HVDTRAIN_", "OMPI_MCA_", "GLOO_")
 WATCHED = ("CUDA_VISIBLE_DEVICES", "VIRTUAL_ENV", "PYTHONPATH")
 # What each library is told to use for its traffic (empty: it picks the route's interface).
