@@ -12,7 +12,7 @@ from .asked import DoctorInput
 from .doctor_options import add_options, checked
 
 # Set by a launcher in each rank it starts: this process is a rank, not the user's shell.
-RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", "HOROVOD_RANK")
 
 
 def add_parser(commands) -> None:
@@ -34,6 +34,12 @@ def add_parser(commands) -> None:
 
 def under_launcher(env: dict[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
+    if env.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo: no MPI between the ranks
+        raise DoctorInput("the doctor's ranks talk over MPI, which horovodrun --gloo does not "
+                          "start: run horovodrun --mpi ... hvdtrain doctor, or hvdtrain doctor "
+                          "horovodrun -np N -H ...")
+    if "SLURM_PROCID" in env and not ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+        return False  # a batch script's own shell, not a task that srun started
     return any(name in env for name in RANK_VARIABLES)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from hvdtrain.doctor import asked as asking
 from hvdtrain.doctor.asked import Asked, DoctorInput
+from hvdtrain.doctor.doctor_cli import under_launcher
 from hvdtrain.doctor.doctor_options import parse_sizes
 from hvdtrain.doctor.facts import environment, fill_in, path_venv, watched
 from hvdtrain.doctor.launcher import probe_command, run_doctor
@@ -203,3 +204,12 @@ def test_a_rank_without_hvdtrain_is_a_versions_problem(tmp_path, capsys):
     assert "doctor: versions: a rank cannot import what the doctor needs (/usr/bin/python3: No " \
            "module named hvdtrain) -- fix: install hvdtrain" in captured.out
     assert "No module named hvdtrain" in captured.err  # the launcher's own output, passed on
+
+
+def test_under_which_launcher():
+    assert not under_launcher({}) and under_launcher({"OMPI_COMM_WORLD_RANK": "0"})
+    assert under_launcher({"SLURM_PROCID": "3", "SLURM_STEP_ID": "0"})
+    assert not under_launcher({"SLURM_PROCID": "0"})  # sbatch's script: srun starts the tasks
+    assert under_launcher({"PMIX_RANK": "1"})
+    with pytest.raises(DoctorInput, match="horovodrun --gloo does not start"):
+        under_launcher({"HOROVOD_RANK": "0", "HOROVOD_CONTROLLER": "gloo"})
