@@ -64,6 +64,10 @@ class ParameterServerClient(UpdateScheme):
     push, and because it bounds each worker's contribution the way clipping bounds a step in
     single-process training."""
 
+    # A step pushes the gradient as backward leaves it, so a GPU worker copies it out during
+    # backward (early_gradients.py); async DiLoCo pushes a round's difference instead.
+    early_copies = True
+
     def __init__(self, cfg: Config, runtime: Runtime, comm, worker_comm, topology: Topology):
         from mpi4py import MPI
 
@@ -121,6 +125,10 @@ class ParameterServerClient(UpdateScheme):
         self.gate: PushGate | None = None
         self.link.lay_out(self.copies, total)
         self.link.bind_gradients(self.copies.new_host_gradients(total), self.trained)
+        self.early = None  # a GPU worker's hooks, for one backward pass a step
+        if self.early_copies and replica.backward_passes == 1:
+            self.early = self.copies.early_gradients(self.trained, self.link.grad_views,
+                                                     self.link.chunks)
 
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         """Collective over workers: worker 0 seeds the servers (its initial weights, or the
@@ -156,13 +164,18 @@ class ParameterServerClient(UpdateScheme):
     def step(self, x: Any, y: Any, lr: float) -> BatchStats:
         for p in self.trained:
             p.grad = None
+        synchronized = self.replica.precision.needs_synchronized_gradients
+        early = self.early if not synchronized else None  # fp16, clipping: after backward
+        if early is not None:
+            self.copies.begin_gradients(len(self.link.chunks))
+            early.arm()
         stats = self.replica.forward_backward(x, y, grad_scale=1.0)
         finite = True
-        if self.replica.precision.needs_synchronized_gradients:
+        if synchronized:
             if self.gate is None:
                 self.gate = PushGate(self.trained)
             finite = self.replica.update(self.gate)  # unscale, clip; False: fp16 overflowed
-        if finite:
+        if finite and not (early is not None and early.finish()):
             self.flat.gather_gradients(self.link.grad_views)
             self.copies.gradients_to_host(self.link.chunks)
         started = time.perf_counter()  # the push and the reply: the wait for the servers

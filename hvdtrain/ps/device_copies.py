@@ -29,6 +29,7 @@ import time
 import numpy as np
 import torch
 
+from .early_gradients import EarlyGradients
 from .host_pinning import HostPinning
 
 
@@ -45,6 +46,12 @@ class HostCopies:
     def gradient_target(self, host_gradients: torch.Tensor) -> torch.Tensor:
         """Where the parameters' .grad are gathered: the host buffer itself."""
         return host_gradients
+
+    def early_gradients(self, trained: list, views: list[torch.Tensor],
+                        chunks: list[tuple[int, int]]):
+        """Hooks that start each chunk's copy to the host during backward
+        (early_gradients.py); None: a CPU worker has nothing to copy."""
+        return None
 
     def gradients_to_host(self, chunks: list[tuple[int, int]]) -> None:
         """Start moving the gathered gradient into the host buffer, chunk by chunk."""
@@ -112,6 +119,35 @@ class StagedCopies(HostCopies):
 
     def _event(self):
         return torch.cuda.Event(enable_timing=True)
+
+    def early_gradients(self, trained: list, views: list[torch.Tensor],
+                        chunks: list[tuple[int, int]]) -> EarlyGradients:
+        return EarlyGradients(trained, views, chunks,
+                              lambda c: self._gradient_chunk(c, *chunks[c]))
+
+    def begin_gradients(self, count: int) -> None:
+        """Before a step's early copies: one event slot per chunk."""
+        self._grad_events = [None] * count
+
+    def _gradient_chunk(self, c: int, a: int, b: int) -> None:
+        """Chunk ``c`` of the gathered gradient is complete: start its copy to the host, on
+        the copy stream after the work that wrote it (the backward pass's stream, which is the
+        current one in the hook's thread)."""
+        self.bytes += 4 * (b - a)
+        host, dev = self.host_grads, self.device_grads
+        if not self.cuda:
+            t0 = time.perf_counter()
+            host[a:b].copy_(dev[a:b])
+            self.copy_seconds += time.perf_counter() - t0
+            return
+        self.to_host.wait_stream(torch.cuda.current_stream(self.device))
+        start, end = self._event(), self._event()
+        with torch.cuda.stream(self.to_host):
+            start.record()
+            host[a:b].copy_(dev[a:b], non_blocking=True)
+            end.record()
+        self._timings.append((start, end))
+        self._grad_events[c] = end
 
     def gradients_to_host(self, chunks: list[tuple[int, int]]) -> None:
         host, dev = self.host_grads, self.device_grads

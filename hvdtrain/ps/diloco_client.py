@@ -31,6 +31,8 @@ class DiLoCoClient(ParameterServerClient):
     starts from worker 0's BatchNorm buffers). The other workers' rounds under way at a
     checkpoint are not in it: their batches are outstanding, and trained again on resume."""
 
+    early_copies = False  # its push is a round's difference, not a backward pass's gradient
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         sync = self.cfg.sync
