@@ -56,8 +56,9 @@ def main(args: argparse.Namespace) -> int:
         if under_launcher():
             from .rank import probe
             return probe(args, to_stdout=False)
-        from .launcher import run_doctor  # on its own: one local rank, through mpirun
-        return run_doctor(["mpirun", "-np", "1"], args)
+        from .launcher import run_doctor  # on its own: the allocation's tasks, or one rank here
+        return run_doctor(["srun"] if "SLURM_JOB_ID" in os.environ else ["mpirun", "-np", "1"],
+                          args)
     except DoctorInput as e:  # under a launcher every rank has it: rank 0 says it
         from .rank import rank_from_environment
 
