@@ -40,20 +40,21 @@ def _routes(comm, everyone: list[dict]) -> dict[str, str | None]:
     table = everyone[me]["addresses"]
     routes = {}
     for host, leader in leaders(hosts).items():
-        if host == hosts[me]:
-            continue
-        theirs = [a for a in everyone[leader]["addresses"].values() if not a.startswith("127.")]
-        target = host if _is_address(host) else (theirs[0] if theirs else host)
-        routes[host] = route_interface(target, table)
+        if host != hosts[me]:
+            target = _target(host, everyone[leader]["addresses"], set(table.values()))
+            routes[host] = route_interface(target, table) if target else None
     return routes
 
 
-def _is_address(name: str) -> bool:
-    try:
-        socket.inet_aton(name)
-        return name.count(".") == 3
-    except OSError:
-        return False
+def _target(host: str, theirs: dict[str, str], ours: set[str]) -> str | None:
+    """The address to reach ``host`` by: what its name resolves to here (a loopback one is the
+    fault the network check names), else an address of its own that this host lacks (every
+    host may have docker0's 172.17.0.1)."""
+    resolved = resolve([host]).get(host)
+    if resolved and (resolved.startswith("127.") or resolved not in ours):
+        return resolved
+    own = [a for a in theirs.values() if a not in ours and not a.startswith("127.")]
+    return own[0] if own else None
 
 
 def gather(args, started: float, say) -> dict | None:

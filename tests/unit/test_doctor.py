@@ -213,3 +213,17 @@ def test_under_which_launcher():
     assert under_launcher({"PMIX_RANK": "1"})
     with pytest.raises(DoctorInput, match="horovodrun --gloo does not start"):
         under_launcher({"HOROVOD_RANK": "0", "HOROVOD_CONTROLLER": "gloo"})
+
+
+def test_the_address_each_host_is_reached_by(monkeypatch):
+    from hvdtrain.doctor import rank
+    from hvdtrain.doctor.rank import _target
+
+    names = {"10.0.0.2": "10.0.0.2", "localhost": "127.0.0.1"}  # no resolver asked
+    monkeypatch.setattr(rank, "resolve", lambda hosts: {h: names[h] for h in hosts if h in names})
+    ours = {"127.0.0.1", "172.17.0.1", "10.0.0.1"}
+    theirs = {"lo": "127.0.0.1", "docker0": "172.17.0.1", "eth0": "10.0.0.2"}
+    assert _target("10.0.0.2", theirs, ours) == "10.0.0.2"
+    assert _target("localhost", theirs, ours) == "127.0.0.1"  # the loopback fault
+    assert _target("no-such-host.invalid", theirs, ours) == "10.0.0.2"  # not docker0's
+    assert _target("no-such-host.invalid", {"docker0": "172.17.0.1"}, ours) is None
