@@ -83,14 +83,14 @@ def _host_problems(name: str, slots: int, placed: int, host: str | None,
     return []
 
 
-def never_started(asked: Asked | None, started: dict[int, str], total: int | None,
-                  timeout_s: float) -> list[Problem]:
+def never_started(asked: Asked | None, started: dict[int, dict], total: int | None,
+                  timeout_s: float, resolved: dict[str, str] | None = None) -> list[Problem]:
     """The launcher did not finish within the timeout: which hosts never answered, or how many
-    ranks never started."""
-    answered = sorted(set(started.values()))
+    ranks never started. ``started``: rank -> {"host", "addresses"} of the ranks that did."""
+    answered = sorted({f["host"] for f in started.values()})
     if asked is not None and asked.hosts:
-        silent = [name for name in asked.hosts
-                  if not any(name == h or short(name) == short(h) for h in answered)]
+        silent = [name for name in asked.hosts if not any(
+            matches(name, f, resolved or {}) for f in started.values())]
         if silent and answered:
             return [Problem("hosts", f"no rank on {names(silent)} answered within {timeout_s:g} s "
                             f"({len(started)} rank(s) on {names(answered)} did)",

@@ -58,7 +58,7 @@ class Output:
     """The launcher's output, read as it comes: started ranks, rank 0's facts, the rest."""
 
     def __init__(self, stream, echo) -> None:
-        self.started: dict[int, str] = {}
+        self.started: dict[int, dict] = {}  # rank -> its host and addresses
         self.facts: dict | None = None  # rank 0's, the measurements in them once "partial" is not
         self.step: str | None = None  # what the ranks were doing last
         self.other: list[str] = []
@@ -70,8 +70,10 @@ class Output:
             found = MARKED.search(line)
             kind, text = (found.group(1), TAGGED.sub("", found.group(2))) if found else ("", "")
             words = text.split()
-            if kind == STARTED and len(words) == 2 and words[0].isdigit():
-                self.started[int(words[0])] = words[1]
+            if kind == STARTED and len(words) >= 2 and words[0].isdigit():
+                found = words[2].split(",") if len(words) > 2 else []
+                self.started[int(words[0])] = {"host": words[1],
+                                               "addresses": dict(enumerate(found))}
             elif kind == FACTS:
                 self.facts = json.JSONDecoder().raw_decode(text)[0]
             elif kind == STEP:
@@ -144,7 +146,8 @@ def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) ->
     from .host_checks import never_started
 
     if code is None:
-        return never_started(asked, output.started, asked.np or asked.slots or None, timeout)
+        return never_started(asked, output.started, asked.np or asked.slots or None, timeout,
+                             resolve(list(asked.hosts)))
     missing = next((line.strip() for line in output.other if "No module named" in line), None)
     if missing:
         return [Problem("versions", "a rank cannot import what the doctor needs "

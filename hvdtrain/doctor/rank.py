@@ -15,7 +15,8 @@ import socket
 import sys
 import time
 
-STARTED = "hvdtrain-doctor-started"  # the line's kinds, for the doctor that launched the ranks
+# The kinds of line the ranks print for the doctor that launched them.
+STARTED = "hvdtrain-doctor-started"
 FACTS = "hvdtrain-doctor-facts"
 STEP = "hvdtrain-doctor-step"
 MARGIN_S = 3.0  # for the verdict, the file and MPI's finalize
@@ -101,7 +102,10 @@ def probe(args: argparse.Namespace, to_stdout: bool) -> int:
         if to_stdout:
             print(f"{kind} {text}", flush=True)
 
-    say(STARTED, f"{rank_from_environment()} {socket.gethostname()}")
+    from .facts import addresses
+
+    say(STARTED, f"{rank_from_environment()} {socket.gethostname()} "
+        f"{','.join(addresses().values())}")
     watchdog = None if to_stdout else start_watchdog(args)
     facts = gather(args, started, say)
     from mpi4py import MPI

@@ -90,9 +90,12 @@ def test_np_below_the_slots_leaves_a_host_empty():
 
 def test_ranks_that_never_started_name_the_silent_host():
     asked = Asked({"a": 2, "b": 2}, 4, "-H")
-    problems = lines(never_started(asked, {0: "a", 1: "a"}, 4, 60))
+    on_a = {"host": "a", "addresses": {0: "10.0.0.1"}}
+    problems = lines(never_started(asked, {0: on_a, 1: on_a}, 4, 60))
     assert "no rank on b answered within 60 s (2 rank(s) on a did)" in problems[0]
-    assert "2 of 4 rank(s) started" in lines(never_started(None, {0: "a", 1: "a"}, 4, 60))[0]
+    assert "2 of 4 rank(s) started" in lines(never_started(None, {0: on_a, 1: on_a}, 4, 60))[0]
+    by_address = Asked({"10.0.0.1": 2, "10.0.0.2": 2}, 4, "-H")  # -H by address, named hosts
+    assert "no rank on 10.0.0.2 answered" in lines(never_started(by_address, {0: on_a}, 4, 60))[0]
 
 
 def test_a_host_with_another_torch_and_venv_is_named_with_its_executable():
