@@ -47,8 +47,8 @@ def _differs(name: str, host: str, value: str, common: str, launcher: str | None
     if name == "PATH_VENV":  # not a variable: the folder of the first python on PATH
         return Problem("environment", f"PATH finds python in {value!r} on {host}, in "
                        f"{common!r} on the others",
-                       "put the same venv first on PATH on every host "
-                       f"({forward_fix('PATH', launcher)})")
+                       "put the same venv first on PATH on every host: "
+                       f"{forward_fix('PATH', launcher)}")
     return Problem("environment", f"{name} is {value!r} on {host}, {common!r} on the others",
                    f"set the same {name} on every host")
 

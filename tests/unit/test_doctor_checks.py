@@ -206,7 +206,7 @@ def test_a_variable_with_another_value_and_one_that_reached_no_rank():
     problems = lines(check_environment(ranks, "mpirun", launcher_env))
     # PATH_VENV is no variable to set: the fix is the PATH that finds the venv
     assert any("environment: PATH finds python in '/other' on c, in '/venv' on the others -- fix: "
-               "put the same venv first on PATH on every host (mpirun -x PATH" in p
+               "put the same venv first on PATH on every host: mpirun -x PATH (or set it" in p
                for p in problems), problems
     assert any("NCCL_DEBUG is set where the launcher runs but reached no rank" in p and
                "mpirun -x NCCL_DEBUG" in p for p in problems)
