@@ -12,9 +12,9 @@ in interleaved rounds (each round runs every contender once); the table gives me
    the mean samples/s (all workers added up) of its epochs after the first, which is warm-up.
 2. Bandwidth: a large pinned host tensor copied to GPU 0 and back with non-blocking copies,
    each direction timed with CUDA events, median of the repeats.
-3. The async GPU worker's copies: worker 0 logs, per epoch, ``device_copy_seconds`` (the span of
-   each batch of chunk copies on its copy streams, CUDA events from the first chunk's start to
-   the last one's end, so gaps while chunks are still arriving count),
+3. The async GPU worker's copies: worker 0 logs, per epoch, ``device_copy_seconds`` (its copies'
+   time on the copy streams, CUDA events around each chunk's copy, or around a whole gradient's
+   chunks when it is copied after backward rather than during it),
    ``device_copy_wait_seconds`` (time the worker was blocked on them) and ``epoch_seconds``. The
    measured share is device_copy_seconds / epoch_seconds over the epochs after the first (the
    wait share is shown beside it). The bound is the share the copies would take at the measured

@@ -82,3 +82,25 @@ def test_gpu_workers_match_cpu_workers_under_bsp(tmp_path):
                             "bf16", "--clip-grad-norm", "1", "--epochs", "15", "--no-progress",
                             "--run-dir", str(tmp_path / "done"))))
     assert records(tmp_path / "done", "epoch")[-1]["test_acc"] >= 0.95
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_server_on_the_gpu_ends_where_a_server_on_the_cpu_ends(tmp_path):
+    """--server-device cuda under --bsp (momentum SGD, so optimizer state on the GPU) ends close
+    to the CPU server (kernels differ, so not bit for bit); its checkpoint holds CPU tensors and
+    resumes with the server on the CPU, and that one back on the GPU."""
+    flags = [*FLAGS, "--device", "cuda", "--momentum", "0.9"]
+    gpu, cpu = tmp_path / "gpu", tmp_path / "cpu"
+    run(mpirun(3, *hvdtrain("train", *flags, "--server-device", "cuda", "--run-dir", str(gpu))))
+    run(mpirun(3, *hvdtrain("train", *flags, "--run-dir", str(cpu))))
+    assert records(gpu, "scheme")[0]["servers"][0]["server_device"].startswith("cuda")
+    want, got = final_model(cpu), final_model(gpu)
+    for name, tensor in want.items():
+        assert torch.allclose(tensor, got[name], atol=1e-3), name
+    saved = torch.load(gpu / "checkpoint.pt", weights_only=False)["server_state"]
+    assert all(v.device.type == "cpu" for v in saved["vectors"].values())
+    for epochs, device in (("3", "cpu"), ("4", "cuda")):
+        run(mpirun(3, *hvdtrain("train", *flags, "--epochs", epochs, "--server-device", device,
+                                "--resume", str(gpu), "--run-dir", str(gpu))))
+    assert records(gpu, "epoch")[-1]["epoch"] == 4
+    assert records(gpu, "scheme")[-1]["servers"][0]["server_device"].startswith("cuda")

@@ -3,6 +3,7 @@ produced it (hvdtrain/ps/early_gradients.py), checked on CPUs with the staged-co
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hvdtrain.ps.device_copies import HostCopies, StagedCopies
@@ -91,3 +92,30 @@ def test_staged_copies_move_the_gradient_during_backward_and_count_it_once():
         assert torch.equal(host, target)
         assert copies.take_epoch_metrics()["device_copy_bytes"] == 4 * flat.total
     assert HostCopies(4).early_gradients([], [], []) is None  # a CPU worker: no hooks
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_the_early_copies_bring_the_gathered_gradient_to_pinned_memory():
+    device = torch.device("cuda", 0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                              torch.nn.Linear(512, 10)).to(device)
+    flat = FlatParameters(net)
+    copies = StagedCopies(flat.total, device)
+    flat.bind(copies.device_params)
+    host = copies.new_host_gradients(flat.total)
+    target = copies.gradient_target(host)
+    views, offset = [], 0
+    for p in flat.trained:
+        views.append(target[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    chunks = chunk_bounds(flat.total, 1 << 14)
+    early = copies.early_gradients(flat.trained, views, chunks)
+    copies.begin_gradients(len(chunks))
+    early.arm()
+    net(torch.randn(64, 256, device=device)).square().sum().backward()
+    assert early.finish()
+    for i in range(len(chunks)):
+        copies.wait_gradient(i)
+    want = torch.cat([p.grad.reshape(-1) for p in flat.trained]).cpu()
+    assert host.is_pinned() and torch.equal(host, want)
+    assert copies.take_epoch_metrics()["device_copy_seconds"] > 0
