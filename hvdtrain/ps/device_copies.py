@@ -12,7 +12,8 @@ fixed points of a step, and only what they do differs:
   non-blocking copy on a side stream: chunk i of the gradient goes to the host while chunk i-1
   is already on the wire, and chunk i of the fresh parameters goes to the device while chunk
   i+1 is still arriving (or, on a server's host, while the server updates it). The two
-  directions use two streams, as the bus carries both at once.
+  directions use two streams, as the bus carries both at once. A plain async step's gradient
+  chunks start for the host during backward, as soon as each is complete (early_gradients.py).
 
 Between a worker and a server on the same host the gradient goes into the MPI shared-memory
 window, and the fresh parameters come out of the server's segment of it. A GPU worker registers
