@@ -97,8 +97,11 @@ def read_links(path: str) -> MeasuredLinks:
     pairs = [_pair(path, i, entry) for i, entry in enumerate(doctor.get("links") or [])]
     hosts = doctor.get("hosts")
     if not isinstance(hosts, dict) or not hosts:
-        raise ConfigError(f"--links {path}: it names no hosts; give the doctor.json that "
-                          "`hvdtrain doctor` wrote")
+        problems = doctor.get("problems") or [{}]
+        said = problems[0].get("message") if isinstance(problems[0], dict) else None
+        raise ConfigError(f"--links {path}: the doctor's ranks never reported, so it measured "
+                          f"nothing{f' ({said})' if said else ''}; fix that and run "
+                          "`hvdtrain doctor` again")
     if not pairs:
         raise ConfigError(f"--links {path}: the doctor measured no link between hosts (its "
                           f"ranks ran on {len(hosts)} host(s): {', '.join(hosts)}); run "

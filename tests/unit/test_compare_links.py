@@ -168,3 +168,26 @@ def test_compare_simulate_with_links_writes_where_the_figures_came_from(tmp_path
     assert "links measured by hvdtrain doctor" in printed and "a-b, 50 Mbit/s" in printed
     report = (out / "report.md").read_text()
     assert f"links measured by hvdtrain doctor ({path}; hosts a, b, c)" in report
+
+
+def test_the_doctors_own_file_is_read_as_written(tmp_path):
+    """A contract with hvdtrain/doctor: what its verdict writes, compare reads."""
+    from hvdtrain.doctor.problem import Problem
+    from hvdtrain.doctor.verdict import report, unfinished_report, write_json
+
+    def rank(number: int, name: str) -> dict:
+        return {"rank": number, "host": name, "executable": "/venv/bin/python", "gpus": 0,
+                "cuda": None, "nccl": None, "versions": {"python": "3.11.2", "hvdtrain": "0.1",
+                                                        "torch": "2.13.0", "mpi4py": "4.0.0"}}
+    links = [{"hosts": ["a", "b"], "bandwidth_mbit": 93.2, "latency_ms": 0.009,
+              "sizes": [{"bytes": 65536, "seconds": 0.006, "mbit": 87.0}]}]
+    facts = {"ranks": [rank(0, "a"), rank(1, "b")], "links": links, "allreduce": None}
+    path = tmp_path / "doctor.json"
+    write_json(str(path), report(facts, [], None))
+    links = read_links(str(path))
+    assert links.ring_pair.name == "a-b" and links.ring_pair.payload_mbit == 93.2
+    assert links.server_host == "b" and links.fit
+    hung = Problem("hosts", "ranks 1 never started on b", "check ssh to b")
+    write_json(str(path), unfinished_report(None, [hung], 2))
+    with pytest.raises(ConfigError, match=r"never reported.*\(ranks 1 never started on b\)"):
+        read_links(str(path))
