@@ -132,6 +132,35 @@ def test_server_device_cuda_without_cuda_is_refused_on_every_rank():
         runtime.check_server_cuda(1)
 
 
+def test_start_mpi_refuses_a_cuda_server_on_every_rank_with_exit_code_2(monkeypatch):
+    """Every rank learns (one allreduce) that a server rank lacks CUDA, a worker too, so no
+    rank waits for one that left; the error is bad input, which ends the job with code 2."""
+    import sys
+    from types import SimpleNamespace
+
+    from hvdtrain.config import RunConfig
+    from hvdtrain.exit_codes import EXIT_BAD_INPUT
+    from hvdtrain.launch import failure_code
+
+    class World:  # rank 0 of 2: a worker; the server (rank 1) is on a host without CUDA
+        def Get_rank(self):
+            return 0
+
+        def Get_size(self):
+            return 2
+
+        def allreduce(self, value):
+            return value + 1  # the server's 1
+
+    mpi = SimpleNamespace(COMM_WORLD=World())
+    monkeypatch.setitem(sys.modules, "mpi4py", SimpleNamespace(MPI=mpi))
+    monkeypatch.setattr(runtime, "detect_launcher", lambda: "mpirun")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # this worker has a GPU
+    with pytest.raises(ConfigError, match="--server-device cuda: 1 parameter server") as caught:
+        runtime.start_mpi(RunConfig(), lambda rank, size: rank == 1, "cuda")
+    assert failure_code(caught.value) == EXIT_BAD_INPUT == 2
+
+
 def test_a_server_takes_the_gpus_from_the_last(monkeypatch):
     assert runtime.pick_server_device("cpu", 0) == CPU
     chosen = []
