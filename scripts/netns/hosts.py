@@ -30,7 +30,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
-from two_hosts import SSH, SUBNET, TwoHosts, unavailable_reason  # noqa: F401 (re-exported)
+import two_hosts
+from two_hosts import SSH, SUBNET, TwoHosts
 
 DEVICE = "hvd0"
 TIMER_HZ = 250  # a token bucket must hold at least a timer tick's bytes to reach its rate
@@ -51,6 +52,25 @@ def tbf(namespace: str, device: str, mbit: float) -> list[str]:
     burst = max(4096, int(mbit * 1e6 / 8 / TIMER_HZ))
     return ["ip", "netns", "exec", namespace, "tc", "qdisc", "replace", "dev", device, "root",
             "tbf", "rate", f"{mbit:g}mbit", "burst", str(burst), "latency", "50ms"]
+
+
+def unavailable_reason() -> str | None:
+    """None when these hosts can be made here, else the reason they cannot: two_hosts.py's
+    checks, the tc tool (for the throttle), and a bridge in a namespace."""
+    reason = two_hosts.unavailable_reason()
+    if reason is not None:
+        return reason
+    if shutil.which("tc") is None:
+        return "the tc tool is not installed (iproute2)"
+    probe = f"hvdbrprobe{os.getpid()}"
+    try:
+        _run("ip", "netns", "add", probe)
+        _run("ip", "-n", probe, "link", "add", "br0", "type", "bridge")
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot create a bridge in a network namespace (the kernel's bridge module): {e}"
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=30)
+    return None
 
 
 class Hosts:
