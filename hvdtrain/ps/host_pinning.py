@@ -40,13 +40,29 @@ def page_spans(arrays: Iterable[np.ndarray]) -> list[tuple[int, int]]:
 def _cuda_register(address: int, nbytes: int) -> bool:
     import torch
 
-    return int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0)) == 0
+    if int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0)) == 0:
+        return True
+    _clear_cuda_error()
+    return False
 
 
 def _cuda_unregister(address: int) -> None:
     import torch
 
-    torch.cuda.cudart().cudaHostUnregister(address)
+    if int(torch.cuda.cudart().cudaHostUnregister(address)) != 0:
+        _clear_cuda_error()
+
+
+def _clear_cuda_error() -> None:
+    """A failed CUDA call stays the thread's last error until something reads it, and torch
+    reads it after its next kernel launch, which would then fail the run with this error. torch
+    binds no cudaGetLastError: a launch of our own reads it off (and fails, here) instead."""
+    import torch
+
+    try:
+        torch.ones(1, device=torch.device("cuda", torch.cuda.current_device())).add_(1)
+    except RuntimeError:
+        pass
 
 
 class HostPinning:
