@@ -23,7 +23,8 @@ from .rank import FACTS, STARTED, STEP, resolve
 # The probe's lines, wherever the launcher puts them: horovodrun tags each with
 # "[1,0]<stdout>:" (Open MPI's --tag-output), srun's --label with "0: ".
 MARKED = re.compile(f"({STARTED}|{FACTS}|{STEP}) (.*)")
-TAGGED = re.compile(r"\[\d+,\d+\]<std(out|err)>:\s*$")
+# Open MPI's tag also lands inside a long line, where its output was read in pieces.
+TAGGED = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 END_S = 5.0  # kept for ending the launcher and writing the verdict
 
 
@@ -68,7 +69,8 @@ class Output:
     def _read(self, stream, echo) -> None:
         for line in stream:
             found = MARKED.search(line)
-            kind, text = (found.group(1), TAGGED.sub("", found.group(2))) if found else ("", "")
+            kind, text = (found.group(1), TAGGED.sub("", found.group(2)).rstrip()) if found \
+                else ("", "")
             words = text.split()
             if kind == STARTED and len(words) >= 2 and words[0].isdigit():
                 found = words[2].split(",") if len(words) > 2 else []

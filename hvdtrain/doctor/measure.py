@@ -210,7 +210,9 @@ def links(comm, hosts: list[str], sizes: list[int], budget_s: float,
 
 def allreduce(comm, sizes: list[int], budget_s: float, target_s: float = 0.3) -> dict | None:
     """An allreduce of float32 over all ranks per size; bus bandwidth as nccl-tests reports it
-    (algorithm bandwidth x 2(n-1)/n). Rank 0's figures; None with one rank."""
+    (algorithm bandwidth x 2(n-1)/n). Rank 0's figures; None with one rank. Run in doubling
+    batches, rank 0 saying after each whether to go on: ranks that share too few cores can be
+    slow enough for one guess of the count to outlast the doctor."""
     import numpy as np
     from mpi4py import MPI
 
@@ -222,20 +224,20 @@ def allreduce(comm, sizes: list[int], budget_s: float, target_s: float = 0.3) ->
         data = np.ones(max(1, size // 4), dtype=np.float32)
         out = np.empty_like(data)
         comm.Allreduce(data, out, op=MPI.SUM)  # the first one connects the ranks
-        start = time.perf_counter()
-        comm.Allreduce(data, out, op=MPI.SUM)
-        one = comm.bcast(time.perf_counter() - start, root=0)
-        left = comm.bcast(ends - time.monotonic(), root=0)
-        count = min(200, math.ceil(target_s / max(one, 1e-7)), int(left / max(one, 1e-7)))
-        if count < 1:
-            break
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(count):
-            comm.Allreduce(data, out, op=MPI.SUM)
-        seconds = (time.perf_counter() - start) / count
-        seconds = comm.bcast(seconds, root=0)
+        done, batch, start = 0, 1, time.perf_counter()
+        while True:
+            for _ in range(batch):
+                comm.Allreduce(data, out, op=MPI.SUM)
+            done += batch
+            spent = time.perf_counter() - start
+            batch = min(2 * batch, 256)
+            if not comm.bcast(spent < target_s and
+                              time.monotonic() + spent / done * batch < ends, root=0):
+                break
+        seconds = comm.bcast(spent / done, root=0)
         algbw = data.nbytes / seconds
         results.append({"bytes": data.nbytes, "seconds": round(seconds, 9),
                         "bus_mbit": round(algbw * 2 * (n - 1) / n * 8 / 1e6, 3)})
+        if not comm.bcast(time.monotonic() < ends, root=0):
+            break
     return {"ranks": n, "sizes": results}

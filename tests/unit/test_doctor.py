@@ -227,3 +227,21 @@ def test_the_address_each_host_is_reached_by(monkeypatch):
     assert _target("localhost", theirs, ours) == "127.0.0.1"  # the loopback fault
     assert _target("no-such-host.invalid", theirs, ours) == "10.0.0.2"  # not docker0's
     assert _target("no-such-host.invalid", {"docker0": "172.17.0.1"}, ours) is None
+
+
+def test_the_probe_s_lines_are_read_through_open_mpi_s_output_tags():
+    import io
+
+    from hvdtrain.doctor.launcher import Output
+
+    facts = json.dumps({"ranks": [{"env": {"OMPI_MCA_btl_tcp_if_include": "lo"}}]})
+    cut = facts.index("CA_btl")  # Open MPI read the line in two pieces and tagged both
+    stream = io.StringIO(f"[1,0]<stdout>:{STARTED} 0 a 10.0.0.1,127.0.0.1[1,0]<stdout>:\n"
+                         f"[1,0]<stdout>:{FACTS} {facts[:cut]}[1,0]<stdout>:{facts[cut:]}\n"
+                         "a line of the launcher's own\n")
+    echoed = []
+    output = Output(stream, echoed.append)
+    output.join(5)
+    assert output.facts == json.loads(facts)
+    assert output.started == {0: {"host": "a", "addresses": {0: "10.0.0.1", 1: "127.0.0.1"}}}
+    assert echoed == ["a line of the launcher's own\n"]
