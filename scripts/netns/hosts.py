@@ -131,13 +131,10 @@ class Hosts:
         """The command line that runs ``command`` on host ``host`` (its faults apply)."""
         return [str(SSH), self.addresses[host], *command]
 
-    @staticmethod
-    def mpirun_flags() -> list[str]:
-        """TwoHosts' flags (TCP over the hosts' interfaces, no binding), and ranks that yield
-        the core while they wait: the hosts share this machine's cores, which Open MPI does not
-        know, and a rank spinning in a receive starves the pair whose link is being measured
-        (the doctor's idle ranks took three links on two cores from Gbit/s to 20 Mbit/s)."""
-        return [*TwoHosts.mpirun_flags(), "--mca", "mpi_yield_when_idle", "1"]
+    # TCP over the hosts' interfaces, no binding. The hosts share this machine's cores, which
+    # Open MPI does not know: ranks that spin while they wait starve the others (the doctor's
+    # ranks yield for that reason, hvdtrain/doctor/rank.py).
+    mpirun_flags = staticmethod(TwoHosts.mpirun_flags)
 
     def hostfile(self, path: Path, slots: dict[int, int]) -> Path:
         """An Open MPI hostfile: host index -> slots (a host left out is not in the file)."""
