@@ -2,11 +2,12 @@
 seen from every rank, a point-to-point test between every pair of hosts, and an allreduce over
 all ranks. Thin code that communicates; the judging is in the *_checks modules.
 
-Bandwidth is the payload of one direction: the sender sends k messages back to back, the
-receiver answers the last with a byte, and the rate is k x size over that time less the answer's
-latency. One message first drains any token bucket on the path (tc tbf's burst), then k is
-chosen so that the k messages take ``target_s``: a rate measured over 0.3 s of traffic is the
-link's, not its burst's."""
+Bandwidth is the payload of one direction: the sender sends bursts of k messages back to back,
+the receiver answers each burst's last with a byte, and the rate is the bytes over that time less
+the answers' latency. One message first drains any token bucket on the path (tc tbf's burst),
+then bursts of 1, 2, 4... messages go until they fill ``target_s``: a rate measured over 0.3 s
+of traffic is the link's, not its bucket's, and the doubling stops at the budget however slow
+the link."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 CTRL, DATA, ACK = 71, 72, 73  # message tags of the link test
 PROBE_PREFIX = ".hvdtrain-doctor-"
-MAX_MESSAGES = 2000
+MAX_MESSAGES = 256  # in one burst
 
 
 def leaders(hosts: list[str]) -> dict[str, int]:
@@ -132,21 +133,24 @@ def latency(comm, peer: int, first: bool, rounds: int = 20) -> float:
 
 def one_direction(comm, peer: int, sizes: list[int], target_s: float, budget_s: float,
                   lat: float) -> list[dict]:
-    """The sender's side: per size, seconds per message and Mbit/s of payload. A size that would
-    not fit the budget is left out (and every larger one)."""
+    """The sender's side: per size, seconds per message and Mbit/s of payload. Bursts double
+    until they fill ``target_s``, so no guess of a count can outlast the budget; a size that
+    would not fit the budget is left out (and every larger one)."""
     results, buffer, ends = [], bytearray(max(sizes)), time.monotonic() + budget_s
     rate = None  # bytes per second so far
     for size in sizes:
-        left = ends - time.monotonic()
-        if rate is not None and size / rate * 3 > left:
+        if rate is not None and size / rate * 3 > ends - time.monotonic():
             break
-        warm = _send_burst(comm, peer, size, 1, buffer)  # drains a token bucket's burst
-        per_message = max(warm - lat, 1e-7)
-        count = max(2, min(MAX_MESSAGES, math.ceil(target_s / per_message)))
-        count = max(1, min(count, int((ends - time.monotonic()) / per_message)))
-        seconds = max(_send_burst(comm, peer, size, count, buffer) - lat, 1e-9)
-        rate = count * size / seconds
-        results.append({"bytes": size, "seconds": seconds / count, "mbit": rate * 8 / 1e6})
+        _send_burst(comm, peer, size, 1, buffer)  # drains a token bucket's burst
+        done, burst, seconds = 0, 1, 0.0
+        while True:
+            seconds += max(_send_burst(comm, peer, size, burst, buffer) - lat, 1e-9)
+            done += burst
+            burst = min(2 * burst, MAX_MESSAGES)
+            if seconds >= target_s or time.monotonic() + seconds / done * burst > ends:
+                break
+        rate = done * size / seconds
+        results.append({"bytes": size, "seconds": seconds / done, "mbit": rate * 8 / 1e6})
     comm.send(0, dest=peer, tag=CTRL)
     return results
 
