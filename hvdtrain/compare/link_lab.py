@@ -30,6 +30,7 @@ from .plan import PlannedRun
 NETNS = Path(__file__).resolve().parents[2] / "scripts" / "netns"
 DEVICE = "hvd0"  # the link's end in each namespace (two_hosts.py)
 TIMER_HZ = 250   # a token bucket must hold at least a timer tick's bytes to reach its rate
+SIMULATED_EPOCHS = 3  # predicted_step_seconds reads the middle one
 
 
 def _two_hosts_module():
@@ -103,9 +104,15 @@ class SlowLinks:
         return env
 
     def mpirun_flags(self, hostfile: Path) -> list[str]:
+        """The launch across the hosts. Its ranks yield their core while they wait: the two
+        hosts share this machine's cores, where an async run's three spinning ranks (on two
+        cores in CI) timed the cores' turns more than the link (measured: two workers' push
+        and reply of 77 KB at 25 Mbit/s took 110 ms a cycle spinning, 83 ms yielding, on a
+        busy machine), as plan.py's rule for a run that takes every core says; a hostfile
+        bypasses that rule, so the lab sets it."""
         return ["--hostfile", str(hostfile), *self.hosts.mpirun_flags(), "-x", "PATH",
                 "-x", "PYTHONUNBUFFERED", "-x", "OMPI_ALLOW_RUN_AS_ROOT",
-                "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"]
+                "-x", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "--mca", "mpi_yield_when_idle", "1"]
 
 @dataclass(frozen=True)
 class LabRun(PlannedRun):
@@ -131,14 +138,16 @@ def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path) -> list[LabRu
 def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_seconds: float = 0.0,
                            seed: int = 0, loop_seconds: float | None = None) -> float:
     """The simulator's step time for one measured epoch of a lab run (``epoch``: from_run's
-    EpochTimes): the workers' compute and the loop's own time as the epoch measured them
-    (from_run.fit_epochs), the server's update ``apply_seconds``, and every exchange priced by
-    ``link`` (sim/link.py), not by the waits the epoch measured. ``train_args``: the run's train
-    flags, which the simulator trains on (a short budget is enough: it is a step time).
-    ``loop_seconds``: the loop's own time per step, given instead of the epoch's: the fit takes
-    it as what the step period leaves after compute and the mean wait, and the log describes a
-    wait by its median and 90th percentile, which miss the mean of a run that waits at one step
-    in H (local steps); a sync run's epoch, which waits at every step, gives it better."""
+    EpochTimes): the workers' compute and random delays and the loop's own time as the epoch
+    measured them (from_run.fit_epochs), the server's update ``apply_seconds``, and every
+    exchange priced by ``link`` (sim/link.py), not by the waits the epoch measured.
+    ``train_args``: the run's train flags, which the simulator trains on for SIMULATED_EPOCHS
+    epochs: the step time is its middle epoch's, as the lab's is an epoch in mid-run (a whole
+    simulated run's would add the first round's start and the last rounds' tail, where an
+    async run's workers finish one by one). ``loop_seconds``: the loop's own time per step,
+    given instead of the fit's, which takes it as what the step period leaves after compute
+    and the mean wait and describes a wait by its median and 90th percentile: a sync run's
+    epoch, or loop_seconds() for a run with local steps, gives it better."""
     from dataclasses import replace
 
     from .from_run import fit_epochs
@@ -149,10 +158,31 @@ def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_secon
     timing = replace(fit.timing, allreduce_seconds=0.0, push_seconds=0.0, link=link)
     if loop_seconds is not None:
         timing = replace(timing, loop_seconds=loop_seconds)
-    result = simulate_run(mode, epoch.times.num_workers, "", seed, train_args, 1.0, timing)
+    result = simulate_run(mode, epoch.times.num_workers, "", seed,
+                          [*train_args, "--epochs", str(SIMULATED_EPOCHS)], 1.0, timing,
+                          delays=fit.delays())
     if result.status != "ok":
         raise ConfigError(f"the simulated {mode.name} run failed: {result.reason}")
-    return result.wall_seconds / result.curve[-1]["step"]
+    at = {point["step"]: point["wall_seconds"] for point in result.curve}  # evaluations
+    last = result.curve[-1]["step"]
+    first, second = last // SIMULATED_EPOCHS, 2 * last // SIMULATED_EPOCHS  # the middle epoch
+    if first in at and second in at and second > first:
+        return (at[second] - at[first]) / (second - first)
+    return result.wall_seconds / last  # no evaluation at its ends: the whole run's
+
+
+def loop_seconds(epoch, local_steps: int) -> float | None:
+    """The loop's own time per step in a lock-step run with ``local_steps`` H (local SGD,
+    DiLoCo), from its own epoch: worker 0's step period less its mean compute and its mean
+    wait. It waits at one step in H, for the round's average, and barely at the others, so
+    its mean wait is its median wait at H - 1 steps in H and its 90th percentile at the round's
+    (the top 1/H of its waits holds the 90th percentile while H < 10). None where that does not
+    hold: the fit's (from_run.fit_epochs) or a sync run's loop serves."""
+    if not 1 < local_steps < 10:
+        return None
+    times = epoch.times
+    wait = ((local_steps - 1) * times.wait_p50[0] + times.wait_p90[0]) / local_steps
+    return max(0.0, epoch.seconds / max(1, times.steps[0]) - times.compute_mean[0] - wait)
 
 
 def check_lab(cfg) -> None:

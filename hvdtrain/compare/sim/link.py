@@ -4,16 +4,30 @@ them from a run's waits).
 
     a sync average of G bytes over N workers (the ring: reduce-scatter, then all-gather)
         2 (N - 1) / N x G / bandwidth + 2 (N - 1) x latency
-    a push or a pull of G bytes over the server's link, shared by the k transfers in flight
-        k x G / bandwidth + latency
+    a push or a pull of G bytes over the server's link, in turn with the transfers queued
+    before it (pushes and replies alike)
+        G / bandwidth + latency, starting when the link has carried what was queued before
 
-The server takes one message at a time (its progress is one thread's), so its pushes and
-replies share one SharedLink: measured in the lab (compare/link_lab.py), an async step over a
-throttled link took the time of its pushes and pulls in series, not the time of either
-direction alone, as a full-duplex link would give. The bytes of an element follow the wire: 4
-for float32, 2 for --wire-dtype bf16 or fp16 (the server's pushes and replies, local SGD's and
-DiLoCo's rounds), and for sync's gradients Horovod's --compression fp16. A link's rate counts
-frames: TCP's payload is PAYLOAD_SHARE of it.
+The server's pushes and replies share one SharedLink, a queue that carries one transfer at a
+time and is never idle while one waits. The lab (compare/link_lab.py) throttles each end of its
+veth pair with its own tbf, so each direction has a bucket of its own; yet, measured there
+(docs/comparison.md, "Slow links"), two workers' rounds of a 77 KB model through the real server
+took 1.8 to 2.4 times G / bandwidth each at 10 and 25 Mbit/s: a push and a reply in series, and
+the full-duplex pricing of each direction on its own predicted async up to 60% fast. As far as
+the lab showed, the server takes one message at a time (it receives a push, applies it, sends
+the reply and waits for the send before the next request), a push beyond Open MPI's 64 KiB eager
+limit moves only once the server has posted its receive, and each direction's TCP
+acknowledgements and rendezvous messages wait in the same tbf queue as the other direction's
+data. A bare exchange loop overlapped the directions a little, more for larger messages (a cycle
+of two workers: 3.3 transfers of 77 KB, 2.5 to 2.9 of 307 KB, against 4 in series): the model
+takes none of it, so it errs slow for large messages. The model before this one let a transfer
+that started while k were in flight take k times its time without slowing the others: it
+charged the link more than its bytes (up to 2.5 transfers' time for two) and predicted async
+15-32% slower than the lab measured.
+
+The bytes of an element follow the wire: 4 for float32, 2 for --wire-dtype bf16 or fp16 (the
+server's pushes and replies, local SGD's and DiLoCo's rounds), and for sync's gradients
+Horovod's --compression fp16. A link's rate counts frames: TCP's payload is PAYLOAD_SHARE of it.
 """
 
 from __future__ import annotations
@@ -66,20 +80,20 @@ class Link:
 
 
 class SharedLink:
-    """The server's link on the virtual clock: a transfer that starts while others are in
-    flight gets its share of the bandwidth (the ones in flight are not slowed after the fact:
-    an approximation of fair sharing that keeps each transfer's time fixed when it starts)."""
+    """The server's link on the virtual clock: one queue, pushes and replies alike, that
+    carries one transfer at a time in the order they were sent (module docstring: measured in
+    the lab, a push and a reply do not overlap). Work-conserving: a transfer waits only for the
+    bytes queued before it, so the link is busy for exactly its bytes over the bandwidth, and a
+    transfer's arrival is fixed when it is sent (no later transfer delays it)."""
 
     def __init__(self, link: Link):
         self.link = link
-        self.ends: list[float] = []  # when the transfers in flight end
+        self.free_at = 0.0  # when the link has carried every transfer queued so far
 
     def send(self, at: float, nbytes: float) -> float:
-        """A transfer of ``nbytes`` starting at ``at``: when it arrives."""
-        self.ends = [end for end in self.ends if end > at]
-        arrives = at + self.link.transfer_seconds(nbytes, len(self.ends) + 1)
-        self.ends.append(arrives)
-        return arrives
+        """A transfer of ``nbytes`` sent at ``at``: when it arrives."""
+        self.free_at = max(at, self.free_at) + nbytes / self.link.bytes_per_second
+        return self.free_at + self.link.latency_seconds
 
 
 def wire_bytes(cfg) -> int:

@@ -42,8 +42,8 @@ class ServerRun:
     The reply carries the weights right after that update (the server streams them back);
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
     computes its next step on those weights. With a ``Timing.link`` the push and the reply
-    each cross the server's link instead (link.py SharedLink: the transfers in flight, pushes
-    and replies alike, share it), and ``push_seconds`` is not charged.
+    each cross the server's link instead (link.py SharedLink: one queue, pushes and replies
+    alike, each transfer in turn), and ``push_seconds`` is not charged.
 
     What a push does is the real server's engine (engines/server_engine.py ServerEngine, the same
     class) with the run's rules (rules/registry.server_rules on its Config); this class is its
