@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from hvdtrain.doctor.facts import watched
 from launch import BIN, REPO, launcher_env
 
 sys.path.insert(0, str(REPO / "scripts" / "netns"))
@@ -50,10 +51,10 @@ def cluster(hosts):
 
 def environment(hosts, **more) -> dict[str, str]:
     """The launching host's environment: the venv's bin first, what Open MPI needs as root,
-    netns_ssh's host map; none of the tests' own HVDTRAIN_* settings (the doctor compares those
-    across hosts, and they are not forwarded)."""
+    netns_ssh's host map; none of the variables the doctor compares across hosts (HOROVOD_*,
+    NCCL_*, the tests' own HVDTRAIN_*...), which the tests forward only where they mean to."""
     env = {k: v for k, v in launcher_env().items()
-           if not k.startswith("HVDTRAIN_") or k.startswith("HVDTRAIN_NETNS_")}
+           if not watched(k) or k.startswith(("HVDTRAIN_NETNS_", "OMPI_MCA_"))}
     env.update(hosts.env)
     env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
     return {**env, **more}
