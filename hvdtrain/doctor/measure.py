@@ -225,6 +225,10 @@ def allreduce(comm, sizes: list[int], budget_s: float, target_s: float = 0.3) ->
         return None
     results, ends = [], time.monotonic() + budget_s
     for size in sizes:
+        if results and not comm.bcast(  # a size that would not fit (a slow link): left out
+                results[-1]["seconds"] / results[-1]["bytes"] * size * 3
+                < ends - time.monotonic(), root=0):
+            break
         data = np.ones(max(1, size // 4), dtype=np.float32)
         out = np.empty_like(data)
         comm.Allreduce(data, out, op=MPI.SUM)  # the first one connects the ranks
@@ -242,6 +246,4 @@ def allreduce(comm, sizes: list[int], budget_s: float, target_s: float = 0.3) ->
         algbw = data.nbytes / seconds
         results.append({"bytes": data.nbytes, "seconds": round(seconds, 9),
                         "bus_mbit": round(algbw * 2 * (n - 1) / n * 8 / 1e6, 3)})
-        if not comm.bcast(time.monotonic() < ends, root=0):
-            break
     return {"ranks": n, "sizes": results}
