@@ -193,7 +193,7 @@ class CompareConfig:
                                        "elements at the wire's bytes each): a sync average as "
                                        "a ring, 2(N-1)/N x bytes / bandwidth + 2(N-1) x "
                                        "latency; a push or a pull, its bytes over the server's "
-                                       "link shared by the transfers in flight, + latency. It "
+                                       "one link after those queued before it, + latency. It "
                                        "wins over --sim-allreduce-ms and --sim-push-ms when "
                                        "both are given (--from-run: instead of the bandwidth "
                                        "fitted from the run's waits)", type=float)
