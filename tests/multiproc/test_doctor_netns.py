@@ -86,7 +86,8 @@ def doctor(hosts, tmp_path, command, env=None, expect_exit=None):
 def launched(hosts, tmp_path, launcher, expect="", forward=("-x", "PATH"), options=DOCTOR):
     """`hvdtrain doctor [--expect ...] mpirun LAUNCHER... <netns flags> -x ...`."""
     return [str(BIN / "hvdtrain"), "doctor", "--json", str(tmp_path / "doctor.json"),
-            "--run-dir", str(tmp_path / "runs"), *options, *(["--expect", expect] if expect else []),
+            "--run-dir", str(tmp_path / "runs"), *options,
+            *(["--expect", expect] if expect else []),
             "mpirun", *launcher, *hosts.mpirun_flags(), *FORWARD, *forward]
 
 
@@ -153,9 +154,9 @@ def throttled(hosts, tmp_path_factory):
     hosts.throttle(2, RATE)
     try:
         # 4 MiB messages: 0.35 s each at the rate, the link's rate and not its bucket's burst
-        yield doctor(hosts, tmp_path, launched(hosts, tmp_path,
-                                               ["-np", "3", "-H", slots(hosts, 1, 1, 1)],
-                                               options=["--sizes", "64KiB,4MiB", "--timeout", "45"]))
+        command = launched(hosts, tmp_path, ["-np", "3", "-H", slots(hosts, 1, 1, 1)],
+                           options=["--sizes", "64KiB,4MiB", "--timeout", "45"])
+        yield doctor(hosts, tmp_path, command)
     finally:
         hosts.heal()
 
