@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ..exit_codes import EXIT_BAD_INPUT
@@ -49,7 +50,8 @@ def probe_command(command: list[str], args, timeout: float) -> list[str]:
         if "--mpi" not in command:
             command = [command[0], "--mpi", *command[1:]]
     probe = [python_for_ranks(), "-m", "hvdtrain.doctor.rank", "--facts-to-stdout",
-             "--timeout", f"{timeout:g}", "--run-dir", args.run_dir, "--sizes", args.sizes]
+             "--timeout", f"{timeout:g}", "--deadline", f"{time.time() + timeout:.3f}",
+             "--run-dir", args.run_dir, "--sizes", args.sizes]
     if args.env:
         probe += ["--env", args.env]
     return [*command, *probe]

@@ -67,6 +67,15 @@ def yield_while_waiting(env=os.environ) -> None:
     env.setdefault("OMPI_MCA_mpi_yield_when_idle", "1")
 
 
+def time_left(args, started: float) -> float:
+    """Seconds left for the measurements: --timeout from this rank's start, and no later than
+    the launching doctor's --deadline (its clock's time), which counts the ranks' start-up."""
+    left = args.timeout - (time.monotonic() - started)
+    if getattr(args, "deadline", None):
+        left = min(left, args.deadline - time.time())
+    return left - MARGIN_S
+
+
 def gather(args, started: float, say) -> dict | None:
     """Every rank's facts and the measurements; the whole at rank 0, None elsewhere. ``say``
     tells the doctor what the ranks do now, and the facts so far, so that a hang is named."""
@@ -88,10 +97,10 @@ def gather(args, started: float, say) -> dict | None:
     mine = {"routes": _routes(comm, everyone)}
     offsets = measure.clock_offsets(comm, hosts)
     mine["run_dir"] = measure.run_dir_test(comm, args.run_dir)
-    left = comm.bcast(args.timeout - MARGIN_S - (time.monotonic() - started), root=0)
+    left = comm.bcast(time_left(args, started), root=0)  # rank 0's clock decides
     links = measure.links(comm, hosts, args.size_list, max(0.5, left * 0.6),
                           lambda x, y: say(STEP, f"the link test between {x} and {y}"))
-    left = comm.bcast(args.timeout - MARGIN_S - (time.monotonic() - started), root=0)
+    left = comm.bcast(time_left(args, started), root=0)
     if rank == 0:
         say(STEP, f"the allreduce over {len(hosts)} ranks")
     reduce = measure.allreduce(comm, args.size_list, max(0.2, left * 0.8), min(0.3, left / 10))
@@ -169,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     add_options(parser)
     parser.add_argument("--facts-to-stdout", action="store_true",
                         help="rank 0 prints the facts as one line for the doctor that launched it")
+    parser.add_argument("--deadline", type=float, default=None, metavar="EPOCH_S",
+                        help="the launching doctor's deadline (time.time()): the ranks' start-up "
+                             "counts against its --timeout")
     args = parser.parse_args(argv)
     try:
         args = checked(args)

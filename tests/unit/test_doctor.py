@@ -245,3 +245,16 @@ def test_the_probe_s_lines_are_read_through_open_mpi_s_output_tags():
     assert output.facts == json.loads(facts)
     assert output.started == {0: {"host": "a", "addresses": {0: "10.0.0.1", 1: "127.0.0.1"}}}
     assert echoed == ["a line of the launcher's own\n"]
+
+
+def test_the_ranks_start_up_counts_against_the_launching_doctor_s_deadline():
+    from hvdtrain.doctor.rank import MARGIN_S, time_left
+
+    started = time.monotonic() - 10  # this rank started 10 s ago
+    args = SimpleNamespace(timeout=50.0, deadline=None)
+    assert 40 - MARGIN_S - 1 < time_left(args, started) <= 40 - MARGIN_S
+    args.deadline = time.time() + 20  # the doctor's clock: 20 s left
+    assert 20 - MARGIN_S - 1 < time_left(args, started) <= 20 - MARGIN_S
+    line = probe_command(["mpirun", "-np", "2"], SimpleNamespace(run_dir="r", sizes="1MiB",
+                                                                  env=""), 30)
+    assert abs(float(line[line.index("--deadline") + 1]) - (time.time() + 30)) < 5
