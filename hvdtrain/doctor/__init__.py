@@ -8,8 +8,12 @@ folder, the clocks); the checks are pure functions over those facts, one module 
 and verdict.py prints one line per problem with its fix and writes doctor.json.
 
 Modules:
-  doctor_cli.py  the command: its flags, with a launcher line or as a probe
-  asked.py       what was asked: hosts and slots from the launcher line, --expect, a hostfile, Slurm
-  launcher.py    runs the launcher with the probe appended, within --timeout
-  rank.py        the per-rank probe (``python -m hvdtrain.doctor.rank``)
+  doctor_cli.py      the command: with a launcher line, or as a probe under one
+  doctor_options.py  its flags, shared with the probe
+  asked.py           what was asked: hosts and slots from the launcher line, --expect, a
+                     hostfile, Slurm
+  launcher.py        runs the launcher with the probe appended, within --timeout
+  rank.py            the per-rank probe (``python -m hvdtrain.doctor.rank``)
+  deadline.py        a probe's deadline when no doctor launched it
+  problem.py         a problem and its fix; the grouping the checks share
 """
