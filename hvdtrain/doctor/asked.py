@@ -28,6 +28,7 @@ class Asked:
     np: int | None = None
     source: str = ""  # where the hosts came from, for the messages: "-H", "hostfile h", ...
     hostfile: str | None = None
+    by_node: bool = False  # mpirun --map-by node: ranks dealt round the hosts, not slot by slot
 
     @property
     def slots(self) -> int:
@@ -38,7 +39,16 @@ class Asked:
         order (Open MPI's and horovodrun's default), -np ranks in all."""
         if self.np is None or self.np >= self.slots:
             return dict(self.hosts)
-        left, placed = self.np, {}
+        placed = dict.fromkeys(self.hosts, 0)
+        if self.by_node:  # one rank to each host in turn, as long as it has a slot free
+            left = self.np
+            while left:
+                for host, slots in self.hosts.items():
+                    if left and placed[host] < slots:
+                        placed[host] += 1
+                        left -= 1
+            return placed
+        left = self.np
         for host, slots in self.hosts.items():
             placed[host] = min(slots, left)
             left -= placed[host]
@@ -185,12 +195,13 @@ def from_launcher(command: list[str], env: dict[str, str] | None = None) -> Aske
     if np_text is not None and not np_text.isdigit():
         raise DoctorInput(f"{command[0]} -np {np_text!r}: give a number of ranks")
     np = int(np_text) if np_text else None
+    by_node = values.get("--map-by", values.get("-map-by", "")).lower().startswith("node")
     hosts_text = next((values[k] for k in _HOSTS if k in values), None)
     if hosts_text:
-        return Asked(parse_host_slots(hosts_text, "-H"), np, "-H")
+        return Asked(parse_host_slots(hosts_text, "-H"), np, "-H", by_node=by_node)
     hostfile = next((values[k] for k in _HOSTFILES if k in values), None)
     if hostfile:
-        return Asked(parse_hostfile(hostfile), np, f"hostfile {hostfile}", hostfile)
+        return Asked(parse_hostfile(hostfile), np, f"hostfile {hostfile}", hostfile, by_node)
     asked = from_probe_options(None, None, env)
     if asked is not None:
         asked.np = np if np is not None else asked.np

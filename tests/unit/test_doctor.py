@@ -83,6 +83,10 @@ def test_horovodrun_is_told_mpi_and_the_probe_is_appended():
 def test_placement_fills_slots_in_order():
     assert Asked({"a": 2, "b": 2}, 3).placement() == {"a": 2, "b": 1}
     assert Asked({"a": 2, "b": 2}, None).placement() == {"a": 2, "b": 2}
+    by_node = asking.from_launcher(["mpirun", "-np", "3", "-H", "a:2,b:2,c:1", "--map-by",
+                                    "node"], {})
+    assert by_node.placement() == {"a": 1, "b": 1, "c": 1}
+    assert Asked({"a": 4, "b": 1}, 4, by_node=True).placement() == {"a": 3, "b": 1}
 
 
 def test_the_watched_variables():
