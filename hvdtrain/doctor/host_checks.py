@@ -38,7 +38,8 @@ def check_hosts(ranks: list[dict], asked: Asked | None,
     problems: list[Problem] = []
     if asked is not None and asked.np is not None and len(ranks) != asked.np:
         problems.append(Problem("hosts", f"{len(ranks)} ranks answered, {asked.np} were asked "
-                                f"for (-np {asked.np})", "see the launcher's own message above"))
+                                f"for (-np {asked.np})", "give the launcher as many ranks as "
+                                "the job asks for (-np, srun -n) and the hosts slots for them"))
     if asked is None or not asked.hosts:
         return problems
     hosts = by_host(ranks)

@@ -222,3 +222,10 @@ def test_a_clock_more_than_a_second_off():
     problems = lines(check_clocks({"a": 0.0, "b": 0.2, "c": -3.5}, "a"))
     assert problems == ["doctor: clock: c's clock is 3.50 s behind a's (rank 0) -- fix: run NTP "
                         "(chrony, systemd-timesyncd) on every host"]
+
+
+def test_fewer_ranks_than_asked_for():
+    problems = lines(check_hosts(cluster({"n01": 2}), Asked({}, 4, "SLURM_JOB_NODELIST")))
+    assert problems == ["doctor: hosts: 2 ranks answered, 4 were asked for (-np 4) -- fix: give "
+                        "the launcher as many ranks as the job asks for (-np, srun -n) and the "
+                        "hosts slots for them"]
