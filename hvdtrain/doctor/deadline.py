@@ -1,8 +1,11 @@
-"""``python -m hvdtrain.doctor.deadline PID SECONDS RANK JSON``: the doctor's deadline for a
-probe rank that no doctor launched (``mpirun ... hvdtrain doctor``). A rank blocked in MPI (a
-peer that hangs, two hosts MPI cannot connect) runs no Python, so a process of its own watches
-it: at the deadline, rank 0's says why in a problem line and doctor.json, and each rank is
-killed, which ends the launcher's job. It leaves as soon as its rank has ended."""
+"""The doctor's deadline for a probe rank that no doctor launched (``mpirun ... hvdtrain
+doctor``, ``srun ... hvdtrain doctor``). At the deadline rank 0 says why, in a problem line and in
+doctor.json, and every rank exits 2 (not fit), which ends the launcher's job.
+
+Two guards: a thread in the rank, which runs while the rank waits in MPI (mpi4py lets go of the
+GIL there) and exits 2; and, three seconds later, ``python -m hvdtrain.doctor.deadline PID
+SECONDS RANK JSON``, a process of its own for a rank that holds the GIL (MPI's start-up), which
+reports the same way and kills it. It leaves as soon as its rank has ended."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from .problem import Problem
 from .verdict import unfinished_report, write_json
 
 POLL_S = 0.5
+GRACE_S = 3.0  # the process's deadline after the thread's
 
 
 def alive(pid: int) -> bool:
@@ -27,6 +31,50 @@ def alive(pid: int) -> bool:
     return True
 
 
+def report(seconds: float, rank: int, path: str) -> None:
+    """At rank 0: the problem line, doctor.json, the verdict."""
+    if rank != 0:
+        return
+    problem = Problem(
+        "hosts", f"the ranks did not finish within {seconds:g} s: a rank hung, or MPI could "
+        "not connect two hosts",
+        "run the doctor with the job's launcher line (hvdtrain doctor mpirun ...), which "
+        "names the step and the hosts; check the firewall between the hosts, or raise "
+        "--timeout")
+    print(problem.line(), flush=True)
+    write_json(path, unfinished_report(None, [problem], 0))
+    print("doctor: NOT fit (1 problem)", flush=True)
+
+
+class Guards:
+    """Both guards of one rank, stopped once the rank is done (before MPI's finalize)."""
+
+    def __init__(self, seconds: float, rank: int, path: str) -> None:
+        import subprocess
+        import threading
+
+        self.timer = threading.Timer(seconds, self._expire, (seconds, rank, path))
+        self.timer.daemon = True
+        self.timer.start()
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "hvdtrain.doctor.deadline", str(os.getpid()),
+                 f"{seconds + GRACE_S:g}", str(rank), path])
+        except OSError:
+            self.process = None
+
+    @staticmethod
+    def _expire(seconds: float, rank: int, path: str) -> None:
+        report(seconds, rank, path)
+        os._exit(2)
+
+    def stop(self) -> None:
+        self.timer.cancel()
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+
 def main(argv: list[str]) -> int:
     pid, seconds, rank, path = int(argv[0]), float(argv[1]), int(argv[2]), argv[3]
     ends = time.monotonic() + seconds
@@ -34,16 +82,7 @@ def main(argv: list[str]) -> int:
         if not alive(pid):
             return 0
         time.sleep(POLL_S)
-    if rank == 0:
-        problem = Problem(
-            "hosts", f"the ranks did not finish within {seconds:g} s: a rank hung, or MPI could "
-            "not connect two hosts",
-            "run the doctor with the job's launcher line (hvdtrain doctor mpirun ...), which "
-            "names the step and the hosts; check the firewall between the hosts, or raise "
-            "--timeout")
-        print(problem.line(), flush=True)
-        write_json(path, unfinished_report(None, [problem], 0))
-        print("doctor: NOT fit (1 problem)", flush=True)
+    report(seconds, rank, path)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:

@@ -141,22 +141,15 @@ def probe(args: argparse.Namespace, to_stdout: bool) -> int:
         code = conclude(facts, asked, args.run_dir, args.json)
     code = MPI.COMM_WORLD.bcast(code, root=0)
     if watchdog is not None:
-        watchdog.kill()
-        watchdog.wait()
+        watchdog.stop()
     return code
 
 
 def start_watchdog(args):
-    """The deadline of a rank no doctor launched (deadline.py), None where it cannot start."""
-    import subprocess
+    """The deadline of a rank no doctor launched (deadline.py)."""
+    from .deadline import Guards
 
-    seconds = max(1.0, args.timeout - 1.0)
-    try:
-        return subprocess.Popen([sys.executable, "-m", "hvdtrain.doctor.deadline",
-                                 str(os.getpid()), f"{seconds:g}",
-                                 str(rank_from_environment()), args.json])
-    except OSError:
-        return None
+    return Guards(max(1.0, args.timeout - 1.0), rank_from_environment(), args.json)
 
 
 def resolve(names: list[str]) -> dict[str, str]:

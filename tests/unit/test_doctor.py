@@ -262,3 +262,17 @@ def test_the_ranks_start_up_counts_against_the_launching_doctor_s_deadline():
     line = probe_command(["mpirun", "-np", "2"], SimpleNamespace(run_dir="r", sizes="1MiB",
                                                                   env=""), 30)
     assert abs(float(line[line.index("--deadline") + 1]) - (time.time() + 30)) < 5
+
+
+def test_a_rank_s_deadline_reports_and_exits_2_and_is_stopped_when_done(tmp_path):
+    code = ("import sys, time\nfrom hvdtrain.doctor.deadline import Guards\n"
+            f"guards = Guards(float(sys.argv[1]), 0, {str(tmp_path / 'd.json')!r})\n"
+            "time.sleep(float(sys.argv[2]))\nguards.stop()\ntime.sleep(1.5)\nprint('done')\n")
+    late = subprocess.run([sys.executable, "-c", code, "0.5", "30"], capture_output=True,
+                          text=True, timeout=60)
+    assert late.returncode == 2 and late.stdout.splitlines()[-1] == "doctor: NOT fit (1 problem)"
+    assert "doctor: hosts: the ranks did not finish within 0.5 s" in late.stdout
+    assert json.loads((tmp_path / "d.json").read_text())["fit"] is False
+    done = subprocess.run([sys.executable, "-c", code, "1", "0"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout == "done\n", done.stdout + done.stderr
