@@ -41,9 +41,10 @@ def _routes(comm, everyone: list[dict]) -> dict[str, str | None]:
     table = everyone[me]["addresses"]
     routes = {}
     for host, leader in leaders(hosts).items():
-        if host != hosts[me]:
-            target = _target(host, everyone[leader]["addresses"], set(table.values()))
-            routes[host] = route_interface(target, table) if target else None
+        target = _target(host, everyone[leader]["addresses"], set(table.values())) \
+            if host != hosts[me] else None
+        if target:  # none: no IPv4 address known for it (IPv6 only), nothing to judge
+            routes[host] = route_interface(target, table)
     return routes
 
 
