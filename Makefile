@@ -6,7 +6,7 @@ NP ?= 2
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
-.PHONY: setup demo train test bench bench-ps bench-pipeline gpu-bundle gpu-check clean
+.PHONY: setup demo train test bench bench-ps bench-pipeline gpu-bundle gpu-check image clean
 
 setup:
 	bash scripts/setup/setup.sh
@@ -37,6 +37,11 @@ gpu-bundle:
 
 gpu-check:
 	bash scripts/gpu/check.sh
+
+# The CPU image from the Dockerfile with buildah (no Docker engine or registry needed), then a
+# sync and an async run inside it (docs/cluster.md, "Docker"). Needs root.
+image: setup
+	bash scripts/image/build.sh
 
 clean:
 	rm -rf runs .pytest_cache

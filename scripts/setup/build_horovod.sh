@@ -10,6 +10,9 @@
 #   PYTHON                  interpreter whose torch to build against (default: python3)
 #   HVDTRAIN_CACHE          cache folder (default: ~/.cache/hvdtrain)
 #   HOROVOD_GPU_OPERATIONS  set to NCCL for a GPU build (needs a CUDA torch and nvcc)
+#
+# A wheel under the repository's wheels/<key>/ (the same key as the cache's; scripts/image/build.sh
+# puts this machine's there for an image build) is used as it is: no download, no compiler.
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
@@ -28,9 +31,13 @@ gpu_ops="${HOROVOD_GPU_OPERATIONS:-none}"
 key="horovod${HOROVOD_VERSION}-${versions}-gpu_${gpu_ops}-$(cat "${patch_files[@]}" | sha1sum | cut -c1-8)"
 cache_dir="$cache_root/wheels/$key"
 
+local_dir="$(cd "$here/../.." && pwd)/wheels/$key"
+# The cache first: a machine that has both keeps the wheel its venv records (setup.sh reinstalls
+# Horovod when that path changes).
 cached="$(ls "$cache_dir"/horovod-*.whl 2>/dev/null | head -n1 || true)"
+[[ -n "$cached" ]] || cached="$(ls "$local_dir"/horovod-*.whl 2>/dev/null | head -n1 || true)"
 if [[ -n "$cached" ]]; then
-    log "cache hit: $key"
+    if [[ "$cached" == "$local_dir"/* ]]; then log "local wheel: $key"; else log "cache hit: $key"; fi
     echo "$cached"
     exit 0
 fi

@@ -13,6 +13,12 @@
 #   HVDTRAIN_EXTRAS  extras to install with hvdtrain (default: dev,mlflow,wandb: the tests of
 #                  --tracker need both trackers; about 60 s and 210 MB more than dev alone)
 #   HOROVOD_GPU_OPERATIONS  NCCL for a GPU build
+#   HVDTRAIN_INSTALL  editable (default) installs hvdtrain itself; deps installs only what
+#                  pyproject.toml lists and stops (the Dockerfile's cached layer, before the source)
+#
+# Local wheels: a wheels/ folder in the repository (scripts/image/build.sh fills it; see its
+# README) is a pip --find-links for every install here, and build_horovod.sh takes a Horovod wheel
+# from it instead of building one, so an image builds from the wheels of the machine that builds it.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -22,6 +28,12 @@ TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 HVDTRAIN_EXTRAS="${HVDTRAIN_EXTRAS:-dev,mlflow,wandb}"
 
 log() { echo "[setup] $*" >&2; }
+
+if compgen -G "$repo/wheels/*.whl" >/dev/null; then
+    # pip reads a space-separated list from the variable; a find-links of the machine's own stays
+    export PIP_FIND_LINKS="$repo/wheels${PIP_FIND_LINKS:+ $PIP_FIND_LINKS}"
+    log "local wheels: $repo/wheels"
+fi
 
 # --- system packages -------------------------------------------------------------------------
 missing=()
@@ -80,6 +92,24 @@ if ! "$py" -c 'import horovod.torch' 2>/dev/null || \
 fi
 
 # --- hvdtrain itself -------------------------------------------------------------------------
+if [[ "${HVDTRAIN_INSTALL:-editable}" == deps ]]; then
+    # Only the requirements, read from pyproject.toml: the layer that holds them is rebuilt when
+    # pyproject.toml changes, not when any source file does.
+    mapfile -t deps < <("$py" - "$repo/pyproject.toml" "$HVDTRAIN_EXTRAS" <<'PY'
+import sys
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the copy pip carries
+    from pip._vendor import tomli as tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+extras = [e for e in sys.argv[2].split(",") if e]
+print("\n".join(project["dependencies"] + [r for e in extras for r in project["optional-dependencies"][e]]))
+PY
+)
+    log "installing hvdtrain's dependencies only (extras: $HVDTRAIN_EXTRAS)"
+    "$py" -m pip install "${pip_quiet[@]}" "${deps[@]}"
+    exit 0
+fi
 if ! "$py" -m pip show hvdtrain >/dev/null 2>&1 || [[ "$repo/pyproject.toml" -nt "$VENV/.hvdtrain-installed" ]]; then
     log "installing hvdtrain (editable, extras: $HVDTRAIN_EXTRAS)"
     "$py" -m pip install "${pip_quiet[@]}" -e "$repo[$HVDTRAIN_EXTRAS]"
