@@ -469,7 +469,19 @@ def check_train_args(cfg: CompareConfig) -> None:
             raise ConfigError(f"--train-args: --{name.replace('_', '-')} is set by the plan for "
                               f"each run; use {instead}")
     given.dataset, given.model, given.epochs = cfg.dataset, cfg.model, cfg.epochs
-    try:
-        config_from_args(given)
-    except ConfigError as e:
-        raise ConfigError(f"--train-args: {e}") from None
+    # Each planned mode's own options over the flags: a flag can suit some modes and not others
+    # (--wire-dtype bf16 suits async and DiLoCo, not plain sync), and the message names the
+    # modes it does not suit rather than letting their runs fail one by one.
+    refused = {}
+    modes = cfg.planned_modes()
+    for mode in modes:
+        try:
+            config_from_args(argparse.Namespace(**{**vars(given), **mode.config_options()}))
+        except ConfigError as e:
+            refused[mode.name] = str(e)
+    if len(set(refused.values())) == 1 and len(refused) == len(modes):  # wrong under any mode
+        raise ConfigError(f"--train-args: {next(iter(refused.values()))}")
+    if refused:
+        name, message = next(iter(refused.items()))
+        raise ConfigError(f"--train-args under mode {name}: {message}; or leave "
+                          f"{', '.join(refused)} out of --modes")

@@ -72,3 +72,25 @@ def test_faults_with_from_run_are_refused(tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(ConfigError, match="--from-run inject no faults"):
         options(tmp_path, "--from-run", str(tmp_path / "run"), "--faults", "kill:rank=1,step=4")
+
+
+def test_train_args_are_checked_under_each_planned_mode_and_name_the_modes_they_do_not_suit(
+        tmp_path):
+    # A 16-bit wire suits the server's modes and DiLoCo (fp16 under Horovod), not plain sync
+    # (its compression is --compression fp16), so a plan of only those modes takes it ...
+    cfg = options(tmp_path, "--modes", "async,adiloco,diloco", "--local-steps", "4",
+                  "--train-args", "--wire-dtype fp16")
+    assert [m.name for m in cfg.planned_modes()] == ["async", "adiloco4", "diloco4"]
+    # ... bf16 too, for the server's modes alone (Horovod has no bfloat16 allreduce) ...
+    with pytest.raises(ConfigError, match=r"under mode diloco4: --wire-dtype bf16 with "
+                                          r"--local-steps: Horovod .*leave diloco4 out"):
+        options(tmp_path, "--modes", "adiloco,diloco", "--local-steps", "4",
+                "--train-args", "--wire-dtype bf16")
+    # ... and a plan with sync in it is refused before any run, naming sync alone.
+    with pytest.raises(ConfigError, match=r"--train-args under mode sync: .*--wire-dtype.*; or "
+                                          r"leave sync out of --modes$"):
+        options(tmp_path, "--modes", "sync,adiloco", "--local-steps", "4",
+                "--train-args", "--wire-dtype bf16")
+    # A flag wrong under every mode is one message, as before.
+    with pytest.raises(ConfigError, match=r"^--train-args: --lr: invalid value -1.0"):
+        options(tmp_path, "--modes", "sync,async", "--train-args", "--lr -1")
