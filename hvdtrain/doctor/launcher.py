@@ -158,8 +158,17 @@ def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) ->
                         f"({missing[-160:]})", "install hvdtrain (with mpi4py) in the same venv "
                         f"on every host, and put it first on PATH there ({python_for_ranks()} is "
                         "what the ranks ran)")]
-    tail = " | ".join(line.strip()[:160] for line in output.other[-3:] if line.strip())
+    tail = " | ".join(line[:160] for line in _launcher_says(output.other))
     return [Problem("hosts", f"the launcher exited {code} before the ranks reported "
                     f"({len(output.started)} rank(s) started){': ' + tail if tail else ''}",
                     "read the launcher's output above: a host it cannot reach, a rank that "
                     "cannot import hvdtrain there, or a wrong launcher flag")]
+
+
+def _launcher_says(lines: list[str]) -> list[str]:
+    """The lines of a launcher's failure worth quoting: its error lines (ssh's, srun's), else
+    the first two of its message. Open MPI boxes its message in rules of dashes and ends it with
+    generic advice, so the last lines say the least."""
+    text = [line.strip() for line in lines if line.strip().strip("-")]
+    errors = [line for line in text if "error" in line.lower()]
+    return (errors or text)[:2]

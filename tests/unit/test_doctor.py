@@ -276,3 +276,20 @@ def test_a_rank_s_deadline_reports_and_exits_2_and_is_stopped_when_done(tmp_path
     done = subprocess.run([sys.executable, "-c", code, "1", "0"], capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "done\n", done.stdout + done.stderr
+
+
+def test_a_launcher_that_fails_before_the_ranks_is_quoted_by_its_message_not_its_advice():
+    from hvdtrain.doctor.launcher import _no_facts
+
+    box = ["-" * 74, "There are not enough slots available in the system to satisfy the 4",
+           "slots that were requested by the application:", "", "  python", "",
+           "Either request fewer slots for your application, or make more slots",
+           "launch.", "-" * 74]
+    output = SimpleNamespace(other=box, started={})
+    [problem] = _no_facts(1, output, Asked(), 30)
+    assert "exited 1 before the ranks reported (0 rank(s) started): There are not enough " \
+           "slots available" in problem.message and "launch." not in problem.message
+    output.other = ["ssh: Could not resolve hostname b: Name or service not known",
+                    "ORTE was unable to reliably start one or more daemons.", *box]
+    [problem] = _no_facts(255, output, Asked(), 30)
+    assert "ssh: Could not resolve hostname b" in problem.message
