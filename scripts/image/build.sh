@@ -151,8 +151,11 @@ run_in_image() {
     ctr="$("${buildah[@]}" from --pull=never --quiet "$IMAGE")"
     out="$(mktemp)"
     log "running in $IMAGE: $*"
-    timeout --kill-after=30 "$RUN_TIMEOUT" "${buildah[@]}" run --user 1000:1000 \
-        --env HOME=/home/hvdtrain "$ctr" -- "$@" >"$out" 2>&1 || rc=$?
+    # The timeout inside the container ends mpirun, which ends its ranks; the one outside is the
+    # backstop should buildah itself hang.
+    timeout --kill-after=30 $((RUN_TIMEOUT + 120)) "${buildah[@]}" run --user 1000:1000 \
+        --env HOME=/home/hvdtrain "$ctr" -- timeout --kill-after=30 "$RUN_TIMEOUT" "$@" \
+        >"$out" 2>&1 || rc=$?
     "${buildah[@]}" rm "$ctr" >/dev/null
     tail -n 5 "$out" >&2
     results+=("$name: $(grep -o 'done: [^,;]*' "$out" | tail -n1 || true) (exit $rc)")
