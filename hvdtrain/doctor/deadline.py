@@ -14,21 +14,12 @@ import signal
 import sys
 import time
 
+from ..processes import process_alive
 from .problem import Problem
 from .verdict import unfinished_report, write_json
 
 POLL_S = 0.5
 GRACE_S = 3.0  # the process's deadline after the thread's
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def report(seconds: float, rank: int, path: str) -> None:
@@ -79,7 +70,7 @@ def main(argv: list[str]) -> int:
     pid, seconds, rank, path = int(argv[0]), float(argv[1]), int(argv[2]), argv[3]
     ends = time.monotonic() + seconds
     while time.monotonic() < ends:
-        if not alive(pid):
+        if not process_alive(pid):
             return 0
         time.sleep(POLL_S)
     report(seconds, rank, path)
