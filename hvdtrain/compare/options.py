@@ -4,14 +4,13 @@ Each field's ``metadata["help"]`` is its documentation and also its ``--flag`` h
 config/ for ``hvdtrain train``. A CompareConfig is built from the parsed flags in one place
 (:meth:`CompareConfig.from_args`); fields left unset take the named plan's values, and the whole
 set is checked on construction, before any run starts, with a message that names the flag and
-the fix.
+the fix (the checks that look past one flag: option_checks.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -21,25 +20,10 @@ from ..config import ConfigError, check_faults, check_writable_folder
 from ..faults.schedule import parse_faults
 from ..rules.registry import FAMILIES
 from ..stragglers import parse_straggler
-from ..train_flags import config_from_args, parse_train_flags
 from . import plan as planning
-from .measured_links import links_flag
-from .sim.link import Link, check_link_flags
+from .option_checks import check_processes_fit, check_simulation, check_train_args, ints
+from .sim.link import Link
 from .target_metric import Target
-
-# What the plan sets on every run's command line, and the compare flag to use instead: given in
-# --train-args too, the later flag would silently win and the runs would no longer be the plan.
-PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seeds",
-           "straggler": "--stragglers", "bsp": "--modes backup", "backup_workers":
-           "--backup-workers", "local_steps": "--local-steps", "staleness_lr": "--modes async-slr",
-           "dc_lambda": "--modes dcasgd", "outer_lr": "--modes diloco",
-           "outer_momentum": "--modes diloco", "balance": "--modes balanced",
-           "eval_every_steps": "compare's own --eval-every-steps",
-           "run_dir": "--out (each run writes into OUT/runs/NAME)",
-           "num_servers": "--workers (each async run has one server besides the workers)",
-           "dataset": "compare's own --dataset", "model": "compare's own --model",
-           "epochs": "compare's own --epochs", "inject_faults": "--faults",
-           "auto_resume": "--faults (sync runs restart with --auto-resume)"}
 
 # The named plans. demo: what `make demo` runs in about five minutes on two cores: a wide CNN
 # on digits (~1.3M parameters, ~40 ms a step on one core), so that training, not start-up, is
@@ -61,16 +45,6 @@ PLANS = {
     "links": dict(modes="sync,diloco,adiloco", stragglers="none,3x", seeds=3, model="mlp",
                   train_args="--hidden 2048,1024", epochs=20, eval_every_steps=8),
 }
-
-# The most processes a run may start per core of this host (per slot of a --hostfile, with
-# --oversubscribe in --launcher-args): beyond that a run times the kernel's scheduler rather
-# than the update schemes, and each process holds its own torch (hundreds of MB), so a mistyped
-# --workers 100000 would start a job that swamps the machine. The demo runs 1.5 a core.
-PROCESSES_PER_CORE = 4
-
-# The --sim-*-ms flags: milliseconds on the simulated cluster's virtual clock.
-SIM_FIGURES = ("sim_allreduce_ms", "sim_push_ms", "sim_step_ms", "sim_apply_ms", "sim_sample_ms")
-
 
 def _opt(default: Any, help: str, type: type | None = None, choices: tuple | None = None) -> Any:
     """A field whose metadata carries its help text, its flag's type (the default's when not
@@ -230,7 +204,7 @@ class CompareConfig:
         self._check_plan()
         self._check_elastic()
         self._check_launch()
-        self._check_simulation()
+        check_simulation(self)
         if self.from_run is not None:
             self._check_from_run()
         elif not self.simulate:
@@ -346,42 +320,6 @@ class CompareConfig:
             raise ConfigError(f"--run-timeout: invalid value {self.run_timeout}; use a positive "
                               "number of seconds, e.g. 300")
 
-    def _check_simulation(self) -> None:
-        sweep = ints(self.sweep_workers, "--sweep-workers")
-        if any(n < 1 for n in sweep) or self.sweep_seeds < 1:
-            raise ConfigError("--sweep-workers and --sweep-seeds: use whole numbers of 1 or more")
-        if self.global_batch is not None:
-            if self.global_batch < 1:
-                raise ConfigError(f"--global-batch: invalid value {self.global_batch}; use a "
-                                  "number of samples, 1 or more")
-            if self.simulate and self.global_batch % self.workers:
-                raise ConfigError(f"--global-batch {self.global_batch} cannot be split evenly "
-                                  f"over --workers {self.workers}; use a multiple of "
-                                  f"{self.workers}")
-        figures = [getattr(self, name) for name in SIM_FIGURES]
-        # nan fails every comparison, so "value < 0" would let it through
-        if not all(x >= 0 and math.isfinite(x) for x in figures if x is not None):
-            raise ConfigError("--sim-allreduce-ms, --sim-push-ms, --sim-step-ms, "
-                              "--sim-apply-ms and --sim-sample-ms: use 0 or more milliseconds "
-                              "(a finite number)")
-        if self.sim_sample_ms is not None and self.sim_step_ms is None:
-            raise ConfigError("--sim-sample-ms is a part of --sim-step-ms: give --sim-step-ms "
-                              "too, or drop it (a measured step measures its part per sample)")
-        given = self.sim_step_ms is not None or self.sim_apply_ms is not None
-        if given and not self.simulate:
-            raise ConfigError("--sim-step-ms and --sim-apply-ms time the --simulate plan's "
-                              "workers; add --simulate, or drop them")
-        if given and self.sweep_workers.strip():
-            raise ConfigError("--sim-step-ms and --sim-apply-ms fix the --simulate plan's "
-                              "figures, but --sweep-workers measures each N's own batch; drop "
-                              "one of them")
-        check_link_flags(self.sim_link_mbit, self.sim_latency_ms, self.from_run is not None,
-                         bool(self.simulate or self.sweep_workers.strip()))
-        self.measured = links_flag(self)  # --links' doctor.json, read and checked
-        if self.simulate and (self.hostfile or self.launcher_args):
-            raise ConfigError("--simulate runs in this one process: drop --hostfile and "
-                              "--launcher-args, or drop --simulate")
-
     def sim_link(self) -> Link | None:
         """The ring's link (compare/sim/link.py): --links' or --sim-link-mbit's, or None."""
         if self.measured is not None:
@@ -401,87 +339,3 @@ def add_compare_flags(parser: argparse.ArgumentParser) -> None:
         if f.metadata["choices"]:
             kwargs["choices"] = f.metadata["choices"]
         parser.add_argument("--" + f.name.replace("_", "-"), **kwargs)
-
-
-def ints(text: str, flag: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag}: expected comma-separated whole numbers, got {text!r}") from None
-
-
-def _hostfile_slots(path: str) -> int | None:
-    """The slots of an mpirun hostfile, None when a host gives none (mpirun then counts that
-    host's cores, which cannot be known from here)."""
-    total = 0
-    for line in Path(path).read_text(errors="replace").splitlines():
-        words = line.split("#", 1)[0].split()
-        if not words:
-            continue
-        slots = [w.split("=", 1)[1] for w in words[1:] if w.startswith("slots=")]
-        if not slots or not slots[0].isdigit():
-            return None
-        total += int(slots[0])
-    return total
-
-
-def check_processes_fit(cfg: CompareConfig, modes: list) -> None:
-    """Refuse, before anything starts, a run of more processes than the hosts can hold: a
-    real run is ``--workers`` processes, plus one parameter server for the async modes."""
-    server = any(m.is_async for m in modes)
-    processes = cfg.workers + server
-    who = f"{cfg.workers} workers" + (" and the parameter server of the async modes"
-                                      if server else "")
-    if cfg.hostfile:
-        slots = _hostfile_slots(cfg.hostfile)
-        if slots is None:
-            return
-        # Without --oversubscribe mpirun itself refuses more processes than slots, in each run.
-        oversubscribed = "--oversubscribe" in shlex.split(cfg.launcher_args)
-        limit = slots * (PROCESSES_PER_CORE if oversubscribed else 1)
-        room = f"the hosts of {cfg.hostfile} have {slots} slots" + (
-            f" ({PROCESSES_PER_CORE} processes a slot with --oversubscribe)"
-            if oversubscribed else "")
-        more = f"add hosts or slots to {cfg.hostfile}"
-    else:
-        cores = os.cpu_count() or 1
-        limit = cores * PROCESSES_PER_CORE
-        room = (f"this host has {cores} cores, and more than {PROCESSES_PER_CORE} processes a "
-                f"core would time its scheduler rather than the update schemes")
-        more = "run across more hosts with --hostfile"
-    if processes > limit:
-        raise ConfigError(
-            f"--workers {cfg.workers}: each run starts {processes} processes ({who}), but "
-            f"{room}, room for {limit}: use --workers {limit - server} or fewer, {more}, or "
-            f"simulate {cfg.workers} workers in one process with --simulate")
-
-
-def check_train_args(cfg: CompareConfig) -> None:
-    """--train-args must be valid train flags that leave alone what the plan sets; checked here
-    so that a mistake is one message, not every run failing the same way."""
-    try:
-        argv = shlex.split(cfg.train_args)
-    except ValueError as e:  # an unclosed quote
-        raise ConfigError(f"--train-args: {e}") from None
-    given = parse_train_flags(argv, "--train-args")
-    for name, instead in PLANNED.items():
-        if name in vars(given):
-            raise ConfigError(f"--train-args: --{name.replace('_', '-')} is set by the plan for "
-                              f"each run; use {instead}")
-    given.dataset, given.model, given.epochs = cfg.dataset, cfg.model, cfg.epochs
-    # Each planned mode's own options over the flags: a flag can suit some modes and not others
-    # (--wire-dtype bf16 suits async and DiLoCo, not plain sync), and the message names the
-    # modes it does not suit rather than letting their runs fail one by one.
-    refused = {}
-    modes = cfg.planned_modes()
-    for mode in modes:
-        try:
-            config_from_args(argparse.Namespace(**{**vars(given), **mode.config_options()}))
-        except ConfigError as e:
-            refused[mode.name] = str(e)
-    if len(set(refused.values())) == 1 and len(refused) == len(modes):  # wrong under any mode
-        raise ConfigError(f"--train-args: {next(iter(refused.values()))}")
-    if refused:
-        name, message = next(iter(refused.items()))
-        raise ConfigError(f"--train-args under mode {name}: {message}; or leave "
-                          f"{', '.join(refused)} out of --modes")
