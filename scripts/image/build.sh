@@ -3,8 +3,9 @@
 # `mpirun -np 2 hvdtrain train` and the async command inside it (`make image`; docs/cluster.md,
 # "Docker"). Steps, each reused on the next run:
 #   1. buildah and mmdebstrap from apt (as setup.sh installs its packages);
-#   2. a Debian bookworm base made by mmdebstrap from Debian's mirror, cached as a tarball under
-#      $HVDTRAIN_CACHE/image, imported as $BASE_IMAGE: the stand-in for debian:bookworm-slim;
+#   2. a Debian bookworm base made by mmdebstrap from this host's apt sources, cached as a
+#      tarball under $HVDTRAIN_CACHE/image, imported as $BASE_IMAGE: the stand-in for
+#      debian:bookworm-slim;
 #   3. wheels/ filled with the venv's torch wheel and its cached patched Horovod wheel, so the
 #      build compiles nothing and downloads only what PyPI serves (wheels/README.md);
 #   4. `buildah bud --target cpu` (vfs storage, chroot isolation, layer cache), as
@@ -20,6 +21,7 @@
 #   VENV         the venv whose torch and Horovod go into the image (default: .venv)
 #   HVDTRAIN_EXTRAS  the extras installed in the image (the Dockerfile's default: dev,mlflow,wandb)
 #   RUN_TIMEOUT  seconds for each run inside the image (default 600)
+#   DEBIAN_MIRROR  a Debian mirror's URL for the base (default: this host's apt sources)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -55,6 +57,25 @@ install_tools() {
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# Where the base's packages come from: DEBIAN_MIRROR (a mirror's URL) when set, else the sources
+# this machine's own apt uses (mmdebstrap reads a sources file as its mirror argument), so the
+# image takes its packages from wherever this host can reach them.
+debian_sources() {
+    if [[ -n "${DEBIAN_MIRROR:-}" ]]; then
+        echo "$DEBIAN_MIRROR"
+        return
+    fi
+    local file
+    for file in /etc/apt/sources.list.d/debian.sources /etc/apt/sources.list; do
+        if [[ -s "$file" ]]; then
+            echo "$file"
+            return
+        fi
+    done
+    log "error: this machine's apt has no Debian sources; set DEBIAN_MIRROR to a mirror's URL"
+    return 1
+}
+
 # The base: Debian's minbase variant, without docs, man pages and locales (as the slim image).
 make_base() {
     if [[ ! -f "$base_tar" ]]; then
@@ -64,7 +85,7 @@ make_base() {
             --dpkgopt='path-exclude=/usr/share/doc/*' \
             --dpkgopt='path-include=/usr/share/doc/*/copyright' \
             --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-            bookworm "$cache/.partial.tar" http://deb.debian.org/debian
+            bookworm "$cache/.partial.tar" "$(debian_sources)"
         mv "$cache/.partial.tar" "$base_tar"   # never a half-written tarball in the cache
     fi
     # The image carries the tarball's checksum, so a remade tarball is imported again.
