@@ -21,13 +21,19 @@ def model() -> torch.nn.Module:
     return net
 
 
+def views_over(buffer: torch.Tensor, trained: list) -> list[torch.Tensor]:
+    """Each parameter's view of a flat buffer, in order (as ServerLink.bind_gradients lays them)."""
+    views, offset = [], 0
+    for p in trained:
+        views.append(buffer[offset:offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return views
+
+
 def setup(net, chunk: int = 10):
     flat = FlatParameters(net)
     grads = torch.zeros(flat.total)
-    views, offset = [], 0
-    for p in flat.trained:
-        views.append(grads[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
+    views = views_over(grads, flat.trained)
     return flat, grads, views, chunk_bounds(flat.total, chunk)
 
 
@@ -76,10 +82,7 @@ def test_staged_copies_move_the_gradient_during_backward_and_count_it_once():
     flat.bind(copies.device_params)
     host = copies.new_host_gradients(flat.total)
     target = copies.gradient_target(host)
-    views, offset = [], 0
-    for p in flat.trained:
-        views.append(target[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
+    views = views_over(target, flat.trained)
     chunks = chunk_bounds(flat.total, 8)
     early = copies.early_gradients(flat.trained, views, chunks)
     for _ in range(2):  # a second step starts afresh
@@ -104,10 +107,7 @@ def test_on_a_gpu_the_early_copies_bring_the_gathered_gradient_to_pinned_memory(
     flat.bind(copies.device_params)
     host = copies.new_host_gradients(flat.total)
     target = copies.gradient_target(host)
-    views, offset = [], 0
-    for p in flat.trained:
-        views.append(target[offset:offset + p.numel()].view_as(p))
-        offset += p.numel()
+    views = views_over(target, flat.trained)
     chunks = chunk_bounds(flat.total, 1 << 14)
     early = copies.early_gradients(flat.trained, views, chunks)
     copies.begin_gradients(len(chunks))
