@@ -1,6 +1,7 @@
 """Tiers 2 and 3: real mpirun / horovodrun jobs of sync training, each with a timeout."""
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -132,9 +133,23 @@ def test_resumed_run_ends_with_the_same_weights(tmp_path):
     assert [r["epoch"] for r in log if r["type"] == "epoch"] == [1, 2, 3, 4]
 
 
-def test_bad_checkpoint_stops_every_rank_with_a_message(tmp_path):
-    good = tmp_path / "good"
-    run(hvdtrain("train", *QUICK, "--epochs", "1", "--run-dir", str(good)))
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    """One epoch of a single process without a launcher (QUICK, --epochs 1): (its run folder,
+    the finished process). The tests below that start from such a checkpoint take a copy of the
+    folder instead of training it again, a process launch each."""
+    folder = tmp_path_factory.mktemp("one-epoch") / "run"
+    return folder, run(hvdtrain("train", *QUICK, "--epochs", "1", "--run-dir", str(folder)))
+
+
+def copy_of(one_epoch, folder):
+    """A copy of the one_epoch fixture's run folder at ``folder`` (which may exist, empty)."""
+    shutil.copytree(one_epoch[0], folder, dirs_exist_ok=True)
+    return folder
+
+
+def test_bad_checkpoint_stops_every_rank_with_a_message(tmp_path, one_epoch):
+    good = copy_of(one_epoch, tmp_path / "good")
     ckpt = good / "checkpoint.pt"
     ckpt.write_bytes(ckpt.read_bytes()[:1000])
     proc = run(mpirun(2, *hvdtrain("train", *QUICK, "--resume", str(good))), check=False)
@@ -146,9 +161,9 @@ def test_bad_checkpoint_stops_every_rank_with_a_message(tmp_path):
     assert proc.returncode == 2 and "model: checkpoint has 'cnn', this run has 'mlp'" in proc.stderr
 
 
-def test_a_rerun_into_a_run_folder_keeps_its_checkpoint(tmp_path):
+def test_a_rerun_into_a_run_folder_keeps_its_checkpoint(tmp_path, one_epoch):
     flags = [*QUICK, "--epochs", "1", "--run-dir", str(tmp_path)]
-    run(hvdtrain("train", *flags))
+    copy_of(one_epoch, tmp_path)  # what `hvdtrain train *flags` left
     before = (tmp_path / "checkpoint.pt").read_bytes()
     proc = run(mpirun(2, *hvdtrain("train", *flags)), check=False)
     assert proc.returncode == 2
@@ -168,10 +183,11 @@ def test_a_rerun_into_a_run_folder_keeps_its_checkpoint(tmp_path):
     (2, 20, 12),  # 20 one-worker steps = 10 two-worker steps: 12 of 22 are left
     (3, 43, 0),   # 43 one-worker steps = 14.3 three-worker steps: none of 14 is left
 ])
-def test_a_step_checkpoint_resumes_with_another_number_of_workers(tmp_path, np, step, left):
+def test_a_step_checkpoint_resumes_with_another_number_of_workers(tmp_path, one_epoch, np, step,
+                                                                  left):
     # A checkpoint inside epoch 2 written by 1 worker (44 steps per epoch on digits at batch 32)
     # continues at the step of the new global batch that has seen the same share of the epoch.
-    run(hvdtrain("train", *QUICK, "--epochs", "1", "--run-dir", str(tmp_path)))
+    copy_of(one_epoch, tmp_path)
     state = checkpoint.load(tmp_path)
     assert state["num_workers"] == 1 and state["global_step"] == 44
     checkpoint.save_atomic({**state, "epoch": 1, "step": step, "global_step": 44 + step},
@@ -185,9 +201,9 @@ def test_a_step_checkpoint_resumes_with_another_number_of_workers(tmp_path, np, 
     assert checkpoint.load(tmp_path)["epoch"] == 3
 
 
-def test_single_process_without_a_launcher(tmp_path):
-    proc = run(hvdtrain("train", "--epochs", "1", "--run-dir", str(tmp_path)))
-    header = read_jsonl(tmp_path / "metrics.jsonl")[0]
+def test_single_process_without_a_launcher(one_epoch):
+    run_dir, proc = one_epoch
+    header = read_jsonl(run_dir / "metrics.jsonl")[0]
     assert header["world_size"] == 1 and header["launcher"] == "none"
     assert "epoch 1/1" in proc.stdout
 
