@@ -3,6 +3,7 @@ Each must end in a clear error within a bounded time and lose no finished work."
 
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import time
@@ -128,12 +129,23 @@ def _limit_file_size():
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
+BIG = [*QUIET, "--hidden", "2048,2048", "--max-steps-per-epoch", "3"]  # 4.3M parameters
+
+
+@pytest.fixture(scope="module")
+def big_epoch(tmp_path_factory):
+    """One epoch of BIG, written synchronously: the checkpoint both full-disk runs resume (a
+    copy each), one launch for the two."""
+    folder = tmp_path_factory.mktemp("big") / "run"
+    run(hvdtrain("train", *BIG, "--epochs", "1", "--run-dir", str(folder)))
+    return folder
+
+
 @pytest.mark.parametrize("writes", [[], ["--async-checkpoint"]])
-def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, writes):
+def test_a_full_disk_keeps_the_previous_checkpoint(tmp_path, big_epoch, writes):
     # --async-checkpoint: the background write's error ends the run as a synchronous one does
-    big = [*QUIET, "--hidden", "2048,2048", "--max-steps-per-epoch", "3",  # 4.3M parameters
-           *writes]
-    run(hvdtrain("train", *big, "--epochs", "1", "--run-dir", str(tmp_path)))
+    big = [*BIG, *writes]
+    shutil.copytree(big_epoch, tmp_path, dirs_exist_ok=True)
     before = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
     assert len(before) > 30_000_000
     proc = subprocess.run(hvdtrain("train", *big, "--epochs", "2", "--resume", str(tmp_path)),
