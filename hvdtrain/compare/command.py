@@ -281,6 +281,14 @@ def _launch_runs(cfg: CompareConfig, out: Path, runs) -> list:
     return results
 
 
+def _outer_step(cfg: CompareConfig) -> str:
+    """The DiLoCo modes' outer step, where the plan has one."""
+    if not any(m.outer_lr for m in cfg.planned_modes()):
+        return ""
+    return (f", and the DiLoCo modes' outer step with learning rate {cfg.outer_lr:g} and "
+            f"Nesterov momentum {cfg.outer_momentum:g}")
+
+
 def _describe(cfg: CompareConfig) -> str:
     """The report's account of how the runs were made."""
     where = "launched with mpirun " + (f"across the hosts of {cfg.hostfile}" if cfg.hostfile
@@ -297,7 +305,7 @@ def _describe(cfg: CompareConfig) -> str:
             f"{cfg.epochs} epochs, seeds 0..{cfg.seeds - 1}, an evaluation every "
             f"{cfg.eval_every_steps} global steps; each mode with hvdtrain's "
             "defaults (the async learning rate is not scaled by the number of workers, "
-            f"sync's is); {where}"
+            f"sync's is){_outer_step(cfg)}; {where}"
             f"{' with ' + cfg.launcher_args if cfg.launcher_args else ''}{shared}. "
             "Extra flags: "
             f"{cfg.train_args or 'none'}."

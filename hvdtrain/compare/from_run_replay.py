@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ConfigError
-from ..rules.registry import FAMILIES, Mode, modes
+from ..rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, FAMILIES, Mode, modes
 from .from_run import RunFit, RunLog, fit_epochs, run_speeds, split_warmup
 from .results import time_to_target
 from .stats import bootstrap_ci, separated
@@ -71,8 +71,12 @@ def mode_of_run(config: dict) -> Mode:
     flat = {name: value for section in config.values() if isinstance(section, dict)
             for name, value in section.items()}
     staleness = float(flat.get("staleness", math.inf))
+    # a DiLoCo run's own outer step (compare's --outer-lr/--outer-momentum, or the run's flags)
+    outer = ((float(flat["outer_lr"]), float(flat.get("outer_momentum", 0.0)))
+             if flat.get("outer_lr") else (DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM))
     candidates = modes(list(FAMILIES), [int(staleness) if math.isfinite(staleness) else 0],
-                       [int(flat.get("backup_workers", 0))], [int(flat.get("local_steps", 1))])
+                       [int(flat.get("backup_workers", 0))], [int(flat.get("local_steps", 1))],
+                       outer)
     matching = [m for m in candidates
                 if all(name in flat and flat[name] == value
                        for name, value in m.config_options().items())]

@@ -23,8 +23,8 @@ from .sim.link import check_link_flags
 PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seeds",
            "straggler": "--stragglers", "bsp": "--modes backup", "backup_workers":
            "--backup-workers", "local_steps": "--local-steps", "staleness_lr": "--modes async-slr",
-           "dc_lambda": "--modes dcasgd", "outer_lr": "--modes diloco",
-           "outer_momentum": "--modes diloco", "balance": "--modes balanced",
+           "dc_lambda": "--modes dcasgd", "outer_lr": "--outer-lr",
+           "outer_momentum": "--outer-momentum", "balance": "--modes balanced",
            "eval_every_steps": "compare's own --eval-every-steps",
            "run_dir": "--out (each run writes into OUT/runs/NAME)",
            "num_servers": "--workers (each async run has one server besides the workers)",

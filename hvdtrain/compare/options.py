@@ -18,7 +18,7 @@ from typing import Any
 
 from ..config import ConfigError, check_faults, check_writable_folder
 from ..faults.schedule import parse_faults
-from ..rules.registry import FAMILIES
+from ..rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, FAMILIES
 from ..stragglers import parse_straggler
 from . import plan as planning
 from .option_checks import check_processes_fit, check_simulation, check_train_args, ints
@@ -41,9 +41,14 @@ PLANS = {
     # links: the slow-link lab (link_lab.py): an MLP of 2.2M parameters (9 MB a float32 copy),
     # whose every exchange is most of a second at 100 Mbit/s, across two throttled namespace
     # hosts. DiLoCo needs more epochs than sync (comparison.md), and an evaluation inside a
-    # round ends it early: evaluations every 8 steps suit --local-steps 4 and 8.
+    # round ends it early: evaluations every 8 steps suit --local-steps 4 and 8. Outer momentum
+    # 0.5, not the paper's 0.9: 0.9 carries a round's step on for about 10 rounds, longer than
+    # this problem's whole run (sync reaches 95% in about 50 steps, 7 rounds of 8), and the
+    # DiLoCo modes then needed 2.5 to 3.8 times sync's samples; with 0.5, 1.0 to 1.3 times
+    # (compare --simulate, comparison.md).
     "links": dict(modes="sync,diloco,adiloco", stragglers="none,3x", seeds=3, model="mlp",
-                  train_args="--hidden 2048,1024", epochs=20, eval_every_steps=8),
+                  train_args="--hidden 2048,1024", epochs=20, eval_every_steps=8,
+                  outer_momentum=0.5),
 }
 
 def _opt(default: Any, help: str, type: type | None = None, choices: tuple | None = None) -> Any:
@@ -71,8 +76,10 @@ class CompareConfig:
     modes: str | None = _opt(None, "any of sync; balanced (sync with --balance: each worker's "
                              "share of the global batch follows its measured speed); "
                              "local (local SGD, one mode per --local-steps); "
-                             "diloco (local SGD with DiLoCo's outer Nesterov step, outer lr 0.7, "
-                             "momentum 0.9, one mode per --local-steps); async (no staleness bound); ssp (one mode per --staleness-bounds); "
+                             "diloco (local SGD with DiLoCo's outer Nesterov step, "
+                             "--outer-lr and --outer-momentum, one mode per --local-steps); "
+                             "adiloco (asynchronous DiLoCo through the server, the same); "
+                             "async (no staleness bound); ssp (one mode per --staleness-bounds); "
                              "backup (sync through the server with backup workers, one mode per "
                              "--backup-workers); async-slr (the staleness-aware learning rate); "
                              "dcasgd (delay compensation); elastic (sync under horovodrun "
@@ -82,6 +89,14 @@ class CompareConfig:
     backup_workers: str = _opt("1", "backup workers of the backup mode, one run set per number")
     local_steps: str = _opt("4", "steps between model averages of the local and diloco modes, "
                             "one run set per number")
+    outer_lr: float | None = _opt(None, f"the diloco and adiloco modes' outer learning rate "
+                                  f"(default {DILOCO_OUTER_LR:g}, as in the DiLoCo paper)",
+                                  type=float)
+    outer_momentum: float | None = _opt(None, f"the diloco and adiloco modes' outer Nesterov "
+                                        f"momentum, in [0, 1) (default "
+                                        f"{DILOCO_OUTER_MOMENTUM:g}, as in the paper; a run of "
+                                        f"few rounds may want less: docs/comparison.md)",
+                                        type=float)
     seeds: int | None = _opt(None, "seeds per mode (0, 1, ...)", type=int)
     stragglers: str | None = _opt(None, "straggler conditions (see hvdtrain train --help, "
                                   "--straggler): none; the last worker slowed, 3x or 50ms; one "
@@ -201,6 +216,10 @@ class CompareConfig:
         for key, value in PLANS[self.plan].items():  # fill every option left unset
             if getattr(self, key) is None:
                 setattr(self, key, value)
+        if self.outer_lr is None:  # no plan sets it: the paper's
+            self.outer_lr = DILOCO_OUTER_LR
+        if self.outer_momentum is None:
+            self.outer_momentum = DILOCO_OUTER_MOMENTUM
         self._check_plan()
         self._check_elastic()
         self._check_launch()
@@ -226,7 +245,8 @@ class CompareConfig:
         try:
             return (planning.modes(names, ints(self.staleness_bounds, "--staleness-bounds"),
                                    ints(self.backup_workers, "--backup-workers"),
-                                   ints(self.local_steps, "--local-steps"))
+                                   ints(self.local_steps, "--local-steps"),
+                                   (self.outer_lr, self.outer_momentum))
                     if names or not elastic else []) + elastic
         except ValueError as e:
             raise ConfigError(str(e)) from None
@@ -282,6 +302,12 @@ class CompareConfig:
                               f"(fewer than the {self.workers} workers)")
         if any(h < 1 for h in ints(self.local_steps, "--local-steps")):
             raise ConfigError("--local-steps: each number must be 1 or more")
+        if not (math.isfinite(self.outer_lr) and self.outer_lr > 0):
+            raise ConfigError(f"--outer-lr: invalid value {self.outer_lr}; use a rate above 0 "
+                              "(--modes local averages the models without an outer step)")
+        if not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"--outer-momentum: invalid value {self.outer_momentum}; use 0 "
+                              "or more and below 1")
 
     def _check_faults(self) -> None:
         """Before any run starts: a run that refused its schedule's rank at its own start left

@@ -9,7 +9,7 @@ Mode.train_flags and Mode.config_options)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .apply import Adjustment, ApplyStep
@@ -20,7 +20,9 @@ from .ssp import StalenessBound
 from .staleness_lr import StalenessWeight
 
 DC_LAMBDA = 0.04  # the DC-ASGD strength the comparison uses (Zheng et al. 2017's default range)
-DILOCO_OUTER_LR = 0.7        # DiLoCo's outer step as in Douillard et al. 2023
+# DiLoCo's outer step as in Douillard et al. 2023: the defaults of compare's --outer-lr and
+# --outer-momentum for the diloco and adiloco modes
+DILOCO_OUTER_LR = 0.7
 DILOCO_OUTER_MOMENTUM = 0.9
 
 
@@ -126,9 +128,11 @@ MODE_NAMES = ", ".join(FAMILIES)
 
 
 def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),
-          local_steps: list[int] = (4,)) -> list[Mode]:
+          local_steps: list[int] = (4,),
+          outer: tuple[float, float] = (DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM)) -> list[Mode]:
     """The named modes; ``ssp``, ``backup``, ``local``, ``diloco`` and ``adiloco`` expand to one
-    mode per staleness bound, number of backup workers and number of local steps."""
+    mode per staleness bound, number of backup workers and number of local steps. ``outer``:
+    the DiLoCo modes' outer learning rate and momentum."""
     lists = {"bounds": bounds, "backups": backups, "local_steps": local_steps}
     out: list[Mode] = []
     for name in names:
@@ -141,7 +145,9 @@ def modes(names: list[str], bounds: list[int], backups: list[int] = (1,),
         values, flag, example = lists[family.expand[0]], family.expand[1], family.expand[2]
         if not values:
             raise ValueError(f"{flag}: {name} needs at least {example}")
-        out += [family.build(v) for v in values]
+        # a mode with an outer step (diloco, adiloco) takes the plan's
+        out += [replace(m, outer_lr=outer[0], outer_momentum=outer[1]) if m.outer_lr else m
+                for m in map(family.build, values)]
     if not out:
         raise ValueError(f"--modes: no mode given, so the plan is empty; name one or more of "
                          f"{MODE_NAMES}")

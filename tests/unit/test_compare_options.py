@@ -30,6 +30,33 @@ def test_the_plan_fills_what_the_flags_leave_unset(tmp_path):
     assert [m.name for m in cfg.planned_modes()][:2] == ["sync", "local4"]
 
 
+def _outer_step(mode) -> tuple[str, str]:
+    flags = mode.train_flags()
+    return (flags[flags.index("--outer-lr") + 1], flags[flags.index("--outer-momentum") + 1])
+
+
+def test_the_diloco_modes_take_the_plans_outer_step(tmp_path):
+    paper = options(tmp_path, "--modes", "sync,local,diloco,adiloco", "--local-steps", "8")
+    steps = {m.name: m for m in paper.planned_modes()}
+    assert _outer_step(steps["diloco8"]) == _outer_step(steps["adiloco8"]) == ("0.7", "0.9")
+    assert "--outer-lr" not in steps["local8"].train_flags() + steps["sync"].train_flags()
+    given = options(tmp_path, "--modes", "diloco,adiloco", "--local-steps", "8",
+                    "--outer-lr", "0.5", "--outer-momentum", "0.3")
+    assert {_outer_step(m) for m in given.planned_modes()} == {("0.5", "0.3")}
+    # the lab's runs are a few rounds long: the paper's 0.9 would outlast them
+    lab = options(tmp_path, "--plan", "links")
+    assert {_outer_step(m) for m in lab.planned_modes() if m.outer_lr} == {("0.7", "0.5")}
+    assert "Nesterov momentum 0.5" in command._describe(lab)
+    for flag, bad, fix in [("--outer-lr", "0", "use a rate above 0"),
+                           ("--outer-lr", "nan", "use a rate above 0"),
+                           ("--outer-momentum", "1", "below 1"),
+                           ("--outer-momentum", "-0.1", "below 1")]:
+        with pytest.raises(ConfigError, match=f"{flag}: invalid value .*{fix}"):
+            options(tmp_path, "--modes", "diloco", flag, bad)
+    with pytest.raises(ConfigError, match="--outer-momentum"):  # the plan's flag, not the run's
+        options(tmp_path, "--modes", "diloco", "--train-args", "--outer-momentum 0.5")
+
+
 def test_sim_allreduce_ms_is_checked_and_sets_the_simulated_allreduce(tmp_path):
     for bad in ("nan", "inf", "-1"):
         with pytest.raises(ConfigError, match="--sim-allreduce-ms, .* use 0 or more "

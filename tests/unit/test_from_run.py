@@ -211,6 +211,10 @@ def test_the_runs_own_mode_is_named_as_modes_names_it():
     odd = config_from_train_args(["--local-steps", "4", "--outer-lr", "0.3",
                                   "--outer-momentum", "0.5"], {}).to_dict()
     assert mode_of_run(odd).name == "diloco4" and mode_of_run(odd).outer_lr == 0.3
+    # compare --outer-momentum 0.5 (the links plan's): both DiLoCo modes keep their names
+    for mode in modes(["diloco", "adiloco"], [2], [1], [8], (0.7, 0.5)):
+        config = config_from_train_args(mode.train_flags(), {}).to_dict()
+        assert mode_of_run(config) == mode, mode.name
 
 
 def _prediction(name, times, own=False):
