@@ -8,11 +8,15 @@
 # Without a CUDA device (or with --cpu-dry-run) it builds Horovod without NCCL, installs, and
 # stops before the device step: that proves the bundle and the offline build anywhere.
 #
-#   bash scripts/gpu/check.sh [--out FILE] [--bundle DIR] [--venv DIR] [--cpu-dry-run]
+#   bash scripts/gpu/check.sh [--out FILE] [--bundle DIR] [--venv DIR] [--only tests|bench]
+#                             [--cpu-dry-run]
 #
 # Defaults: --out $OUT/gpu-check.txt (the device tool's OUT), else build/gpu-check.txt;
-# --bundle build/gpu-bundle; --venv a fresh folder under ${TMPDIR:-/tmp}. PYTHON (default
-# python3) is the interpreter that holds the machine's torch; it may itself be a venv's.
+# --bundle build/gpu-bundle; --venv build/gpu-check/venv. --only: the device steps to run, the
+# CUDA-gated tests or the GPU benchmark (default both). The venv and the Horovod wheel stay in
+# build/gpu-check, so a second call on the same (still warm) machine skips the build: the device
+# tool limits one call to 600 s, and the build with both device steps can pass that. PYTHON
+# (default python3) is the interpreter that holds the machine's torch; it may itself be a venv's.
 # HOROVOD_BUILD_TIMEOUT: seconds for the Horovod build (default 300, for 16 cores).
 # Exit status: 0 when every step that ran passed, 1 otherwise.
 set -uo pipefail
@@ -24,14 +28,18 @@ bundle="$repo/build/gpu-bundle"
 out="${OUT:+$OUT/gpu-check.txt}"
 out="${out:-$repo/build/gpu-check.txt}"
 venv=""
+only=""
 dry_run=0
 while (($#)); do
     case "$1" in
         --out) out="$2"; shift 2 ;;
         --bundle) bundle="$2"; shift 2 ;;
         --venv) venv="$2"; shift 2 ;;
+        --only) only="$2"; shift 2
+                [[ "$only" == tests || "$only" == bench ]] \
+                    || { echo "check.sh: --only takes tests or bench, not '$only'" >&2; exit 2; } ;;
         --cpu-dry-run) dry_run=1; shift ;;
-        -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,21p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "check.sh: unknown argument $1; see --help" >&2; exit 2 ;;
     esac
 done
@@ -40,13 +48,14 @@ mkdir -p "$(dirname "$out")"
 out="$(cd "$(dirname "$out")" && pwd)/$(basename "$out")"
 full_log="${out%.txt}-full.log"
 work="$(mktemp -d "${TMPDIR:-/tmp}/hvdtrain-gpu-check.XXXXXX")"
-venv="${venv:-$work/venv}"
+state="$repo/build/gpu-check"  # kept between calls (git ignores build/)
+venv="${venv:-$state/venv}"
 failed=0
 started=$SECONDS
 # Never reach for an index: everything comes from the bundle or is already on the machine.
 export PIP_NO_INDEX=1 PIP_FIND_LINKS="$bundle" PIP_DISABLE_PIP_VERSION_CHECK=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
-export HVDTRAIN_CACHE="$work/cache"
+export HVDTRAIN_CACHE="$state/cache"
 # torch's CUDA_HOME and Horovod's build look for nvcc on PATH first.
 if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
     export PATH="$PATH:/usr/local/cuda/bin"
@@ -111,6 +120,7 @@ if ((dry_run)) || ! "$py" -c 'import sys, torch; sys.exit(not torch.cuda.is_avai
     say "no CUDA device: stopping before the device step ($(why_no_gpu))"
     finish
 fi
-step cuda-tests 240 run_cuda_tests
-step bench-gpu 300 "$py" "$repo/scripts/bench_gpu.py" --rounds 1 --no-cpu --run-timeout 120
+[[ "$only" == bench ]] || step cuda-tests 240 run_cuda_tests
+[[ "$only" == tests ]] \
+    || step bench-gpu 400 "$py" "$repo/scripts/bench_gpu.py" --rounds 1 --no-cpu --run-timeout 120
 finish
