@@ -9,9 +9,9 @@ import hashlib
 import json
 import math
 import os
+import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -356,21 +356,28 @@ GAPS = {
 }
 
 
+FORKED_CLI = str(REPO / "tests" / "helpers" / "forked_cli.py")
+
+
 @pytest.fixture(scope="module")
 def error_runs(tmp_path_factory):
-    """Every case of ERRORS and GAPS as a single process without a launcher, a few at once (each
-    spends its seconds importing torch, on one core): {case: (run folder, finished process)}."""
+    """Every case of ERRORS and GAPS as `hvdtrain train ...` of a single process without a
+    launcher: {case: (run folder, finished process)}. One launch for all: each case is the console
+    script in a process forked from one that has imported torch (tests/helpers/forked_cli.py);
+    15 processes of their own spent most of their seconds each importing torch."""
     root = tmp_path_factory.mktemp("errors")
-
-    def one(item):
-        index, (case, (flags, _)) = item
-        run_dir = root / str(index)
-        return case, (run_dir, run(hvdtrain("train", *flags, "--epochs", "1", *QUIET,
-                                            "--run-dir", str(run_dir)),
-                                   cwd=REPO, check=False, timeout=180))
-
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        return dict(pool.map(one, enumerate({**ERRORS, **GAPS}.items())))
+    cases = []
+    for index, (flags, _) in enumerate({**ERRORS, **GAPS}.values()):
+        argv = ["train", *flags, "--epochs", "1", *QUIET, "--run-dir", str(root / str(index))]
+        cases.append({"argv": argv, "out": str(root / f"{index}.out"),
+                      "err": str(root / f"{index}.err")})
+    (root / "cases.json").write_text(json.dumps(cases))
+    codes = json.loads(run([sys.executable, FORKED_CLI, str(root / "cases.json")], cwd=REPO,
+                           timeout=300).stdout)
+    assert len(codes) == len(cases)
+    return {case: (root / str(index), subprocess.CompletedProcess(
+        spec["argv"], code, Path(spec["out"]).read_text(), Path(spec["err"]).read_text()))
+        for index, (case, spec, code) in enumerate(zip({**ERRORS, **GAPS}, cases, codes))}
 
 
 def check_exit_2_with_one_message(run_dir: Path, proc, fragments: list[str],
