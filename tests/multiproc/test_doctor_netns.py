@@ -6,7 +6,9 @@ not the same on every host, a variable the launcher does not forward to the othe
 
 The hosts other than the first start their commands with a login's environment, as over real
 ssh, so what reaches a rank there is what mpirun forwards (-x). One set of hosts serves every
-case; each case makes its fault and heals it after."""
+case; each case makes its fault and heals it after. The throttled link, the run folder and the
+variable are one broken cluster's, one doctor run named by a test each: fewer launches, and the
+doctor shown to name each of several faults at once, each on its own host."""
 
 import json
 import os
@@ -146,34 +148,45 @@ def test_a_host_whose_path_finds_another_venv_is_named(cluster, tmp_path_factory
 
 
 @pytest.fixture(scope="module")
-def throttled(hosts, tmp_path_factory):
-    """One doctor run over three hosts, host C's link throttled to RATE both ways."""
-    tmp_path = tmp_path_factory.mktemp("throttled")
+def broken(hosts, tmp_path_factory):
+    """One doctor run over three hosts with three faults at once, as a first launch often has
+    them, each on its own host or variable so that none hides another: host C's link throttled
+    to RATE both ways, host B seeing another folder at the run folder's path (as a host without
+    the shared mount), and NCCL_SOCKET_IFNAME set where mpirun runs but not forwarded with -x,
+    so that only host A's rank has it. Returns the run's folder and the doctor's output, problem
+    lines and report."""
+    tmp_path = tmp_path_factory.mktemp("broken")
     for host in range(1, len(hosts.names)):
         hosts.login_env(host, login_env())
     hosts.throttle(2, RATE)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    hosts.mount(1, tmp_path / "elsewhere", tmp_path / "runs")
     try:
         # 4 MiB messages: 0.35 s each at the rate, the link's rate and not its bucket's burst
         command = launched(hosts, tmp_path, ["-np", "3", "-H", slots(hosts, 1, 1, 1)],
                            options=["--sizes", "64KiB,4MiB", "--timeout", "45"])
-        yield doctor(hosts, tmp_path, command)
+        found = doctor(hosts, tmp_path, command, expect_exit=2,
+                       env=environment(hosts, NCCL_SOCKET_IFNAME="hvd0"))
     finally:
         hosts.heal()
+    return tmp_path, *found
 
 
-def test_a_throttled_link_among_normal_ones_is_named(hosts, throttled):
-    output, problems, report = throttled
+def test_a_throttled_link_among_normal_ones_is_named(hosts, broken):
+    _, output, problems, report = broken
     c = hosts.addresses[2]
     assert report["fit"] is False, output
     found = [line for line in problems if line.startswith("doctor: network:")]
-    assert found and all(c in line for line in found), output
+    # host C's two links and not A-B's, though the other faults slow nothing
+    assert len(found) == 2 and all(c in line for line in found), output
     slow = [link for link in report["links"] if c in link["hosts"]]
     assert len(report["links"]) == 3 and len(slow) == 2, report["links"]
     assert problems_of(report, "network"), report["problems"]
 
 
-def test_the_measured_bandwidth_of_a_throttled_link_is_its_rate(hosts, throttled):
-    _, _, report = throttled
+def test_the_measured_bandwidth_of_a_throttled_link_is_its_rate(hosts, broken):
+    _, _, _, report = broken
     c = hosts.addresses[2]
     for link in report["links"]:
         if c in link["hosts"]:
@@ -182,28 +195,27 @@ def test_the_measured_bandwidth_of_a_throttled_link_is_its_rate(hosts, throttled
             assert link["bandwidth_mbit"] > 3 * RATE, link
 
 
-def test_a_run_folder_not_the_same_on_every_host_is_named(cluster, tmp_path):
-    # Host B sees another folder at the run folder's path, as a host without the shared mount.
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "elsewhere").mkdir()
-    cluster.mount(1, tmp_path / "elsewhere", tmp_path / "runs")
-    b = cluster.addresses[1]
-    output, problems, report = doctor(
-        cluster, tmp_path, launched(cluster, tmp_path, ["-np", "2", "-H", slots(cluster, 1, 1)]),
-        expect_exit=2)
+def test_a_run_folder_not_the_same_on_every_host_is_named(hosts, broken):
+    tmp_path, output, problems, report = broken
+    a, b, c = hosts.addresses
     found = [line for line in problems if line.startswith("doctor: run_dir:")]
-    assert found and any(b in line for line in found), output
+    # host B, compared with rank 0's host A; host C, which mounts the same folder, is not named
+    assert found and any(f"{b} see(s) a different" in line and a in line for line in found), \
+        output
+    assert not any(c in line for line in found), output
     assert problems_of(report, "run_dir"), report["problems"]
     assert not list((tmp_path / "runs").iterdir()) and not list((tmp_path / "elsewhere").iterdir())
 
 
-def test_a_variable_that_does_not_reach_the_other_host_is_named(cluster, tmp_path):
-    # Set where mpirun runs, not forwarded with -x: ranks on host A have it, host B's do not.
-    b = cluster.addresses[1]
-    output, problems, report = doctor(
-        cluster, tmp_path, launched(cluster, tmp_path, ["-np", "2", "-H", slots(cluster, 1, 1)]),
-        env=environment(cluster, NCCL_SOCKET_IFNAME="hvd0"), expect_exit=2)
-    found = [line for line in problems if line.startswith("doctor: environment:")]
-    assert found and any("NCCL_SOCKET_IFNAME" in line and b in line for line in found), output
+def test_a_variable_that_does_not_reach_the_other_host_is_named(hosts, broken):
+    # Set where mpirun runs, not forwarded with -x: ranks on host A have it, hosts B and C's
+    # do not.
+    _, output, problems, report = broken
+    a, b, c = hosts.addresses
+    found = [line for line in problems if line.startswith("doctor: environment:")
+             and "NCCL_SOCKET_IFNAME" in line]
+    lacking = [line.split(" -- fix: ")[0].split("but not on ")[-1] for line in found]
+    assert found and any(b in hosts_ and c in hosts_ and a not in hosts_
+                         for hosts_ in lacking), output
     assert any("-x NCCL_SOCKET_IFNAME" in line for line in found), output
     assert problems_of(report, "environment"), report["problems"]
