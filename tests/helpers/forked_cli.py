@@ -1,6 +1,6 @@
 """Run many `hvdtrain` command lines, each in a process forked from this one once torch and
-hvdtrain's training modules are imported, so that every case skips the seconds of torch's import
-(tests/multiproc/test_user_workloads.py's bad-input cases, which all end before training).
+hvdtrain's modules are imported, so that every case skips the seconds of torch's import (the
+bad-input tests, whose cases all end before training: one launch for all of them).
 
 Each child is the console script: sys.argv set, sys.exit(main()), its stdout and stderr the
 case's files; an exception that escapes main() ends it as it ends that script (a traceback,
@@ -9,25 +9,36 @@ exit 1). Two children run at a time: what is left of a case's seconds is mostly 
     python forked_cli.py CASES.json
 
 CASES.json holds a list of {"argv": [...], "out": path, "err": path}; this prints the list of
-the children's exit codes as JSON.
+the children's exit codes as JSON. Tests call run_forked().
 """
 
 import json
 import os
+import subprocess
 import sys
-
-# The imports every child would otherwise pay for: torch, the digits' loader (sklearn), and the
-# modules of hvdtrain's train command.
-import sklearn.datasets  # noqa: F401
-import torch  # noqa: F401
-
-import hvdtrain.compare.command  # noqa: F401
-import hvdtrain.loop  # noqa: F401
-import hvdtrain.workload  # noqa: F401
-from hvdtrain.cli import main
+from pathlib import Path
 
 
-def console_script(case: dict) -> None:
+def run_forked(argvs: list[list[str]], folder: Path, cwd: Path | None = None,
+               timeout: float = 300) -> list[subprocess.CompletedProcess]:
+    """Each of ``argvs`` (hvdtrain's arguments) as `hvdtrain ARGV` would end: its exit code,
+    stdout and stderr; ``folder`` keeps the cases' files."""
+    from launch import run  # tests/ is on the test's path, not on this script's
+
+    folder.mkdir(parents=True, exist_ok=True)
+    cases = [{"argv": argv, "out": str(folder / f"{i}.out"), "err": str(folder / f"{i}.err")}
+             for i, argv in enumerate(argvs)]
+    (folder / "cases.json").write_text(json.dumps(cases))
+    codes = json.loads(run([sys.executable, __file__, str(folder / "cases.json")], cwd=cwd,
+                           timeout=timeout).stdout)
+    assert len(codes) == len(cases), codes
+    return [subprocess.CompletedProcess(["hvdtrain", *case["argv"]], code,
+                                        Path(case["out"]).read_text(),
+                                        Path(case["err"]).read_text())
+            for case, code in zip(cases, codes)]
+
+
+def console_script(main, case: dict) -> None:
     """In the child: never returns."""
     for fd, path in ((1, case["out"]), (2, case["err"])):
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -38,6 +49,16 @@ def console_script(case: dict) -> None:
 
 
 def run_all(cases: list[dict], at_once: int = 2) -> list[int]:
+    # The imports every child would otherwise pay for: torch, the digits' loader (sklearn), and
+    # the modules of hvdtrain's train and compare commands.
+    import sklearn.datasets  # noqa: F401
+    import torch  # noqa: F401
+
+    import hvdtrain.compare.command  # noqa: F401
+    import hvdtrain.loop  # noqa: F401
+    import hvdtrain.workload  # noqa: F401
+    from hvdtrain.cli import main
+
     codes: list[int | None] = [None] * len(cases)
     running: dict[int, int] = {}  # pid -> index of its case
 
@@ -52,7 +73,7 @@ def run_all(cases: list[dict], at_once: int = 2) -> list[int]:
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            console_script(case)
+            console_script(main, case)
         running[pid] = index
     while running:
         reap()

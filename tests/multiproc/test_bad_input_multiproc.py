@@ -5,6 +5,7 @@ fit() script without a main guard."""
 import sys
 
 import pytest
+from helpers.forked_cli import run_forked
 from user_files import CANNOT_TRAIN, write
 
 from launch import hvdtrain, mpirun, run
@@ -25,18 +26,33 @@ def test_elastic_under_mpirun_exits_2_and_names_horovodrun(tmp_path):
 T = ["train", "--no-progress", "--epochs", "1", "--max-steps-per-epoch", "2"]
 
 
-@pytest.mark.parametrize("dataset, model, message", [
-    ("test_of_another_shape", "linear", "a batch of the test split fails where one of the "
-                                        "training split passes (the test inputs are of shape"),
-    ("huge_label", "mlp", "the labels go up to 1099511627776 but only 4 distinct ones occur"),
-    ("pairs", "frozen", "the model has nothing to train: all 2 of its parameter tensors are "
-                        "frozen"),
-])
-def test_user_data_and_models_that_cannot_train_exit_2(tmp_path, dataset, model, message):
-    code = write(tmp_path / "code.py", CANNOT_TRAIN)
-    spec = model if model == "mlp" else f"{code}:{model}"
-    proc = run(hvdtrain(*T, "--run-dir", str(tmp_path / "run"), "--dataset", f"{code}:{dataset}",
-                        "--model", spec), check=False)
+CANNOT_TRAIN_CASES = {
+    ("test_of_another_shape", "linear"): "a batch of the test split fails where one of the "
+                                         "training split passes (the test inputs are of shape",
+    ("huge_label", "mlp"): "the labels go up to 1099511627776 but only 4 distinct ones occur",
+    ("pairs", "frozen"): "the model has nothing to train: all 2 of its parameter tensors are "
+                         "frozen",
+}
+
+
+@pytest.fixture(scope="module")
+def cannot_train_runs(tmp_path_factory):
+    """Each case of CANNOT_TRAIN_CASES as `hvdtrain train ...`, in processes forked from one
+    launch (forked_cli.py): {(dataset, model): (its folder, finished process)}."""
+    root = tmp_path_factory.mktemp("cannot-train")
+    code = write(root / "code.py", CANNOT_TRAIN)
+    folders = [root / str(index) for index in range(len(CANNOT_TRAIN_CASES))]
+    procs = run_forked([[*T, "--run-dir", str(folder / "run"), "--dataset", f"{code}:{dataset}",
+                         "--model", model if model == "mlp" else f"{code}:{model}"]
+                        for (dataset, model), folder in zip(CANNOT_TRAIN_CASES, folders)],
+                       root / "cases")
+    return dict(zip(CANNOT_TRAIN_CASES, zip(folders, procs)))
+
+
+@pytest.mark.parametrize("dataset, model", list(CANNOT_TRAIN_CASES))
+def test_user_data_and_models_that_cannot_train_exit_2(cannot_train_runs, dataset, model):
+    tmp_path, proc = cannot_train_runs[dataset, model]
+    message = CANNOT_TRAIN_CASES[dataset, model]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert message in proc.stderr
     if dataset != "test_of_another_shape":  # there the model's own traceback comes first

@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from helpers.forked_cli import run_forked
 
 from hvdtrain.cli import build_parser
 from hvdtrain.compare.command import validate
@@ -67,18 +68,18 @@ def test_failed_runs_are_shown_as_failed(tmp_path):
     assert "lower --batch-size" in (tmp_path / "report.md").read_text()
 
 
-def test_bad_compare_flags_exit_2():
-    proc = run(hvdtrain("compare", "--stragglers", "none,fast"), check=False)
-    assert proc.returncode == 2 and "--stragglers: invalid condition 'fast'" in proc.stderr
+def test_bad_compare_flags_exit_2(tmp_path):
     with pytest.raises(ConfigError):
         validate(build_parser().parse_args(["compare", "--workers", "0"]))
-    for flags, message in [(["--backup-workers", "2"], "--backup-workers: each number must be "
-                             "0 to 1"),
-                           (["--local-steps", "0"], "--local-steps: each number must be 1"),
-                           (["--hostfile", "/nonexistent/hosts"], "--hostfile: /nonexistent"),
-                           (["--train-args=--local-steps 4"], "use --local-steps"),
-                           (["--train-args=--bsp"], "use --modes backup")]:
-        proc = run(hvdtrain("compare", *flags), check=False)
+    # Each as `hvdtrain compare FLAGS`, in processes forked from one launch (forked_cli.py)
+    cases = [(["--stragglers", "none,fast"], "--stragglers: invalid condition 'fast'"),
+             (["--backup-workers", "2"], "--backup-workers: each number must be 0 to 1"),
+             (["--local-steps", "0"], "--local-steps: each number must be 1"),
+             (["--hostfile", "/nonexistent/hosts"], "--hostfile: /nonexistent"),
+             (["--train-args=--local-steps 4"], "use --local-steps"),
+             (["--train-args=--bsp"], "use --modes backup")]
+    procs = run_forked([["compare", *flags] for flags, _ in cases], tmp_path)
+    for (flags, message), proc in zip(cases, procs):
         assert proc.returncode == 2 and message in proc.stderr, (flags, proc.stderr)
 
 

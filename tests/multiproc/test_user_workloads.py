@@ -9,13 +9,13 @@ import hashlib
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from helpers.forked_cli import run_forked
 
 from hvdtrain import checkpoint
 from hvdtrain.run_output import read_jsonl
@@ -356,9 +356,6 @@ GAPS = {
 }
 
 
-FORKED_CLI = str(REPO / "tests" / "helpers" / "forked_cli.py")
-
-
 @pytest.fixture(scope="module")
 def error_runs(tmp_path_factory):
     """Every case of ERRORS and GAPS as `hvdtrain train ...` of a single process without a
@@ -366,18 +363,12 @@ def error_runs(tmp_path_factory):
     script in a process forked from one that has imported torch (tests/helpers/forked_cli.py);
     15 processes of their own spent most of their seconds each importing torch."""
     root = tmp_path_factory.mktemp("errors")
-    cases = []
-    for index, (flags, _) in enumerate({**ERRORS, **GAPS}.values()):
-        argv = ["train", *flags, "--epochs", "1", *QUIET, "--run-dir", str(root / str(index))]
-        cases.append({"argv": argv, "out": str(root / f"{index}.out"),
-                      "err": str(root / f"{index}.err")})
-    (root / "cases.json").write_text(json.dumps(cases))
-    codes = json.loads(run([sys.executable, FORKED_CLI, str(root / "cases.json")], cwd=REPO,
-                           timeout=300).stdout)
-    assert len(codes) == len(cases)
-    return {case: (root / str(index), subprocess.CompletedProcess(
-        spec["argv"], code, Path(spec["out"]).read_text(), Path(spec["err"]).read_text()))
-        for index, (case, spec, code) in enumerate(zip({**ERRORS, **GAPS}, cases, codes))}
+    cases = {**ERRORS, **GAPS}
+    run_dirs = [root / str(index) for index in range(len(cases))]
+    procs = run_forked([["train", *flags, "--epochs", "1", *QUIET, "--run-dir", str(run_dir)]
+                        for (flags, _), run_dir in zip(cases.values(), run_dirs)],
+                       root / "cases", cwd=REPO)
+    return dict(zip(cases, zip(run_dirs, procs)))
 
 
 def check_exit_2_with_one_message(run_dir: Path, proc, fragments: list[str],
