@@ -155,10 +155,10 @@ def test_bad_checkpoint_stops_every_rank_with_a_message(tmp_path, one_epoch):
     proc = run(mpirun(2, *hvdtrain("train", *QUICK, "--resume", str(good))), check=False)
     assert proc.returncode != 0
     assert "not a readable checkpoint" in proc.stderr
-    run(hvdtrain("train", *QUICK, "--epochs", "1", "--model", "cnn",
-                       "--run-dir", str(tmp_path / "cnn")))
-    proc = run(hvdtrain("train", *QUICK, "--resume", str(tmp_path / "cnn")), check=False)
-    assert proc.returncode == 2 and "model: checkpoint has 'cnn', this run has 'mlp'" in proc.stderr
+    # A readable checkpoint of another model: the one_epoch fixture's mlp, resumed as a cnn.
+    mlp = copy_of(one_epoch, tmp_path / "mlp")
+    proc = run(hvdtrain("train", *QUICK, "--model", "cnn", "--resume", str(mlp)), check=False)
+    assert proc.returncode == 2 and "model: checkpoint has 'mlp', this run has 'cnn'" in proc.stderr
 
 
 def test_a_rerun_into_a_run_folder_keeps_its_checkpoint(tmp_path, one_epoch):
