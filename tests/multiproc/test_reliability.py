@@ -134,8 +134,8 @@ BIG = [*QUIET, "--hidden", "2048,2048", "--max-steps-per-epoch", "3"]  # 4.3M pa
 
 @pytest.fixture(scope="module")
 def big_epoch(tmp_path_factory):
-    """One epoch of BIG, written synchronously: the checkpoint both full-disk runs resume (a
-    copy each), one launch for the two."""
+    """One epoch of BIG, written synchronously: the checkpoint that both full-disk runs and the
+    NaN-loss run resume (a copy each), one launch for the three."""
     folder = tmp_path_factory.mktemp("big") / "run"
     run(hvdtrain("train", *BIG, "--epochs", "1", "--run-dir", str(folder)))
     return folder
@@ -166,11 +166,11 @@ def test_more_stages_than_layers_exits_2_with_the_arithmetic():
     assert "--stages 9: the model has 6 layers" in proc.stderr
 
 
-def test_a_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
-    run(hvdtrain("train", *QUIET, "--epochs", "1", "--run-dir", str(tmp_path)))
+def test_a_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, big_epoch):
+    shutil.copytree(big_epoch, tmp_path, dirs_exist_ok=True)
     before = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
     # The learning rate is not part of a checkpoint's identity: resume with one that diverges.
-    proc = run(mpirun(2, *hvdtrain("train", *QUIET, "--epochs", "3", "--lr", "1e12",
+    proc = run(mpirun(2, *hvdtrain("train", *BIG, "--epochs", "3", "--lr", "1e12",
                                    "--resume", str(tmp_path))), check=False)
     assert proc.returncode != 0
     assert "loss became" in proc.stderr and "at epoch 2, step" in proc.stderr
