@@ -26,25 +26,34 @@ def test_one_server_two_workers_train_digits_to_95_percent(tmp_path):
     assert set(state["server_state"]["vectors"]) == {"momentum_buffer"}  # SGD state from server
 
 
-def test_bsp_through_the_server_matches_sync_horovod(tmp_path):
-    flags = [*QUIET, "--epochs", "2", "--optimizer", "sgd", "--momentum", "0.9"]
-    run(mpirun(2, *hvdtrain("train", "--mode", "sync", *flags, "--run-dir", str(tmp_path / "s"))))
-    run(mpirun(3, *hvdtrain("train", "--mode", "async", "--bsp", *flags,
-                            "--run-dir", str(tmp_path / "a"))))
-    sync, bsp = final_model(tmp_path / "s"), final_model(tmp_path / "a")
+BSP = [*QUIET, "--epochs", "2", "--optimizer", "sgd", "--momentum", "0.9"]
+CHUNKS = ["--chunk-mb", "0.01"]  # many chunks per message, for the two-server run below
+
+
+@pytest.fixture(scope="module")
+def bsp_one_server(tmp_path_factory):
+    """Lock-step async training through one server (2 workers): the run that both sync training
+    and two servers must reproduce."""
+    run_dir = tmp_path_factory.mktemp("bsp-one")
+    run(mpirun(3, *hvdtrain("train", "--mode", "async", "--bsp", *BSP, *CHUNKS,
+                            "--run-dir", str(run_dir))))
+    return final_model(run_dir)
+
+
+def test_bsp_through_the_server_matches_sync_horovod(tmp_path, bsp_one_server):
+    run(mpirun(2, *hvdtrain("train", "--mode", "sync", *BSP, "--run-dir", str(tmp_path / "s"))))
+    sync, bsp = final_model(tmp_path / "s"), bsp_one_server
     for name in sync:
         worst = (sync[name] - bsp[name]).abs().max().item()
         assert worst < 1e-5, f"{name} differs by {worst}"
 
 
-def test_two_servers_give_the_same_result_as_one(tmp_path):
+def test_two_servers_give_the_same_result_as_one(tmp_path, bsp_one_server):
     # One server reached through the shared-memory window, two through messages only: the
     # transports and the sharding must both leave the arithmetic unchanged.
-    flags = [*QUIET, "--mode", "async", "--bsp", "--epochs", "1", "--chunk-mb", "0.01"]
-    run(mpirun(3, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "one"))))
-    run(mpirun(4, *hvdtrain("train", *flags, "--num-servers", "2", "--no-shared-memory",
-                            "--run-dir", str(tmp_path / "two"))))
-    one, two = final_model(tmp_path / "one"), final_model(tmp_path / "two")
+    run(mpirun(4, *hvdtrain("train", "--mode", "async", "--bsp", *BSP, *CHUNKS, "--num-servers",
+                            "2", "--no-shared-memory", "--run-dir", str(tmp_path / "two"))))
+    one, two = bsp_one_server, final_model(tmp_path / "two")
     for name in one:
         assert torch.allclose(one[name], two[name], atol=1e-6), name
     servers = records(tmp_path / "two", "scheme")[0]["servers"]
