@@ -2,6 +2,7 @@
 an independent single-process computation of the same algorithm."""
 
 import copy
+import shutil
 import sys
 
 import pytest
@@ -109,16 +110,30 @@ def test_options_that_compose_keep_the_ranks_identical(tmp_path, extra):
         assert all(e["clipped_fraction"] > 0 for e in epochs), epochs
 
 
-def test_resume_from_an_epoch_checkpoint_continues_exactly(tmp_path):
+RESUMED = ["--no-progress", "--seed", "5"]  # with a scheme's flags, the resume tests' runs
+
+
+@pytest.fixture(scope="module")
+def two_epochs_of_h4(tmp_path_factory):
+    """2 epochs of local SGD with H = 4, a checkpoint and an evaluation after each: the run
+    that the epoch-checkpoint test resumes (a copy) and the one the run resumed from inside a
+    round must end on."""
+    run_dir = tmp_path_factory.mktemp("h4") / "run"
+    run(mpirun(WORKERS, *hvdtrain("train", *RESUMED, "--local-steps", "4", "--epochs", "2",
+                                  "--run-dir", str(run_dir))))
+    return run_dir
+
+
+def test_resume_from_an_epoch_checkpoint_continues_exactly(tmp_path, two_epochs_of_h4):
     """SGD with momentum: the momentum buffers stay local within an epoch and are averaged at
     its end, so the checkpoint holds what every rank continues with. The straight run writes no
     checkpoint before the end and evaluates only at the end: its epochs must still end on the
     same averages as the run that stops after epoch 2."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    flags = ["--no-progress", "--seed", "5", "--local-steps", "4"]
+    flags = [*RESUMED, "--local-steps", "4"]
     run(mpirun(WORKERS, *hvdtrain("train", *flags, "--epochs", "4", "--checkpoint-every", "0",
                                   "--eval-every", "4", "--run-dir", str(straight))))
-    run(mpirun(WORKERS, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(stopped))))
+    shutil.copytree(two_epochs_of_h4, stopped)  # the run that stops after epoch 2
     run(mpirun(WORKERS, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(stopped))))
     a, b = final_model(straight), final_model(stopped)
     for name in a:
@@ -129,14 +144,18 @@ def test_resume_from_an_epoch_checkpoint_continues_exactly(tmp_path):
 @pytest.mark.parametrize("scheme", [["--local-steps", "4"],
                                     ["--local-steps", "8", "--outer-lr", "0.7",
                                      "--outer-momentum", "0.9"]], ids=["local-sgd", "diloco"])
-def test_resume_from_a_checkpoint_inside_a_round_continues_exactly(tmp_path, scheme):
+def test_resume_from_a_checkpoint_inside_a_round_continues_exactly(tmp_path, scheme,
+                                                                   two_epochs_of_h4):
     """A step checkpoint inside a round (step 6 of rounds of 4 or 8) ends no round: it holds
     each rank's own state and the steps into the round. The run that fails at step 9 and is
     resumed from it ends with the weights of the run that never stopped (they were 0.62 apart
-    when the checkpoint ended the round early)."""
+    when the checkpoint ended the round early). With H = 4 that run is the module's."""
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    flags = ["--no-progress", "--seed", "5", "--epochs", "2", "--eval-every", "2", *scheme]
-    run(mpirun(WORKERS, *hvdtrain("train", *flags, "--run-dir", str(straight))))
+    flags = [*RESUMED, "--epochs", "2", *scheme]
+    if scheme == ["--local-steps", "4"]:
+        straight = two_epochs_of_h4  # these very flags
+    else:
+        run(mpirun(WORKERS, *hvdtrain("train", *flags, "--run-dir", str(straight))))
     failed = run(mpirun(WORKERS, *hvdtrain("train", *flags, "--run-dir", str(stopped),
                                            "--checkpoint-steps", "6", "--inject-faults",
                                            "exception:rank=0,step=9")), check=False)
