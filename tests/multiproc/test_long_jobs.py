@@ -54,16 +54,19 @@ def _signal_mid_epoch(command, run_dir, sig, after_steps=0, after_seconds=0.0,
     return job.returncode, out, err
 
 
-@pytest.mark.parametrize("mode,np,extra", [
-    ("sync", 2, []),
+@pytest.mark.parametrize("mode,np,extra,requeue", [
+    # The resumed sync job is preempted once more, by SIGUSR1 (the SIGUSR1 test's sync case):
+    # one interrupted job serves both signals, and the weights after two stops still match.
+    ("sync", 2, [], True),
     # Lock-step rounds: the data order and the updates are the same in every run, so the
     # preempted and resumed run can end with exactly an uninterrupted run's weights.
-    ("async", 3, ["--bsp"]),
+    ("async", 3, ["--bsp"], False),
 ])
 def test_sigterm_to_mpirun_checkpoints_the_step_and_auto_resume_ends_with_the_same_weights(
-        tmp_path, mode, np, extra):
+        tmp_path, mode, np, extra, requeue):
     # About 2 s per epoch, so that the signal, which reaches the ranks 5 s after mpirun got it,
-    # lands mid-training.
+    # lands mid-training (near half way). With `requeue`, SIGUSR1 reaches the resumed job's
+    # ranks at once, 20 steps after it resumed, still 2 epochs or more before its end.
     flags = [*QUIET, "--mode", mode, *extra, "--epochs", "6", "--batch-size", "16"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     # The uninterrupted run needs no straggler: a sleep after each step changes no update
@@ -80,14 +83,21 @@ def test_sigterm_to_mpirun_checkpoints_the_step_and_auto_resume_ends_with_the_sa
     assert 0 < kept["step"] and kept["epoch"] < 6, (kept["epoch"], kept["step"])
     stop = [r for r in read_jsonl(stopped / "metrics.jsonl") if r["type"] == "stop"]
     assert stop and stop[-1]["global_step"] == kept["global_step"]
+    if requeue:
+        code, out, err = _signal_mid_epoch(command, stopped, signal.SIGUSR1,
+                                           after_steps=_steps_logged(stopped) + 20)
+        _assert_stopped_for_requeue(stopped, code, out, err, mode, epochs=6)
+        assert checkpoint.load(stopped)["global_step"] > kept["global_step"]
     run(command)  # the requeued job: same command
+    assert checkpoint.load(stopped)["epoch"] == 6
     a, b = checkpoint.load(straight)["model"], checkpoint.load(stopped)["model"]
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after preemption and resume"
 
 
+# sync: test_sigterm_..._same_weights[sync...]'s job gets a SIGUSR1 once resumed, with these
+# same checks.
 @pytest.mark.parametrize("mode,np,extra", [
-    ("sync", 2, ["--straggler", "30ms"]),
     # Each worker stops after its own step. Unbounded, the job's batches go to whoever asks
     # (ps/dispatch.py), so one slow worker would leave the fast one to finish in a second:
     # every worker is slowed instead.
@@ -104,16 +114,22 @@ def test_sigusr1_exits_75_for_a_requeue_and_the_resumed_run_finishes(tmp_path, m
                                    "--batch-size", "16",
                                    "--run-dir", str(run_dir), "--auto-resume"))
     code, out, err = _signal_mid_epoch(command, run_dir, signal.SIGUSR1, after_seconds=2.5)
+    _assert_stopped_for_requeue(run_dir, code, out, err, mode, epochs=4)
+    run(command)
+    assert checkpoint.load(run_dir)["epoch"] == 4
+
+
+def _assert_stopped_for_requeue(run_dir, code, out, err, mode, epochs):
+    """A job stopped by SIGUSR1 exits 75 (the sbatch script's requeue) without a traceback,
+    and its last checkpoint is the step its stop line names."""
     assert code == PREEMPTED, out + err
     assert "Traceback" not in err
     assert "stopped by" in out, out
     kept = checkpoint.load(run_dir)
     if mode == "sync":
-        assert kept["step"] > 0 and kept["epoch"] < 4
+        assert kept["step"] > 0 and kept["epoch"] < epochs
     stop = [r for r in read_jsonl(run_dir / "metrics.jsonl") if r["type"] == "stop"]
     assert stop and stop[-1]["global_step"] == kept["global_step"]
-    run(command)
-    assert checkpoint.load(run_dir)["epoch"] == 4
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "horovodrun"])
