@@ -1,8 +1,12 @@
 """--eval-every-steps: evaluations inside the epochs, stamped with the wall time and with the
-training time (evaluations excluded), in sync and async mode."""
+training time (evaluations excluded), in sync and async mode.
+
+That a plain run logs no step evaluation is checked on test_step_times_multiproc.py's run
+without a straggler (a default-evaluation sync job), which spares a launch of its own here."""
 
 import pytest
 
+from hvdtrain import checkpoint
 from hvdtrain.run_output import read_jsonl
 from launch import hvdtrain, mpirun, records, run
 
@@ -12,9 +16,17 @@ QUIET = ["--no-progress", "--checkpoint-every", "0", "--epochs", "2"]
 
 
 @pytest.mark.parametrize("mode,processes", [("sync", 2), ("async", 3)])
-def test_step_evaluations_are_logged_in_order_with_training_time(tmp_path, mode, processes):
-    run(mpirun(processes, *hvdtrain("train", "--mode", mode, "--eval-every-steps", "5", *QUIET,
-                                    "--run-dir", str(tmp_path))))
+def test_step_evaluations_are_logged_in_order_and_a_target_never_reached_stops_nothing(
+        tmp_path, mode, processes):
+    # --stop-at with a target no evaluation reaches: the same job is
+    # test_stop_at_target_multiproc.py's run that must train all its epochs without a stop,
+    # so that check shares this launch instead of starting its own.
+    proc = run(mpirun(processes, *hvdtrain("train", "--mode", mode, "--eval-every-steps", "5",
+                                           *QUIET, "--stop-at", "test_acc>=0.9999",
+                                           "--run-dir", str(tmp_path))))
+    assert [r["epoch"] for r in records(tmp_path, "epoch")] == [1, 2]
+    assert records(tmp_path, "stop") == [] and "reached the target" not in proc.stdout
+    assert checkpoint.load(tmp_path)["epoch"] == 2  # --checkpoint-every 0: the one at the end
     evals, epochs = records(tmp_path, "eval"), records(tmp_path, "epoch")
     steps_per_epoch = epochs[0]["step"]
     assert steps_per_epoch == 22  # digits: 1437 training samples, 2 workers of batch 32
@@ -41,12 +53,6 @@ def test_step_evaluations_are_logged_in_order_with_training_time(tmp_path, mode,
     assert all(b >= a - 2e-3 for a, b in zip(gaps, gaps[1:])), gaps  # rounded to 1 ms
     assert all(0 <= e["test_acc"] <= 1 and e["test_loss"] > 0 for e in evals)
     assert evals[-1]["test_acc"] > evals[0]["test_acc"]  # it is training that is evaluated
-
-
-def test_no_step_evaluations_by_default(tmp_path):
-    run(mpirun(2, *hvdtrain("train", *QUIET, "--run-dir", str(tmp_path))))
-    assert records(tmp_path, "eval") == []
-    assert all(e["train_seconds"] <= e["wall_seconds"] for e in records(tmp_path, "epoch"))
 
 
 def test_waiting_for_a_straggler_at_an_evaluation_is_training_time(tmp_path):

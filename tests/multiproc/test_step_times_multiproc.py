@@ -45,7 +45,7 @@ def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
             assert 2 < epoch["slow_workers"]["1"] < 8 and "0" not in epoch["slow_workers"]
 
 
-def test_no_false_alarm_without_a_straggler(tmp_path):
+def test_no_false_alarm_and_no_step_evaluation_without_a_straggler(tmp_path):
     # 89 steps an epoch (--batch-size 8): a median over that many is not one hiccup of the
     # scheduler. But two ranks on this 2-core machine share it with pytest and the launcher,
     # and a rank that loses its core for most of a 0.2 s epoch computes 1.5x as long (CI saw
@@ -55,6 +55,10 @@ def test_no_false_alarm_without_a_straggler(tmp_path):
                          "--slow-rank-factor", "2")
     assert "slow rank" not in out, out
     assert len(epochs) == 3
+    # A default-evaluation sync job: no step evaluation without --eval-every-steps, and the
+    # training clock never ahead of the wall clock (test_eval_steps.py relies on this run).
+    assert records(tmp_path / "even", "eval") == []
+    assert all(e["train_seconds"] <= e["wall_seconds"] for e in epochs)
     assert all("slow_workers" not in e and len(e["step_times"]["compute_p50"]) == 2
                for e in epochs)
 
