@@ -34,14 +34,25 @@ def test_hybrid_run_trains_digits_to_95_percent(tmp_path, mode):
     assert 0 < pipe["bubble_fraction"] < 1 and pipe["gpipe_bubble_formula"] == 0.2
 
 
+# The unsplit sync run that the split runs below must reproduce.
+UNSPLIT = ["--no-progress", "--seed", "1", "--epochs", "1", "--momentum", "0.9"]
+
+
+@pytest.fixture(scope="module")
+def unsplit_model(tmp_path_factory):
+    """The final model of one unsplit 2-rank sync run, shared by both split-versus-unsplit
+    tests (one launch instead of one each)."""
+    run_dir = tmp_path_factory.mktemp("plain")
+    run(mpirun(2, *hvdtrain("train", *UNSPLIT, "--run-dir", str(run_dir))))
+    return torch.load(run_dir / "checkpoint.pt", weights_only=True)["model"]
+
+
 @pytest.mark.multiproc
-def test_hybrid_sync_matches_unsplit_sync(tmp_path):
+def test_hybrid_sync_matches_unsplit_sync(tmp_path, unsplit_model):
     """Horovod must allreduce once per step, after all M micro-batches' backward passes."""
-    flags = ["--no-progress", "--seed", "1", "--epochs", "1", "--momentum", "0.9"]
-    run(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "plain"))))
-    run(mpirun(2, *hvdtrain("train", *HYBRID[3:], *flags, "--schedule", "1f1b",
+    run(mpirun(2, *hvdtrain("train", *HYBRID[3:], *UNSPLIT, "--schedule", "1f1b",
                             "--run-dir", str(tmp_path / "split"))))
-    plain = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
+    plain = unsplit_model
     split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["model"]
     for name in plain:
         assert (plain[name] - split[name]).abs().max().item() < 1e-5, name
@@ -56,16 +67,15 @@ def test_impossible_stage_devices_exit_2_with_the_arithmetic():
 
 
 @pytest.mark.multiproc
-def test_stages_without_parameters_train_under_sync_like_the_unsplit_model(tmp_path):
+def test_stages_without_parameters_train_under_sync_like_the_unsplit_model(tmp_path,
+                                                                          unsplit_model):
     """--stages 4 cuts the MLP (Flatten, Linear, ReLU, Linear, ReLU, Linear) into stages of which
     some hold no parameters; Horovod still averages every gradient once per step."""
-    flags = ["--no-progress", "--seed", "1", "--epochs", "1", "--momentum", "0.9"]
-    run(mpirun(2, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "plain"))))
-    run(mpirun(2, *hvdtrain("train", *flags, "--stages", "4", "--devices", "cpu,cpu,cpu,cpu",
+    run(mpirun(2, *hvdtrain("train", *UNSPLIT, "--stages", "4", "--devices", "cpu,cpu,cpu,cpu",
                             "--micro-batches", "2", "--run-dir", str(tmp_path / "split"))))
     pipe = _records(tmp_path / "split", "epoch")[-1]["pipeline"]
     assert len(pipe["layers"]) == 4 and [0, 1] in pipe["layers"], pipe["layers"]  # Flatten alone
-    plain = torch.load(tmp_path / "plain" / "checkpoint.pt", weights_only=True)["model"]
+    plain = unsplit_model
     split = torch.load(tmp_path / "split" / "checkpoint.pt", weights_only=True)["model"]
     for name in plain:
         assert (plain[name] - split[name]).abs().max().item() < 1e-5, name
