@@ -40,10 +40,26 @@ def test_unequal_shares_update_as_one_process_on_the_global_batch(tmp_path):
             assert worst < 1e-5, f"{name}: {key} differs by {worst}"
 
 
-def test_a_straggler_gets_a_smaller_share_and_digits_still_learns(tmp_path):
-    run(mpirun(2, *hvdtrain("train", "--straggler", "3x", "--balance", "--epochs", "10",
-                            "--no-progress", "--run-dir", str(tmp_path))))
-    epochs = records(tmp_path, "epoch")
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory):
+    """A 3x straggler under --balance for 10 epochs, stopped after epoch 2 (when the shares have
+    moved) and resumed: one run for the straggler's shares and for the resume's, in two
+    launches instead of three. Returns the folder, the shares the stopped run's checkpoint
+    saved, and the resumed launch."""
+    run_dir = tmp_path_factory.mktemp("straggler")
+    flags = ["--straggler", "3x", "--balance", "--no-progress", "--run-dir", str(run_dir)]
+    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "2")))  # shares move after epoch 1
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)["batch_shares"]
+    assert saved == records(run_dir, "epoch")[-1]["next_batch_shares"] and saved != [32, 32]
+    proc = run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "10", "--resume",
+                                   str(run_dir))))
+    return run_dir, saved, proc
+
+
+def test_a_straggler_gets_a_smaller_share_and_digits_still_learns(straggler_run):
+    run_dir, _, _ = straggler_run
+    epochs = records(run_dir, "epoch")
+    assert [e["epoch"] for e in epochs] == list(range(1, 11))  # both launches' lines
     shares = [e["batch_shares"] for e in epochs]
     assert shares[0] == [32, 32], shares  # nothing is measured before the first epoch
     assert all(sum(s) == 64 and min(s) >= 8 for s in shares), shares  # the floor: 0.25 x 32
@@ -54,14 +70,9 @@ def test_a_straggler_gets_a_smaller_share_and_digits_still_learns(tmp_path):
     assert all(e["samples"] == 64 * 22 for e in epochs)  # every sample of every global batch
 
 
-def test_a_resumed_run_continues_with_the_checkpoints_shares(tmp_path):
-    flags = ["--straggler", "3x", "--balance", "--no-progress", "--run-dir", str(tmp_path)]
-    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "2")))  # shares move after epoch 1
-    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["batch_shares"]
-    assert saved == records(tmp_path, "epoch")[-1]["next_batch_shares"] and saved != [32, 32]
-    proc = run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "3", "--resume",
-                                   str(tmp_path))))
-    assert records(tmp_path, "epoch")[-1]["batch_shares"] == saved
+def test_a_resumed_run_continues_with_the_checkpoints_shares(straggler_run):
+    run_dir, saved, proc = straggler_run
+    assert records(run_dir, "epoch")[2]["batch_shares"] == saved  # the first resumed epoch
     assert "are not used" not in proc.stdout
 
 
