@@ -17,6 +17,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the venv's bin: hvdtrain, horovodrun
 LAUNCH_TIMEOUT = 240  # seconds; a hung job fails the test instead of stalling CI
+HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")
+# The runs several test files share (tests/multiproc/conftest.py runs each once a session): 2-rank
+# sync training with these flags (the default optimizer, SGD with momentum 0.9), and the same
+# training in lock-step through one parameter server (2 workers) in many chunks per message.
+SYNC_REFERENCE = ["--epochs", "2", "--no-progress", "--seed", "3"]
+BSP_REFERENCE = ["--mode", "async", "--bsp", *SYNC_REFERENCE, "--chunk-mb", "0.01"]
 
 
 def launcher_env() -> dict[str, str]:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from launch import BIN, final_model, horovodrun, hvdtrain, mpirun, records, run
+from launch import (BIN, BSP_REFERENCE, final_model, horovodrun, hvdtrain, mpirun, records,
+                    run)
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]
@@ -26,23 +27,10 @@ def test_one_server_two_workers_train_digits_to_95_percent(tmp_path):
     assert set(state["server_state"]["vectors"]) == {"momentum_buffer"}  # SGD state from server
 
 
-BSP = [*QUIET, "--epochs", "2", "--optimizer", "sgd", "--momentum", "0.9"]
-CHUNKS = ["--chunk-mb", "0.01"]  # many chunks per message, for the two-server run below
-
-
-@pytest.fixture(scope="module")
-def bsp_one_server(tmp_path_factory):
-    """Lock-step async training through one server (2 workers): the run that both sync training
-    and two servers must reproduce."""
-    run_dir = tmp_path_factory.mktemp("bsp-one")
-    run(mpirun(3, *hvdtrain("train", "--mode", "async", "--bsp", *BSP, *CHUNKS,
-                            "--run-dir", str(run_dir))))
-    return final_model(run_dir)
-
-
-def test_bsp_through_the_server_matches_sync_horovod(tmp_path, bsp_one_server):
-    run(mpirun(2, *hvdtrain("train", "--mode", "sync", *BSP, "--run-dir", str(tmp_path / "s"))))
-    sync, bsp = final_model(tmp_path / "s"), bsp_one_server
+def test_bsp_through_the_server_matches_sync_horovod(sync_reference, bsp_one_server):
+    # conftest's session runs: sync_reference is the same training as BSP_REFERENCE in sync
+    # mode (2 ranks), bsp_one_server is BSP_REFERENCE through one server (2 workers).
+    sync, bsp = final_model(sync_reference / "run"), final_model(bsp_one_server)
     for name in sync:
         worst = (sync[name] - bsp[name]).abs().max().item()
         assert worst < 1e-5, f"{name} differs by {worst}"
@@ -50,10 +38,11 @@ def test_bsp_through_the_server_matches_sync_horovod(tmp_path, bsp_one_server):
 
 def test_two_servers_give_the_same_result_as_one(tmp_path, bsp_one_server):
     # One server reached through the shared-memory window, two through messages only: the
-    # transports and the sharding must both leave the arithmetic unchanged.
-    run(mpirun(4, *hvdtrain("train", "--mode", "async", "--bsp", *BSP, *CHUNKS, "--num-servers",
-                            "2", "--no-shared-memory", "--run-dir", str(tmp_path / "two"))))
-    one, two = bsp_one_server, final_model(tmp_path / "two")
+    # transports and the sharding must both leave the arithmetic unchanged (BSP_REFERENCE's
+    # --chunk-mb cuts each message into many chunks).
+    run(mpirun(4, *hvdtrain("train", *BSP_REFERENCE, "--num-servers", "2", "--no-shared-memory",
+                            "--run-dir", str(tmp_path / "two"))))
+    one, two = final_model(bsp_one_server), final_model(tmp_path / "two")
     for name in one:
         assert torch.allclose(one[name], two[name], atol=1e-6), name
     servers = records(tmp_path / "two", "scheme")[0]["servers"]

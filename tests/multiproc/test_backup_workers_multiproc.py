@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint
-from launch import final_model, hvdtrain, launcher_env, mpirun, pid_of_rank, records, run
+from launch import (BSP_REFERENCE, final_model, hvdtrain, launcher_env, mpirun, pid_of_rank,
+                    records, run)
 
 pytestmark = pytest.mark.multiproc
 QUIET = ["--no-progress", "--seed", "1"]
@@ -59,15 +60,16 @@ def test_the_straggler_takes_the_jobs_batches_and_trains_none_alone_at_the_end(t
     assert stats["batches_left"] == 0, stats["batches_per_worker"]
 
 
-def test_zero_backup_workers_is_plain_bsp(tmp_path):
-    flags = [*QUIET, "--mode", "async", "--bsp", "--epochs", "1", "--max-steps-per-epoch", "8"]
-    run(mpirun(3, *hvdtrain("train", *flags, "--run-dir", str(tmp_path / "bsp"))))
-    run(mpirun(3, *hvdtrain("train", *flags, "--backup-workers", "0",
+def test_zero_backup_workers_is_plain_bsp(tmp_path, bsp_one_server):
+    # Plain --bsp is conftest's bsp_one_server run (BSP_REFERENCE, shared with
+    # test_async_multiproc); the same flags with --backup-workers 0 must end on its weights.
+    run(mpirun(3, *hvdtrain("train", *BSP_REFERENCE, "--backup-workers", "0",
                             "--run-dir", str(tmp_path / "b0"))))
-    plain, zero = final_model(tmp_path / "bsp"), final_model(tmp_path / "b0")
+    plain, zero = final_model(bsp_one_server), final_model(tmp_path / "b0")
     assert all(torch.equal(plain[k], zero[k]) for k in plain)
     (stats,) = servers(tmp_path / "b0")
-    assert stats["dropped_gradients"] == 0 and stats["gradients_per_round"] == {"2": 8}
+    rounds = total_steps(tmp_path / "b0", 2)  # one round of both workers' gradients a step
+    assert stats["dropped_gradients"] == 0 and stats["gradients_per_round"] == {"2": rounds}
 
 
 def test_two_servers_close_the_same_rounds(tmp_path):

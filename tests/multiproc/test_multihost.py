@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hvdtrain.compare.plan import recovery_launcher_args
-from launch import (BIN, LAUNCH_TIMEOUT, REPO, final_model, horovodrun, hvdtrain, mpirun,
+from launch import (BIN, LAUNCH_TIMEOUT, REPO, SYNC_REFERENCE, final_model, horovodrun, hvdtrain,
                     no_update_applied_twice, records, run)
 
 sys.path.insert(0, str(REPO / "scripts" / "netns"))
@@ -20,7 +20,9 @@ from two_hosts import TwoHosts, unavailable_reason  # noqa: E402
 REASON = unavailable_reason()
 pytestmark = [pytest.mark.multiproc,
               pytest.mark.skipif(REASON is not None, reason=f"no network namespaces: {REASON}")]
-FLAGS = ["--no-progress", "--seed", "3", "--epochs", "2", "--momentum", "0.9"]
+# conftest's sync_reference flags (SGD with its default momentum 0.9): that session run is the
+# one-host reference, shared with test_sync_multiproc and test_async_multiproc.
+FLAGS = SYNC_REFERENCE
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +32,9 @@ def hosts():
 
 
 @pytest.fixture(scope="module")
-def one_host_sync(tmp_path_factory):
+def one_host_sync(sync_reference):
     """The reference: the same sync training with both ranks on this host."""
-    run_dir = tmp_path_factory.mktemp("one-host")
-    run(mpirun(2, *hvdtrain("train", *FLAGS, "--run-dir", str(run_dir))))
-    return final_model(run_dir)
+    return final_model(sync_reference / "run")
 
 
 def assert_same(a, b, tol):

@@ -10,11 +10,11 @@ import torch
 from hvdtrain import checkpoint
 from hvdtrain.core_binding import share_of_cores
 from hvdtrain.run_output import read_jsonl
-from launch import BIN, REPO, final_model, horovodrun, hvdtrain, mpirun, records, run
+from launch import (BIN, HELPER, SYNC_REFERENCE, final_model, horovodrun, hvdtrain, mpirun,
+                    records, run)
 
 pytestmark = pytest.mark.multiproc
-HELPER = str(REPO / "tests" / "helpers" / "train_and_dump.py")
-QUICK = ["--epochs", "2", "--no-progress", "--seed", "3"]
+QUICK = SYNC_REFERENCE  # so that conftest's sync_reference is the mpirun case below
 LAUNCHERS = {"mpirun": mpirun, "horovodrun": horovodrun,
              "horovodrun --mpi": lambda np, *cmd: [str(BIN / "horovodrun"), "-np", str(np),
                                                   "--mpi", *cmd]}
@@ -33,14 +33,18 @@ def launch(launcher: str, np: int, *command: str) -> list[str]:
     ("mpirun", ["--reduce-op", "adasum", "--optimizer", "adamw", "--lr", "0.002",
                 "--weight-decay", "0.01"]),
 ])
-def test_every_rank_ends_with_identical_parameters(tmp_path, launcher, extra):
-    run(launch(launcher, 2, sys.executable, HELPER, str(tmp_path), *QUICK,
-               "--run-dir", str(tmp_path / "run"), *extra))
-    rank0 = torch.load(tmp_path / "rank0.pt", weights_only=True)
-    rank1 = torch.load(tmp_path / "rank1.pt", weights_only=True)
+def test_every_rank_ends_with_identical_parameters(tmp_path, request, launcher, extra):
+    if launcher == "mpirun" and not extra:  # the very run of conftest's sync_reference
+        folder = request.getfixturevalue("sync_reference")
+    else:
+        folder = tmp_path
+        run(launch(launcher, 2, sys.executable, HELPER, str(folder), *QUICK,
+                   "--run-dir", str(folder / "run"), *extra))
+    rank0 = torch.load(folder / "rank0.pt", weights_only=True)
+    rank1 = torch.load(folder / "rank1.pt", weights_only=True)
     for name, tensor in rank0.items():
         assert torch.equal(tensor, rank1[name]), f"{name} differs between ranks"
-    log = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    log = read_jsonl(folder / "run" / "metrics.jsonl")
     epochs = [r for r in log if r["type"] == "epoch"]
     assert len(epochs) == 2 and epochs[-1]["train_loss"] < epochs[0]["train_loss"]
     assert log[0]["world_size"] == 2 and log[0]["versions"]["horovod"] == "0.28.1"
@@ -119,13 +123,14 @@ def test_digits_reaches_95_percent_under_horovodrun(tmp_path):
     assert header["keeps_freed_memory"] is True  # freed_memory.py
 
 
-def test_resumed_run_ends_with_the_same_weights(tmp_path):
+def test_resumed_run_ends_with_the_same_weights(tmp_path, sync_reference):
+    # The run stopped after 2 epochs is a copy of conftest's sync_reference (QUICK, a checkpoint
+    # every epoch by default); resumed to 4 it must end where 4 epochs in one go end.
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    flags = ["--no-progress", "--seed", "5", "--checkpoint-every", "1"]
-    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "4", "--run-dir", str(straight))))
-    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(stopped))))
+    shutil.copytree(sync_reference / "run", stopped)
+    run(mpirun(2, *hvdtrain("train", *QUICK, "--epochs", "4", "--run-dir", str(straight))))
     assert torch.load(stopped / "checkpoint.pt", weights_only=True)["epoch"] == 2
-    run(mpirun(2, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(stopped))))
+    run(mpirun(2, *hvdtrain("train", *QUICK, "--epochs", "4", "--resume", str(stopped))))
     a, b = final_model(straight), final_model(stopped)
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after resume"
