@@ -1,5 +1,7 @@
 """Tiers 2 and 3 for async training: real mpirun jobs with a parameter server, with timeouts."""
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -50,22 +52,34 @@ def test_two_servers_give_the_same_result_as_one(tmp_path, bsp_one_server):
                                      for s in servers)
 
 
-def test_lock_step_bounds_the_staleness(tmp_path):
-    run(mpirun(3, *hvdtrain("train", *QUIET, "--mode", "async", "--staleness", "0",
-                            "--epochs", "2", "--run-dir", str(tmp_path))))
-    histogram = records(tmp_path, "scheme")[0]["staleness_histogram"]
+# Async Adam under a staleness bound of 0: one 2-epoch run serves the staleness test and the
+# first half of the resume test, which continues a copy of it.
+LOCK_STEP_ADAM = [*QUIET, "--mode", "async", "--staleness", "0", "--optimizer", "adam",
+                  "--lr", "0.002"]
+
+
+@pytest.fixture(scope="module")
+def lock_step_adam(tmp_path_factory):
+    """LOCK_STEP_ADAM for 2 epochs under mpirun -np 3 (2 workers, 1 server): its run folder."""
+    run_dir = tmp_path_factory.mktemp("lock-step-adam")
+    run(mpirun(3, *hvdtrain("train", *LOCK_STEP_ADAM, "--epochs", "2",
+                            "--run-dir", str(run_dir))))
+    return run_dir
+
+
+def test_lock_step_bounds_the_staleness(lock_step_adam):
+    histogram = records(lock_step_adam, "scheme")[0]["staleness_histogram"]
     # With bound 0 and 2 workers, a gradient can miss at most the other worker's one update.
     assert set(map(int, histogram)) <= {0, 1}, histogram
 
 
-def test_async_resume_restores_server_state(tmp_path):
-    flags = [*QUIET, "--mode", "async", "--optimizer", "adam", "--lr", "0.002"]
-    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(tmp_path))))
+def test_async_resume_restores_server_state(tmp_path, lock_step_adam):
+    shutil.copytree(lock_step_adam, tmp_path, dirs_exist_ok=True)
     first = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert set(first["server_state"]["vectors"]) == {"exp_avg", "exp_avg_sq"}
     assert first["server_state"]["scalars"]["step"] > 0
     # The resumed half moves its tensors (INIT with optimizer state, SAVE) through messages.
-    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(tmp_path),
+    run(mpirun(3, *hvdtrain("train", *LOCK_STEP_ADAM, "--epochs", "4", "--resume", str(tmp_path),
                             "--no-shared-memory")))
     epochs = records(tmp_path, "epoch")
     assert [e["epoch"] for e in epochs] == [1, 2, 3, 4]
