@@ -49,10 +49,12 @@ def console_script(main, case: dict) -> None:
 
 
 def run_all(cases: list[dict], at_once: int = 2) -> list[int]:
-    # The imports every child would otherwise pay for: torch, the digits' loader (sklearn), and
-    # the modules of hvdtrain's train and compare commands.
+    # The imports every child would otherwise pay for: torch, the digits' loader (sklearn), the
+    # modules of hvdtrain's train and compare commands, and torch._dynamo, which a torch
+    # optimizer's first construction imports (seconds; every child that trains builds one).
     import sklearn.datasets  # noqa: F401
     import torch  # noqa: F401
+    import torch._dynamo  # noqa: F401
 
     import hvdtrain.compare.command  # noqa: F401
     import hvdtrain.loop  # noqa: F401

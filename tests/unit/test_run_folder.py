@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from helpers.forked_cli import run_forked
 
 from hvdtrain import checkpoint
 from hvdtrain.cli import main
@@ -220,19 +221,6 @@ def test_resume_into_an_empty_folder_starts_from_the_resumed_run(tmp_path):
     assert (a / checkpoint.CHECKPOINT_NAME).read_bytes() == source  # A is left as it was
 
 
-def test_resume_into_another_folder_exits_2_from_the_command_line(tmp_path):
-    a, b = tmp_path / "A", tmp_path / "B"
-    run(hvdtrain("train", *QUIET, "--run-dir", str(a)))
-    run(hvdtrain("train", *QUIET, "--seed", "2", "--run-dir", str(b)))
-    before = (b / checkpoint.CHECKPOINT_NAME).read_bytes()
-    refused = run(hvdtrain("train", *QUIET, "--epochs", "2", "--resume", str(a), "--run-dir",
-                           str(b)), check=False)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "holds another run's checkpoint" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    assert (b / checkpoint.CHECKPOINT_NAME).read_bytes() == before
-
-
 # --- --resume RUN/best.pt (issue 24) -------------------------------------------------------------
 def test_resume_of_best_pt_leaves_the_runs_checkpoint_and_log_alone(tmp_path):
     """--resume RUN/best.pt wrote into RUN: its checkpoint.pt replaced, a second branch in its
@@ -260,18 +248,6 @@ def test_resume_of_best_pt_leaves_the_runs_checkpoint_and_log_alone(tmp_path):
     assert checkpoint.load(run_dir)["epoch"] == 4
 
 
-def test_resume_of_best_pt_exits_2_from_the_command_line(tmp_path):
-    run_dir = tmp_path / "run"
-    run(hvdtrain("train", *QUIET, "--keep-best", "test_acc", "--run-dir", str(run_dir)))
-    before = (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes()
-    refused = run(hvdtrain("train", *QUIET, "--epochs", "2", "--resume",
-                           str(run_dir / "best.pt")), check=False)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "best.pt is not the latest checkpoint" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    assert (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes() == before
-
-
 # --- --resume of a finished run -----------------------------------------------------------------
 def test_resume_with_fewer_epochs_than_the_checkpoint_trained_is_refused(tmp_path):
     make_trainer(tmp_path, epochs=2).fit()
@@ -284,16 +260,6 @@ def test_resume_with_fewer_epochs_than_the_checkpoint_trained_is_refused(tmp_pat
     assert (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes() == before
 
 
-def test_resume_of_a_finished_run_with_fewer_epochs_exits_2_from_the_command_line(tmp_path):
-    run(hvdtrain("train", *QUIET, "--epochs", "2", "--run-dir", str(tmp_path)))
-    refused = run(hvdtrain("train", *QUIET, "--resume", str(tmp_path)), check=False)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "--epochs 1: the checkpoint" in refused.stderr
-    assert "Traceback" not in refused.stderr
-    finished = run(hvdtrain("train", *QUIET, "--epochs", "2", "--resume", str(tmp_path)))
-    assert "nothing is left to train" in finished.stdout
-
-
 def test_resume_of_a_finished_run_with_equal_epochs_says_nothing_is_left(tmp_path, capsys):
     make_trainer(tmp_path, epochs=2).fit()
     before = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
@@ -301,6 +267,58 @@ def test_resume_of_a_finished_run_with_equal_epochs_says_nothing_is_left(tmp_pat
     make_trainer(tmp_path, epochs=2, resume=str(tmp_path)).fit()
     assert "has finished all 2 epoch(s); nothing is left to train" in capsys.readouterr().out
     assert (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes() == before
+
+
+# --- the refusals, from the command line --------------------------------------------------------
+@pytest.fixture(scope="module")
+def command_lines(tmp_path_factory):
+    """The command lines below that must exit 2 before training, and a finished run's resume,
+    each in its own folder (two at once could meet in one folder's lock; the resume of A into
+    B only reads A, beside the refusal of A/best.pt in A): one process trains the runs they
+    resume, in forked children (torch imported once), and once each checkpoint is read, a
+    second runs them (two launches, where a launch per command line took eight)."""
+    folder = tmp_path_factory.mktemp("command_lines")
+    a, b, two, two_again = (folder / name for name in ("A", "B", "two", "two2"))
+    trained = run_forked([["train", *QUIET, "--keep-best", "test_acc", "--run-dir", str(a)],
+                          ["train", *QUIET, "--seed", "2", "--run-dir", str(b)],
+                          ["train", *QUIET, "--epochs", "2", "--run-dir", str(two)],
+                          ["train", *QUIET, "--epochs", "2", "--run-dir", str(two_again)]],
+                         folder / "trained")
+    for proc in trained:
+        assert proc.returncode == 0, proc.args + [proc.stdout, proc.stderr]
+    before = {path: (path / checkpoint.CHECKPOINT_NAME).read_bytes() for path in (a, b)}
+    procs = run_forked([
+        ["train", *QUIET, "--epochs", "2", "--resume", str(a), "--run-dir", str(b)],
+        ["train", *QUIET, "--epochs", "2", "--resume", str(a / "best.pt")],
+        ["train", *QUIET, "--resume", str(two)],
+        ["train", *QUIET, "--epochs", "2", "--resume", str(two_again)]], folder / "refused")
+    return {"before": before, "A": a, "B": b,
+            **dict(zip(("another", "best.pt", "fewer", "equal"), procs))}
+
+
+def test_resume_into_another_folder_exits_2_from_the_command_line(command_lines):
+    refused, b = command_lines["another"], command_lines["B"]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "holds another run's checkpoint" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert (b / checkpoint.CHECKPOINT_NAME).read_bytes() == command_lines["before"][b]
+
+
+def test_resume_of_best_pt_exits_2_from_the_command_line(command_lines):
+    refused, run_dir = command_lines["best.pt"], command_lines["A"]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "best.pt is not the latest checkpoint" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes() == command_lines["before"][run_dir]
+
+
+def test_resume_of_a_finished_run_with_fewer_epochs_exits_2_from_the_command_line(command_lines):
+    refused, finished = command_lines["fewer"], command_lines["equal"]
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "--epochs 1: the checkpoint" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    assert "nothing is left to train" in finished.stdout
 
 
 # --- compare --out ------------------------------------------------------------------------------
