@@ -60,6 +60,8 @@ class AsyncGroup(Group):
         # worker_pauses.py: as if the job froze while worker 0 evaluates (--eval-pauses-workers)
         client = self.client
         evaluates = client.started and self.eval_partition is not None
+        if client.started and not evaluates:
+            client.model_read_by_worker_0()
         return client.pauses.evaluating(client.clock, evaluates)
 
     def agree_to_stop(self, wants: bool) -> bool:

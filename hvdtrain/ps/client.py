@@ -241,6 +241,10 @@ class ParameterServerClient(UpdateScheme):
         self.pull()  # score the servers' current parameters
         return self.replica
 
+    def model_read_by_worker_0(self) -> None:
+        """On the other workers, where worker 0 reads the model (its evaluation, a checkpoint):
+        nothing to do here (asynchronous DiLoCo's rounds meet there under --bsp)."""
+
     def step_done(self, progress) -> None:
         self.pauses.step_done()
 

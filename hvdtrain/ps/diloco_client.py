@@ -16,6 +16,7 @@ from ..engines.async_rounds import AsyncRounds
 from ..optim import build_optimizer
 from ..replica import BatchStats, Replica
 from ..rules.local_sgd import dynamic_local_steps
+from ..rules.registry import server_rules
 from .client import ParameterServerClient
 from .protocol import Kind
 
@@ -37,6 +38,7 @@ class DiLoCoClient(ParameterServerClient):
         super().__init__(*args, **kwargs)
         sync = self.cfg.sync
         self.outer_lr = sync.outer_lr or 1.0  # without --outer-lr: each round's progress, as is
+        self.lock_step = server_rules(self.cfg.ps, self.topology.num_workers).policy.lock_step
         # Once the momentum has built up, a push moves the server by lr / (1 - m) times its
         # pseudo-gradient (rules/local_sgd.py OuterNesterov.gain).
         self.gain = self.outer_lr / (1 - sync.outer_momentum)
@@ -135,12 +137,21 @@ class DiLoCoClient(ParameterServerClient):
         self.rounds.refresh()  # push this worker's round, or pull: score the server's model
         return self.replica
 
+    def model_read_by_worker_0(self) -> None:
+        """Worker 0 ends its round early where it reads the model. Under lock-step rounds
+        (--bsp) a round pairs every worker's push of the same number, so every worker ends its
+        round there too: otherwise worker 0 makes more rounds than the others, and its last
+        push waits for a round that they, done, never join."""
+        if self.lock_step:
+            self.rounds.share_model()
+
     def end_of_training(self) -> bool:
         self.rounds.share_model()  # the last round may be shorter than H steps
         return super().end_of_training()
 
     def state_dict(self) -> dict[str, Any]:
         if not self.is_main:
+            self.model_read_by_worker_0()
             return {}
         self.rounds.share_model()
         state = super().state_dict()  # the SAVE brings the server's parameters back

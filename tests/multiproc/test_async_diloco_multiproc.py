@@ -43,3 +43,29 @@ def test_digits_reaches_95_percent_and_a_resumed_run_applies_every_round_once(tm
     assert 880 // 8 <= rounds <= 880 // 8 + 20 + 2 * 2, rounds
     final = torch.load(run_dir / "checkpoint.pt", weights_only=False)["server_state"]
     assert final["version"] == server["version"] + second["pushes_applied"]
+
+
+def test_under_bsp_a_resumed_run_applies_exactly_the_uninterrupted_runs_outer_rounds(tmp_path):
+    """With --bsp a round pairs every worker's push, so the rounds are the job's, not the
+    interleaving's: 4 epochs straight and 2 + 2 (stopped after epoch 2, resumed) apply the same
+    12 rounds (3 an epoch: 8, 8 and the epoch's last 6 steps, cut where worker 0 evaluates) and
+    end with the same weights. Before every worker ended its round where worker 0 does, worker
+    0 made one round more than worker 1, and its last push waited for ever for a round worker
+    1 never joined (the 4-epoch run hung). The inner SGD has no momentum here: a resume gives
+    every worker worker 0's inner optimizer state (docs/async.md), which momentum would make
+    differ from worker 1's own."""
+    flags = ["--mode", "async", "--bsp", "--local-steps", "8", "--outer-lr", "0.7",
+             "--outer-momentum", "0.9", "--momentum", "0", "--no-progress", "--seed", "1"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "4", "--run-dir", str(straight))),
+        timeout=120)
+    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(stopped))),
+        timeout=120)
+    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(stopped),
+                            "--run-dir", str(stopped))), timeout=120)
+    a = torch.load(straight / "checkpoint.pt", weights_only=False)
+    b = torch.load(stopped / "checkpoint.pt", weights_only=False)
+    assert a["server_state"]["version"] == b["server_state"]["version"] == 12
+    assert [e["outer_rounds"] for e in records(straight, "epoch")] == [3] * 4
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
