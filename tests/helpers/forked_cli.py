@@ -12,6 +12,7 @@ CASES.json holds a list of {"argv": [...], "out": path, "err": path}; this print
 the children's exit codes as JSON. Tests call run_forked().
 """
 
+import gc
 import json
 import os
 import subprocess
@@ -61,6 +62,9 @@ def run_all(cases: list[dict], at_once: int = 2) -> list[int]:
     import hvdtrain.workload  # noqa: F401
     from hvdtrain.cli import main
 
+    # The objects imported so far never become garbage: out of the collector's sight, a child's
+    # collections skip them (a third of a simulating child's time) and leave their pages shared.
+    gc.freeze()
     codes: list[int | None] = [None] * len(cases)
     running: dict[int, int] = {}  # pid -> index of its case
 
