@@ -10,14 +10,26 @@ from launch import REPO
 HELPER = REPO / "tests" / "helpers" / "step_page_faults.py"
 
 
-def faults_per_step(*args: str) -> float:
-    out = subprocess.run([sys.executable, str(HELPER), *args], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
-    return float(next(line for line in out.splitlines() if line.startswith("FAULTS "))[7:])
+def faults_per_step(*runs: tuple[str, ...]) -> list[float]:
+    """Each run of the helper with its arguments, side by side: page faults are counted per
+    process, so neither run's figure depends on the other."""
+    procs = [subprocess.Popen([sys.executable, str(HELPER), *args], stdout=subprocess.PIPE,
+                              text=True) for args in runs]
+    try:
+        outs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for proc, out in zip(procs, outs):
+        assert proc.returncode == 0, out
+    return [float(next(line for line in out.splitlines() if line.startswith("FAULTS "))[7:])
+            for out in outs]
 
 
 def test_a_step_stops_faulting_in_pages():
-    plain, kept = faults_per_step(), faults_per_step("keep")
+    plain, kept = faults_per_step((), ("keep",))
     assert plain > 200, plain  # glibc hands the gradients' blocks back each step
     assert kept < plain / 5, (plain, kept)
 
