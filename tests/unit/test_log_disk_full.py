@@ -17,7 +17,7 @@ from hvdtrain.loop import TrainingError
 from hvdtrain.loop.run_log import RunLog
 from hvdtrain.run_output import JsonlLog, LogWriteError, read_jsonl
 
-from launch import hvdtrain, launcher_env, run
+from launch import run
 
 
 def _disk_with_room_for(monkeypatch, room: int) -> None:
@@ -114,39 +114,48 @@ def test_a_new_log_still_keeps_the_old_one_aside(tmp_path, capsys):
     assert [r["type"] for r in read_jsonl(path)] == ["header", "step"]
 
 
-# Horovod starts MPI, whose start-up writes files larger than this limit: start MPI first, then
-# limit every file the run writes, then run the command's own entry point.
+# One process trains a run, then resumes it on a full disk (one launch, not two). Horovod starts
+# MPI, whose start-up writes files larger than the limit: start MPI first, train the run the
+# limited one resumes, keep its log and checkpoint aside, then limit every file the process
+# writes and run the command's own entry point again.
 LIMITED_COMMAND = """
-import resource, signal, sys
+import resource, shutil, signal, sys
+from pathlib import Path
 from mpi4py import MPI
-limit = int(sys.argv[1])
+from hvdtrain.cli import main
+run_dir, flags = Path(sys.argv[1]), sys.argv[2:]
+print("FIRST", main([*flags, "--epochs", "1", "--run-dir", str(run_dir)]), flush=True)
+before = (run_dir / "metrics.jsonl").read_bytes()
+shutil.copy(run_dir / "metrics.jsonl", run_dir.parent / "before.jsonl")
+shutil.copy(run_dir / "checkpoint.pt", run_dir.parent / "before.pt")
+# Room for the resumed run's header and five and a half step lines: the log fills up in
+# epoch 2, part-way through a line, before that epoch's checkpoint (larger) is due.
+header, step = before.splitlines(keepends=True)[:2]
+limit = len(before) + len(header) + 11 * len(step) // 2
+print("LIMIT", limit, flush=True)
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-from hvdtrain.cli import main
-sys.exit(main(sys.argv[2:]))
+sys.exit(main([*flags, "--epochs", "3", "--resume", str(run_dir)]))
 """
 
 
 @pytest.mark.multiproc
 def test_train_with_log_steps_on_a_full_disk_exits_1_and_the_log_parses(tmp_path):
+    run_dir = tmp_path / "run"
     flags = ["train", "--no-progress", "--log-steps", "--max-steps-per-epoch", "20"]
-    run(hvdtrain(*flags, "--epochs", "1", "--run-dir", str(tmp_path)))
-    log = tmp_path / "metrics.jsonl"
-    before = log.read_bytes()
-    ckpt = (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes()
-    # Room for the resumed run's header and five and a half step lines: the log fills up in
-    # epoch 2, part-way through a line, before that epoch's checkpoint (larger) is due.
-    header, step = before.splitlines(keepends=True)[:2]
-    limit = len(before) + len(header) + 11 * len(step) // 2
-    proc = run([sys.executable, "-c", LIMITED_COMMAND, str(limit), *flags, "--epochs", "3",
-                "--resume", str(tmp_path)], check=False, env=launcher_env())
+    proc = run([sys.executable, "-c", LIMITED_COMMAND, str(run_dir), *flags], check=False)
+    assert "FIRST 0\n" in proc.stdout, proc.stdout + proc.stderr  # the run it resumes
+    limit = int(proc.stdout.split("LIMIT ")[1].split()[0])
+    log = run_dir / "metrics.jsonl"
+    before = (tmp_path / "before.jsonl").read_bytes()
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     assert f"could not write to {log} (File too large)" in proc.stderr
     assert "every line in it parses" in proc.stderr
-    assert f"the last checkpoint {tmp_path / checkpoint.CHECKPOINT_NAME} is intact" in proc.stderr
+    assert f"the last checkpoint {run_dir / checkpoint.CHECKPOINT_NAME} is intact" in proc.stderr
     records = _lines_parse(log)
     assert log.read_bytes().startswith(before) and len(log.read_bytes()) <= limit
     assert [r["type"] for r in records].count("header") == 2
     assert records[-1]["type"] == "step" and records[-1]["epoch"] == 2
-    assert (tmp_path / checkpoint.CHECKPOINT_NAME).read_bytes() == ckpt
+    assert (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes() == (
+        tmp_path / "before.pt").read_bytes()
