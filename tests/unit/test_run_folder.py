@@ -24,7 +24,7 @@ from hvdtrain.config import ConfigError
 from hvdtrain.loop import checkpointer as checkpointer_module
 from hvdtrain.loop.checkpointer import make_fresh_folder
 from hvdtrain.run_lock import LOCK_NAME, FolderInUse, FolderLock
-from launch import LAUNCH_TIMEOUT, hvdtrain, launcher_env, run
+from launch import LAUNCH_TIMEOUT, hvdtrain, launcher_env
 from test_trainer import make_trainer
 
 HOST = socket.gethostname()
@@ -138,29 +138,12 @@ def test_a_stale_lock_is_taken_over_with_a_message_and_the_run_succeeds(tmp_path
     assert (tmp_path / LOCK_NAME).read_text() == ""
 
 
-def test_a_second_run_into_a_busy_folder_exits_2_and_the_first_finishes_intact(tmp_path):
+def test_a_second_run_into_a_busy_folder_exits_2_and_the_first_finishes_intact(command_lines):
     """Reproduction 1: two jobs with one --run-dir. Before the lock, the second trained into the
-    first's folder: mixed log lines, and a checkpoint of the wrong model."""
-    folder = tmp_path / "X"
-    first = subprocess.Popen(
-        hvdtrain("train", "--epochs", "3", "--seed", "1", "--run-dir", str(folder),
-                 "--no-progress"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env(),
-        stdin=subprocess.DEVNULL)
-    try:
-        wait_until_locked(folder, first)
-        # The first run is stopped while the second starts (seconds, on a busy machine longer
-        # than the first needs to train), so it is surely still in its folder; then it goes on.
-        first.send_signal(signal.SIGSTOP)
-        second = run(hvdtrain("train", "--batch-size", "1", "--epochs", "3", "--seed", "2",
-                              "--hidden", "32", "--run-dir", str(folder), "--no-progress"),
-                     check=False)
-        first.send_signal(signal.SIGCONT)
-        out, err = first.communicate(timeout=LAUNCH_TIMEOUT)
-    finally:
-        if first.poll() is None:
-            first.kill()
-            first.wait()
+    first's folder: mixed log lines, and a checkpoint of the wrong model. (The two jobs are
+    command_lines' first job and its "busy" case, below.)"""
+    folder, second = command_lines["X"], command_lines["busy"]
+    first, out, err = command_lines["first"]
     assert second.returncode == 2, second.stdout + second.stderr
     assert f"is in use by another hvdtrain job (PID {first.pid} on host {HOST}" in second.stderr
     assert "Traceback" not in second.stderr
@@ -272,12 +255,36 @@ def test_resume_of_a_finished_run_with_equal_epochs_says_nothing_is_left(tmp_pat
 # --- the refusals, from the command line --------------------------------------------------------
 @pytest.fixture(scope="module")
 def command_lines(tmp_path_factory):
-    """The command lines below that must exit 2 before training, and a finished run's resume,
-    each in its own folder (two at once could meet in one folder's lock; the resume of A into
-    B only reads A, beside the refusal of A/best.pt in A): one process trains the runs they
-    resume, in forked children (torch imported once), and once each checkpoint is read, a
-    second runs them (two launches, where a launch per command line took eight)."""
+    """The command lines that must exit 2 before training, and a finished run's resume, each
+    in its own folder (two at once could meet in one folder's lock; the resume of A into B only
+    reads A, beside the refusal of A/best.pt in A): one process trains the runs they resume, in
+    forked children (torch imported once), and once each checkpoint is read, a second runs
+    them (two launches, where a launch per command line took eight). Among them, the second
+    job into the folder X that a first job, launched on its own, holds (three launches, where
+    the four tests took ten)."""
     folder = tmp_path_factory.mktemp("command_lines")
+    busy = folder / "X"
+    first = subprocess.Popen(
+        hvdtrain("train", "--epochs", "3", "--seed", "1", "--run-dir", str(busy),
+                 "--no-progress"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env(),
+        stdin=subprocess.DEVNULL)
+    try:
+        wait_until_locked(busy, first)
+        # The first job is stopped while the others run (seconds, on a busy machine longer than
+        # it needs to train), so it is surely still in its folder when the "busy" case starts.
+        first.send_signal(signal.SIGSTOP)
+        runs = forked_command_lines(folder, busy)
+        first.send_signal(signal.SIGCONT)
+        out, err = first.communicate(timeout=LAUNCH_TIMEOUT)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    return {**runs, "X": busy, "first": (first, out, err)}
+
+
+def forked_command_lines(folder: Path, busy: Path) -> dict:
     a, b, two, two_again = (folder / name for name in ("A", "B", "two", "two2"))
     trained = run_forked([["train", *QUIET, "--keep-best", "test_acc", "--run-dir", str(a)],
                           ["train", *QUIET, "--seed", "2", "--run-dir", str(b)],
@@ -291,9 +298,11 @@ def command_lines(tmp_path_factory):
         ["train", *QUIET, "--epochs", "2", "--resume", str(a), "--run-dir", str(b)],
         ["train", *QUIET, "--epochs", "2", "--resume", str(a / "best.pt")],
         ["train", *QUIET, "--resume", str(two)],
-        ["train", *QUIET, "--epochs", "2", "--resume", str(two_again)]], folder / "refused")
+        ["train", *QUIET, "--epochs", "2", "--resume", str(two_again)],
+        ["train", "--batch-size", "1", "--epochs", "3", "--seed", "2", "--hidden", "32",
+         "--run-dir", str(busy), "--no-progress"]], folder / "refused")
     return {"before": before, "A": a, "B": b,
-            **dict(zip(("another", "best.pt", "fewer", "equal"), procs))}
+            **dict(zip(("another", "best.pt", "fewer", "equal", "busy"), procs))}
 
 
 def test_resume_into_another_folder_exits_2_from_the_command_line(command_lines):
