@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
                          cfg.workers, train_args, launcher, cfg.faults)
     # Before any run starts: a metric the workload does not report would fail every run at
     # its start (--stop-at), one after another.
-    check_plan_target(cfg.goal, train_args)
+    check_plan_target(cfg.goal, train_args, modes[0].config_options() if modes else {})
     if cfg.plan == "links":
         from .link_lab import check_lab
         check_lab(cfg)  # root, namespaces and tc, before any run starts

@@ -118,7 +118,7 @@ def check_reported(target: Target, reported: Sequence[str], whose: str, flag: st
                           f"them, e.g. {flag} '{example}'")
 
 
-def workload_metrics(train_args: Sequence[str]) -> list[str]:
+def workload_metrics(train_args: Sequence[str], mode_options: dict | None = None) -> list[str]:
     """The test metrics that ``hvdtrain train TRAIN_ARGS`` reports (test_loss, test_acc...),
     learnt as a run learns them: the workload built in this process and checked on one small
     batch of its data (launch.ready_replica, which drops the metrics that do not apply to the
@@ -132,7 +132,7 @@ def workload_metrics(train_args: Sequence[str]) -> list[str]:
     from ..workload import workload_from_config
     from .sim.flat_model import config_from_train_args
 
-    cfg = config_from_train_args(train_args, {})
+    cfg = config_from_train_args(train_args, mode_options or {})
     workload = workload_from_config(cfg)
     device = torch.device("cpu")
     try:
@@ -146,10 +146,12 @@ def workload_metrics(train_args: Sequence[str]) -> list[str]:
         workload.close()
 
 
-def check_plan_target(target: Target, train_args: Sequence[str]) -> None:
+def check_plan_target(target: Target, train_args: Sequence[str], mode_options: dict) -> None:
     """Refuse, before any run starts, a plan whose runs cannot judge ``target``: a workload
-    without a test split, or one whose evaluations report no ``target.metric``."""
-    reported = workload_metrics(train_args)
+    without a test split, or one whose evaluations report no ``target.metric``. The workload is
+    built under a planned mode's options (``mode_options``, Mode.config_options): train flags
+    that suit only some modes (--wire-dtype bf16) are not refused here under plain sync's."""
+    reported = workload_metrics(train_args, mode_options)
     if not reported:
         raise ConfigError(f"--target {target.stop_at()}: the workload has no test split to "
                           "evaluate, so no run can reach a target; give its --dataset a test "

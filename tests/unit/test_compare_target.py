@@ -84,6 +84,15 @@ def test_every_run_of_the_plan_stops_at_the_targets_metric(monkeypatch, tmp_path
         assert cmd[cmd.index("--stop-at") + 1] == "test_loss<=0.3", cmd
 
 
+def test_the_target_is_checked_under_a_planned_mode_so_its_flags_are_not_refused(
+        monkeypatch, tmp_path):
+    # --wire-dtype bf16 suits async DiLoCo and not plain sync: the workload's metrics were
+    # learnt under plain sync's options, which refused the flag before any run of the plan
+    runs = _planned(monkeypatch, tmp_path, "--modes", "adiloco", "--local-steps", "8",
+                    "--model", "mlp", "--train-args", "--wire-dtype bf16")
+    assert runs and all("bf16" in run.command("python", "d", cores=2) for run in runs)
+
+
 @pytest.mark.parametrize("flags,reported", [
     # a language model's token loss: no accuracy (the case of issue 43)
     (["--dataset", f"{LM}:corpus", "--model", f"{LM}:build", f"--train-args=--loss "
@@ -102,7 +111,7 @@ def test_a_target_the_workload_does_not_report_is_refused_before_any_run(
 def test_a_workload_without_a_test_split_is_refused_too():
     with pytest.raises(ConfigError, match="no test split"):
         check_plan_target(LOSS, ["--dataset", f"{LM}:corpus_without_test", "--model",
-                                 f"{LM}:build", "--loss", f"{LM}:token_loss"])
+                                 f"{LM}:build", "--loss", f"{LM}:token_loss"], {})
 
 
 # --- results, report, plots -----------------------------------------------------------------------
