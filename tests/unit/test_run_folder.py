@@ -144,9 +144,7 @@ def test_a_second_run_into_a_busy_folder_exits_2_and_the_first_finishes_intact(c
     command_lines' first job and its "busy" case, below.)"""
     folder, second = command_lines["X"], command_lines["busy"]
     first, out, err = command_lines["first"]
-    assert second.returncode == 2, second.stdout + second.stderr
-    assert f"is in use by another hvdtrain job (PID {first.pid} on host {HOST}" in second.stderr
-    assert "Traceback" not in second.stderr
+    refused_with(second, f"is in use by another hvdtrain job (PID {first.pid} on host {HOST}")
     assert first.returncode == 0, out + err
     state = checkpoint.load(folder)
     assert state["epoch"] == 3 and state["config"]["run"]["seed"] == 1
@@ -305,27 +303,28 @@ def forked_command_lines(folder: Path, busy: Path) -> dict:
             **dict(zip(("another", "best.pt", "fewer", "equal", "busy"), procs))}
 
 
+def refused_with(proc, message: str) -> None:
+    """A command line refused as bad input: exit 2, ``message`` on stderr, no traceback."""
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_resume_into_another_folder_exits_2_from_the_command_line(command_lines):
     refused, b = command_lines["another"], command_lines["B"]
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "holds another run's checkpoint" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    refused_with(refused, "holds another run's checkpoint")
     assert (b / checkpoint.CHECKPOINT_NAME).read_bytes() == command_lines["before"][b]
 
 
 def test_resume_of_best_pt_exits_2_from_the_command_line(command_lines):
     refused, run_dir = command_lines["best.pt"], command_lines["A"]
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "best.pt is not the latest checkpoint" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    refused_with(refused, "best.pt is not the latest checkpoint")
     assert (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes() == command_lines["before"][run_dir]
 
 
 def test_resume_of_a_finished_run_with_fewer_epochs_exits_2_from_the_command_line(command_lines):
     refused, finished = command_lines["fewer"], command_lines["equal"]
-    assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "--epochs 1: the checkpoint" in refused.stderr
-    assert "Traceback" not in refused.stderr
+    refused_with(refused, "--epochs 1: the checkpoint")
     assert finished.returncode == 0, finished.stdout + finished.stderr
     assert "nothing is left to train" in finished.stdout
 
