@@ -212,7 +212,12 @@ class UpdateScheme:
     def eval_replica(self) -> Replica:
         """The replica whose weights are evaluated, inside group.evaluating(): the one attach()
         took, which a subclass keeps as ``self.replica`` (sync averages its buffers first; the
-        async scheme pulls fresh weights)."""
+        async scheme pulls fresh weights; a round of local steps under way ends there). It runs
+        on the training clock, before the evaluation's own time starts: the evaluation's moment
+        is when its weights were taken, and a round's exchange is training's own work, which
+        the round would have done a few steps later. (Charged to the evaluation, async DiLoCo's
+        rounds cut at every evaluation crossed issue 43's slow link off the clock, and its time
+        to target read a third of its wall time.)"""
         replica = getattr(self, "replica", None)
         assert replica is not None, "call attach() first"
         return replica

@@ -44,17 +44,18 @@ class Evaluator(EvalCadence):
     def timed(self, clock: TrainingClock):
         """(test figures, wall seconds when evaluated, training seconds by then), on ``clock``.
         Inside scheme.group.evaluating(), nobody trains off that clock: waiting for a straggler
-        is training time."""
+        is training time, and so is what the scheme does to bring its weights to be scored
+        (scheme.eval_replica: a round of local steps cut short there is training's exchange)."""
         with self.scheme.group.evaluating():
-            return clock.timed(self.evaluate)
+            partition = self.scheme.group.eval_partition
+            if self.test is None or partition is None:
+                return clock.timed(lambda: None)  # nothing scored here
+            replica = self.scheme.eval_replica()  # on the training clock
+            return clock.timed(lambda: self.evaluate(replica, *partition))
 
-    def evaluate(self) -> tuple[float, dict[str, float | None]] | None:
-        """(test loss, each metric) over the whole test split, or None where nothing is scored."""
-        partition = self.scheme.group.eval_partition
-        if self.test is None or partition is None:
-            return None
-        part, parts = partition
-        replica = self.scheme.eval_replica()  # inside the trainer's scheme.group.evaluating()
+    def evaluate(self, replica, part: int, parts: int) -> tuple[float, dict[str, float | None]]:
+        """(test loss, each metric) of ``replica`` over the whole test split, this worker
+        scoring part ``part`` of ``parts``."""
         stats = replica.evaluate(self.test.eval_batches(part, parts, EVAL_BATCH))
         totals = EpochTotals(self.names)  # the training figures' sums, and their layout
         if stats is not None:
