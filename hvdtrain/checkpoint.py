@@ -19,6 +19,8 @@ from .processes import process_alive
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
+# Marks a worker's own file beside a checkpoint (loop/own_state.py), which is no checkpoint
+WORKER_FILE_KEY = "own_state_of_worker"
 
 
 class CheckpointError(RuntimeError):
@@ -42,6 +44,19 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
     """Accept a run folder or a checkpoint file."""
     p = Path(path)
     return p / CHECKPOINT_NAME if p.is_dir() else p
+
+
+def worker_file(path: str | os.PathLike, worker: int) -> Path:
+    """Where worker ``worker`` keeps its own state beside the checkpoint ``path``
+    (loop/own_state.py), named after it: checkpoint.pt -> checkpoint.worker-1.pt."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.worker-{worker}{path.suffix}")
+
+
+def checkpoint_beside(path: str | os.PathLike) -> Path | None:
+    """The checkpoint whose worker file ``path`` is named as (worker_file), else None."""
+    match = re.fullmatch(r"(.+)\.worker-\d+(\.[^.]*)?", Path(path).name)
+    return Path(path).with_name(match[1] + (match[2] or "")) if match else None
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor, tuple], torch.Tensor], key: tuple = (),
@@ -142,6 +157,11 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"--resume: {path} is not an hvdtrain checkpoint "
                               f"(format {state.get('format_version') if isinstance(state, dict) else '?'}, "
                               f"expected {FORMAT_VERSION})")
+    if WORKER_FILE_KEY in state:
+        beside = path.with_name(str(state.get("checkpoint", CHECKPOINT_NAME)))
+        raise CheckpointError(f"--resume: {path} is worker {state[WORKER_FILE_KEY]}'s own state, "
+                              f"kept beside the checkpoint {beside}, not a checkpoint; resume "
+                              f"from {beside}")
     return state
 
 

@@ -133,6 +133,14 @@ class Group:
         they computed meanwhile (ps/pauses.py EvalPauses.resume)."""
         return contextlib.nullcontext()
 
+    # What this worker keeps of its own at each checkpoint, which the lead's checkpoint lacks
+    # (async DiLoCo: the worker's inner optimizer): None, or an object with a ``name`` and
+    # state_dict()/load_state_dict(). Every worker but the lead writes it beside each checkpoint
+    # and loads it back on resume, before the scheme's start() (loop/own_state.py), with no
+    # collective: an async worker reaches its checkpoints alone. Sync schemes need none (their
+    # ranks meet at a checkpoint: sync/local_rounds_scheme.py averages or gathers there).
+    own_state: Any = None
+
     # The workers' mean seconds between the two votes before the one the last agree_to_stop
     # read, the same on every worker (0: it read none): what loop/stop_cadence.py spaces the
     # votes by. A group that does not measure it keeps 0, and is asked after every step.

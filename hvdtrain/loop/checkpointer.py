@@ -24,6 +24,7 @@ from ..models import count_parameters
 from ..run_lock import LOCK_NAME, FolderLock
 from ..scheme import Progress, UpdateScheme
 from ..trackers.state import CheckpointRecord
+from . import own_state
 from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainingError
 from .resume_source import resume_source
@@ -209,11 +210,23 @@ class Checkpointer:
         if state is not None:
             for name, component in self.components.items():
                 component.load_state_dict(state.get(name))
+        self._restore_own_state(checkpoint.checkpoint_path(source), progress)
         if progress.workers != num_workers and self._is_main():
             print(f"warning: checkpoint was written with {progress.workers} workers, this run "
                   f"has {num_workers}; the data order differs from an uninterrupted run",
                   flush=True)
         return state, progress
+
+    def _own_tag(self, progress: Progress) -> dict[str, Any]:
+        return own_state.position(self.identity(), progress.epoch, progress.step,
+                                  self.scheme.group.workers()[0])
+
+    def _restore_own_state(self, source: Path, progress: Progress) -> None:
+        """A worker other than the lead takes its own state back from its file beside the
+        checkpoint (own_state.py), or says why it starts from the lead's."""
+        own = self.scheme.group.own_state
+        if own is not None and not self._is_main():
+            own_state.restore(own, source, self._own_tag(progress))
 
     def _target_reached(self, finished: dict[str, Any] | None) -> str | None:
         """How the checkpoint's run reached this run's --stop-at target, where it ended there
@@ -272,11 +285,14 @@ class Checkpointer:
         """A checkpoint after ``progress.epoch`` whole epochs and ``progress.step`` steps of the
         next one, to ``path`` (default: checkpoint.pt). Collective (the async scheme asks the
         servers); worker 0 writes it, now or (--async-checkpoint) from a copy in the background,
-        after the write before it."""
+        after the write before it. A worker with state of its own (group.own_state: async
+        DiLoCo's inner optimizer) writes that beside it, now (own_state.py)."""
         path = path or self.path
         state = self.scheme.state_dict()
         if not self._is_main():
-            return None
+            own = self.scheme.group.own_state  # its own state, beside the lead's checkpoint
+            return None if own is None else \
+                own_state.save(own.state_dict(), path, self._own_tag(progress))
         if self.taken_over:
             self._hold_lock()
         state = {**state, "identity": self.identity(), "epoch": progress.epoch,

@@ -28,9 +28,11 @@ class DiLoCoClient(ParameterServerClient):
     The staleness bound, --staleness-lr and --bsp/--backup-workers count pushes: outer rounds.
 
     Checkpoints: worker 0 pushes its round first, so the saved model holds its progress, and
-    saves its inner optimizer state, which every worker starts from on resume (as every worker
-    starts from worker 0's BatchNorm buffers). The other workers' rounds under way at a
-    checkpoint are not in it: their batches are outstanding, and trained again on resume."""
+    saves its inner optimizer state; each other worker saves its own beside the checkpoint
+    (group.own_state, loop/own_state.py) and takes it back on resume where it belongs to the
+    checkpoint resumed, else starts from worker 0's (as every worker starts from worker 0's
+    BatchNorm buffers). The other workers' rounds under way at a checkpoint are not in it: their
+    batches are outstanding, and trained again on resume."""
 
     early_copies = False  # its push is a round's difference, not a backward pass's gradient
 
@@ -61,6 +63,7 @@ class DiLoCoClient(ParameterServerClient):
     def attach(self, replica: Replica) -> None:
         super().attach(replica)
         self.optimizer = build_optimizer(self.trained, self.cfg.optim)  # the inner optimizer
+        self.group.own_state = InnerOptimizerState(self.optimizer)
         self.rounds = AsyncRounds(
             self, self.cfg.sync.local_steps, weights=lambda: self.copies.device_params,
             push_buffer=lambda: self.copies.gradient_target(self.link.grads_flat))
@@ -68,7 +71,7 @@ class DiLoCoClient(ParameterServerClient):
     def start(self, state: dict[str, Any] | None, resuming: bool) -> None:
         super().start(state, resuming)  # pulls: the live weights are the server's
         inner = self.worker_comm.bcast(state.get("inner_optimizer") if state else None, root=0)
-        if inner is not None:
+        if inner is not None and not self.group.own_state.loaded:  # else its own, from restore
             self.optimizer.load_state_dict(inner)
         self.rounds.start()
         self._warn_of_early_rounds()
@@ -156,8 +159,7 @@ class DiLoCoClient(ParameterServerClient):
         self.rounds.share_model()
         state = super().state_dict()  # the SAVE brings the server's parameters back
         self.rounds.start()
-        # A copy: torch hands out the live buffers, which the next steps change.
-        return {**state, "inner_optimizer": copy.deepcopy(self.optimizer.state_dict())}
+        return {**state, **self.group.own_state.state_dict()}
 
     def take_epoch_metrics(self) -> dict:
         return {**super().take_epoch_metrics(), "outer_rounds": self.rounds.take_epoch_rounds(),
@@ -171,3 +173,22 @@ class DiLoCoClient(ParameterServerClient):
                      **({"local_steps_worker0": self.rounds.local_steps}
                         if self.dynamic else {})}
         return stats
+
+
+class InnerOptimizerState:
+    """A worker's inner optimizer state: worker 0's goes into the checkpoint, each other
+    worker's beside it (scheme.Group.own_state), under the same key."""
+
+    name = "inner optimizer state"
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.loaded = False  # from this worker's own file on resume: start() keeps it
+
+    def state_dict(self) -> dict[str, Any]:
+        # A copy: torch hands out the live buffers, which the next steps change.
+        return {"inner_optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["inner_optimizer"])
+        self.loaded = True

@@ -51,18 +51,22 @@ def test_under_bsp_a_resumed_run_applies_exactly_the_uninterrupted_runs_outer_ro
     12 rounds (3 an epoch: 8, 8 and the epoch's last 6 steps, cut where worker 0 evaluates) and
     end with the same weights. Before every worker ended its round where worker 0 does, worker
     0 made one round more than worker 1, and its last push waited for ever for a round worker
-    1 never joined (the 4-epoch run hung). The inner SGD has no momentum here: a resume gives
-    every worker worker 0's inner optimizer state (docs/async.md), which momentum would make
-    differ from worker 1's own."""
+    1 never joined (the 4-epoch run hung). The inner SGD has its default momentum: worker 1
+    saves its own inner optimizer state beside the checkpoint (checkpoint.worker-1.pt) and
+    resumes from it. Before, every worker resumed with worker 0's, and the weights differed."""
     flags = ["--mode", "async", "--bsp", "--local-steps", "8", "--outer-lr", "0.7",
-             "--outer-momentum", "0.9", "--momentum", "0", "--no-progress", "--seed", "1"]
+             "--outer-momentum", "0.9", "--no-progress", "--seed", "1"]
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "4", "--run-dir", str(straight))),
         timeout=120)
     run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "2", "--run-dir", str(stopped))),
         timeout=120)
-    run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "4", "--resume", str(stopped),
-                            "--run-dir", str(stopped))), timeout=120)
+    own = torch.load(stopped / "checkpoint.worker-1.pt", weights_only=True)
+    assert (own["own_state_of_worker"], own["epoch"], own["step"]) == (1, 2, 0)
+    assert own["state"]["inner_optimizer"]["state"]  # its momentum buffers
+    resumed = run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "4", "--resume",
+                                      str(stopped), "--run-dir", str(stopped))), timeout=120)
+    assert "starts from worker 0's" not in resumed.stdout + resumed.stderr
     a = torch.load(straight / "checkpoint.pt", weights_only=False)
     b = torch.load(stopped / "checkpoint.pt", weights_only=False)
     assert a["server_state"]["version"] == b["server_state"]["version"] == 12
