@@ -125,13 +125,22 @@ def _mean_wait(p50: float, p90: float) -> float:
 
 def _worker_fits(epochs: list[EpochTimes]) -> list[tuple[float, float, float]]:
     """(base, random mean, mean wait) per worker: each epoch's figures fitted, the median over
-    the epochs (the load of a shared host changes from one epoch to the next)."""
-    out = []
+    the epochs (the load of a shared host changes from one epoch to the next). An async worker
+    may take no batch of an epoch (the lab's worker beside the server finished whole epochs
+    while the other's push crossed a slow link): those epochs say nothing of its speed, and a
+    worker seen in none of them is taken to compute as the others do."""
+    out: list[tuple[float, float, float] | None] = []
     for w in range(epochs[0].times.num_workers):
-        fits = [delay_fit(e.times.compute_p50[w], e.times.compute_mean[w]) for e in epochs]
-        waits = [_mean_wait(e.times.wait_p50[w], e.times.wait_p90[w]) for e in epochs]
-        out.append((_median(f[0] for f in fits), _median(f[1] for f in fits), _median(waits)))
-    return out
+        seen = [e for e in epochs if e.times.steps[w] > 0]
+        fits = [delay_fit(e.times.compute_p50[w], e.times.compute_mean[w]) for e in seen]
+        waits = [_mean_wait(e.times.wait_p50[w], e.times.wait_p90[w]) for e in seen]
+        out.append((_median(f[0] for f in fits), _median(f[1] for f in fits), _median(waits))
+                   if seen else None)
+    known = [f for f in out if f is not None]
+    if not known:
+        return [(0.0, 0.0, 0.0)] * len(out)  # fit_epochs names the missing speed
+    typical = tuple(_median(f[i] for f in known) for i in range(3))
+    return [typical if f is None else f for f in out]
 
 
 def fit_epochs(epochs: list[EpochTimes], lock_step: bool, local_steps: int = 1,
@@ -168,8 +177,9 @@ def fit_epochs(epochs: list[EpochTimes], lock_step: bool, local_steps: int = 1,
     period = _median(e.seconds / e.steps for e in epochs)
     # The loop's own time per step: worker 0 (the one whose clock the log keeps) spends its
     # step period computing, waiting, and in the loop around the update.
+    stepped = [e for e in epochs if e.times.steps[0] > 0] or epochs
     loop = _median(e.seconds / max(1, e.times.steps[0]) - e.times.compute_mean[0]
-                   - workers[0].wait_seconds for e in epochs)
+                   - workers[0].wait_seconds for e in stepped)
     timing = Timing(step_seconds=fastest, apply_seconds=apply_seconds,
                     allreduce_seconds=allreduce, push_seconds=push, loop_seconds=max(0.0, loop))
     warmup = max(0.0, first.seconds - first.steps * period) if first is not None else 0.0

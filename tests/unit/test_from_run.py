@@ -65,6 +65,24 @@ def test_an_async_run_gives_the_push_from_the_least_waiting_worker():
     assert fit.timing.allreduce_seconds == pytest.approx(0.0015)
 
 
+def test_an_async_worker_that_took_no_batch_of_an_epoch_is_fitted_from_its_other_epochs():
+    """An async worker can take no batch of an epoch (its push crossing a slow link while a
+    worker beside the server used the epoch up). Its zeros say nothing of its speed: the fit
+    takes its other epochs, or, seen in none, the other workers' figures; it used to refuse
+    the run ("a worker's median compute per step is 0")."""
+    both = _times([0.002, 0.006], [0.002, 0.006], [0.0015, 0.003])
+    idle = RankStepTimes(steps=(STEPS, 0), samples=(STEPS * 32, 0), compute_p50=(0.002, 0.0),
+                         compute_p90=(0.002, 0.0), compute_mean=(0.002, 0.0),
+                         wait_p50=(0.0015, 0.0), wait_p90=(0.0015, 0.0))
+    fit = fit_epochs([EpochTimes(2, 0.01 * STEPS, STEPS, both),
+                      EpochTimes(3, 0.01 * STEPS, STEPS, idle),
+                      EpochTimes(4, 0.01 * STEPS, STEPS, idle)], lock_step=False)
+    assert fit.workers[1].base_seconds == pytest.approx(0.006)  # epoch 2's, not the zeros
+    alone = fit_epochs([EpochTimes(3, 0.01 * STEPS, STEPS, idle)], lock_step=False)
+    assert alone.workers[1].base_seconds == pytest.approx(0.002)  # as worker 0 computes
+    assert alone.workers[1].factor == pytest.approx(1.0)
+
+
 def test_the_replayed_delays_reproduce_the_fit_and_are_deterministic():
     delays = FittedDelays((0.0, 0.004), (0.0005, 0.001))
     draws = [delays.delay(1, 2, step, 0.002, seed=7) for step in range(20_000)]
