@@ -3,10 +3,15 @@ namespaces joined by a veth pair (scripts/netns/two_hosts.py), whose link is thr
 token bucket (``tc qdisc ... tbf``; netem, which would add a delay, is not in this kernel), and
 the plan's modes run across them at each rate of ``--link-mbit``.
 
-Where the processes go: sync and local SGD/DiLoCo put one worker on each host, so that every
-average crosses the link (a ring of two); the async modes put the server alone on host A and
-the workers on host B, so that every push and pull crosses the link and the workers share it,
-as they share a real server's port. Each rate's runs are an ordinary comparison in a folder of
+Where the processes go: every mode puts one worker on each host, so that the modes compare on
+the same hardware. Sync and local SGD/DiLoCo average across the link (a ring of two); the async
+modes put the server, an extra process, on host A beside worker 1, which reaches it through
+shared memory, while worker 0's pushes and replies cross the link, as on a cluster with no
+spare host for the server. The simulator's link model prices the other placement, the server
+alone on host A and both workers on host B sharing its link (lab_runs' server_beside=False,
+what tests/multiproc/test_link_lab.py checks it against); beside a worker, the lab measured the
+worker there sometimes held behind the other's transfers and sometimes not (docs/comparison.md),
+which the model does not capture. Each rate's runs are an ordinary comparison in a folder of
 their own (OUT/link-100mbit/: report, plots, runs); links.md sets the rates side by side.
 
 Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2's ip and tc, util-linux's unshare,
@@ -87,13 +92,20 @@ class SlowLinks:
         finally:
             self.hosts.__exit__(*exc)
 
-    def hostfile(self, folder: Path, server: bool) -> Path:
-        """A hostfile for a run of two workers: one on each host, or (``server``: an async
-        run) both on host B and the server, the last rank, alone on host A. mpirun puts its
-        own node's slots first whatever the file's order, so the runs start on host B."""
+    def hostfile(self, folder: Path, server: bool, beside: bool = True) -> Path:
+        """A hostfile for a run of two workers, one on each host, and (``server``: an async
+        run) the server, the last rank, on host A beside worker 1; or (not ``beside``) alone on
+        host A, both workers on host B, so that every push and reply crosses the link and the
+        workers share it. mpirun puts its own node's slots first whatever the file's order,
+        and fills them in rank order, so the runs start on host B with worker 0."""
         a, b = self.hosts.addresses
-        path = folder / ("hostfile-async" if server else "hostfile-sync")
-        path.write_text(f"{b} slots=2\n{a} slots=1\n" if server else f"{a} slots=1\n{b} slots=1\n")
+        if not server:
+            path, text = folder / "hostfile-sync", f"{a} slots=1\n{b} slots=1\n"
+        elif beside:
+            path, text = folder / "hostfile-async", f"{b} slots=1\n{a} slots=2\n"
+        else:
+            path, text = folder / "hostfile-async-alone", f"{b} slots=2\n{a} slots=1\n"
+        path.write_text(text)
         return path
 
     def env(self) -> dict[str, str]:
@@ -125,12 +137,14 @@ class LabRun(PlannedRun):
         return [*self.host, shlex.join(super().command(python, run_dir, cores))]
 
 
-def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path) -> list[LabRun]:
-    """The plan's runs, placed on the lab's hosts (hostfiles written into ``folder``)."""
+def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path,
+             server_beside: bool = True) -> list[LabRun]:
+    """The plan's runs, placed on the lab's hosts (hostfiles written into ``folder``); an
+    async run's server beside worker 1, or alone on its host (SlowLinks.hostfile)."""
     folder.mkdir(parents=True, exist_ok=True)
     host = tuple(lab.hosts.on(1, []))
     return [LabRun(run.name, run.mode, run.seed, run.straggler, run.processes, run.train_args,
-                   (*lab.mpirun_flags(lab.hostfile(folder, run.mode.is_async)),
+                   (*lab.mpirun_flags(lab.hostfile(folder, run.mode.is_async, server_beside)),
                     *run.launcher_args), run.faults, host=host)
             for run in runs]
 
@@ -147,7 +161,9 @@ def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_secon
     async run's workers finish one by one). ``loop_seconds``: the loop's own time per step,
     given instead of the fit's, which takes it as what the step period leaves after compute
     and the mean wait and describes a wait by its median and 90th percentile: a sync run's
-    epoch, or loop_seconds() for a run with local steps, gives it better."""
+    epoch, or loop_seconds() for a run with local steps, gives it better. An async run's is
+    the server alone on its host (lab_runs' server_beside=False): the model has no placement
+    beside a worker (see hostfile)."""
     from dataclasses import replace
 
     from .from_run import fit_epochs
@@ -260,8 +276,8 @@ def _links_table(cfg, sections: list[list[str]]) -> str:
     return "\n".join([
         "# Slow-link lab", "",
         f"Two namespace hosts joined by a veth link throttled with tc tbf at each rate; "
-        f"{cfg.workers} workers (sync and DiLoCo: one on each host; async: both on one host, "
-        f"the server on the other); target {cfg.goal.stop_at()}; {cfg.seeds} seeds. Each rate's "
+        f"{cfg.workers} workers (one on each host; async: the server on host A beside "
+        f"worker 1, whose pushes and replies skip the link); target {cfg.goal.stop_at()}; {cfg.seeds} seeds. Each rate's "
         "report, runs and plots: link-RATEmbit/.", "",
         "| link Mbit/s | straggler | mode | time to target, s (mean [95% interval]) |",
         "|---|---|---|---|", *[row for rows in sections for row in rows], ""])

@@ -1,5 +1,5 @@
 """Each worker's own state beside a checkpoint: what a scheme's workers hold apart and the lead's
-checkpoint lacks (UpdateScheme.own_state; async DiLoCo: each worker's inner optimizer).
+checkpoint lacks (Group.own_state, scheme.py; async DiLoCo: each worker's inner optimizer).
 
 No collective: async workers reach a checkpoint at different moments, and a lost worker never
 reaches one, so a meeting there could hang the job. Instead each worker other than the lead

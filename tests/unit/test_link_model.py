@@ -171,7 +171,7 @@ def test_plan_links_is_refused_with_what_to_do_where_the_lab_cannot_run(tmp_path
         link_lab.check_lab(options(tmp_path, "--plan", "links", "--link-mbit", "0"))
 
 
-def test_lab_runs_start_on_host_b_with_the_server_alone_on_host_a(tmp_path):
+def test_lab_runs_start_on_host_b_with_one_worker_a_host_and_the_server_beside_worker_1(tmp_path):
     import shlex
 
     from hvdtrain.compare import plan as planning
@@ -183,7 +183,8 @@ def test_lab_runs_start_on_host_b_with_the_server_alone_on_host_a(tmp_path):
                     tmp_path)
     a, b = lab.hosts.addresses
     assert (tmp_path / "hostfile-sync").read_text() == f"{a} slots=1\n{b} slots=1\n"
-    assert (tmp_path / "hostfile-async").read_text() == f"{b} slots=2\n{a} slots=1\n"
+    # rank 0 (worker 0) on B; worker 1 and the server, the last rank, on A
+    assert (tmp_path / "hostfile-async").read_text() == f"{b} slots=1\n{a} slots=2\n"
     command = runs[1].command("python", "RUN")
     assert command[:2] == [str(lab.hosts.on(1, [])[0]), b]  # netns_ssh, host B
     words = shlex.split(command[2])  # one word, through netns_ssh's shell
@@ -192,6 +193,12 @@ def test_lab_runs_start_on_host_b_with_the_server_alone_on_host_a(tmp_path):
     # that takes every core (which a hostfile bypasses) says
     assert words[words.index("mpi_yield_when_idle") + 1] == "1"
     assert words[words.index("--hostfile") + 1] == str(tmp_path / "hostfile-async")
+    # the server alone on A, both workers on B: every push and reply crosses the link
+    alone = lab_runs(lab, planning.plan(modes[1:], [0], ["none"], 2, []), tmp_path,
+                     server_beside=False)
+    words = shlex.split(alone[0].command("python", "RUN")[2])
+    assert words[words.index("--hostfile") + 1] == str(tmp_path / "hostfile-async-alone")
+    assert (tmp_path / "hostfile-async-alone").read_text() == f"{b} slots=2\n{a} slots=1\n"
 
 
 def lab_epoch(compute: float, wait_p50: float = 0.0, wait_p90: float = 0.0,
