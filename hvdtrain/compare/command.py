@@ -13,6 +13,7 @@ from ..exit_codes import EXIT_FAILED
 from ..run_lock import FolderLock
 from . import plan as planning
 from .options import CompareConfig, add_compare_flags, ints
+from .runner import stop_on_sigterm
 from .target_metric import check_plan_target
 
 
@@ -67,14 +68,15 @@ def main(args: argparse.Namespace) -> int:
     # Two compares into one folder would run the same plan twice and overwrite each other's
     # runs and report.
     lock = FolderLock(out, flag="--out")
-    lock.acquire()
-    try:
-        if cfg.plan == "links":
-            from .link_lab import run_lab
-            return run_lab(cfg, out, runs, modes, _run_plan)
-        return _run_plan(cfg, out, runs, modes)
-    finally:
-        lock.release()
+    with stop_on_sigterm():
+        lock.acquire()
+        try:
+            if cfg.plan == "links":
+                from .link_lab import run_lab
+                return run_lab(cfg, out, runs, modes, _run_plan)
+            return _run_plan(cfg, out, runs, modes)
+        finally:
+            lock.release()
 
 
 def _simulated_args(cfg: CompareConfig, train_args: list[str]) -> list[str]:

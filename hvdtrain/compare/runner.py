@@ -4,6 +4,7 @@ tried again next time."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -83,6 +84,26 @@ def _attempt(command: list[str], log, timeout: float) -> tuple[int | None, str]:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         return None, f"timed out after {timeout:g} s"
+    except BaseException:  # compare itself stopped (Ctrl-C, stop_on_sigterm): the run's job too
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """Inside it, a SIGTERM (a scheduler's, ``kill``) ends compare as Ctrl-C does, through its
+    finally clauses: they stop the run under way (a session of its own, which the signal never
+    reaches), remove the slow-link lab's namespaces and free the --out folder. Python's default
+    for SIGTERM ends the process at once and leaves all three behind."""
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def last_lines(path: Path, n: int = 3) -> str:
