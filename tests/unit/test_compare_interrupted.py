@@ -11,8 +11,11 @@ import time
 
 import pytest
 
+# The child compare: Ctrl-C at a terminal raises KeyboardInterrupt, but a job started in the
+# background (CI's, nohup's) inherits SIGINT ignored, so the child puts Python's handler back.
 CHILD = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from hvdtrain.compare.runner import _attempt, stop_on_sigterm
 with open(sys.argv[2], "w") as log, stop_on_sigterm():
     _attempt(["sh", "-c", "echo $$ > " + sys.argv[1] + "; exec sleep 60"], log, 120)
