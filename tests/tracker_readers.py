@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from pathlib import Path
 
 
@@ -63,8 +64,23 @@ def wandb_records(path: Path) -> list:
     return out
 
 
-def wandb_offline_runs(run_dir: Path) -> list[Path]:
-    return sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+def wandb_offline_runs(run_dir: Path, timeout: float = 60.0) -> list[Path]:
+    """The run's offline W&B files, each once it holds its exit record. W&B's service process
+    writes the file on its own: under load, a file read just after finish() returned held no
+    run record yet (seen once in CI), so each is waited for, ``timeout`` seconds at most."""
+    paths = sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"))
+    deadline = time.monotonic() + timeout
+    for path in paths:
+        while not _wandb_exited(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    return paths
+
+
+def _wandb_exited(path: Path) -> bool:
+    try:
+        return any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path))
+    except Exception:  # noqa: BLE001 - a header or a record still half-written: not yet
+        return False
 
 
 def wandb_history(path: Path) -> list[dict]:
