@@ -253,22 +253,33 @@ def run_lab(cfg, out: Path, runs: list[PlannedRun], modes, run_plan) -> int:
 
 def _rate_section(mbit: int, folder: Path) -> list[str]:
     """Rows of links.md for one rate: time to target per (straggler, mode), from the rate's
-    summary.csv, with the usual bootstrap interval over the seeds (stats.bootstrap_ci)."""
+    summary.csv, with the usual bootstrap interval over the seeds (stats.bootstrap_ci), and
+    against sync's under the same straggler (stats.ratio_ci) where every run of both reached
+    the target."""
     import csv
 
-    from .stats import bootstrap_ci
+    from .stats import bootstrap_ci, ratio_ci
 
     groups: dict[tuple[str, str], list[str]] = {}
     with open(folder / "summary.csv", newline="") as f:
         for row in csv.DictReader(f):
             groups.setdefault((row["straggler"], row["mode"]), []).append(row["time_to_target"])
+    times = {key: [float(t) for t in runs if t not in ("", "None")]
+             for key, runs in groups.items()}
+    complete = {key for key, runs in groups.items() if len(times[key]) == len(runs)}
+
+    def interval(ci) -> str:
+        return f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}]" if ci else "-"
+
     rows = []
-    for (straggler, mode), times in groups.items():
-        reached = [float(t) for t in times if t not in ("", "None")]
-        ci = bootstrap_ci(reached) if len(reached) == len(times) else None
-        mean = (f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}]" if ci else
-                f"{len(reached)}/{len(times)} reached")
-        rows.append(f"| {mbit} | {straggler} | {mode} | {mean} |")
+    for (straggler, mode), runs in groups.items():
+        key, sync = (straggler, mode), (straggler, "sync")
+        mean = (interval(bootstrap_ci(times[key])) if key in complete else
+                f"{len(times[key])}/{len(runs)} reached")
+        ratio = (ratio_ci(times[key], times[sync]) if key in complete and sync in complete
+                 else None)
+        against = "1" if mode == "sync" else interval(ratio)
+        rows.append(f"| {mbit} | {straggler} | {mode} | {mean} | {against} |")
     return rows
 
 
@@ -279,5 +290,6 @@ def _links_table(cfg, sections: list[list[str]]) -> str:
         f"{cfg.workers} workers (one on each host; async: the server on host A beside "
         f"worker 1, whose pushes and replies skip the link); target {cfg.goal.stop_at()}; {cfg.seeds} seeds. Each rate's "
         "report, runs and plots: link-RATEmbit/.", "",
-        "| link Mbit/s | straggler | mode | time to target, s (mean [95% interval]) |",
-        "|---|---|---|---|", *[row for rows in sections for row in rows], ""])
+        "| link Mbit/s | straggler | mode | time to target, s (mean [95% interval]) | "
+        "against sync's time (ratio of the means [95% interval]) |",
+        "|---|---|---|---|---|", *[row for rows in sections for row in rows], ""])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..stragglers import parse_straggler
 from .results import RunResult, final_value
-from .stats import bootstrap_ci, separated
+from .stats import bootstrap_ci, ratio_ci, separated
 from .target_metric import Target
 
 
@@ -78,6 +78,7 @@ def summarize(results: list[RunResult], workers: int | None = None,
         out[key] = {
             "runs": len(runs), "ok": len(ok), "reached": len(reached),
             "failed": [r for r in runs if r.status != "ok"],
+            "times": [r.time_to_target for r in reached],
             "time_ci": bootstrap_ci([r.time_to_target for r in reached]),
             # samples every worker trained on until the target: what staleness costs in work
             "samples_to_target": _mean_std([r.time_to_target * r.samples_per_sec for r in reached
@@ -94,7 +95,15 @@ def summarize(results: list[RunResult], workers: int | None = None,
         s["samples_vs_sync"] = (s["samples_to_target"][0] / sync["samples_to_target"][0]
                                 if both else None)
         s["ceiling"] = ceiling(straggler, workers) if workers else None
+        # time to target over sync's, with its interval: only where every run of both reached
+        # it (a mean over the runs that did would flatter a mode that sometimes never gets there)
+        s["time_vs_sync"] = (ratio_ci(s["times"], sync["times"]) if sync and mode != "sync"
+                             and _complete(s) and _complete(sync) else None)
     return out
+
+
+def _complete(s: dict) -> bool:
+    return bool(s["runs"]) and s["reached"] == s["runs"]
 
 
 def _vs_sync(s: dict) -> str:
@@ -116,7 +125,7 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
     rows = {mode: s for (st, mode), s in summary.items() if st == straggler}
     label = ("without a straggler" if straggler == "none" else
              f"with straggler {straggler} ({parse_straggler(straggler).describe()})")
-    complete = {m: s for m, s in rows.items() if s["runs"] and s["reached"] == s["runs"]}
+    complete = {m: s for m, s in rows.items() if _complete(s)}
     missing = [m for m in rows if m not in complete]
     note = (f" Not every run of {', '.join(missing)} reached {target.short()} (see the table), so "
             "those modes are not ranked." if missing else "")
@@ -137,11 +146,11 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
 
     settled = apart(best, runner_up)
     if "sync" in complete and best != "sync":
-        share = complete[best]["time_ci"][0] / complete["sync"]["time_ci"][0]
+        share = _ci(complete[best]["time_vs_sync"])
         beats = apart(best, "sync")
-        text += (f" **{best} beats sync**: it needs {share:.2f} of sync's time, and the "
+        text += (f" **{best} beats sync**: it needs {share} of sync's time, and the "
                  "intervals separate." if beats else
-                 f" {best} needs {share:.2f} of sync's time on average, but their intervals "
+                 f" {best} needs {share} of sync's time on average, but their intervals "
                  "overlap, so **whether it beats sync is not settled** by these runs.")
     elif best == "sync":
         ratio = complete[runner_up]["time_ci"][0] / complete["sync"]["time_ci"][0]
@@ -149,8 +158,21 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
                  f" sync is fastest on average ({runner_up} took {ratio:.2f}x as long), but the "
                  "intervals overlap, so **the ranking is not settled** by these runs.")
     if best != "sync" and runner_up != "sync" and not settled:
-        text += (f" {best} and {runner_up} are not told apart (their intervals overlap).")
+        text += (f" {best} and {runner_up} are not told apart (their intervals overlap)"
+                 f"{_why_close(complete[best], complete[runner_up], runner_up)}.")
     return text + note
+
+
+def _why_close(a: dict, b: dict, b_name: str) -> str:
+    """What sets two modes' times to target close: a time is the samples to the target over
+    the samples per second, so a faster mode that needs more samples gains less than its
+    speed. Empty where a figure is missing."""
+    rates, samples = (a["rate"][0], b["rate"][0]), (a["samples_to_target"][0],
+                                                     b["samples_to_target"][0])
+    if not all(rates) or not all(samples):
+        return ""
+    return (f": it trained {rates[0] / rates[1]:.2f}x {b_name}'s samples per second and needed "
+            f"{samples[0] / samples[1]:.2f}x its samples to reach the target")
 
 
 def _capitalized(text: str) -> str:
@@ -182,7 +204,9 @@ def write_report(results: list[RunResult], path: Path, target: Target | str | fl
         f"Target: {target.describe()}. Time to target: seconds of training (from the first "
         "step; start-up and the evaluations' own time excluded) until the first evaluation "
         f"{target.side} the target; the mean over the seeds that reached it, with its 95% "
-        "bootstrap interval over the seeds in brackets. Samples to target: every worker's "
+        "bootstrap interval over the seeds in brackets; against sync's, the ratio of the means "
+        "with its bootstrap interval (where every run of both reached the target). Samples to "
+        "target: every worker's "
         "training samples until then (samples/s times the time), against sync's: what "
         "staleness costs in work. "
         "Samples/s: every worker's training samples over the run's training time. Throughput "
@@ -195,17 +219,20 @@ def write_report(results: list[RunResult], path: Path, target: Target | str | fl
         "every "
         f"gradient the server applied (sync is 0 by definition). Every mode has {workers} "
         "workers; async modes add parameter-server processes.", "",
-        "| straggler | mode | runs ok | reached target | time to target (s) | samples to target "
+        "| straggler | mode | runs ok | reached target | time to target (s) | time to target "
+        "vs sync | samples to target "
         f"vs sync | final {target.metric.replace('_', ' ')} | samples/s | throughput vs sync | "
         "mean staleness |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (straggler, mode), s in summary.items():
         runs_ok = f"{s['ok']}/{s['runs']}" + (" (failed)" if s["failed"] else "")
         samples = "-" if s["samples_vs_sync"] is None else f"{s['samples_vs_sync']:.2f}x"
         lines.append(
             f"| {straggler} | {mode} | {runs_ok} | {s['reached']}/{s['runs']} | "
-            f"{_ci(s['time_ci'])} | {samples} | {_fmt(*s['final'], digits=4)} | "
+            f"{_ci(s['time_ci'])} | {'1' if mode == 'sync' else _ci(s['time_vs_sync'])} | "
+            f"{samples} | "
+            f"{_fmt(*s['final'], digits=4)} | "
             f"{_fmt(*s['rate'], digits=0)} | {_vs_sync(s)} | {_fmt(*s['staleness'])} |")
     lines += ["", "## Finding", ""] + [finding(summary, c, target) for c in conditions]
     failed = [r for r in results if r.status != "ok"]

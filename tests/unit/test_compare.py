@@ -8,7 +8,7 @@ import pytest
 
 from hvdtrain.compare.plan import Mode, modes, plan
 from hvdtrain.compare.report import ceiling, finding, summarize
-from hvdtrain.compare.stats import bootstrap_ci, separated
+from hvdtrain.compare.stats import bootstrap_ci, ratio_ci, separated
 from hvdtrain.compare.results import RunResult, time_to_target
 from hvdtrain.stragglers import StragglerModel, parse_straggler
 
@@ -92,7 +92,14 @@ def test_finding_states_what_was_measured():
     text = finding(summary, "3x", 0.9)
     # sync 4.0 and 4.4 s, async 1.0 and 1.2 s: the bootstrap intervals are the ranges.
     assert summary[("3x", "async")]["time_ci"] == pytest.approx((1.1, 1.0, 1.2))
-    assert "**async beats sync**: it needs 0.26 of sync's time" in text
+    # 1.1 s against 4.2 s, and the ratio's interval from the resampled means of both
+    assert summary[("3x", "async")]["time_vs_sync"] == pytest.approx(
+        (1.1 / 4.2, 1.0 / 4.4, 1.2 / 4.0), rel=1e-6)
+    assert "**async beats sync**: it needs 0.26 [0.23, 0.30] of sync's time" in text
+    # the failed mode and sync itself have no ratio of times to speak of, a mode whose runs
+    # did not all reach the target neither
+    assert summary[("3x", "ssp2")]["time_vs_sync"] is None
+    assert summary[("3x", "sync")]["time_vs_sync"] is None  # the table says 1
     assert "Not every run of ssp2" in text
     slower = [_result("sync-0", "sync", "none", 0, [(1.0, 0.95)]),
               _result("sync-1", "sync", "none", 1, [(1.1, 0.95)]),
@@ -110,9 +117,35 @@ def test_a_winner_is_named_only_when_the_intervals_separate():
     assert "beats sync" not in text.replace("whether it beats sync is not settled", "")
     assert "**whether it beats sync is not settled**" in text
     # One run per mode: far apart, yet one run has no interval, so nothing is settled.
+    # Two modes not told apart: the finding says what set them close, from the measures
+    close = [_result("sync-0", "sync", "3x", 0, [(9.0, 0.95)]),
+             _result("sync-1", "sync", "3x", 1, [(9.5, 0.95)])]
+    for seed, (quick, slow) in enumerate([(2.0, 2.5), (2.6, 2.3)]):
+        close += [_result(f"fast-{seed}", "fast", "3x", seed, [(quick, 0.95)]),
+                  _result(f"frugal-{seed}", "frugal", "3x", seed, [(slow, 0.95)])]
+        close[-2].samples_per_sec = 1500.0  # fast trains 1.5x frugal's samples per second
+    text = finding(summarize(close), "3x", 0.9)
+    # fast: 2.3 s at 1500 samples/s; frugal: 2.4 s at 1000
+    assert ("fast and frugal are not told apart (their intervals overlap): it trained 1.50x "
+            "frugal's samples per second and needed 1.44x its samples to reach the target.") in text
     single = [_result("sync-0", "sync", "3x", 0, [(9.0, 0.95)]),
               _result("async-0", "async", "3x", 0, [(1.0, 0.95)])]
     assert "not settled" in finding(summarize(single), "3x", 0.9)
+
+
+def test_the_ratio_interval_is_narrower_than_setting_one_interval_against_the_other():
+    rng = np.random.default_rng(2)
+    fast, slow = list(rng.normal(14, 1.5, 4)), list(rng.normal(77, 9, 4))
+    ratio, low, high = ratio_ci(fast, slow)
+    assert ratio == pytest.approx(np.mean(fast) / np.mean(slow)) and low < ratio < high
+    (_, fast_low, fast_high), (_, slow_low, slow_high) = bootstrap_ci(fast), bootstrap_ci(slow)
+    assert fast_low / slow_high < low and high < fast_high / slow_low
+    # more runs, a narrower interval; nothing to divide by, no interval
+    wide = high - low
+    _, low, high = ratio_ci(list(rng.normal(14, 1.5, 40)), list(rng.normal(77, 9, 40)))
+    assert high - low < wide / 2
+    assert ratio_ci([], [1.0]) is None and ratio_ci([1.0], []) is None
+    assert ratio_ci([1.0], [0.0]) is None
 
 
 def test_bootstrap_interval_covers_the_mean_and_narrows_with_more_seeds():

@@ -156,6 +156,8 @@ def test_the_report_says_the_metric_and_its_direction(tmp_path):
     assert rows["sync"]["final test loss"] == "1.5000 ± 0.0000"
     assert rows["sync"]["time to target (s)"] == "3.00 [3.00, 3.00]"
     assert rows["async"]["time to target (s)"] == "2.00 [2.00, 2.00]"
+    assert rows["async"]["time to target vs sync"] == "0.67 [0.67, 0.67]"
+    assert rows["sync"]["time to target vs sync"] == "1"
     text = finding(summarize(results, 2, LOSS), "none", LOSS)
     assert "time to test_loss <= 2 (mean [95% interval])" in text and "**async beats sync**" in text
 

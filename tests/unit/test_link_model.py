@@ -201,6 +201,27 @@ def test_lab_runs_start_on_host_b_with_one_worker_a_host_and_the_server_beside_w
     assert (tmp_path / "hostfile-async-alone").read_text() == f"{b} slots=2\n{a} slots=1\n"
 
 
+def test_links_md_sets_each_mode_against_sync_with_the_ratios_interval(tmp_path):
+    import csv
+
+    from hvdtrain.compare import link_lab
+    from hvdtrain.compare.stats import ratio_ci
+
+    rows = [("sync", 0, 70.0), ("sync", 1, 80.0), ("diloco8", 0, 13.0), ("diloco8", 1, 15.0),
+            ("adiloco8", 0, 14.0), ("adiloco8", 1, "")]  # one async run never got there
+    with open(tmp_path / "summary.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["straggler", "mode", "seed", "time_to_target"])
+        writer.writerows([("none", *row) for row in rows])
+    section = link_lab._rate_section(100, tmp_path)
+    ratio = ratio_ci([13.0, 15.0], [70.0, 80.0])
+    assert ratio[0] == pytest.approx(14 / 75)
+    assert section[1] == (f"| 100 | none | diloco8 | 14.00 [13.00, 15.00] | {ratio[0]:.2f} "
+                          f"[{ratio[1]:.2f}, {ratio[2]:.2f}] |")
+    assert section[2] == "| 100 | none | adiloco8 | 1/2 reached | - |"  # no mean to divide
+    assert section[0] == "| 100 | none | sync | 75.00 [70.00, 80.00] | 1 |"
+
+
 def lab_epoch(compute: float, wait_p50: float = 0.0, wait_p90: float = 0.0,
               seconds: float = 1.0, steps: int = 20):
     """An epoch of a two-worker lab run as from_run reads it from the log."""
