@@ -166,6 +166,36 @@ class Replica:
         return total
 
 
+class ScoredWith:
+    """``replica`` scored with other weights than its live ones, and trained on untouched: its
+    ``evaluate`` copies ``weights`` into ``live`` (tensors in the same order and shapes; the
+    tensors the model reads, or a flat buffer they are views of), scores, and copies the live
+    values back, calling ``refresh`` (if given) after each copy for a model that reads copies
+    of ``live``. For DiLoCo's evaluations inside a round: the model the workers last agreed on
+    is scored, and the round goes on as if nothing had read it. Anything else is the
+    replica's own."""
+
+    def __init__(self, replica: Replica, live: list[torch.Tensor], weights: list[torch.Tensor],
+                 refresh: Callable[[], None] = lambda: None):
+        self.replica, self.live, self.weights, self.refresh = replica, live, weights, refresh
+
+    @torch.no_grad()
+    def evaluate(self, batches) -> BatchStats | None:
+        stash = [t.clone() for t in self.live]  # one model's copy, while it is scored
+        for t, w in zip(self.live, self.weights):
+            t.copy_(w)
+        self.refresh()
+        try:
+            return self.replica.evaluate(batches)
+        finally:
+            for t, kept in zip(self.live, stash):
+                t.copy_(kept)
+            self.refresh()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.replica, name)
+
+
 def output_device(output: Any) -> torch.device | None:
     if isinstance(output, torch.Tensor):
         return output.device

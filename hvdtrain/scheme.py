@@ -217,10 +217,13 @@ class UpdateScheme:
         raise NotImplementedError
 
     # --- hooks with defaults ------------------------------------------------------------------
-    def eval_replica(self) -> Replica:
+    def eval_replica(self, closing: bool = False) -> Replica:
         """The replica whose weights are evaluated, inside group.evaluating(): the one attach()
         took, which a subclass keeps as ``self.replica`` (sync averages its buffers first; the
-        async scheme pulls fresh weights; a round of local steps under way ends there). It runs
+        async scheme pulls fresh weights; plain local SGD's round under way ends there, and
+        DiLoCo's goes on while the model its workers last agreed on is scored). ``closing``:
+        the evaluation closes an epoch, whose end shares the model anyway, so a round under
+        way ends here and the model scored is the one the epoch's checkpoint saves. It runs
         on the training clock, before the evaluation's own time starts: the evaluation's moment
         is when its weights were taken, and a round's exchange is training's own work, which
         the round would have done a few steps later. (Charged to the evaluation, async DiLoCo's

@@ -216,13 +216,11 @@ def write_report(results: list[RunResult], path: Path, target: Target | str | fl
         "is given (over 100%: its steps cost less than sync's per sample, e.g. a push to a "
         "server on the same host against an allreduce, or balanced's larger shares on the fast "
         "workers, which spread a step's fixed part over more samples). Mean staleness: over "
-        "every "
-        f"gradient the server applied (sync is 0 by definition). Every mode has {workers} "
+        f"every gradient the server applied (sync is 0 by definition). Every mode has {workers} "
         "workers; async modes add parameter-server processes.", "",
-        "| straggler | mode | runs ok | reached target | time to target (s) | time to target "
-        "vs sync | samples to target "
-        f"vs sync | final {target.metric.replace('_', ' ')} | samples/s | throughput vs sync | "
-        "mean staleness |",
+        "| straggler | mode | runs ok | reached target | time to target (s) | time to target vs "
+        f"sync | samples to target vs sync | final {target.metric.replace('_', ' ')} | "
+        "samples/s | throughput vs sync | mean staleness |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (straggler, mode), s in summary.items():

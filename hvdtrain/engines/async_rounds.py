@@ -6,9 +6,10 @@ come back, which are both its live weights and the next round's start. The serve
 outer optimizer to each push as it arrives (ps/shard_optimizer.py, rules/local_sgd.OuterStep).
 
 Unlike sync's rounds (local_rounds.py) nothing here is collective: a worker never waits for
-another, only for the server's reply. Where the model is read (worker 0's evaluation, a
-checkpoint, the end of training) the round ends early (``share_model``), so that the server's
-model holds this worker's progress.
+another, only for the server's reply. Where the model is read (a checkpoint, the end of
+training, an evaluation at an epoch's end) the round ends early (``share_model``), so that the
+server's model holds this worker's progress; an evaluation inside an epoch scores the round's
+start (``pulled``) and ends nothing (ps/diloco_client.py eval_replica).
 """
 
 from __future__ import annotations

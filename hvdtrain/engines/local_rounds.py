@@ -6,9 +6,11 @@ torch.distributed schemes (sync/) and the simulator's virtual workers (compare/s
 class; it reaches the other workers only through the port.
 
 What it decides, besides the H-step cadence:
-- a round ends early wherever the model is read (``share_model``: an evaluation, the end of
-  training), so that every worker holds the same model; under DiLoCo an early round is one more
-  outer step;
+- a round ends early wherever the model is read (``share_model``: the end of training, an
+  evaluation at an epoch's end, and under plain averaging any evaluation), so that every worker
+  holds the same model; under DiLoCo an early round is one more outer step, so an evaluation
+  inside an epoch scores the model agreed at the round's start instead (``RoundRule.agreed``,
+  sync/local_rounds_scheme.py eval_replica) and the round goes on;
 - at epoch ends and checkpoints the inner optimizer state is averaged too (``share_everything``),
   so that a checkpoint holds the state every worker continues with. The workers first agree on
   how many state tensors they hold (under fp16 a worker whose every step overflowed has none);

@@ -41,8 +41,9 @@ class Evaluator(EvalCadence):
         self.scheme = scheme
         self.names = metric_names
 
-    def timed(self, clock: TrainingClock):
-        """(test figures, wall seconds when evaluated, training seconds by then), on ``clock``.
+    def timed(self, clock: TrainingClock, closing: bool = False):
+        """(test figures, wall seconds when evaluated, training seconds by then), on ``clock``;
+        ``closing``: the evaluation at an epoch's end (scheme.eval_replica).
         Inside scheme.group.evaluating(), nobody trains off that clock: waiting for a straggler
         is training time, and so is what the scheme does to bring its weights to be scored
         (scheme.eval_replica: a round of local steps cut short there is training's exchange)."""
@@ -50,7 +51,7 @@ class Evaluator(EvalCadence):
             partition = self.scheme.group.eval_partition
             if self.test is None or partition is None:
                 return clock.timed(lambda: None)  # nothing scored here
-            replica = self.scheme.eval_replica()  # on the training clock
+            replica = self.scheme.eval_replica(closing)  # on the training clock
             return clock.timed(lambda: self.evaluate(replica, *partition))
 
     def evaluate(self, replica, part: int, parts: int) -> tuple[float, dict[str, float | None]]:

@@ -167,8 +167,8 @@ class Trainer:
         if epoch + 1 == self.cfg.run.epochs:
             self.stopping.before_last_evaluation()  # the last evaluation sees every update
         due = self.evaluator.due(epoch)
-        test, wall_seconds, train_seconds = (self.evaluator.timed(self.clock) if due
-                                             else (None, *self.clock.now()))
+        test, wall_seconds, train_seconds = (self.evaluator.timed(self.clock, closing=True)
+                                             if due else (None, *self.clock.now()))
         self.plan.finish_epoch(p)
         # rounded as the line rounds wall_seconds (1 ms): train <= wall holds in the log too
         self.log.end_epoch(epoch, p.global_step, lr, self.num_workers, test, wall_seconds,

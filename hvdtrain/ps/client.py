@@ -237,7 +237,7 @@ class ParameterServerClient(UpdateScheme):
         end (async_group.py)."""
         return self.peers.agree(value, op, what)
 
-    def eval_replica(self) -> Replica:
+    def eval_replica(self, closing: bool = False) -> Replica:
         self.pull()  # score the servers' current parameters
         return self.replica
 

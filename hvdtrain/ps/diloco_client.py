@@ -14,7 +14,7 @@ from typing import Any
 
 from ..engines.async_rounds import AsyncRounds
 from ..optim import build_optimizer
-from ..replica import BatchStats, Replica
+from ..replica import BatchStats, Replica, ScoredWith
 from ..rules.local_sgd import dynamic_local_steps
 from ..rules.registry import server_rules
 from .client import ParameterServerClient
@@ -74,16 +74,6 @@ class DiLoCoClient(ParameterServerClient):
         if inner is not None and not self.group.own_state.loaded:  # else its own, from restore
             self.optimizer.load_state_dict(inner)
         self.rounds.start()
-        self._warn_of_early_rounds()
-
-    def _warn_of_early_rounds(self) -> None:
-        """Worker 0's evaluation ends its round early (as sync DiLoCo's does): evaluations
-        every N steps, N not a multiple of H, cut most of its rounds short."""
-        every, h = self.cfg.run.eval_every_steps, self.cfg.sync.local_steps
-        if every and every % h and self.is_main:
-            print(f"hvdtrain: warning: --eval-every-steps {every} is not a multiple of "
-                  f"--local-steps {h}: worker 0 ends its round early at every evaluation, "
-                  f"pushing fewer than {h} steps; use a multiple of {h}", flush=True)
 
     # --- the hot path --------------------------------------------------------------------------
     def step(self, x: Any, y: Any, lr: float) -> BatchStats:
@@ -136,9 +126,24 @@ class DiLoCoClient(ParameterServerClient):
                                                           fastest_us / 1e6)
 
     # --- where the model is read ---------------------------------------------------------------
-    def eval_replica(self) -> Replica:
-        self.rounds.refresh()  # push this worker's round, or pull: score the server's model
-        return self.replica
+    def eval_replica(self, closing: bool = False) -> Replica:
+        """Inside a round (not at an epoch's end, ``closing``, whose checkpoint pushes it
+        anyway), the server's parameters of this worker's last reply, the round's start: scored
+        with nothing sent, and the round goes on untouched, as sync DiLoCo's evaluations do
+        (sync/local_rounds_scheme.py). Ending worker 0's round at each evaluation cut its
+        rounds to a few steps (evaluations count every worker's steps), each push crossing the
+        link: the lab's worker 0 pushed 10 times to worker 1's 5 at H = 16. At a round's
+        start the live weights are that reply's: scored as they are. Under lock-step rounds
+        (--bsp) the others end their rounds where worker 0 evaluates, not knowing whether it
+        closes an epoch (model_read_by_worker_0), so worker 0 ends its round too: it pushes
+        its round and scores the server's model, as at an epoch's end."""
+        if closing or self.lock_step:
+            self.rounds.refresh()
+            return self.replica
+        if not self.rounds.unshared_steps:
+            return self.replica
+        return ScoredWith(self.replica, [self.copies.device_params], [self.rounds.pulled],
+                          refresh=self.flat.copy_out)
 
     def model_read_by_worker_0(self) -> None:
         """Worker 0 ends its round early where it reads the model. Under lock-step rounds

@@ -45,6 +45,11 @@ class RoundRule:
     def restart(self, params: list[torch.Tensor]) -> None:
         """The workers (re)start from ``params``: the start of training or of a resume."""
 
+    def agreed(self) -> list[torch.Tensor] | None:
+        """The parameters every worker agreed on at the last round, where the rule keeps them
+        (DiLoCo: the round's start); None for plain averaging, which keeps nothing."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -66,6 +71,9 @@ class OuterNesterov(RoundRule):
         # torch refuses Nesterov without momentum; with momentum 0 it is plain outer SGD anyway.
         self.optimizer = torch.optim.SGD(self.start, lr=lr, momentum=momentum,
                                          nesterov=momentum > 0)
+
+    def agreed(self) -> list[torch.Tensor]:
+        return self.start
 
     def sent(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
         with torch.no_grad():

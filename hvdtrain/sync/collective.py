@@ -106,7 +106,7 @@ class CollectiveSync(UpdateScheme):
         self.group.finish_vote()  # the last step's vote: no rank reads it any more
         return False  # every rank trained every step: a late signal has nothing left to stop
 
-    def eval_replica(self) -> Replica:
+    def eval_replica(self, closing: bool = False) -> Replica:
         self._share_model()
         return self.replica
 

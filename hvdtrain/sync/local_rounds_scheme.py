@@ -15,7 +15,7 @@ from ..engines.local_rounds import LocalRounds, optimizer_tensors, rule_for_wire
 from ..engines.ports import CollectivePort
 from ..engines.sync_step import ReplicaLearner, SyncStep
 from ..optim import build_optimizer
-from ..replica import Replica
+from ..replica import Replica, ScoredWith
 from ..rules.wire_dtype import narrow_dtype
 from ..runtime import Runtime
 from .collective import CollectiveSync
@@ -31,10 +31,15 @@ class LocalSGDSync(CollectiveSync):
     Lin et al. and most implementations keep it: averaging it every round would double the
     traffic. DiLoCo keeps the same treatment (the paper keeps it local throughout; averaging it
     where the model is shared anyway costs nothing extra per round and makes resumes exact).
-    Wherever something reads "the model" (an evaluation, a checkpoint, the end of training or
-    of an epoch) a round is completed early, so the model is the same on every rank (DiLoCo
-    takes its outer step over the inner steps so far); at epoch ends and checkpoints the inner
-    optimizer state is averaged too, so a checkpoint holds the state every rank continues with.
+    Wherever something reads "the model" (a checkpoint, the end of training or of an epoch, and
+    under plain local SGD an evaluation) a round is completed early, so the model is the same
+    on every rank (DiLoCo takes its outer step over the inner steps so far); at epoch ends and
+    checkpoints the inner optimizer state is averaged too, so a checkpoint holds the state every
+    rank continues with. DiLoCo's evaluation inside an epoch ends no round: it scores the model
+    the ranks agreed on at the round's start (eval_replica), so that evaluations never change
+    training (an early round is one more outer momentum step: simulated on digits, evaluations
+    every 4 steps of H = 8 left DiLoCo at 0.78 test accuracy, against 0.95 every 8) and H is
+    what --local-steps says whatever --eval-every-steps is.
     The outer optimizer's momentum and the round's start are the same on every rank and go into
     the checkpoint. A resume from an epoch checkpoint therefore continues exactly as an
     uninterrupted run. A checkpoint inside an epoch (--checkpoint-steps, a stop signal, a
@@ -91,6 +96,23 @@ class LocalSGDSync(CollectiveSync):
     def _share_model(self) -> None:
         self.rounds.share_model()
 
+    def eval_replica(self, closing: bool = False) -> Replica:
+        """Inside a DiLoCo round (not at an epoch's end, ``closing``, which ends it anyway), the
+        model the ranks agreed on at its start, with their BatchNorm statistics averaged for the
+        evaluation alone: scored, and the round goes on untouched (class docstring). It is up
+        to H - 1 steps behind each rank's own weights. Elsewhere as sync's (plain local SGD
+        keeps no agreed model: its round ends, and the average is scored)."""
+        agreed = self.rule.agreed()
+        if closing or agreed is None or not self.rounds.unshared_steps:
+            return super().eval_replica(closing)
+        model = self.replica.model
+        buffers = [(name, b) for name, b in model.named_buffers() if b.is_floating_point()]
+        averaged = [(f"local_sgd.eval_buffer.{name}", b.clone()) for name, b in buffers]
+        if averaged:
+            self.port.average_(averaged)
+        return ScoredWith(self.replica, [p.data for p in model.parameters()] +
+                          [b for _, b in buffers], [*agreed, *(b for _, b in averaged)])
+
     def _share_everything(self) -> None:
         """Collective, at epoch ends and checkpoints: the model and the inner optimizer state."""
         self.rounds.share_everything()
@@ -123,18 +145,6 @@ class LocalSGDSync(CollectiveSync):
         if not self._inside_epoch():  # a stop at a step keeps the round for its checkpoint
             self._share_everything()  # the last round may be shorter than H steps
         return False
-
-    def _warn_of_early_rounds(self) -> None:
-        """An evaluation inside a round ends it early; under DiLoCo each early round is one
-        more outer momentum step, which changes training (simulated on digits: evaluations
-        every 4 steps of H = 8 left DiLoCo at 0.78 test accuracy, against 0.95 every 8)."""
-        every = self.cfg.run.eval_every_steps
-        if self.cfg.sync.outer_lr and every and every % self.local_steps and \
-                self.runtime.rank == 0:
-            print(f"hvdtrain: warning: --eval-every-steps {every} is not a multiple of "
-                  f"--local-steps {self.local_steps}: every evaluation inside a DiLoCo round "
-                  "ends the round early with an extra outer momentum step, which slows "
-                  f"training; use a multiple of {self.local_steps}", flush=True)
 
     # --- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -175,7 +185,6 @@ class LocalSGDSync(CollectiveSync):
         """As sync's start; then the rule starts its first round from the shared parameters,
         and on resume takes rank 0's outer state (DiLoCo: the same on every rank when saved)."""
         super().start(state, resuming)
-        self._warn_of_early_rounds()
         self.rounds.start()
         if resuming:
             self.rounds.resume_outer(state.get("outer") if state is not None else None)

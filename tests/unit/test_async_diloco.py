@@ -146,6 +146,40 @@ def test_where_the_model_is_read_a_round_ends_early_or_the_worker_pulls():
     assert rounds.take_epoch_rounds() == 1 and rounds.take_epoch_rounds() == 0
 
 
+def test_worker_0s_evaluation_inside_an_epoch_scores_its_rounds_start_and_sends_nothing():
+    from types import SimpleNamespace
+
+    from hvdtrain.ps.diloco_client import DiLoCoClient
+
+    weights, buffer = torch.tensor([1.0, 2.0]), torch.zeros(2)
+    server = FakeServer(weights, buffer)
+    scored, copied_out = [], []
+    client = DiLoCoClient.__new__(DiLoCoClient)  # only what eval_replica reads
+    client.rounds = AsyncRounds(server, 8, lambda: weights, lambda: buffer)
+    client.copies = SimpleNamespace(device_params=weights)
+    client.flat = SimpleNamespace(copy_out=lambda: copied_out.append(weights.clone()))
+    client.replica = SimpleNamespace(evaluate=lambda batches: scored.append(weights.clone()))
+    client.lock_step = False
+    client.rounds.start()
+    assert client.eval_replica() is client.replica  # at the round's start: the live weights
+    for _ in range(3):
+        weights -= 0.25
+        client.rounds.stepped()
+    client.eval_replica().evaluate([])
+    assert [w.tolist() for w in scored] == [[1.0, 2.0]]  # the round's start
+    assert torch.equal(weights, torch.tensor([0.25, 1.25]))  # its own weights, back
+    assert [w.tolist() for w in copied_out] == [[1.0, 2.0], [0.25, 1.25]]  # into the model, back
+    assert server.pushes == [] and server.pulls == 0 and client.rounds.unshared_steps == 3
+    # at an epoch's end (closing), and under lock-step rounds, the round ends there
+    client.eval_replica(closing=True)
+    assert [s for s, _ in server.pushes] == [3] and client.rounds.unshared_steps == 0
+    client.lock_step = True
+    weights -= 0.25
+    client.rounds.stepped()
+    client.eval_replica()
+    assert [s for s, _ in server.pushes] == [3, 1]
+
+
 def test_async_local_steps_configure_the_servers_outer_step():
     cfg = Config.from_overrides({"mode": "async", "local_steps": 8, "outer_lr": 0.7,
                                  "outer_momentum": 0.9, "outer_momentum_every": 2}).validate()

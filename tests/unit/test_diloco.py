@@ -162,16 +162,16 @@ def test_a_round_sends_pseudo_gradients_and_steps_from_the_round_start():
     assert scheme.lr_scale == pytest.approx(2 / 7)
 
 
-def test_reading_the_model_applies_the_outer_step_over_the_steps_so_far():
+def test_reading_the_model_at_an_epochs_end_applies_the_outer_step_over_the_steps_so_far():
     scheme, hvd = diloco_scheme(outer_lr=0.5, outer_momentum=0.0)
     start = flat(scheme).clone()
     take_steps(scheme, 2)
     local = flat(scheme).clone()
-    scheme.eval_replica()
+    scheme.eval_replica(closing=True)
     assert {n.split(".")[2] for n in hvd.take()} == {"delta", "buffer"}
     # Outer lr 0.5 without momentum: halfway from the start to the local parameters.
     assert torch.allclose(flat(scheme), (start + local) / 2, atol=1e-6)
-    scheme.eval_replica()
+    scheme.eval_replica(closing=True)
     assert hvd.take() == []  # nothing moved since
 
 
@@ -224,6 +224,25 @@ def test_a_simulated_diloco_run_learns_and_pays_one_allreduce_per_round():
     assert not torch.allclose(sim.final_parameters, local.final_parameters, atol=1e-4)
 
 
+def test_simulated_evaluations_inside_a_round_score_its_start_and_change_nothing():
+    # As the real scheme: rounds at steps 4, 8 and the epoch's end (10) whatever the
+    # evaluations; one every 2 steps scores the round's start at that moment of the round.
+    [diloco] = modes(["diloco"], [], local_steps=[4])
+    timing = Timing(step_seconds=0.5, allreduce_seconds=0.25)
+    flags = ("--epochs", "1", "--max-steps-per-epoch", "10")
+    rare = simulate(diloco, *flags, "--eval-every-steps", "0", timing=timing)
+    often = simulate(diloco, *flags, "--eval-every-steps", "2", timing=timing)
+    assert often.round_seconds == rare.round_seconds == pytest.approx([2.25, 2.25, 1.25])
+    assert torch.equal(often.final_parameters, rare.final_parameters)
+    curve = {point["step"]: point for point in often.result.curve}
+    assert sorted(curve) == [2, 4, 6, 8, 10]
+    # step 2: half a round in, before any round: the start; step 6: 2 steps after the first
+    # round, which ended at 2.25 s, and scored what it agreed
+    assert curve[2]["wall_seconds"] == pytest.approx(1.0)
+    assert curve[6]["wall_seconds"] == pytest.approx(2.25 + 1.0)
+    assert curve[6]["test_acc"] == curve[4]["test_acc"]
+
+
 def test_simulated_diloco_with_outer_lr_1_and_no_momentum_is_local_sgd():
     flags = ("--epochs", "2", "--max-steps-per-epoch", "6")
     outer = simulate(Mode("d", scheme="sync", local_steps=4, outer_lr=1.0), *flags)
@@ -258,13 +277,43 @@ def test_simulated_diloco_steps_its_workers_at_sync_rate_over_the_gain():
     assert torch.allclose(sim.final_parameters, expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("every, warned", [(4, True), (16, False), (0, False)])
-def test_evaluations_inside_a_round_are_warned_of(every, warned, capsys):
-    """Each evaluation inside a DiLoCo round ends it with an extra outer momentum step."""
-    scheme, _ = diloco_scheme(local_steps=8)
-    scheme.cfg.run.eval_every_steps = every
-    scheme.runtime = SimpleNamespace(rank=0)
-    scheme._warn_of_early_rounds()
-    out = capsys.readouterr().out
-    assert ("--eval-every-steps 4 is not a multiple of --local-steps 8" in out) == warned
-    assert bool(out) == warned
+def test_an_evaluation_inside_a_round_scores_its_start_and_leaves_training_as_it_was():
+    """An early round would be one more outer momentum step and one more exchange: an
+    evaluation inside an epoch scores the model agreed at the round's start instead, and the
+    run goes on exactly as one that was never evaluated."""
+    def trained(evaluations: list[int]):
+        scheme, hvd = diloco_scheme(local_steps=4)
+        torch.manual_seed(3)  # the same batches for both
+        scored = []
+        for step in range(1, 11):
+            take_steps(scheme, 1)
+            if step in evaluations:
+                live = flat(scheme).clone()
+                replica = scheme.eval_replica()
+                weights = []
+                replica.replica.evaluate = lambda batches, s=scheme: weights.append(flat(s))
+                replica.evaluate([])
+                assert torch.equal(flat(scheme), live)  # the live weights are back
+                scored.append((weights[0], live, [a.clone() for a in scheme.rule.agreed()]))
+        return flat(scheme), hvd.take(), scored
+
+    plain, plain_calls, _ = trained([])
+    evaluated, calls, scored = trained([2, 3, 6])
+    assert torch.equal(evaluated, plain)
+    # the only collectives besides the rounds' own: the BatchNorm statistics, for the scores
+    assert [n for n in calls if "eval_buffer" not in n] == plain_calls
+    assert sum("eval_buffer" in n for n in calls) == 2 * 3  # BatchNorm's mean and variance
+    for weights, live, agreed in scored:
+        assert torch.equal(weights, torch.cat([a.reshape(-1) for a in agreed]))
+        assert not torch.equal(weights, live)  # the start, not where the rank stands
+
+
+def test_an_evaluation_at_a_rounds_start_or_under_plain_averaging_scores_the_live_model():
+    scheme, hvd = diloco_scheme(local_steps=4)
+    take_steps(scheme, 4)  # a round just ended: the live weights are the agreed ones
+    hvd.take()
+    assert scheme.eval_replica() is scheme.replica and hvd.take() == []
+    plain, hvd = local_sgd_scheme(local_steps=4)  # keeps no agreed model: the round ends
+    take_steps(plain, 2)
+    assert plain.eval_replica() is plain.replica
+    assert {n.split(".")[2] for n in hvd.take()} == {"param", "buffer"}

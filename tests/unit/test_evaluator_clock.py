@@ -37,8 +37,8 @@ class Scheme:
         self.group, self.round_s, self.calls = Group(), round_s, []
         self.replica = Replica(score_s)
 
-    def eval_replica(self):
-        self.calls.append("eval_replica")
+    def eval_replica(self, closing=False):
+        self.calls.append(("eval_replica", closing))
         time.sleep(self.round_s)  # the round under way ends: its push and the reply
         return self.replica
 
@@ -59,7 +59,7 @@ def timed(scheme, test=Test()):
 def test_the_rounds_exchange_is_training_time_and_the_scoring_is_not():
     scheme = Scheme(round_s=0.3, score_s=0.3)
     (loss, _), wall, train, clock = timed(scheme)
-    assert scheme.calls == ["eval_replica"]
+    assert scheme.calls == [("eval_replica", False)]
     assert loss == 0.5
     # The evaluation's moment is after the round ended, and its time counts as training...
     assert 0.3 <= train <= wall < 0.45, (wall, train)

@@ -6,9 +6,10 @@ arrives (compare/sim/simulation.py Simulation runs it).
 The server side is ServerRun's, with the real server's engine and the real outer step
 (ps/shard_optimizer.py with rules/local_sgd.OuterStep); a worker's round is
 ps/diloco_client.py's: the inner steps consume one batch of the job's plan each, the push lists
-them, and the reply's weights are both the worker's live weights and its next round's start. Where
-a real worker 0 ends its round early for an evaluation, the simulator evaluates the server's
-weights without cutting the round (evaluating costs no virtual time here)."""
+them, and the reply's weights are both the worker's live weights and its next round's start. An
+evaluation cuts no round, as a real worker 0's inside an epoch does not; it scores the server's
+weights, where a real worker 0 scores those of its last reply (ps/diloco_client.py eval_replica),
+at most one round of the other workers' pushes older (evaluating costs no virtual time here)."""
 
 from __future__ import annotations
 

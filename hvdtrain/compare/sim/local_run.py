@@ -4,8 +4,10 @@ run, on the virtual collective (collective.py). Each worker steps its own weight
 optimizer (the server's ShardOptimizer, the same arithmetic as torch's), at sync's rate over the
 rule's gain (rules/local_sgd.py inner_lr_scale); the engine decides when a round averages them
 (every H steps) and what it averages (the parameters, or DiLoCo's pseudo-gradients and outer
-step). As a real run's loop does, the simulator asks for a round wherever the model is read (an
-evaluation) and for the optimizer state too at an epoch's end.
+step). As a real run's loop does, the simulator asks for a round at an epoch's end (the model and
+the optimizer state) and, under plain averaging, wherever an evaluation reads the model; DiLoCo's
+evaluation inside a round scores the model the workers agreed on at its start, at that moment,
+and the round goes on (sync/local_rounds_scheme.py eval_replica).
 
 A round lasts as long as its slowest worker's steps, then one allreduce (whatever it carries)."""
 
@@ -55,8 +57,12 @@ class LocalRun:
                 epoch_end = (step + 1) % sim.steps_per_epoch == 0
                 if epoch_end:  # as the trainer's epoch_done: the model and the optimizer state
                     self.cluster.run(lambda rank: sim.workers[rank].engine.share_everything())
-                elif sim._due(step + 1):  # as an evaluation's eval_replica: the model
-                    self.cluster.run(lambda rank: sim.workers[rank].engine.share_model())
+                elif sim._due(step + 1):  # as an evaluation's eval_replica
+                    agreed = engine.rule.agreed()
+                    if agreed is None or not engine.unshared_steps:
+                        self.cluster.run(lambda rank: sim.workers[rank].engine.share_model())
+                    else:  # scored where the round stands, which goes on
+                        sim._maybe_evaluate(sim.now + max(self.busy), agreed[0])
                 if engine.rounds_total != rounds:
                     self._round_ended()
         finally:
