@@ -157,7 +157,11 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
         text += (f" **sync is fastest**; {runner_up} took {ratio:.2f}x as long." if settled else
                  f" sync is fastest on average ({runner_up} took {ratio:.2f}x as long), but the "
                  "intervals overlap, so **the ranking is not settled** by these runs.")
-    if best != "sync" and runner_up != "sync" and not settled:
+    if best != "sync" and runner_up != "sync" and settled:
+        share = _ci(ratio_ci(complete[best]["times"], complete[runner_up]["times"]))
+        text += (f" **{best} beats {runner_up}** too: it needs {share} of its time, and the "
+                 "intervals separate.")
+    elif best != "sync" and runner_up != "sync":
         text += (f" {best} and {runner_up} are not told apart (their intervals overlap)"
                  f"{_why_close(complete[best], complete[runner_up], runner_up)}.")
     return text + note

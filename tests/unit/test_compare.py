@@ -124,6 +124,12 @@ def test_a_winner_is_named_only_when_the_intervals_separate():
         close += [_result(f"fast-{seed}", "fast", "3x", seed, [(quick, 0.95)]),
                   _result(f"frugal-{seed}", "frugal", "3x", seed, [(slow, 0.95)])]
         close[-2].samples_per_sec = 1500.0  # fast trains 1.5x frugal's samples per second
+    apart = [*close[:2], _result("fast-0", "fast", "3x", 0, [(2.0, 0.95)]),
+             _result("fast-1", "fast", "3x", 1, [(2.2, 0.95)]),
+             _result("frugal-0", "frugal", "3x", 0, [(3.0, 0.95)]),
+             _result("frugal-1", "frugal", "3x", 1, [(3.2, 0.95)])]
+    assert ("**fast beats frugal** too: it needs 0.68 [0.62, 0.73] of its time, and the intervals"
+            " separate.") in finding(summarize(apart), "3x", 0.9)
     text = finding(summarize(close), "3x", 0.9)
     # fast: 2.3 s at 1500 samples/s; frugal: 2.4 s at 1000
     assert ("fast and frugal are not told apart (their intervals overlap): it trained 1.50x "
