@@ -258,6 +258,7 @@ def _rate_section(mbit: int, folder: Path) -> list[str]:
     the target."""
     import csv
 
+    from .report import interval_text
     from .stats import bootstrap_ci, ratio_ci
 
     groups: dict[tuple[str, str], list[str]] = {}
@@ -267,18 +268,14 @@ def _rate_section(mbit: int, folder: Path) -> list[str]:
     times = {key: [float(t) for t in runs if t not in ("", "None")]
              for key, runs in groups.items()}
     complete = {key for key, runs in groups.items() if len(times[key]) == len(runs)}
-
-    def interval(ci) -> str:
-        return f"{ci[0]:.2f} [{ci[1]:.2f}, {ci[2]:.2f}]" if ci else "-"
-
     rows = []
     for (straggler, mode), runs in groups.items():
         key, sync = (straggler, mode), (straggler, "sync")
-        mean = (interval(bootstrap_ci(times[key])) if key in complete else
+        mean = (interval_text(bootstrap_ci(times[key])) if key in complete else
                 f"{len(times[key])}/{len(runs)} reached")
         ratio = (ratio_ci(times[key], times[sync]) if key in complete and sync in complete
                  else None)
-        against = "1" if mode == "sync" else interval(ratio)
+        against = "1" if mode == "sync" else interval_text(ratio)
         rows.append(f"| {mbit} | {straggler} | {mode} | {mean} | {against} |")
     return rows
 

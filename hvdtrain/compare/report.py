@@ -34,7 +34,7 @@ def _fmt(mean: float | None, std: float | None, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
-def _ci(ci: tuple[float, float, float] | None, digits: int = 2) -> str:
+def interval_text(ci: tuple[float, float, float] | None, digits: int = 2) -> str:
     if ci is None:
         return "-"
     mean, low, high = ci
@@ -75,11 +75,11 @@ def summarize(results: list[RunResult], workers: int | None = None,
     for key, runs in groups.items():
         ok = [r for r in runs if r.status == "ok"]
         reached = [r for r in ok if r.time_to_target is not None]
+        times = [r.time_to_target for r in reached]
         out[key] = {
             "runs": len(runs), "ok": len(ok), "reached": len(reached),
             "failed": [r for r in runs if r.status != "ok"],
-            "times": [r.time_to_target for r in reached],
-            "time_ci": bootstrap_ci([r.time_to_target for r in reached]),
+            "times": times, "time_ci": bootstrap_ci(times),
             # samples every worker trained on until the target: what staleness costs in work
             "samples_to_target": _mean_std([r.time_to_target * r.samples_per_sec for r in reached
                                             if r.samples_per_sec]),
@@ -133,7 +133,7 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
         return f"- {_capitalized(label)}: no mode reached {target.short()} in every run.{note}"
     ranked = sorted(complete, key=lambda m: complete[m]["time_ci"][0])
     best = ranked[0]
-    parts = [f"{m} {_ci(complete[m]['time_ci'])} s" for m in ranked]
+    parts = [f"{m} {interval_text(complete[m]['time_ci'])} s" for m in ranked]
     text = (f"- {_capitalized(label)}: time to {target.describe()} (mean [95% interval]), "
             f"fastest first: {', '.join(parts)}.")
     if len(ranked) == 1:
@@ -146,7 +146,7 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
 
     settled = apart(best, runner_up)
     if "sync" in complete and best != "sync":
-        share = _ci(complete[best]["time_vs_sync"])
+        share = interval_text(complete[best]["time_vs_sync"])
         beats = apart(best, "sync")
         text += (f" **{best} beats sync**: it needs {share} of sync's time, and the "
                  "intervals separate." if beats else
@@ -158,7 +158,7 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
                  f" sync is fastest on average ({runner_up} took {ratio:.2f}x as long), but the "
                  "intervals overlap, so **the ranking is not settled** by these runs.")
     if best != "sync" and runner_up != "sync" and settled:
-        share = _ci(ratio_ci(complete[best]["times"], complete[runner_up]["times"]))
+        share = interval_text(ratio_ci(complete[best]["times"], complete[runner_up]["times"]))
         text += (f" **{best} beats {runner_up}** too: it needs {share} of its time, and the "
                  "intervals separate.")
     elif best != "sync" and runner_up != "sync":
@@ -230,10 +230,10 @@ def write_report(results: list[RunResult], path: Path, target: Target | str | fl
     for (straggler, mode), s in summary.items():
         runs_ok = f"{s['ok']}/{s['runs']}" + (" (failed)" if s["failed"] else "")
         samples = "-" if s["samples_vs_sync"] is None else f"{s['samples_vs_sync']:.2f}x"
+        time_vs_sync = "1" if mode == "sync" else interval_text(s["time_vs_sync"])
         lines.append(
             f"| {straggler} | {mode} | {runs_ok} | {s['reached']}/{s['runs']} | "
-            f"{_ci(s['time_ci'])} | {'1' if mode == 'sync' else _ci(s['time_vs_sync'])} | "
-            f"{samples} | "
+            f"{interval_text(s['time_ci'])} | {time_vs_sync} | {samples} | "
             f"{_fmt(*s['final'], digits=4)} | "
             f"{_fmt(*s['rate'], digits=0)} | {_vs_sync(s)} | {_fmt(*s['staleness'])} |")
     lines += ["", "## Finding", ""] + [finding(summary, c, target) for c in conditions]
@@ -311,7 +311,7 @@ def sweep_table(results: list[RunResult], target: Target | str | float, timings:
         note = f" ({failed[0].reason[:100]})" if failed else ""
         batch = global_batch // workers if global_batch % workers == 0 else "-"
         lines.append(f"| {straggler} | {workers} | {batch} | {mode} | "
-                     f"{len(reached)}/{len(runs)}{note} | {_ci(bootstrap_ci(reached))} | "
+                     f"{len(reached)}/{len(runs)}{note} | {interval_text(bootstrap_ci(reached))} | "
                      f"{_fmt(*_mean_std(rates), digits=0)} |")
     return lines
 

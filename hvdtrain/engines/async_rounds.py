@@ -87,6 +87,12 @@ class AsyncRounds:
             self.port.pull()
             self.start()
 
+    def model_to_score(self) -> torch.Tensor | None:
+        """Where an evaluation inside an epoch reads the model: while a round is under way its
+        start (the server's parameters of the last reply), and the round goes on untouched;
+        None at a round's start, where the live weights are those."""
+        return self.pulled if self.unshared_steps else None
+
     def take_epoch_rounds(self) -> int:
         rounds, self.rounds = self.rounds, 0
         return rounds

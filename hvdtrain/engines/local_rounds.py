@@ -143,6 +143,18 @@ class LocalRounds:
         self.rounds += 1
         self.rounds_total += 1
 
+    def model_to_score(self) -> list[torch.Tensor] | None:
+        """Collective, where an evaluation inside an epoch reads the model: under a rule that
+        keeps the parameters agreed at the round's start (DiLoCo), those, and the round goes on
+        untouched (an early round would be one more outer step and one more exchange); else
+        (plain averaging, or no step since the last round) None, once the round has ended here,
+        and the live parameters are the model."""
+        agreed = self.rule.agreed()
+        if agreed is None or not self.unshared_steps:
+            self.share_model()
+            return None
+        return agreed
+
     def share_state(self) -> None:
         """Collective: average the inner optimizer state, if it stepped apart since it was."""
         if not self.state_apart:

@@ -140,9 +140,10 @@ class DiLoCoClient(ParameterServerClient):
         if closing or self.lock_step:
             self.rounds.refresh()
             return self.replica
-        if not self.rounds.unshared_steps:
+        start = self.rounds.model_to_score()
+        if start is None:
             return self.replica
-        return ScoredWith(self.replica, [self.copies.device_params], [self.rounds.pulled],
+        return ScoredWith(self.replica, [self.copies.device_params], [start],
                           refresh=self.flat.copy_out)
 
     def model_read_by_worker_0(self) -> None:

@@ -102,9 +102,9 @@ class LocalSGDSync(CollectiveSync):
         evaluation alone: scored, and the round goes on untouched (class docstring). It is up
         to H - 1 steps behind each rank's own weights. Elsewhere as sync's (plain local SGD
         keeps no agreed model: its round ends, and the average is scored)."""
-        agreed = self.rule.agreed()
-        if closing or agreed is None or not self.rounds.unshared_steps:
-            return super().eval_replica(closing)
+        agreed = None if closing else self.rounds.model_to_score()
+        if agreed is None:
+            return super().eval_replica(closing)  # the round ended: the buffers' average
         model = self.replica.model
         buffers = [(name, b) for name, b in model.named_buffers() if b.is_floating_point()]
         averaged = [(f"local_sgd.eval_buffer.{name}", b.clone()) for name, b in buffers]
