@@ -80,6 +80,9 @@ class DiLoCoClient(ParameterServerClient):
         for p in self.trained:
             p.grad = None
         self._time_step()
+        # A push outside a step (an epoch's closing evaluation, a checkpoint) is no step's
+        # wait: taken by this step, it made its compute (its time less the wait) negative.
+        self._waited = 0.0
         if self.feed is not None:
             self.round_slots.append(self.feed.queue.current())
         stats = self.replica.forward_backward(x, y, grad_scale=1.0)

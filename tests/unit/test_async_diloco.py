@@ -180,6 +180,36 @@ def test_worker_0s_evaluation_inside_an_epoch_scores_its_rounds_start_and_sends_
     assert [s for s, _ in server.pushes] == [3, 1]
 
 
+def test_a_push_outside_a_step_is_not_the_next_steps_wait():
+    """An epoch's closing evaluation or a checkpoint pushes the round between two steps: that
+    wait belonged to no step, and the next step's compute (its time less its wait) read
+    negative in the lab's epoch lines (worker 0: -0.13 s mean)."""
+    from types import SimpleNamespace
+
+    from hvdtrain.ps.diloco_client import DiLoCoClient
+
+    client = DiLoCoClient.__new__(DiLoCoClient)  # only what step reads
+    client.trained, client.feed, client.round_samples = [], None, 0
+    client._last_start, client._intervals, client._pushed_s = None, [], 0.0
+    client.replica = SimpleNamespace(forward_backward=lambda x, y, grad_scale: SimpleNamespace(
+        count=4), update=lambda optimizer: None)
+    client.optimizer = SimpleNamespace(param_groups=[{}])
+    client.flat = SimpleNamespace(copy_in=lambda: None)
+    client.stops = SimpleNamespace(wants=False, after_push=lambda: None)
+    client.peers = SimpleNamespace(regroup=lambda: False)
+    pushes_in_step = []
+    client.rounds = SimpleNamespace(stepped=lambda: bool(pushes_in_step))
+    client._waited = 0.8  # what push_round left after the epoch's closing push
+    client.step(None, None, 0.1)
+    assert client.take_wait_seconds() == 0.0
+    # a step that ends a round: its push is its wait
+    pushes_in_step.append(True)
+    client.rounds = SimpleNamespace(stepped=lambda: setattr(client, "_waited",
+                                                            client._waited + 0.3) or True)
+    client.step(None, None, 0.1)
+    assert client.take_wait_seconds() == pytest.approx(0.3)
+
+
 def test_async_local_steps_configure_the_servers_outer_step():
     cfg = Config.from_overrides({"mode": "async", "local_steps": 8, "outer_lr": 0.7,
                                  "outer_momentum": 0.9, "outer_momentum_every": 2}).validate()
