@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from ..flat_views import shaped_views
+
 
 class FlatParameters:
     """The parameters of ``model`` that require a gradient, laid out in ``copies``'s buffers
@@ -26,16 +28,12 @@ class FlatParameters:
 
     def bind(self, weights: torch.Tensor) -> None:
         """Move the parameters into ``weights`` (what the model computes with)."""
-        offset = 0
-        for p in self.trained:
-            n = p.numel()
-            view = weights[offset:offset + n]
-            view.copy_(p.data.reshape(-1))
+        for p, view in zip(self.trained, shaped_views(weights, self.trained)):
+            view.copy_(p.data)
             if p.dtype == torch.float32 and p.device == view.device:
-                p.data = view.view_as(p)  # the weights live in the buffer
+                p.data = view  # the weights live in the buffer
             else:
                 self.copied.append((p, view))
-            offset += n
 
     def gather_gradients(self, views: list[torch.Tensor]) -> None:
         """Each parameter's gradient into its view of the flat gradient; zeros for a parameter
@@ -49,9 +47,9 @@ class FlatParameters:
     def copy_out(self) -> None:
         """After a pull: the parameters that are not views of the buffer."""
         for p, view in self.copied:
-            p.data.copy_(view.view_as(p))
+            p.data.copy_(view)
 
     def copy_in(self) -> None:
         """After the model's non-float32 parameters changed (a checkpoint), refresh the buffer."""
         for p, view in self.copied:
-            view.copy_(p.data.reshape(-1))
+            view.copy_(p.data)

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..flat_views import shaped_views
 from .dispatch import NO_SLOT
 from .protocol import (H_FLAGS, HAS_PLAN, HAS_STATE, NO_GRADIENT, SLOT_LIST, WANT_PARAMS,
                        WANT_SLOT, WANTS_STOP, Kind, Tag, chunk_bounds, chunk_elements,
@@ -67,11 +68,7 @@ class ServerLink:
         """Make ``buffer`` the flat gradient the messages carry, and gather the parameters'
         gradients into one view per parameter of it (or of its copy on the device)."""
         self.grads_flat = buffer
-        target = self.copies.gradient_target(buffer)
-        offset, self.grad_views = 0, []
-        for p in trained:
-            self.grad_views.append(target[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        self.grad_views = shaped_views(self.copies.gradient_target(buffer), trained)
         self.chunks = [chunk for _, chunks in self.routes for chunk in chunks]
 
     def announce(self, total: int, server_state: bool, plan: bool) -> list:

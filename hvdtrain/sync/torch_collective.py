@@ -15,6 +15,8 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from ..flat_views import shaped_views
+
 
 class _PendingSum:
     """An integer sum in flight (the stop vote): started now, read at the next vote."""
@@ -54,10 +56,8 @@ def by_kind(tensors: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
 
 def _scatter(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     """Copy consecutive pieces of ``flat`` back into ``tensors``."""
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
+    for t, piece in zip(tensors, shaped_views(flat, tensors)):
+        t.copy_(piece)
 
 
 class TorchCollective:

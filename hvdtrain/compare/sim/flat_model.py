@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ...config import Config, ConfigError
+from ...flat_views import shaped_views
 from ...loop.evaluator import EVAL_BATCH
 from ...precision import Precision
 from ...replica import Replica
@@ -30,12 +31,9 @@ class _FlatModel:
             raise ConfigError(f"the simulator trains float32 parameters; this model has "
                               f"{', '.join(odd)} ones: convert the model with .float()")
         self.flat = torch.empty(sum(p.numel() for p in self.params))
-        offset = 0
-        for p in self.params:
-            view = self.flat[offset:offset + p.numel()]
-            view.copy_(p.data.reshape(-1))
-            p.data = view.view_as(p)  # the weights live in the flat vector
-            offset += p.numel()
+        for p, view in zip(self.params, shaped_views(self.flat, self.params)):
+            view.copy_(p.data)
+            p.data = view  # the weights live in the flat vector
 
     def gradient(self, x, y, clip: bool = True) -> tuple[torch.Tensor, float, int]:
         """(flat gradient of the batch's mean loss at the loaded weights, loss sum, samples).
@@ -57,10 +55,8 @@ class _FlatModel:
                                            self.clip_grad_norm)
 
     def set_gradient(self, flat_grad: torch.Tensor) -> None:
-        offset = 0
-        for p in self.params:
-            p.grad = flat_grad[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        for p, view in zip(self.params, shaped_views(flat_grad, self.params)):
+            p.grad = view
 
     def evaluate(self, test) -> dict[str, float | None]:
         """The loaded weights' test figures over the whole test split, named as a real run's

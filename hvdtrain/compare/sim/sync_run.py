@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...engines.sync_step import SyncStep
+from ...flat_views import shaped_views
 from ...optim import build_optimizer, set_learning_rate
 from ...rules.balance import balance_settings
 from ..share_clock import ShareClock
@@ -33,10 +34,7 @@ class FlatLearner:
     def __init__(self, sim, worker: _Worker):
         self.sim, self.worker, self.model = sim, worker, sim.setup.model
         self.params = self.model.flat.clone()
-        self.views, offset = [], 0
-        for p in self.model.params:
-            self.views.append(self.params[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+        self.views = shaped_views(self.params, self.model.params)
         self.optimizer = build_optimizer(self.views, sim.setup.cfg.optim)
 
     def zero_grad(self) -> None:
