@@ -143,17 +143,24 @@ class LocalRounds:
         self.rounds += 1
         self.rounds_total += 1
 
-    def model_to_score(self) -> list[torch.Tensor] | None:
+    def model_to_score(self) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
         """Collective, where an evaluation inside an epoch reads the model: under a rule that
-        keeps the parameters agreed at the round's start (DiLoCo), those, and the round goes on
-        untouched (an early round would be one more outer step and one more exchange); else
-        (plain averaging, or no step since the last round) None, once the round has ended here,
-        and the live parameters are the model."""
+        keeps the parameters agreed at the round's start (DiLoCo), (live, scored): this
+        worker's live parameters and float buffers, and what to score in their place, the
+        agreed parameters and the buffers' average (BatchNorm statistics, averaged for the
+        evaluation alone); the round goes on untouched (an early round would be one more outer
+        step and one more exchange). Else (plain averaging, or no step since the last round)
+        None, once the round has ended here, and the live tensors are the model."""
         agreed = self.rule.agreed()
         if agreed is None or not self.unshared_steps:
             self.share_model()
             return None
-        return agreed
+        buffers = self._buffers()
+        averaged = [(f"local_sgd.eval_buffer.{name}", b.clone()) for name, b in buffers]
+        if averaged:
+            self.port.average_(averaged)
+        return ([t for _, t in self._parameters()] + [b for _, b in buffers],
+                [*agreed, *(b for _, b in averaged)])
 
     def share_state(self) -> None:
         """Collective: average the inner optimizer state, if it stepped apart since it was."""

@@ -102,16 +102,11 @@ class LocalSGDSync(CollectiveSync):
         evaluation alone: scored, and the round goes on untouched (class docstring). It is up
         to H - 1 steps behind each rank's own weights. Elsewhere as sync's (plain local SGD
         keeps no agreed model: its round ends, and the average is scored)."""
-        agreed = None if closing else self.rounds.model_to_score()
-        if agreed is None:
+        chosen = None if closing else self.rounds.model_to_score()
+        if chosen is None:
             return super().eval_replica(closing)  # the round ended: the buffers' average
-        model = self.replica.model
-        buffers = [(name, b) for name, b in model.named_buffers() if b.is_floating_point()]
-        averaged = [(f"local_sgd.eval_buffer.{name}", b.clone()) for name, b in buffers]
-        if averaged:
-            self.port.average_(averaged)
-        return ScoredWith(self.replica, [p.data for p in model.parameters()] +
-                          [b for _, b in buffers], [*agreed, *(b for _, b in averaged)])
+        live, scored = chosen
+        return ScoredWith(self.replica, live, scored)
 
     def _share_everything(self) -> None:
         """Collective, at epoch ends and checkpoints: the model and the inner optimizer state."""

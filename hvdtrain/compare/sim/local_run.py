@@ -58,10 +58,11 @@ class LocalRun:
                 if epoch_end:  # as the trainer's epoch_done: the model and the optimizer state
                     self.cluster.run(lambda rank: sim.workers[rank].engine.share_everything())
                 elif sim._due(step + 1):  # as an evaluation's eval_replica
-                    agreed = self.cluster.run(
+                    chosen = self.cluster.run(
                         lambda rank: sim.workers[rank].engine.model_to_score())[0]
-                    if agreed is not None:  # scored where the round stands, which goes on
-                        sim._maybe_evaluate(sim.now + max(self.busy), agreed[0])
+                    if chosen is not None:  # scored where the round stands, which goes on
+                        _, (agreed,) = chosen  # the flat vector; no buffers here
+                        sim._maybe_evaluate(sim.now + max(self.busy), agreed)
                 if engine.rounds_total != rounds:
                     self._round_ended()
         finally:
