@@ -7,12 +7,15 @@ Where the processes go: every mode puts one worker on each host, so that the mod
 the same hardware. Sync and local SGD/DiLoCo average across the link (a ring of two); the async
 modes put the server, an extra process, on host A beside worker 1, which reaches it through
 shared memory, while worker 0's pushes and replies cross the link, as on a cluster with no
-spare host for the server. The simulator's link model prices the other placement, the server
-alone on host A and both workers on host B sharing its link (lab_runs' server_beside=False,
-what tests/multiproc/test_link_lab.py checks it against); beside a worker, the lab measured the
-worker there sometimes held behind the other's transfers and sometimes not (docs/comparison.md),
-which the model does not capture. Each rate's runs are an ordinary comparison in a folder of
-their own (OUT/link-100mbit/: report, plots, runs); links.md sets the rates side by side.
+spare host for the server. The simulator's link model prices both placements: the server alone
+on host A with both workers on host B sharing its link (lab_runs' server_beside=False, what
+tests/multiproc/test_link_lab.py checks it against), and the server beside worker 1
+(predicted_step_seconds' ``beside_server``: worker 1 off the link, and the server held while
+worker 0's push crosses, as measured). It does not price what worker 0 does at each of its
+epoch ends across the link, the evaluation's pull and the checkpoint's fetch of the server's
+state, which in the lab's epochs beside a worker took most of their time (docs/comparison.md).
+Each rate's runs are an ordinary comparison in a folder of their own (OUT/link-100mbit/:
+report, plots, runs); links.md sets the rates side by side.
 
 Needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN), iproute2's ip and tc, util-linux's unshare,
 and the source tree's scripts/netns (an installed hvdtrain without it cannot run the lab).
@@ -150,7 +153,8 @@ def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path,
 
 
 def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_seconds: float = 0.0,
-                           seed: int = 0, loop_seconds: float | None = None) -> float:
+                           seed: int = 0, loop_seconds: float | None = None,
+                           beside_server: tuple[int, ...] = ()) -> float:
     """The simulator's step time for one measured epoch of a lab run (``epoch``: from_run's
     EpochTimes): the workers' compute and random delays and the loop's own time as the epoch
     measured them (from_run.fit_epochs), the server's update ``apply_seconds``, and every
@@ -162,8 +166,8 @@ def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_secon
     given instead of the fit's, which takes it as what the step period leaves after compute
     and the mean wait and describes a wait by its median and 90th percentile: a sync run's
     epoch, or loop_seconds() for a run with local steps, gives it better. An async run's is
-    the server alone on its host (lab_runs' server_beside=False): the model has no placement
-    beside a worker (see hostfile)."""
+    the server alone on its host (lab_runs' server_beside=False) unless ``beside_server``
+    names the workers on the server's host (the lab's default: (1,); Timing.beside_server)."""
     from dataclasses import replace
 
     from .from_run import fit_epochs
@@ -171,7 +175,8 @@ def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_secon
 
     fit = fit_epochs([epoch], lock_step=not mode.is_async or mode.bsp,
                      local_steps=mode.local_steps, apply_seconds=apply_seconds)
-    timing = replace(fit.timing, allreduce_seconds=0.0, push_seconds=0.0, link=link)
+    timing = replace(fit.timing, allreduce_seconds=0.0, push_seconds=0.0, link=link,
+                     beside_server=beside_server)
     if loop_seconds is not None:
         timing = replace(timing, loop_seconds=loop_seconds)
     result = simulate_run(mode, epoch.times.num_workers, "", seed,

@@ -11,7 +11,8 @@ time per step is DiLoCo's own (link_lab.loop_seconds), and the sync run's at eac
 and async (link_lab.predicted_step_seconds says why). Every mode is held to the issue's 25%.
 Async DiLoCo runs with the server alone on host A and both workers on host B sharing its link
 (link_lab.lab_runs' server_beside=False), the placement the model prices; the lab's default puts
-the server beside worker 1 instead (link_lab.py says why the model does not follow it)."""
+the server beside worker 1 instead, which the model prices too, but whose epochs the lead's
+epoch-end exchanges across the link fill, which it does not (link_lab.py)."""
 
 import os
 import signal

@@ -261,3 +261,25 @@ def test_a_local_step_runs_loop_is_its_period_less_compute_and_a_mean_wait_of_on
     epoch = lab_epoch(0.001, wait_p50=0.001, wait_p90=0.061, seconds=0.4, steps=20)
     assert loop_seconds(epoch, 4) == pytest.approx(0.020 - 0.001 - 0.016)
     assert loop_seconds(epoch, 1) is None and loop_seconds(epoch, 10) is None
+
+
+def test_a_worker_beside_the_server_skips_the_link_and_waits_only_while_a_push_crosses_it():
+    # The lab's placement: worker 1 on the server's host, worker 0 across the link. Measured
+    # there, the server holds while a remote push's bytes cross and not while its reply does.
+    link = Link(10)
+    sim = run(Mode("async"), 2, Timing(0.01, link=link, beside_server=(1,)))
+    one = sim.message_bytes / link.bytes_per_second
+    remote = [p.time for p in sim.pushes if p.worker == 0]
+    beside = [p.time for p in sim.pushes if p.worker == 1]
+    # Worker 0's round: its step, its push over the link, its reply over the link; the server
+    # is never busy when it sends (updates cost nothing here), so nothing else delays it.
+    assert len(remote) >= 2
+    assert all(b - a == pytest.approx(0.01 + 2 * one) for a, b in zip(remote, remote[1:]))
+    # Worker 1 pays no link: it pushes every step, save while worker 0's push crosses.
+    assert len(beside) > len(remote)
+    held = [t for t in beside for landed in remote if landed - one + 1e-9 < t < landed - 1e-9]
+    assert not held
+    assert [t for t in beside for landed in remote if landed < t < landed + one]  # the reply's
+    # Every push crossing the link (no worker beside the server) is slower for worker 1.
+    apart = run(Mode("async"), 2, Timing(0.01, link=link))
+    assert len([p for p in apart.pushes if p.worker == 1]) < len(beside)

@@ -63,10 +63,7 @@ class DiLoCoRun(ServerRun):
         start = at + sum(timing.loop_seconds + own + self.sim._delay(w, w.steps + k, own)
                          for k in range(self.local_steps))
         w.started = start
-        if self.inbound is not None:
-            self._schedule(start, w, self.SEND)
-            return
-        self._schedule(start + timing.push_seconds, w, self.ARRIVE)
+        self._push_leaves(w, start)
 
     def _arrive(self, w: _Worker, at: float) -> None:
         slots = self._inner_steps(w)

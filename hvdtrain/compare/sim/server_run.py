@@ -72,6 +72,7 @@ class ServerRun:
         link = self.timing.server_link or self.timing.link
         # the pushes and the replies: one link, as the server takes one message at a time
         self.inbound = self.outbound = SharedLink(link) if link else None
+        self.beside = frozenset(self.timing.beside_server) if link else frozenset()
         # As the async workers' batch feed (ps/async_group.py JobBatches), the round policy
         # says: the job's plan handed out to whoever asks, as server 0 does (ps/dispatch.py),
         # under async and backup workers; plain --bsp keeps each worker's own share.
@@ -87,10 +88,20 @@ class ServerRun:
             if kind == self.ARRIVE:
                 self._arrive(w, at)
             elif kind == self.SEND:  # the push leaves the worker; the link says when it lands
-                self._schedule(self.inbound.send(at, self.sim.message_bytes), w, self.ARRIVE)
+                self._send(w, at)
             else:
                 self._done(w, at)
         self.sim._finish(self.params)
+
+    def _send(self, w: _Worker, at: float) -> None:
+        """``w``'s push leaves it at ``at`` over the server's link. Where some workers share
+        the server's host (Timing.beside_server), the server takes this push's header when it
+        is free and is held until the bytes have landed, so it is served then, before any
+        request that arrived meanwhile."""
+        if not self.beside:
+            self._schedule(self.inbound.send(at, self.sim.message_bytes), w, self.ARRIVE)
+            return
+        self._arrive(w, self.inbound.send(max(at, self.free_at), self.sim.message_bytes))
 
     def _schedule(self, at: float, w: _Worker, kind: int) -> None:
         # Requests at the same virtual time (workers without random delays finish their steps
@@ -121,11 +132,17 @@ class ServerRun:
             return
         start += self.timing.loop_seconds  # the loop's time before the update begins
         w.started = start
-        if self.inbound is not None:
-            self._schedule(start + self.timing.step_seconds, w, self.SEND)
-            return
-        self._schedule(start + self.timing.step_seconds + self.timing.push_seconds, w,
-                       self.ARRIVE)
+        self._push_leaves(w, start + self.timing.step_seconds)
+
+    def _push_leaves(self, w: _Worker, at: float) -> None:
+        """``w`` pushes at ``at``: over the server's link where there is one, through shared
+        memory at once from the server's host (Timing.beside_server), else push_seconds on."""
+        if w.rank in self.beside:
+            self._schedule(at, w, self.ARRIVE)
+        elif self.inbound is not None:
+            self._schedule(at, w, self.SEND)
+        else:
+            self._schedule(at + self.timing.push_seconds, w, self.ARRIVE)
 
     # --- the server's side ------------------------------------------------------------------------
     def _out_of_work(self, w: _Worker, first: bool) -> bool:
@@ -201,7 +218,7 @@ class ServerRun:
 
     def reply(self, worker: int, want_params: bool) -> None:
         at = self.reply_at
-        if self.outbound is not None:
+        if self.outbound is not None and worker not in self.beside:
             at = self.outbound.send(at, self.sim.message_bytes)
         self._start(self.sim.workers[worker], at)
 

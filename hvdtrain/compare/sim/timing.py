@@ -45,6 +45,14 @@ class Timing:
     # The server's link where it is not the ring's (compare --links: the pairs of the server's
     # host); None: the server's pushes and replies cross ``link``.
     server_link: Link | None = None
+    # The workers on the server's host (the lab's worker 1, link_lab.py): their pushes and
+    # replies move through shared memory, off the link. With any, the other workers' pushes
+    # hold the server while their bytes cross (it receives a whole gradient before it takes
+    # the next request) and their replies do not (measured in the lab: a 77 KB push at
+    # 10 Mbit/s held the server 61.6 ms, its transfer's time, and the reply that followed
+    # 0.2 ms: the kernel's socket buffer takes it). Empty: every push and reply crosses the
+    # server's link, queued there in turn (link.py SharedLink).
+    beside_server: tuple[int, ...] = ()
 
     def average_seconds(self, nbytes: float, workers: int) -> float:
         """One average of ``nbytes`` over ``workers``: the link's ring, or allreduce_seconds."""
