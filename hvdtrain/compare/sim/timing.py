@@ -49,9 +49,9 @@ class Timing:
     # replies move through shared memory, off the link. With any, the other workers' pushes
     # hold the server while their bytes cross (it receives a whole gradient before it takes
     # the next request) and their replies do not (measured in the lab: a 77 KB push at
-    # 10 Mbit/s held the server 61.6 ms, its transfer's time, and the reply that followed
-    # 0.2 ms: the kernel's socket buffer takes it). Empty: every push and reply crosses the
-    # server's link, queued there in turn (link.py SharedLink).
+    # 10 Mbit/s held the server 61.6 ms with its reply, its own transfer's 61 ms, and a pull
+    # of the same bytes 0.1 ms: the kernel's socket buffer takes a reply). Empty: every push
+    # and reply crosses the server's link, queued there in turn (link.py SharedLink).
     beside_server: tuple[int, ...] = ()
 
     def average_seconds(self, nbytes: float, workers: int) -> float:
