@@ -19,8 +19,11 @@ from .processes import process_alive
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT_VERSION = 1
-# Marks a worker's own file beside a checkpoint (loop/own_state.py), which is no checkpoint
+# Mark a worker's own file and a parameter server's shard beside a checkpoint
+# (loop/own_state.py, ps/shard_file.py), which are no checkpoints
 WORKER_FILE_KEY = "own_state_of_worker"
+SERVER_FILE_KEY = "shard_of_server"
+OWNERS = {WORKER_FILE_KEY: "worker", SERVER_FILE_KEY: "server"}
 
 
 class CheckpointError(RuntimeError):
@@ -49,13 +52,24 @@ def checkpoint_path(path: str | os.PathLike) -> Path:
 def worker_file(path: str | os.PathLike, worker: int) -> Path:
     """Where worker ``worker`` keeps its own state beside the checkpoint ``path``
     (loop/own_state.py), named after it: checkpoint.pt -> checkpoint.worker-1.pt."""
+    return _named_beside(path, f"worker-{worker}")
+
+
+def server_file(path: str | os.PathLike, server: int) -> Path:
+    """Where parameter server ``server`` keeps its shard beside the checkpoint ``path``
+    (ps/shard_file.py): checkpoint.pt -> checkpoint.server-0.pt."""
+    return _named_beside(path, f"server-{server}")
+
+
+def _named_beside(path: str | os.PathLike, owner: str) -> Path:
     path = Path(path)
-    return path.with_name(f"{path.stem}.worker-{worker}{path.suffix}")
+    return path.with_name(f"{path.stem}.{owner}{path.suffix}")
 
 
 def checkpoint_beside(path: str | os.PathLike) -> Path | None:
-    """The checkpoint whose worker file ``path`` is named as (worker_file), else None."""
-    match = re.fullmatch(r"(.+)\.worker-\d+(\.[^.]*)?", Path(path).name)
+    """The checkpoint whose worker's or server's file ``path`` is named as (worker_file), else
+    None."""
+    match = re.fullmatch(r"(.+)\.(?:worker|server)-\d+(\.[^.]*)?", Path(path).name)
     return Path(path).with_name(match[1] + (match[2] or "")) if match else None
 
 
@@ -157,11 +171,12 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"--resume: {path} is not an hvdtrain checkpoint "
                               f"(format {state.get('format_version') if isinstance(state, dict) else '?'}, "
                               f"expected {FORMAT_VERSION})")
-    if WORKER_FILE_KEY in state:
-        beside = path.with_name(str(state.get("checkpoint", CHECKPOINT_NAME)))
-        raise CheckpointError(f"--resume: {path} is worker {state[WORKER_FILE_KEY]}'s own state, "
-                              f"kept beside the checkpoint {beside}, not a checkpoint; resume "
-                              f"from {beside}")
+    for key, owner in OWNERS.items():
+        if key in state:
+            beside = path.with_name(str(state.get("checkpoint", CHECKPOINT_NAME)))
+            raise CheckpointError(f"--resume: {path} is {owner} {state[key]}'s own state, kept "
+                                  f"beside the checkpoint {beside}, not a checkpoint; resume "
+                                  f"from {beside}")
     return state
 
 

@@ -141,6 +141,13 @@ class Group:
     # ranks meet at a checkpoint: sync/local_rounds_scheme.py averages or gathers there).
     own_state: Any = None
 
+    # Where the checkpoint being written or resumed lies and its position: (its path, the
+    # position part of loop/own_state.py's tag). The checkpointer sets it before the scheme's
+    # state_dict() and, on resume, before its start(). Read by a scheme whose other processes
+    # write their part of a checkpoint themselves (async: each parameter server its shard,
+    # ps/shard_file.py), so that the lead's checkpoint moves no model across the network.
+    checkpoint_place: tuple[str, dict[str, Any]] | None = None
+
     # The workers' mean seconds between the two votes before the one the last agree_to_stop
     # read, the same on every worker (0: it read none): what loop/stop_cadence.py spaces the
     # votes by. A group that does not measure it keeps 0, and is asked after every step.

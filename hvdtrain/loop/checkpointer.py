@@ -210,6 +210,8 @@ class Checkpointer:
         if state is not None:
             for name, component in self.components.items():
                 component.load_state_dict(state.get(name))
+        self.scheme.group.checkpoint_place = self._place(checkpoint.checkpoint_path(source),
+                                                         progress)
         self._restore_own_state(checkpoint.checkpoint_path(source), progress)
         if progress.workers != num_workers and self._is_main():
             print(f"warning: checkpoint was written with {progress.workers} workers, this run "
@@ -220,6 +222,12 @@ class Checkpointer:
     def _own_tag(self, progress: Progress) -> dict[str, Any]:
         return own_state.position(self.identity(), progress.epoch, progress.step,
                                   self.scheme.group.workers()[0])
+
+    def _place(self, path: Path, progress: Progress) -> tuple[str, dict[str, Any]]:
+        """Group.checkpoint_place for the checkpoint ``path`` at ``progress``: the path as
+        every process of the job finds it, whatever folder it started in."""
+        return str(path.resolve()), own_state.checkpoint_position(
+            self.identity(), progress.epoch, progress.step)
 
     def _restore_own_state(self, source: Path, progress: Progress) -> None:
         """A worker other than the lead takes its own state back from its file beside the
@@ -288,6 +296,7 @@ class Checkpointer:
         after the write before it. A worker with state of its own (group.own_state: async
         DiLoCo's inner optimizer) writes that beside it, now (own_state.py)."""
         path = path or self.path
+        self.scheme.group.checkpoint_place = self._place(path, progress)
         state = self.scheme.state_dict()
         if not self._is_main():
             own = self.scheme.group.own_state  # its own state, beside the lead's checkpoint

@@ -58,10 +58,12 @@ def _check_resume_is_latest(run: RunConfig, run_dir: Path, scheme: UpdateScheme)
         if not path.exists() or source.resolve() == path.resolve():
             return None
         beside = checkpoint.checkpoint_beside(source)
-        if beside is not None and beside.is_file():  # a worker's own file (loop/own_state.py)
+        if beside is not None and beside.is_file():  # loop/own_state.py, ps/shard_file.py
+            whose = "a parameter server's shard" if ".server-" in source.name else \
+                "a worker's own state"
             return {"error": (
-                f"--resume {run.resume}: {source.name} is a worker's own state, kept beside "
-                f"the checkpoint {beside}, not a checkpoint; resume from {beside}")}
+                f"--resume {run.resume}: {source.name} is {whose}, kept beside the checkpoint "
+                f"{beside}, not a checkpoint; resume from {beside}")}
         branch = run_dir.with_name(f"{run_dir.name}-from-{source.stem}")
         return {"error": (
             f"--resume {run.resume}: {source.name} is not the latest checkpoint of "

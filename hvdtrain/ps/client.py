@@ -154,7 +154,7 @@ class ParameterServerClient(UpdateScheme):
         self.link.open_window(total, self.trained, self.cfg.ps.shared_memory)
         if self.is_main:
             self.MPI.Request.Waitall(headers)
-            self.link.send_init_payload(server_state)
+            self.link.send_init_payload(server_state, self.group.checkpoint_place)
             if self.feed is not None:
                 self.link.send_plan(plan_message(self.feed.queue.plan, state))
         self.pull()
@@ -258,10 +258,16 @@ class ParameterServerClient(UpdateScheme):
         return self.stops.end_of_training()
 
     def state_dict(self) -> dict[str, Any]:
-        """Worker 0 asks every server for its shard and optimizer state; others return {}."""
+        """Worker 0 has every server write its shard beside the checkpoint (ps/shard_file.py)
+        and keeps their clocks and version; the model is its replica's, the servers'
+        parameters of its last reply. A 16-bit wire (--wire-dtype) rounds a push's reply, so
+        there the SAVE brings the float32 master copy, one transfer of the model, so that a
+        checkpoint's model is never rounded. Others return {}."""
         if not self.is_main:
             return {}
-        self._exchange(Kind.SAVE, lr=0.0, want_params=True, send_grads=False)
+        self.link.tell_place(self.group.checkpoint_place)  # read with the SAVE
+        self._exchange(Kind.SAVE, lr=0.0, want_params=self.cfg.ps.wire_dtype != "fp32",
+                       send_grads=False)
         server_state = self.link.receive_state()
         self._tell_servers(Kind.QUIET)  # the write follows: no hang however long it takes
         model_state = {k: v.clone() for k, v in self.replica.model.state_dict().items()}

@@ -166,7 +166,7 @@ class DiLoCoClient(ParameterServerClient):
             self.model_read_by_worker_0()
             return {}
         self.rounds.share_model()
-        state = super().state_dict()  # the SAVE brings the server's parameters back
+        state = super().state_dict()  # the model: the reply to the round just pushed
         self.rounds.start()
         return {**state, **self.group.own_state.state_dict()}
 

@@ -46,7 +46,7 @@ class Kind(IntEnum):
     INIT = 1   # worker 0 -> server: initial parameters (and optimizer state on resume)
     PUSH = 2   # a gradient; the reply is PARAMS (when WANT_PARAMS) or ACK
     PULL = 3   # just send the current parameters
-    SAVE = 4   # send parameters, optimizer state and clocks, for a checkpoint
+    SAVE = 4   # write your shard beside a checkpoint; send clocks and version
     DONE = 5   # this worker has finished
     IDLE = 6   # --backup-workers (to server 0) and --eval-pauses-workers (to every server): the
                # worker pushes nothing until its next push (it waits for the other workers,

@@ -36,7 +36,7 @@ from .replacement import Replacements
 from .server_stats import ServerLoad
 from .shard import Shard
 from .silence import SilenceWatch
-from . import slot_waiters
+from . import shard_file, slot_waiters
 from .verdicts import Verdicts
 
 
@@ -83,7 +83,10 @@ class ParameterServer:
         self.shard.receive_params(source=0)
         version = 0
         if self.header[H_FLAGS] & HAS_STATE:
-            version = int(self.shard.receive_state(source=0).get("version", 0))
+            meta = self.shard.receive_state(source=0)
+            version = int(meta.get("version", 0))
+            if meta.get("shards"):  # each server's own file beside the checkpoint
+                shard_file.restore(self.shard, self.index, meta)
         if self.header[H_FLAGS] & HAS_PLAN:
             plan = self.comm.recv(source=0, tag=Tag.INFO)
             self.dispatcher = BatchDispatcher(SlotPlan(*plan["plan"]), self.membership.recovery)
@@ -126,10 +129,10 @@ class ParameterServer:
             self.pauses.arrived(worker, now)
         if kind == Kind.PUSH:
             self._handle_push(worker, now)
-        elif kind in (Kind.PULL, Kind.SAVE):
+        elif kind == Kind.PULL:
             self._send_params(worker)
-            if kind == Kind.SAVE:
-                self.shard.send_state(worker, self._state())
+        elif kind == Kind.SAVE:
+            self._save(worker)
         elif kind == Kind.QUIET:
             self.silence.quiet.add(worker)
         elif kind == Kind.SLOTS:  # H_SLOT: the epoch it is in
@@ -218,10 +221,20 @@ class ParameterServer:
         self.engine.sent_params(worker)
 
     # --- checkpoint state and statistics -------------------------------------------------------
-    def _state(self) -> dict[str, Any]:
-        """What a checkpoint keeps of this server besides its optimizer state."""
-        return {**self.engine.state(),
-                **({"dispatch": self.dispatcher.state_dict()} if self.dispatcher else {})}
+    def _save(self, worker: int) -> None:
+        """The lead's checkpoint (its path and position came just before the header): this
+        shard goes into its own file beside it (shard_file.py), and the lead gets an ACK (or
+        the parameters it asked for), then what the checkpoint keeps of this server: the
+        clocks, the version, the batch plan, and where the shard went."""
+        place = self.comm.recv(source=worker, tag=Tag.INFO)
+        shard = shard_file.save(self.shard, self.index, place)
+        if self.header[H_FLAGS] & WANT_PARAMS:  # a 16-bit wire's lead: the float32 model
+            self._send_params(worker)
+        else:
+            self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
+        self.comm.send({**self.engine.state(), "shard": shard,
+                        **({"dispatch": self.dispatcher.state_dict()} if self.dispatcher else {})},
+                       dest=worker, tag=Tag.INFO)
 
     def statistics(self) -> dict[str, Any]:
         ps = self.cfg.ps

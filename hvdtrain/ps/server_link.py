@@ -96,18 +96,24 @@ class ServerLink:
         self.copies.pin_window([shard for shard, _ in self.shared_params.values()] + (
             [self.grads_flat.numpy()] if self.host.shares_host(me) else []))
 
-    def send_init_payload(self, server_state: dict[str, Any] | None) -> None:
+    def send_init_payload(self, server_state: dict[str, Any] | None,
+                          place: tuple[str, dict[str, Any]] | None) -> None:
+        """INIT's parameters, and on resume the checkpoint's server state: where each server's
+        shard lies (``place``: the checkpoint's path and position; shard_file.py), or the
+        optimizer vectors that an older checkpoint kept inside it."""
         params = self.params_flat.numpy()
+        vectors = server_state.get("vectors", {}) if server_state else {}
         for server, chunks in self.routes:
             for a, b in chunks:
                 self.comm.Send(params[a:b], dest=server, tag=Tag.PARAMS)
             if server_state:
-                self.comm.send({"vectors": sorted(server_state["vectors"]),
-                                "scalars": server_state["scalars"],
-                                "version": server_state.get("version", 0)},
+                self.comm.send({"vectors": sorted(vectors),
+                                "scalars": server_state.get("scalars", {}),
+                                "version": server_state.get("version", 0),
+                                "shards": server_state.get("shards"), "place": place},
                                dest=server, tag=Tag.INFO)
-                for name in sorted(server_state["vectors"]):
-                    vector = server_state["vectors"][name].numpy()
+                for name in sorted(vectors):
+                    vector = vectors[name].numpy()
                     for a, b in chunks:
                         self.comm.Send(np.ascontiguousarray(vector[a:b]), dest=server, tag=Tag.STATE)
 
@@ -290,26 +296,22 @@ class ServerLink:
                 check=self.check_ended) != self.MPI.UNDEFINED:
             pass
 
+    def tell_place(self, place: tuple[str, dict[str, Any]]) -> None:
+        """Where the checkpoint being written lies and its position, to every server, ahead of
+        the SAVE header (a server reads it on that header; one sender's messages keep their
+        order)."""
+        for server, _ in self.routes:
+            self.comm.send(place, dest=server, tag=Tag.INFO)
+
     def receive_state(self) -> dict[str, Any]:
-        """After a SAVE request: every server's shard of each optimizer vector, and server 0's
-        scalars, clocks, version, staleness histogram and batch plan, as a checkpoint's
-        ``server_state``."""
-        vectors: dict[str, np.ndarray] = {}
-        meta: dict[str, Any] = {}
-        dispatch = None
-        for server, chunks in self.routes:
-            meta = self.comm.recv(source=server, tag=Tag.INFO)
-            dispatch = meta.get("dispatch", dispatch)  # server 0's
-            for name in meta["vectors"]:
-                vector = vectors.setdefault(name, np.empty(self.params_flat.numel(), np.float32))
-                for a, b in chunks:
-                    self.comm.Recv(vector[a:b], source=server, tag=Tag.STATE)
-        return {"vectors": {k: torch.from_numpy(v) for k, v in vectors.items()},
-                "scalars": meta.get("scalars", {}),
-                "clocks": meta.get("clocks", []),
-                "version": meta.get("version", 0),
-                "staleness_histogram": meta.get("staleness", {}),
-                **({"dispatch": dispatch} if dispatch else {})}
+        """After a SAVE's ACKs: what every server wrote (each its own shard's file beside the
+        checkpoint) and server 0's clocks, version, staleness histogram and batch plan, as a
+        checkpoint's ``server_state``."""
+        metas = [self.comm.recv(source=server, tag=Tag.INFO) for server, _ in self.routes]
+        first = metas[0]
+        return {"shards": [meta["shard"] for meta in metas], "clocks": first["clocks"],
+                "version": first["version"], "staleness_histogram": first["staleness"],
+                **({"dispatch": first["dispatch"]} if first.get("dispatch") else {})}
 
     def say_done(self, clock: int, collect: bool) -> list[dict]:
         """DONE to every server; with ``collect`` (worker 0) their final statistics."""

@@ -32,7 +32,7 @@ class Shard:
                  total: int, copy_gradients: bool, device: torch.device | None = None):
         self.comm = comm
         self.device = device = device or torch.device("cpu")
-        start, end = shard_bounds(total, num_servers)[index]
+        start, end = self.bounds = shard_bounds(total, num_servers)[index]
         # Collective with every worker on this host, which create it right after sending INIT.
         self.host = HostWindow(comm, 4 * (end - start), cfg.ps.shared_memory)
         if self.host.shares_host(comm.Get_rank()):
@@ -94,20 +94,11 @@ class Shard:
             self.optimizer.params_received()
 
     # --- checkpoint state ----------------------------------------------------------------------
-    def send_state(self, dest: int, extra: dict) -> None:
-        """Optimizer state as named per-element vectors (momentum_buffer for SGD, exp_avg and
-        exp_avg_sq for Adam) plus scalars, so a checkpoint does not depend on the shard layout;
-        ``extra`` (clocks, version, ...) goes with the scalars."""
-        vectors = sorted(self.optimizer.vectors)
-        self.comm.send({"vectors": vectors, "scalars": self.optimizer.scalars(), **extra},
-                       dest=dest, tag=Tag.INFO)
-        for name in vectors:
-            vector = self.optimizer.vectors[name].cpu().numpy()  # a GPU shard's too
-            for a, b in self.chunks:
-                self.comm.Send(vector[a:b], dest=dest, tag=Tag.STATE)
-
     def receive_state(self, source: int) -> dict:
-        """The optimizer state that send_state sent; returns its metadata."""
+        """On resume (INIT): the checkpoint's server state, and the optimizer state that an
+        older checkpoint kept inside it, as named per-element vectors (momentum_buffer for SGD,
+        exp_avg and exp_avg_sq for Adam) plus scalars, each sent chunk by chunk; a newer one
+        names the files its servers wrote instead (shard_file.py). Returns the metadata."""
         meta = self.comm.recv(source=source, tag=Tag.INFO)
         vectors = {name: torch.empty_like(self.params) for name in meta["vectors"]}
         for name in meta["vectors"]:

@@ -8,9 +8,9 @@ widens into its float32 buffer. MPI has no bfloat16 datatype (and mpi4py no half
 16-bit payload travels as its raw 16-bit words, an int16 view of the tensor given to MPI as a
 buffer, never through pickle.
 
-What stays float32 whatever the wire: INIT's parameters and optimizer state, a checkpoint's
-(SAVE), and the replies to a PULL (the start, an evaluation), so that what is evaluated and
-saved is the server's master copy itself; and the same-host shared-memory window, where nothing
+What stays float32 whatever the wire: INIT's parameters, a checkpoint's (SAVE: with a 16-bit
+wire the lead asks for them, as its last reply was rounded), and the replies to a PULL (the
+start, an evaluation), so that what is evaluated and saved is the server's master copy itself; and the same-host shared-memory window, where nothing
 travels on a wire (the worker reads the float32 shard in place).
 """
 

@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from hvdtrain import checkpoint
 from launch import REPO, final_model, hvdtrain, mpirun, records, run
 
 pytestmark = pytest.mark.multiproc
@@ -97,8 +98,8 @@ def test_a_server_on_the_gpu_ends_where_a_server_on_the_cpu_ends(tmp_path):
     want, got = final_model(cpu), final_model(gpu)
     for name, tensor in want.items():
         assert torch.allclose(tensor, got[name], atol=1e-3), name
-    saved = torch.load(gpu / "checkpoint.pt", weights_only=False)["server_state"]
-    assert all(v.device.type == "cpu" for v in saved["vectors"].values())
+    saved = torch.load(checkpoint.server_file(gpu / "checkpoint.pt", 0), weights_only=True)
+    assert all(v.device.type == "cpu" for v in saved["state"]["vectors"].values())
     run(mpirun(3, *hvdtrain("train", *flags, "--epochs", "3", "--server-device", "cpu",
                             "--resume", str(gpu), "--run-dir", str(gpu))))
     assert records(gpu, "epoch")[-1]["epoch"] == 3

@@ -71,7 +71,7 @@ def test_a_device_shard_computes_what_the_host_shard_computes(name):
 
 @pytest.mark.parametrize("name", ["adam", "outer-delayed"])
 def test_checkpoints_move_between_device_and_host_shards(name):
-    """A checkpoint holds CPU tensors (shard.send_state), so the state of a device shard resumes
+    """A checkpoint holds CPU tensors (shard_file.py saves them so), so the state of a device shard resumes
     on a host shard and back, and both go on as one uninterrupted shard would."""
     cfg, outer = SETTINGS[name]
     start, grads = torch.linspace(-1, 1, N), gradients(6)

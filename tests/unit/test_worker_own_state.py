@@ -198,5 +198,21 @@ def test_a_failed_write_leaves_no_partial_file_and_keeps_the_previous_one(
     assert other.save(later) is None  # a warning, not the job's end
     assert "warning: could not write" in capsys.readouterr().out
     assert (tmp_path / "checkpoint.worker-1.pt").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt",
-                                                         "checkpoint.worker-1.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint.pt", "checkpoint.worker-1.previous.pt", "checkpoint.worker-1.pt"]
+
+
+def test_a_file_written_after_the_leads_last_checkpoint_resumes_from_the_one_it_replaced(
+        tmp_path, capsys):
+    """The job died after worker 1 wrote its epoch-2 file and before worker 0's epoch-2
+    checkpoint landed: the epoch-1 checkpoint resumes with worker 1's epoch-1 state, kept as
+    the previous file, not with worker 0's."""
+    at_epoch_1 = inner_optimizer(steps=3)
+    save(tmp_path, at_epoch_1)
+    _, other = pair(tmp_path, [], inner_optimizer(steps=6))
+    other.save(Progress(epoch=2, step=0, global_step=20, workers=2))
+    capsys.readouterr()
+    resumed = resume(tmp_path).scheme.group.own_state
+    assert resumed.loaded, capsys.readouterr().out
+    assert torch.equal(momentum(resumed.optimizer), momentum(at_epoch_1))
+    assert not torch.equal(momentum(at_epoch_1), momentum(inner_optimizer(steps=6)))
