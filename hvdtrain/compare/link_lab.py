@@ -12,8 +12,11 @@ on host A with both workers on host B sharing its link (lab_runs' server_beside=
 tests/multiproc/test_link_lab.py checks it against), and the server beside worker 1
 (predicted_step_seconds' ``beside_server``: worker 1 off the link, and the server held while
 worker 0's push crosses, as measured). It does not price what worker 0 does at each of its
-epoch ends across the link, the evaluation's pull and the checkpoint's fetch of the server's
-state, which in the lab's epochs beside a worker took most of their time (docs/comparison.md).
+epoch ends across the link: the closing round's push and reply, and the evaluation's pull. The
+checkpoint's fetch of the server's state, which filled most of the large lab's epochs beside a
+worker, is gone: each server writes its shard beside the checkpoint (ps/shard_file.py). In the
+small lab beside a worker the step time still swings from run to run with how many of the
+job's batches worker 0, across the link, gets (docs/comparison.md).
 Each rate's runs are an ordinary comparison in a folder of their own (OUT/link-100mbit/:
 report, plots, runs); links.md sets the rates side by side.
 
