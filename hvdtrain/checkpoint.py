@@ -67,10 +67,19 @@ def _named_beside(path: str | os.PathLike, owner: str) -> Path:
 
 
 def checkpoint_beside(path: str | os.PathLike) -> Path | None:
-    """The checkpoint whose worker's or server's file ``path`` is named as (worker_file), else
-    None."""
-    match = re.fullmatch(r"(.+)\.(?:worker|server)-\d+(\.[^.]*)?", Path(path).name)
-    return Path(path).with_name(match[1] + (match[2] or "")) if match else None
+    """The checkpoint whose worker's or server's file ``path`` is named as (worker_file,
+    server_file), else None."""
+    match = _OWN_FILE_NAME.fullmatch(Path(path).name)
+    return Path(path).with_name(match[1] + (match[3] or "")) if match else None
+
+
+def file_owner(path: str | os.PathLike) -> str | None:
+    """"worker" or "server": whose file beside a checkpoint ``path`` is named as, else None."""
+    match = _OWN_FILE_NAME.fullmatch(Path(path).name)
+    return match[2] if match else None
+
+
+_OWN_FILE_NAME = re.compile(r"(.+)\.(worker|server)-\d+(\.[^.]*)?")
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor, tuple], torch.Tensor], key: tuple = (),

@@ -59,8 +59,8 @@ def _check_resume_is_latest(run: RunConfig, run_dir: Path, scheme: UpdateScheme)
             return None
         beside = checkpoint.checkpoint_beside(source)
         if beside is not None and beside.is_file():  # loop/own_state.py, ps/shard_file.py
-            whose = "a parameter server's shard" if ".server-" in source.name else \
-                "a worker's own state"
+            whose = {"server": "a parameter server's shard",
+                     "worker": "a worker's own state"}[checkpoint.file_owner(source)]
             return {"error": (
                 f"--resume {run.resume}: {source.name} is {whose}, kept beside the checkpoint "
                 f"{beside}, not a checkpoint; resume from {beside}")}

@@ -260,13 +260,14 @@ class ParameterServerClient(UpdateScheme):
     def state_dict(self) -> dict[str, Any]:
         """Worker 0 has every server write its shard beside the checkpoint (ps/shard_file.py)
         and keeps their clocks and version; the model is its replica's, the servers'
-        parameters of its last reply. A 16-bit wire (--wire-dtype) rounds a push's reply, so
-        there the SAVE brings the float32 master copy, one transfer of the model, so that a
-        checkpoint's model is never rounded. Others return {}."""
+        parameters of its last reply. Where that reply was a push's in a 16-bit --wire-dtype,
+        rounded (an evaluation's pull is float32), the SAVE brings the float32 master copy, one
+        transfer of the model, so that a checkpoint's model is never rounded. Others return
+        {}."""
         if not self.is_main:
             return {}
         self.link.tell_place(self.group.checkpoint_place)  # read with the SAVE
-        self._exchange(Kind.SAVE, lr=0.0, want_params=self.cfg.ps.wire_dtype != "fp32",
+        self._exchange(Kind.SAVE, lr=0.0, want_params=not self.link.wire.exact,
                        send_grads=False)
         server_state = self.link.receive_state()
         self._tell_servers(Kind.QUIET)  # the write follows: no hang however long it takes

@@ -228,7 +228,7 @@ class ParameterServer:
         clocks, the version, the batch plan, and where the shard went."""
         place = self.comm.recv(source=worker, tag=Tag.INFO)
         shard = shard_file.save(self.shard, self.index, place)
-        if self.header[H_FLAGS] & WANT_PARAMS:  # a 16-bit wire's lead: the float32 model
+        if self.header[H_FLAGS] & WANT_PARAMS:  # the lead's last reply was rounded
             self._send_params(worker)
         else:
             self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)

@@ -8,8 +8,8 @@ widens into its float32 buffer. MPI has no bfloat16 datatype (and mpi4py no half
 16-bit payload travels as its raw 16-bit words, an int16 view of the tensor given to MPI as a
 buffer, never through pickle.
 
-What stays float32 whatever the wire: INIT's parameters, a checkpoint's (SAVE: with a 16-bit
-wire the lead asks for them, as its last reply was rounded), and the replies to a PULL (the
+What stays float32 whatever the wire: INIT's parameters, a checkpoint's (SAVE: the lead asks
+for them where its last reply was a push's, rounded), and the replies to a PULL (the
 start, an evaluation), so that what is evaluated and saved is the server's master copy itself; and the same-host shared-memory window, where nothing
 travels on a wire (the worker reads the float32 shard in place).
 """
@@ -39,7 +39,9 @@ class WorkerWire:
         narrow = self.dtype != torch.float32
         self.grads = torch.empty(total if narrow else 0, dtype=self.dtype)
         self.params = torch.empty(total if narrow else 0, dtype=self.dtype)
-        self.exact = True  # the reply in flight is float32 (not a push's)
+        # The reply in flight, and once it has come the last reply, is float32 (not a push's):
+        # a checkpoint's model is the last reply's where it is (ParameterServerClient.state_dict)
+        self.exact = True
 
     def reply_kind(self, kind: Kind) -> None:
         """The request about to go: only a push's reply travels in the wire dtype."""

@@ -118,6 +118,19 @@ def test_a_pull_or_a_checkpoint_brings_the_master_copy_exactly(kind):
     assert server.report()["wire_bytes_pulled"] == 4 * TOTAL
 
 
+@pytest.mark.parametrize("name, replies, exact", [
+    ("bf16", [Kind.PULL, Kind.PUSH], False), ("bf16", [Kind.PUSH, Kind.PULL], True),
+    ("fp16", [Kind.PUSH, Kind.SAVE], True), ("fp32", [Kind.PULL, Kind.PUSH], True)])
+def test_the_worker_knows_whether_its_last_reply_was_rounded(name, replies, exact):
+    """What a checkpoint's request reads (ParameterServerClient.state_dict): where the lead's
+    last reply was a rounded push's it asks for the float32 parameters, else its replica holds
+    them already (an evaluation's pull, or a float32 wire)."""
+    wire = WorkerWire(name, TOTAL)
+    for kind in replies:
+        wire.reply_kind(kind)
+    assert wire.exact == exact
+
+
 # --- local SGD and DiLoCo rounds --------------------------------------------------------------
 def rounds_on(workers: int, outer_lr: float, wire):
     """One round of ``workers`` workers whose parameters moved apart from a shared start; each
