@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from array import array
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -41,14 +42,43 @@ def fail_launcher(code: int) -> None:
     and scripts. SIGTERM to the launcher (this rank's parent) ends it with exit code 1."""
     if code == 0 or not recovery_enabled():
         return
-    parent = os.getppid()
+    if _launcher_name() in LAUNCHERS:
+        _let_launcher_read_output()
+        os.kill(os.getppid(), signal.SIGTERM)
+
+
+def _launcher_name() -> str:
+    """The name of this rank's parent process ("" where it cannot be read)."""
     try:
-        with open(f"/proc/{parent}/comm") as f:
-            name = f.read().strip()
+        with open(f"/proc/{os.getppid()}/comm") as f:
+            return f.read().strip()
     except OSError:
-        return
-    if name in LAUNCHERS:
-        os.kill(parent, signal.SIGTERM)
+        return ""
+
+
+def _let_launcher_read_output(limit_s: float = 2.0) -> None:
+    """Wait until the launcher has read what this rank printed (its error) out of the pipes it
+    gave the rank: a launcher stopped with its pipes unread drops those lines, and a CI run once
+    ended a job non-zero with no word from any rank. FIONREAD counts the unread bytes of a pipe
+    from either end. Then a moment for the launcher to write them out."""
+    import fcntl
+    import stat
+    import termios
+
+    unread = array("i", [0])
+    deadline = time.monotonic() + limit_s
+    for fd in (sys.stderr.fileno(), sys.stdout.fileno()):
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                continue  # a terminal or a file: nothing to wait for
+            while time.monotonic() < deadline:
+                fcntl.ioctl(fd, termios.FIONREAD, unread)
+                if unread[0] == 0:
+                    break
+                time.sleep(0.01)
+        except (OSError, ValueError):
+            continue
+    time.sleep(0.2)
 
 
 def lost_server_note(run_dir) -> str:

@@ -127,7 +127,7 @@ def test_under_recovery_a_lost_server_still_ends_the_job_non_zero(tmp_path):
     _kill_after(job, tmp_path, rank=3, epochs_seen=1)
     code, out, err = _finish(job)
     assert code != 0, err[-3000:]
-    assert "--auto-resume" in err, err[-3000:]
+    assert "--auto-resume" in err, (code, out[-2000:], err[-3000:])
 
 
 def test_a_replacement_joins_trains_and_the_job_ends_with_three_workers(tmp_path):

@@ -119,7 +119,8 @@ def test_a_refused_registration_leaves_the_copies_pageable_and_says_so():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_a_registered_window_segment_is_pinned_for_the_gpu():
-    window = np.zeros(1 << 20, dtype=np.float32)
+    mapping = mmap.mmap(-1, 4 << 20)  # page-aligned and its own mapping, as a shared window is
+    window = np.frombuffer(mapping, dtype=np.float32)
     copies = copies_for(torch.device("cuda", 0), 1 << 20)
     copies.pin_window([window])
     assert copies.pinning.pinned and torch.from_numpy(window).is_pinned()

@@ -1,6 +1,8 @@
 """A lost async worker (ps/membership.py): when recovery is possible, what the server drops,
 and what the others are told; without it, the message says how to launch for recovery."""
 
+import os
+import threading
 import time
 from types import SimpleNamespace
 
@@ -170,6 +172,32 @@ def test_the_launcher_is_left_alone_without_recovery_or_failure(monkeypatch):
     monkeypatch.setenv("OMPI_MCA_orte_enable_recovery", "1")
     membership.fail_launcher(0)
     assert killed == []
+
+
+def test_the_launcher_is_stopped_only_once_it_has_read_the_ranks_last_lines(monkeypatch):
+    # A launcher stopped with a rank's error still in the pipe drops it (a CI run ended a job
+    # non-zero with no word from any rank).
+    read_fd, write_fd = os.pipe()
+    pipe = os.fdopen(write_fd, "w")
+    monkeypatch.setattr(membership.sys, "stderr", pipe)
+    monkeypatch.setattr(membership.sys, "stdout", pipe)
+    monkeypatch.setenv("OMPI_MCA_orte_enable_recovery", "1")
+    events = []
+    monkeypatch.setattr(membership, "_launcher_name", lambda: "mpirun")
+    monkeypatch.setattr(membership.os, "kill", lambda *a: events.append("killed"))
+    print("hvdtrain: error: the reason", file=pipe, flush=True)
+    reader = threading.Timer(0.3, lambda: events.append(os.read(read_fd, 1000)))
+    reader.start()
+    membership.fail_launcher(1)
+    reader.join()
+    assert events == [b"hvdtrain: error: the reason\n", "killed"]
+    # Nobody reading: the launcher is stopped all the same, after the limit.
+    print("unread", file=pipe, flush=True)
+    started = time.monotonic()
+    membership._let_launcher_read_output(limit_s=0.2)
+    assert 0.2 <= time.monotonic() - started < 2
+    pipe.close()
+    os.close(read_fd)
 
 
 def test_under_recovery_a_steady_worker_is_lost_after_50_of_its_slowest_recent_gaps():
