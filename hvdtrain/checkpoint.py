@@ -73,6 +73,11 @@ def checkpoint_beside(path: str | os.PathLike) -> Path | None:
     return Path(path).with_name(match[1] + (match[3] or "")) if match else None
 
 
+def not_a_checkpoint(what: str, beside: Path) -> str:
+    """The refusal of a file beside a checkpoint (``what`` it holds) given to --resume."""
+    return f"{what}, kept beside the checkpoint {beside}, not a checkpoint; resume from {beside}"
+
+
 def file_owner(path: str | os.PathLike) -> str | None:
     """"worker" or "server": whose file beside a checkpoint ``path`` is named as, else None."""
     match = _OWN_FILE_NAME.fullmatch(Path(path).name)
@@ -183,9 +188,8 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     for key, owner in OWNERS.items():
         if key in state:
             beside = path.with_name(str(state.get("checkpoint", CHECKPOINT_NAME)))
-            raise CheckpointError(f"--resume: {path} is {owner} {state[key]}'s own state, kept "
-                                  f"beside the checkpoint {beside}, not a checkpoint; resume "
-                                  f"from {beside}")
+            what = f"{owner} {state[key]}'s own state"
+            raise CheckpointError(f"--resume: {path} is {not_a_checkpoint(what, beside)}")
     return state
 
 

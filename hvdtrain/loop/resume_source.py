@@ -59,11 +59,10 @@ def _check_resume_is_latest(run: RunConfig, run_dir: Path, scheme: UpdateScheme)
             return None
         beside = checkpoint.checkpoint_beside(source)
         if beside is not None and beside.is_file():  # loop/own_state.py, ps/shard_file.py
-            whose = {"server": "a parameter server's shard",
-                     "worker": "a worker's own state"}[checkpoint.file_owner(source)]
-            return {"error": (
-                f"--resume {run.resume}: {source.name} is {whose}, kept beside the checkpoint "
-                f"{beside}, not a checkpoint; resume from {beside}")}
+            what = {"server": "a parameter server's shard",
+                    "worker": "a worker's own state"}[checkpoint.file_owner(source)]
+            return {"error": f"--resume {run.resume}: {source.name} is "
+                             f"{checkpoint.not_a_checkpoint(what, beside)}"}
         branch = run_dir.with_name(f"{run_dir.name}-from-{source.stem}")
         return {"error": (
             f"--resume {run.resume}: {source.name} is not the latest checkpoint of "

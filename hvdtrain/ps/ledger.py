@@ -54,7 +54,7 @@ def answer_refused(server, worker: int, flags: int) -> None:
     if flags & WANT_PARAMS:
         server.shard.send_all(server.MPI, worker)
     else:
-        server.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
+        server.send_ack(worker)
     if lost and server.index == 0:
         pushes = server.load.pushes_reported[worker]
         server.comm.Send(np.array([worker, pushes], dtype=np.int64), dest=worker, tag=Tag.LOST)

@@ -210,11 +210,15 @@ class ParameterServer:
         if want_params:
             self._send_params(worker)
         else:
-            self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
+            self.send_ack(worker)
 
     def _send_all(self, replies: dict[int, bool]) -> None:
         for worker, want_params in sorted(replies.items()):
             self.reply(worker, want_params)
+
+    def send_ack(self, worker: int) -> None:
+        """The reply to a request that wants no parameters back."""
+        self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
 
     def _send_params(self, worker: int) -> None:
         self.shard.send_all(self.MPI, worker)
@@ -231,7 +235,7 @@ class ParameterServer:
         if self.header[H_FLAGS] & WANT_PARAMS:  # the lead's last reply was rounded
             self._send_params(worker)
         else:
-            self.comm.Send(np.zeros(1, dtype=np.int64), dest=worker, tag=Tag.ACK)
+            self.send_ack(worker)
         self.comm.send({**self.engine.state(), "shard": shard,
                         **({"dispatch": self.dispatcher.state_dict()} if self.dispatcher else {})},
                        dest=worker, tag=Tag.INFO)

@@ -9,9 +9,10 @@ widens into its float32 buffer. MPI has no bfloat16 datatype (and mpi4py no half
 buffer, never through pickle.
 
 What stays float32 whatever the wire: INIT's parameters, a checkpoint's (SAVE: the lead asks
-for them where its last reply was a push's, rounded), and the replies to a PULL (the
-start, an evaluation), so that what is evaluated and saved is the server's master copy itself; and the same-host shared-memory window, where nothing
-travels on a wire (the worker reads the float32 shard in place).
+for them where its last reply was a push's, rounded), and the replies to a PULL (the start, an
+evaluation), so that what is evaluated and saved is the server's master copy itself; and the
+same-host shared-memory window, where nothing travels on a wire (the worker reads the float32
+shard in place).
 """
 
 from __future__ import annotations
