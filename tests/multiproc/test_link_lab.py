@@ -8,9 +8,7 @@ One launch per mode, at two rates: the link is throttled to the first, and re-th
 second once the run logs its second epoch; the second epoch is read at the first rate (the
 first is warm-up), the fourth at the second (the third straddles the change). The loop's own
 time per step is DiLoCo's own (link_lab.loop_seconds), and the sync run's at each rate for sync
-and async (link_lab.predicted_step_seconds says why). Every mode is held to the issue's 25%: a sync or
-DiLoCo miss fails the test, an async miss is reported as an expected failure (xfail), the
-known gap of the model's transfers in series.
+and async (link_lab.predicted_step_seconds says why). Every mode is held to the issue's 25%.
 Async DiLoCo runs with the server alone on host A and both workers on host B sharing its link
 (link_lab.lab_runs' server_beside=False), the placement the model prices; the lab's default puts
 the server beside worker 1 instead, which the model prices too, but whose epochs the lead's
@@ -112,12 +110,5 @@ def test_the_link_model_predicts_the_labs_step_times_at_two_rates(tmp_path):
                         f"a step, predicted {predicted * 1000:.1f} ms")
                 print(line)
                 if abs(predicted / measured - 1) > TOLERANCE:
-                    misses.append((run.mode.is_async, line))
-    assert not [line for is_async, line in misses if not is_async], misses
-    if misses:
-        # A known gap, left open on issue 43: the model takes a push and a reply in series,
-        # which errs slow (docstring of compare/sim/link.py). The lead's checkpoint fetch of the
-        # server's state at each epoch's end used to fill the measured async epochs; since the
-        # servers write their own shards (stop 54) they measure 20.0 to 23.0 ms at 25 Mbit/s
-        # against 25.7 predicted (+12% to +28%), and 52.8 to 62.3 at 10 against 64.3.
-        pytest.xfail("async's link model errs slow: " + "; ".join(line for _, line in misses))
+                    misses.append(line)
+    assert not misses, misses

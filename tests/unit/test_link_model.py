@@ -11,8 +11,8 @@ import pytest
 from hvdtrain.cli import build_parser
 from hvdtrain.compare import command
 from hvdtrain.compare.plan import Mode
-from hvdtrain.compare.sim.link import (PAYLOAD_SHARE, Link, SharedLink, fit_link, gradient_bytes,
-                                      run_link, wire_bytes)
+from hvdtrain.compare.sim.link import (DUPLEX_OVERLAP, PAYLOAD_SHARE, Link, SharedLink, fit_link,
+                                      gradient_bytes, run_link, wire_bytes)
 from hvdtrain.compare.sim.simulation import Simulation
 from hvdtrain.compare.sim.timing import Timing
 from hvdtrain.config import ConfigError
@@ -30,15 +30,33 @@ def test_a_ring_average_moves_2_n_minus_1_over_n_of_the_bytes_and_pays_a_latency
     assert Link(1000).ring_seconds(MB, 4) == pytest.approx(0.15)  # ten times the rate
 
 
-def test_the_server_link_carries_one_transfer_at_a_time_and_is_never_idle_while_one_waits():
+def test_the_server_link_carries_one_way_at_a_time_and_is_never_idle_while_one_waits():
     way_in = SharedLink(Link(100, latency_seconds=0.01))
     assert way_in.send(0.0, MB) == pytest.approx(1.01)       # alone: its bytes, + latency
-    # sent while the first is in flight: it follows it, so the two take the link for their
-    # bytes alone (2 s), not the 2.5 s of the old model (half the rate, the first unslowed)
+    # sent the same way while the first is in flight: it follows it, so the two take the link
+    # for their bytes alone (2 s), not the 2.5 s of an older model (half the rate, the first
+    # unslowed)
     assert way_in.send(0.5, MB) == pytest.approx(2.01)
     assert way_in.send(3.0, MB) == pytest.approx(4.01)       # both landed: alone again
     many = SharedLink(Link(100))
     assert [many.send(0.0, MB / 4) for _ in range(4)] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+
+
+def test_a_reply_overlaps_the_push_in_flight_the_other_way_for_a_share_of_it():
+    link = SharedLink(Link(100))
+    assert link.send(0.0, MB, toward_server=True) == pytest.approx(1.0)
+    # the reply starts DUPLEX_OVERLAP of a transfer before the push ends, not after it
+    assert link.send(0.5, MB, toward_server=False) == pytest.approx(2.0 - DUPLEX_OVERLAP)
+    # a push behind that reply overlaps it as well, by the shorter transfer's share
+    assert link.send(0.5, MB / 2, toward_server=True) == pytest.approx(
+        2.0 - DUPLEX_OVERLAP + (1 - DUPLEX_OVERLAP) / 2)
+    # never before it was sent: a reply sent near the push's end starts when it is sent
+    late = SharedLink(Link(100))
+    late.send(0.0, MB, toward_server=True)
+    assert late.send(0.9, MB, toward_server=False) == pytest.approx(1.9)
+    # the lab's bare loop, two workers through one server: a cycle of both takes 3.25
+    # transfers (measured 3.2 to 3.3), between 4 in series and 2 in full duplex
+    assert 4 - 2 * DUPLEX_OVERLAP == pytest.approx(3.25)
 
 
 def test_a_link_wins_over_the_fixed_allreduce_figure():
@@ -89,12 +107,15 @@ def test_simulated_async_pushes_and_pulls_share_the_server_link():
     times = sorted(p.time for p in sim.pushes)
     # Both workers push at 0.01 and share the link: the second follows the first.
     assert times[:2] == pytest.approx([0.01 + one, 0.01 + 2 * one])
-    # The first worker's reply waits for the second push to land (the old model, sharing the
-    # rate, had it land at 0.01 + 3 transfers too, but charged the link 2.5 transfers for two);
-    # its next push leaves a step later, once the second worker's reply has landed.
-    first_reply = 0.01 + 3 * one
-    assert times[2] == pytest.approx(first_reply + 0.01 + one)
-    assert len(times) == 12 and sim.result.wall_seconds > 6 * 2 * one  # in series, each step
+    # The first worker's reply is sent while the second push crosses the other way: it
+    # overlaps it for DUPLEX_OVERLAP of a transfer and lands then; its next push leaves a step
+    # later, and crosses beside the second worker's reply, which follows the first's.
+    first_reply = 0.01 + (3 - DUPLEX_OVERLAP) * one
+    second_reply = first_reply + one
+    assert times[2] == pytest.approx(max(first_reply + 0.01, second_reply - DUPLEX_OVERLAP * one)
+                                     + one)
+    # a cycle of both workers takes about 4 - 2 x DUPLEX_OVERLAP transfers, not 4 in series
+    assert len(times) == 12 and 6 * 2 * one < sim.result.wall_seconds < 6 * 4 * one
 
 
 def options(tmp_path, *flags):
@@ -234,7 +255,7 @@ def lab_epoch(compute: float, wait_p50: float = 0.0, wait_p90: float = 0.0,
         (wait_p90, wait_p90)))
 
 
-def test_the_labs_async_prediction_is_a_mid_run_epoch_of_pushes_and_replies_in_series():
+def test_the_labs_async_prediction_is_a_mid_run_epoch_of_pushes_and_overlapping_replies():
     from hvdtrain.compare import plan as planning
     from hvdtrain.compare.link_lab import predicted_step_seconds
 
@@ -247,10 +268,12 @@ def test_the_labs_async_prediction_is_a_mid_run_epoch_of_pushes_and_replies_in_s
     predicted = predicted_step_seconds(adiloco4, args, lab_epoch(0.001), link,
                                        loop_seconds=0.0)
     # Each round of 4 steps (2 global steps of the two workers) takes a push and a reply on the
-    # link, in series: a transfer per global step, as the lab measured in mid-run. The old
-    # model charged the link more than its bytes where transfers overlapped, and averaged the
-    # whole run, its first and last rounds with them: 10-25% more.
-    assert predicted == pytest.approx(one, rel=0.03)
+    # link, and a cycle of both workers' rounds takes 4 - 2 x DUPLEX_OVERLAP transfers (half
+    # of them cross beside one going the other way): 1 - DUPLEX_OVERLAP / 2 of a transfer per
+    # global step, in mid-run. A model with the transfers in series predicted a whole one (the
+    # lab measured 12% to 28% less); an older one charged the link more than its bytes where
+    # transfers overlapped, and averaged the whole run, its first and last rounds with them.
+    assert predicted == pytest.approx((1 - DUPLEX_OVERLAP / 2) * one, rel=0.03)
 
 
 def test_a_local_step_runs_loop_is_its_period_less_compute_and_a_mean_wait_of_one_round_in_h():

@@ -6,24 +6,27 @@ them from a run's waits).
         2 (N - 1) / N x G / bandwidth + 2 (N - 1) x latency
     a push or a pull of G bytes over the server's link, in turn with the transfers queued
     before it (pushes and replies alike)
-        G / bandwidth + latency, starting when the link has carried what was queued before
+        G / bandwidth + latency, starting when the link has carried what was queued before,
+        or DUPLEX_OVERLAP x G / bandwidth earlier where what it follows goes the other way
 
-The server's pushes and replies share one SharedLink, a queue that carries one transfer at a
-time and is never idle while one waits. The lab (compare/link_lab.py) throttles each end of its
-veth pair with its own tbf, so each direction has a bucket of its own; yet, measured there
-(docs/comparison.md, "Slow links"), two workers' rounds of a 77 KB model through the real server
-took 1.8 to 2.4 times G / bandwidth each at 10 and 25 Mbit/s: a push and a reply in series, and
-the full-duplex pricing of each direction on its own predicted async up to 60% fast. As far as
-the lab showed, the server takes one message at a time (it receives a push, applies it, sends
-the reply and waits for the send before the next request), a push beyond Open MPI's 64 KiB eager
-limit moves only once the server has posted its receive, and each direction's TCP
-acknowledgements and rendezvous messages wait in the same tbf queue as the other direction's
-data. A bare exchange loop overlapped the directions a little, more for larger messages (a cycle
-of two workers: 3.3 transfers of 77 KB, 2.5 to 2.9 of 307 KB, against 4 in series): the model
-takes none of it, so it errs slow for large messages. The model before this one let a transfer
-that started while k were in flight take k times its time without slowing the others: it
-charged the link more than its bytes (up to 2.5 transfers' time for two) and predicted async
-15-32% slower than the lab measured.
+The server's pushes and replies share one SharedLink, a queue that carries its transfers in
+the order they were sent and is never idle while one waits. The lab (compare/link_lab.py)
+throttles each end of its veth pair with its own tbf, so each direction has a bucket of its
+own; yet the directions barely overlap (docs/comparison.md, "Slow links"). As far as the lab
+showed, the server takes one message at a time (it receives a push, applies it, sends the reply
+and waits for the send before the next request), a push beyond Open MPI's 64 KiB eager limit
+moves only once the server has posted its receive, and each direction's TCP acknowledgements
+and rendezvous messages wait in the same tbf queue as the other direction's data. Measured
+there, two workers' rounds of a 77 KB model through the real server took 1.8 to 2.4 times
+G / bandwidth each at 10 and 25 Mbit/s, and a bare exchange loop of two workers (the server's
+pattern without its engine) took 3.2 to 3.3 G / bandwidth a cycle of both, against 4 in series
+and 2 in full duplex. The model overlaps a transfer with the one in flight the other way for a
+share of it, DUPLEX_OVERLAP, fitted to that cycle: two of a cycle's four transfers follow one
+that goes the other way, so a cycle takes (4 - 2 x DUPLEX_OVERLAP) transfers. Larger messages
+overlapped more in the bare loop (2.5 to 2.9 for 307 KB), so for those the model errs slow.
+Models before this one took the transfers wholly in series (the lab's async epochs measured
+12% to 28% under it) or let a transfer that started while k were in flight take k times its
+time (15% to 32% over the lab).
 
 The bytes of an element follow the wire: 4 for float32, 2 for --wire-dtype bf16 or fp16 (the
 server's pushes and replies, local SGD's and DiLoCo's rounds), and for sync's gradients
@@ -40,6 +43,9 @@ from ...config import ConfigError
 # TCP over Ethernet with a 1500-byte MTU: 1448 bytes of payload (with timestamps) in each
 # 1514-byte frame.
 PAYLOAD_SHARE = 1448 / 1514
+# The share of a transfer that crosses beside the one in flight the other way: the bare
+# exchange loop's two-worker cycle of 3.2 to 3.3 transfers (module docstring) is 4 - 2 x 0.375.
+DUPLEX_OVERLAP = 0.375
 WIRE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
 
 
@@ -80,19 +86,26 @@ class Link:
 
 
 class SharedLink:
-    """The server's link on the virtual clock: one queue, pushes and replies alike, that
-    carries one transfer at a time in the order they were sent (module docstring: measured in
-    the lab, a push and a reply do not overlap). Work-conserving: a transfer waits only for the
-    bytes queued before it, so the link is busy for exactly its bytes over the bandwidth, and a
-    transfer's arrival is fixed when it is sent (no later transfer delays it)."""
+    """The server's link on the virtual clock: one queue, pushes and replies alike, that carries
+    its transfers in the order they were sent (module docstring: measured in the lab, a push
+    and a reply barely overlap). A transfer that follows one going the other way starts
+    DUPLEX_OVERLAP of the shorter one's time before that one ends; one that follows a transfer
+    going its own way waits for it to end. Work-conserving: a transfer waits only for the bytes
+    queued before it, and its arrival is fixed when it is sent (no later transfer delays it)."""
 
     def __init__(self, link: Link):
         self.link = link
         self.free_at = 0.0  # when the link has carried every transfer queued so far
+        self._last: tuple[bool, float] | None = None  # the last one queued: its way, its time
 
-    def send(self, at: float, nbytes: float) -> float:
-        """A transfer of ``nbytes`` sent at ``at``: when it arrives."""
-        self.free_at = max(at, self.free_at) + nbytes / self.link.bytes_per_second
+    def send(self, at: float, nbytes: float, toward_server: bool = True) -> float:
+        """A transfer of ``nbytes`` sent at ``at``, a push (``toward_server``) or a reply:
+        when it arrives."""
+        seconds = nbytes / self.link.bytes_per_second
+        start = max(at, self.free_at)
+        if at < self.free_at and self._last is not None and self._last[0] != toward_server:
+            start = max(at, self.free_at - DUPLEX_OVERLAP * min(seconds, self._last[1]))
+        self.free_at, self._last = start + seconds, (toward_server, seconds)
         return self.free_at + self.link.latency_seconds
 
 

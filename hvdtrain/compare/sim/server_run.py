@@ -43,7 +43,7 @@ class ServerRun:
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
     computes its next step on those weights. With a ``Timing.link`` the push and the reply
     each cross the server's link instead (link.py SharedLink: one queue, pushes and replies
-    alike, each transfer in turn), and ``push_seconds`` is not charged.
+    alike, in turn, a reply overlapping a push for a share), and ``push_seconds`` is not charged.
 
     What a push does is the real server's engine (engines/server_engine.py ServerEngine, the same
     class) with the run's rules (rules/registry.server_rules on its Config); this class is its
@@ -99,9 +99,11 @@ class ServerRun:
         is free and is held until the bytes have landed, so it is served then, before any
         request that arrived meanwhile."""
         if not self.beside:
-            self._schedule(self.inbound.send(at, self.sim.message_bytes), w, self.ARRIVE)
+            self._schedule(self.inbound.send(at, self.sim.message_bytes, toward_server=True), w,
+                           self.ARRIVE)
             return
-        self._arrive(w, self.inbound.send(max(at, self.free_at), self.sim.message_bytes))
+        self._arrive(w, self.inbound.send(max(at, self.free_at), self.sim.message_bytes,
+                                          toward_server=True))
 
     def _schedule(self, at: float, w: _Worker, kind: int) -> None:
         # Requests at the same virtual time (workers without random delays finish their steps
@@ -219,7 +221,7 @@ class ServerRun:
     def reply(self, worker: int, want_params: bool) -> None:
         at = self.reply_at
         if self.outbound is not None and worker not in self.beside:
-            at = self.outbound.send(at, self.sim.message_bytes)
+            at = self.outbound.send(at, self.sim.message_bytes, toward_server=False)
         self._start(self.sim.workers[worker], at)
 
     def start_stream(self, worker: int) -> bool:
