@@ -123,7 +123,33 @@ def _mean_wait(p50: float, p90: float) -> float:
     return max(0.0, p50) + max(0.0, p90 - p50) * (1 - math.log(2)) / math.log(5)
 
 
-def _worker_fits(epochs: list[EpochTimes]) -> list[tuple[float, float, float]]:
+def _wait_per_step(times, worker: int, local_steps: int) -> float:
+    """A worker's mean wait per step in an epoch: as recorded (wait_mean), or, in a log from
+    before it was, from the median and the 90th percentile. A run with H local steps waits at
+    one step in H, for the round's exchange, and barely at the others: while H < 10 the round's
+    wait holds the 90th percentile, and the mean is the median at H - 1 steps in H and it at
+    the round's; otherwise the wait is read as an exponential tail (_mean_wait)."""
+    if times.wait_mean:
+        return times.wait_mean[worker]
+    p50, p90 = times.wait_p50[worker], times.wait_p90[worker]
+    if 1 < local_steps < 10:
+        return ((local_steps - 1) * max(0.0, p50) + max(0.0, p90)) / local_steps
+    return _mean_wait(p50, p90)
+
+
+def _loop_seconds(epoch: EpochTimes, local_steps: int) -> float:
+    """The loop's own time per step in an epoch: the step period less the mean compute and the
+    mean wait, of the worker that took the most of the epoch's steps (in an async run, the one
+    whose steps fill the epoch: a worker across a slow link may take a handful, and spend the
+    rest of its epoch in pushes)."""
+    times = epoch.times
+    w = max(range(times.num_workers), key=lambda v: times.steps[v])
+    return (epoch.seconds / max(1, times.steps[w]) - times.compute_mean[w]
+            - _wait_per_step(times, w, local_steps))
+
+
+def _worker_fits(epochs: list[EpochTimes],
+                 local_steps: int = 1) -> list[tuple[float, float, float]]:
     """(base, random mean, mean wait) per worker: each epoch's figures fitted, the median over
     the epochs (the load of a shared host changes from one epoch to the next). An async worker
     may take no batch of an epoch (the lab's worker beside the server finished whole epochs
@@ -133,7 +159,7 @@ def _worker_fits(epochs: list[EpochTimes]) -> list[tuple[float, float, float]]:
     for w in range(epochs[0].times.num_workers):
         seen = [e for e in epochs if e.times.steps[w] > 0]
         fits = [delay_fit(e.times.compute_p50[w], e.times.compute_mean[w]) for e in seen]
-        waits = [_mean_wait(e.times.wait_p50[w], e.times.wait_p90[w]) for e in seen]
+        waits = [_wait_per_step(e.times, w, local_steps) for e in seen]
         out.append((_median(f[0] for f in fits), _median(f[1] for f in fits), _median(waits))
                    if seen else None)
     known = [f for f in out if f is not None]
@@ -155,7 +181,7 @@ def fit_epochs(epochs: list[EpochTimes], lock_step: bool, local_steps: int = 1,
     figure for it)."""
     if not epochs:
         raise ConfigError("--from-run: the run's log has no epoch with step times to fit")
-    per_worker = _worker_fits(epochs)
+    per_worker = _worker_fits(epochs, local_steps)
     fastest = min(base for base, _, _ in per_worker)
     if fastest <= 0:
         raise ConfigError("--from-run: a worker's median compute per step is 0 in the run's "
@@ -175,11 +201,9 @@ def fit_epochs(epochs: list[EpochTimes], lock_step: bool, local_steps: int = 1,
         push = max(0.0, min(w.wait_seconds for w in workers) - apply_seconds)
         allreduce = push + apply_seconds
     period = _median(e.seconds / e.steps for e in epochs)
-    # The loop's own time per step: worker 0 (the one whose clock the log keeps) spends its
-    # step period computing, waiting, and in the loop around the update.
-    stepped = [e for e in epochs if e.times.steps[0] > 0] or epochs
-    loop = _median(e.seconds / max(1, e.times.steps[0]) - e.times.compute_mean[0]
-                   - workers[0].wait_seconds for e in stepped)
+    # The loop's own time per step: a worker spends its step period computing, waiting, and
+    # in the loop around the update.
+    loop = _median(_loop_seconds(e, local_steps) for e in epochs)
     timing = Timing(step_seconds=fastest, apply_seconds=apply_seconds,
                     allreduce_seconds=allreduce, push_seconds=push, loop_seconds=max(0.0, loop))
     warmup = max(0.0, first.seconds - first.steps * period) if first is not None else 0.0

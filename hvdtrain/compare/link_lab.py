@@ -12,11 +12,10 @@ on host A with both workers on host B sharing its link (lab_runs' server_beside=
 tests/multiproc/test_link_lab.py checks it against), and the server beside worker 1
 (predicted_step_seconds' ``beside_server``: worker 1 off the link, and the server held while
 worker 0's push crosses, as measured). It does not price what worker 0 does at each of its
-epoch ends across the link: the closing round's push and reply, and the evaluation's pull. The
-checkpoint's fetch of the server's state, which filled most of the large lab's epochs beside a
-worker, is gone: each server writes its shard beside the checkpoint (ps/shard_file.py). In the
-small lab beside a worker the step time still swings from run to run with how many of the
-job's batches worker 0, across the link, gets (docs/comparison.md).
+epoch ends across the link: the closing round's push and reply, or the evaluation's pull. In
+the small lab beside a worker the step time swings from epoch to epoch with how many of the
+job's batches worker 0, across the link, gets, and the model predicts the mean over epochs
+within 12% at 10 Mbit/s and 19% to 26% under it at 25 (docs/comparison.md, stop 56).
 Each rate's runs are an ordinary comparison in a folder of their own (OUT/link-100mbit/:
 report, plots, runs); links.md sets the rates side by side.
 
@@ -156,21 +155,18 @@ def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path,
 
 
 def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_seconds: float = 0.0,
-                           seed: int = 0, loop_seconds: float | None = None,
-                           beside_server: tuple[int, ...] = ()) -> float:
+                           seed: int = 0, beside_server: tuple[int, ...] = ()) -> float:
     """The simulator's step time for one measured epoch of a lab run (``epoch``: from_run's
     EpochTimes): the workers' compute and random delays and the loop's own time as the epoch
-    measured them (from_run.fit_epochs), the server's update ``apply_seconds``, and every
-    exchange priced by ``link`` (sim/link.py), not by the waits the epoch measured.
-    ``train_args``: the run's train flags, which the simulator trains on for SIMULATED_EPOCHS
-    epochs: the step time is its middle epoch's, as the lab's is an epoch in mid-run (a whole
-    simulated run's would add the first round's start and the last rounds' tail, where an
-    async run's workers finish one by one). ``loop_seconds``: the loop's own time per step,
-    given instead of the fit's, which takes it as what the step period leaves after compute
-    and the mean wait and describes a wait by its median and 90th percentile: a sync run's
-    epoch, or loop_seconds() for a run with local steps, gives it better. An async run's is
-    the server alone on its host (lab_runs' server_beside=False) unless ``beside_server``
-    names the workers on the server's host (the lab's default: (1,); Timing.beside_server)."""
+    measured them (from_run.fit_epochs: the loop's is the step period less the mean compute and
+    the mean wait, of the worker that took the most steps), the server's update
+    ``apply_seconds``, and every exchange priced by ``link`` (sim/link.py), not by the waits
+    the epoch measured. ``train_args``: the run's train flags, which the simulator trains on
+    for SIMULATED_EPOCHS epochs: the step time is its middle epoch's, as the lab's is an epoch
+    in mid-run (a whole simulated run's would add the first round's start and the last rounds'
+    tail, where an async run's workers finish one by one). An async run's is the server alone
+    on its host (lab_runs' server_beside=False) unless ``beside_server`` names the workers on
+    the server's host (the lab's default: (1,); Timing.beside_server)."""
     from dataclasses import replace
 
     from .from_run import fit_epochs
@@ -180,8 +176,6 @@ def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_secon
                      local_steps=mode.local_steps, apply_seconds=apply_seconds)
     timing = replace(fit.timing, allreduce_seconds=0.0, push_seconds=0.0, link=link,
                      beside_server=beside_server)
-    if loop_seconds is not None:
-        timing = replace(timing, loop_seconds=loop_seconds)
     result = simulate_run(mode, epoch.times.num_workers, "", seed,
                           [*train_args, "--epochs", str(SIMULATED_EPOCHS)], 1.0, timing,
                           delays=fit.delays())
@@ -193,20 +187,6 @@ def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_secon
     if first in at and second in at and second > first:
         return (at[second] - at[first]) / (second - first)
     return result.wall_seconds / last  # no evaluation at its ends: the whole run's
-
-
-def loop_seconds(epoch, local_steps: int) -> float | None:
-    """The loop's own time per step in a lock-step run with ``local_steps`` H (local SGD,
-    DiLoCo), from its own epoch: worker 0's step period less its mean compute and its mean
-    wait. It waits at one step in H, for the round's average, and barely at the others, so
-    its mean wait is its median wait at H - 1 steps in H and its 90th percentile at the round's
-    (the top 1/H of its waits holds the 90th percentile while H < 10). None where that does not
-    hold: the fit's (from_run.fit_epochs) or a sync run's loop serves."""
-    if not 1 < local_steps < 10:
-        return None
-    times = epoch.times
-    wait = ((local_steps - 1) * times.wait_p50[0] + times.wait_p90[0]) / local_steps
-    return max(0.0, epoch.seconds / max(1, times.steps[0]) - times.compute_mean[0] - wait)
 
 
 def check_lab(cfg) -> None:

@@ -110,7 +110,8 @@ class StepTimer(StepHook):
             compute, wait = np.asarray(self.compute), np.asarray(self.wait)
             c10, c50, c90, w50, w90 = (*np.percentile(compute, [10, 50, 90]),
                                        *np.percentile(wait, [50, 90]))
-            mine = [len(compute), self.samples, c50, c90, compute.mean(), w50, w90, c10]
+            mine = [len(compute), self.samples, c50, c90, compute.mean(), w50, w90, c10,
+                    wait.mean()]
             out[worker * k:(worker + 1) * k] = [float(v) for v in mine]
         return out
 

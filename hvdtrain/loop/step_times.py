@@ -13,11 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The figures of one worker, in order, in the epoch line's vector.
-# compute_p10 came last, so that older logs read as before (from_record): a worker's fastest
-# steps tell a slow device (every step slow) from a rank that lost its core for part of an
-# epoch on a busy host (slow_ranks.py).
+# compute_p10 and wait_mean came last, so that older logs read as before (from_record): a
+# worker's fastest steps tell a slow device (every step slow) from a rank that lost its core for
+# part of an epoch on a busy host (slow_ranks.py); the mean wait gives the loop's own time as
+# what the step period leaves after the mean compute and it (compare/from_run.py), where the
+# median and 90th percentile miss a wait at fewer than one step in ten (a round of local steps,
+# a push held behind a slow link).
 FIELDS = ("steps", "samples", "compute_p50", "compute_p90", "compute_mean", "wait_p50",
-          "wait_p90", "compute_p10")
+          "wait_p90", "compute_p10", "wait_mean")
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class RankStepTimes:
     wait_p50: tuple[float, ...]
     wait_p90: tuple[float, ...]
     compute_p10: tuple[float, ...] = ()  # () in a log written before it was recorded
+    wait_mean: tuple[float, ...] = ()    # () likewise
 
     @property
     def num_workers(self) -> int:

@@ -7,12 +7,12 @@ priced by the link model from the bytes and the rate alone (not by the waits mea
 One launch per mode, at two rates: the link is throttled to the first, and re-throttled to the
 second once the run logs its second epoch; the second epoch is read at the first rate (the
 first is warm-up), the fourth at the second (the third straddles the change). The loop's own
-time per step is DiLoCo's own (link_lab.loop_seconds), and the sync run's at each rate for sync
-and async (link_lab.predicted_step_seconds says why). Every mode is held to the issue's 25%.
+time per step is each run's own (from_run.fit_epochs: the step period less the mean compute
+and the mean wait, which the log records). Every mode is held to the issue's 25%.
 Async DiLoCo runs with the server alone on host A and both workers on host B sharing its link
-(link_lab.lab_runs' server_beside=False), the placement the model prices; the lab's default puts
-the server beside worker 1 instead, which the model prices too, but whose epochs the lead's
-epoch-end exchanges across the link fill, which it does not (link_lab.py)."""
+(link_lab.lab_runs' server_beside=False), the placement the model prices best; the lab's
+default puts the server beside worker 1 instead, which the model prices too, less closely
+(docs/comparison.md, "The small lab beside a worker")"""
 
 import os
 import signal
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 
 from hvdtrain.compare import plan as planning
-from hvdtrain.compare.from_run import fit_epochs, read_run
-from hvdtrain.compare.link_lab import SlowLinks, lab_runs, loop_seconds, \
-    predicted_step_seconds, unavailable_reason
+from hvdtrain.compare.from_run import read_run
+from hvdtrain.compare.link_lab import SlowLinks, lab_runs, predicted_step_seconds, \
+    unavailable_reason
 from hvdtrain.compare.runner import launch_env
 from hvdtrain.compare.sim.link import Link
 from hvdtrain.compare.sim.simulation import _check_arguments
@@ -76,7 +76,7 @@ def test_the_link_model_predicts_the_labs_step_times_at_two_rates(tmp_path):
     import subprocess
 
     apply_seconds = measure_timing(MODEL, step_seconds=1.0, repeats=10).apply_seconds
-    misses, loops = [], {}
+    misses = []
     with SlowLinks() as lab:
         env = {**launch_env(), **lab.env()}
         planned = planning.plan(lab_modes(), [0], ["none"], 2,
@@ -97,15 +97,9 @@ def test_the_link_model_predicts_the_labs_step_times_at_two_rates(tmp_path):
                         job.wait()
             epochs = {e.epoch: e for e in read_run(run_dir).epochs}
             for epoch, mbit in ((2, RATES[0]), (4, RATES[1])):
-                if run.mode.name == "sync":  # the loop's own time, from waits at every step
-                    loops[epoch] = fit_epochs([epochs[epoch]], lock_step=True).timing.loop_seconds
-                own = None if run.mode.is_async else loop_seconds(epochs[epoch],
-                                                                   run.mode.local_steps)
                 measured = epochs[epoch].seconds / epochs[epoch].steps
                 predicted = predicted_step_seconds(run.mode, MODEL, epochs[epoch], Link(mbit),
-                                                   apply_seconds,
-                                                   loop_seconds=loops[epoch] if own is None
-                                                   else own)
+                                                   apply_seconds)
                 line = (f"{run.name} at {mbit:g} Mbit/s: measured {measured * 1000:.1f} ms "
                         f"a step, predicted {predicted * 1000:.1f} ms")
                 print(line)

@@ -244,15 +244,16 @@ def test_links_md_sets_each_mode_against_sync_with_the_ratios_interval(tmp_path)
 
 
 def lab_epoch(compute: float, wait_p50: float = 0.0, wait_p90: float = 0.0,
-              seconds: float = 1.0, steps: int = 20):
-    """An epoch of a two-worker lab run as from_run reads it from the log."""
+              seconds: float = 1.0, steps=(20, 20), wait_mean=None):
+    """An epoch of a two-worker lab run as from_run reads it from the log (``steps``: each
+    worker's; ``wait_mean``: each worker's, or None for a log from before it was recorded)."""
     from hvdtrain.compare.from_run import EpochTimes
     from hvdtrain.loop.step_times import RankStepTimes
 
     two = (compute, compute)
-    return EpochTimes(2, seconds, steps, RankStepTimes(
-        (steps, steps), (32 * steps, 32 * steps), two, two, two, (wait_p50, wait_p50),
-        (wait_p90, wait_p90)))
+    return EpochTimes(2, seconds, sum(steps) // 2, RankStepTimes(
+        steps, tuple(32 * n for n in steps), two, two, two, (wait_p50, wait_p50),
+        (wait_p90, wait_p90), two, () if wait_mean is None else tuple(wait_mean)))
 
 
 def test_the_labs_async_prediction_is_a_mid_run_epoch_of_pushes_and_overlapping_replies():
@@ -265,8 +266,8 @@ def test_the_labs_async_prediction_is_a_mid_run_epoch_of_pushes_and_overlapping_
     # one transfer: 8 ms, so the link, not a round's 4 ms of compute, sets the pace
     one = sim.message_bytes / link.bytes_per_second
     adiloco4 = planning.modes(["adiloco"], [0], [0], [4])[0]
-    predicted = predicted_step_seconds(adiloco4, args, lab_epoch(0.001), link,
-                                       loop_seconds=0.0)
+    # an epoch of 1 ms steps with nothing else in them: no time of the loop's own
+    predicted = predicted_step_seconds(adiloco4, args, lab_epoch(0.001, seconds=0.02), link)
     # Each round of 4 steps (2 global steps of the two workers) takes a push and a reply on the
     # link, and a cycle of both workers' rounds takes 4 - 2 x DUPLEX_OVERLAP transfers (half
     # of them cross beside one going the other way): 1 - DUPLEX_OVERLAP / 2 of a transfer per
@@ -276,14 +277,27 @@ def test_the_labs_async_prediction_is_a_mid_run_epoch_of_pushes_and_overlapping_
     assert predicted == pytest.approx((1 - DUPLEX_OVERLAP / 2) * one, rel=0.03)
 
 
-def test_a_local_step_runs_loop_is_its_period_less_compute_and_a_mean_wait_of_one_round_in_h():
-    from hvdtrain.compare.link_lab import loop_seconds
+def test_the_loop_is_the_period_less_the_mean_compute_and_wait_of_the_busiest_worker():
+    from hvdtrain.compare.from_run import fit_epochs
 
-    # 4 local steps: three of them wait 1 ms, the round's step waits 61 ms (the 90th
-    # percentile): a mean wait of 16 ms, of a 20 ms period with 1 ms of compute
-    epoch = lab_epoch(0.001, wait_p50=0.001, wait_p90=0.061, seconds=0.4, steps=20)
-    assert loop_seconds(epoch, 4) == pytest.approx(0.020 - 0.001 - 0.016)
-    assert loop_seconds(epoch, 1) is None and loop_seconds(epoch, 10) is None
+    def loop(epoch, lock_step=True, local_steps=4):
+        return fit_epochs([epoch], lock_step, local_steps).timing.loop_seconds
+
+    # 4 local steps, a 20 ms period with 1 ms of compute: three steps wait 1 ms, the round's
+    # 61 ms, a mean wait of 16 ms, as recorded; a log from before the mean was recorded gives
+    # it from the median and the 90th percentile, which the round's wait holds while H < 10
+    rounds = dict(wait_p50=0.001, wait_p90=0.061, seconds=0.4)
+    assert loop(lab_epoch(0.001, wait_mean=(0.016, 0.016), **rounds)) == pytest.approx(0.003)
+    assert loop(lab_epoch(0.001, **rounds)) == pytest.approx(0.003)
+    # at 16 local steps the 90th percentile misses the round's wait: only the mean has it
+    # (1 ms at 15 steps in 16, 61 ms at one)
+    sixteen = lab_epoch(0.001, wait_mean=(0.00475, 0.00475), seconds=0.2, wait_p50=0.001,
+                        wait_p90=0.001)
+    assert loop(sixteen, local_steps=16) == pytest.approx(0.01 - 0.001 - 0.00475)
+    # async, worker 0 across a slow link: 4 steps in a 72 ms epoch, mostly pushes; worker 1,
+    # beside the server, took the other 36, one each 2 ms: the epoch's loop is worker 1's
+    lopsided = lab_epoch(0.001, seconds=0.072, steps=(4, 36), wait_mean=(0.015, 0.0005))
+    assert loop(lopsided, lock_step=False) == pytest.approx(0.002 - 0.001 - 0.0005)
 
 
 def test_a_worker_beside_the_server_skips_the_link_and_waits_only_while_a_push_crosses_it():

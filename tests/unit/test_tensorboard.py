@@ -32,7 +32,7 @@ def test_event_files_hold_the_losses_metrics_lr_and_throughput_of_the_log(tmp_pa
         "step/loss", "step/lr", "train/loss", "train/acc", "test/loss", "test/acc", "epoch/lr",
         "epoch/samples_per_sec", "epoch/epoch_seconds", "epoch/tflops",
         *[f"step_times/{name}/worker0" for name in ("compute_p50", "compute_p90", "compute_mean",
-                                                    "wait_p50", "wait_p90", "compute_p10")]}
+                                                    "wait_p50", "wait_p90", "compute_p10", "wait_mean")]}
     epochs = [r for r in log if r["type"] == "epoch"]
     assert [r["step"] for r in epochs] == [12, 24]
     for key, tag in [("train_loss", "train/loss"), ("train_acc", "train/acc"),
