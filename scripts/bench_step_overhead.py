@@ -13,7 +13,8 @@ timed from outside, the same way for both.
 
 prints samples/s medians and spread of both and the ratio hvdtrain / hand loop (per pair of
 blocks, then the median); with --profile, rank 0's cProfile of hvdtrain's blocks, top functions
-by own time, in microseconds per step.
+by own time, in microseconds per step; with --count-ops, the torch operators each loop
+dispatches per step and those whose counts differ (on a GPU, kernel launches).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--np", type=int, default=2, help="processes under mpirun")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile rank 0's hvdtrain blocks; print the top functions")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="count the torch operators each loop dispatches per step (rank 0), "
+                             "the ones hvdtrain adds listed: on a GPU each is a kernel launch "
+                             "or a host-side call, where this machine times only Python")
     parser.add_argument("--hvdtrain-flags", default="", help="extra flags for hvdtrain's config")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -48,11 +53,12 @@ def drive(args: argparse.Namespace) -> None:
 
     cmd = ["mpirun", "-np", str(args.np), "--oversubscribe", sys.executable, __file__,
            "--worker", "--blocks", str(args.blocks), "--steps", str(args.steps),
-           "--hvdtrain-flags", args.hvdtrain_flags, *(["--profile"] if args.profile else [])]
+           "--hvdtrain-flags", args.hvdtrain_flags, *(["--profile"] if args.profile else []),
+           *(["--count-ops"] if args.count_ops else [])]
     out = run(cmd, timeout=900)
     for line in out.splitlines():
-        if line.startswith("PROFILE"):
-            print(line[len("PROFILE "):])
+        if line.startswith(("PROFILE", "OPS")):
+            print(line.split(" ", 1)[1])
         elif line.startswith("OVERHEAD "):
             result = json.loads(line[len("OVERHEAD "):])
             print(summary(result))
@@ -134,6 +140,8 @@ def run_blocks(args, hvd, hvdtrain_block, hand_block) -> None:
 
     hvdtrain_block(0)  # warm up both (the profile leaves this block out)
     hand_block()
+    if args.count_ops:
+        count_ops(hvd, hvdtrain_block, hand_block, args.steps)
     # On the main thread's CPU clock: on a crowded machine wall time mostly measures the others
     profiler = (cProfile.Profile(time.thread_time) if args.profile and hvd.rank() == 0
                 else None)
@@ -164,6 +172,39 @@ def run_blocks(args, hvd, hvdtrain_block, hand_block) -> None:
         "hvdtrain": ours, "hand": theirs, "ratios": [a / b for a, b in zip(ours, theirs)],
         "cpu_us_per_step": {k: v / (args.blocks * args.steps) * 1e6 for k, v in cpu.items()}}),
         flush=True)
+
+
+def count_ops(hvd, hvdtrain_block, hand_block, steps: int) -> None:
+    """Rank 0's torch operators per step in one block of each loop (a TorchDispatchMode sees
+    every operator that reaches a kernel, autograd's included), and those whose counts differ
+    between the loops. Both ranks run the blocks, so that the allreduces meet."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    counted = {}
+    for name, block in (("hvdtrain", lambda: hvdtrain_block(0)), ("hand", hand_block)):
+        with Counting() as mode:
+            block()
+        counted[name] = mode.ops
+    if hvd.rank() != 0:
+        return
+    ours, theirs = counted["hvdtrain"], counted["hand"]
+    print(f"OPS torch operators per step: hvdtrain {sum(ours.values()) / steps:.1f}, hand "
+          f"{sum(theirs.values()) / steps:.1f}; those whose counts differ, per step (hvdtrain "
+          f"less hand):", flush=True)
+    differ = {op: ours[op] - theirs[op] for op in ours | theirs if ours[op] != theirs[op]}
+    for op, n in sorted(differ.items(), key=lambda kv: -abs(kv[1])):
+        print(f"OPS {n / steps:+7.2f}  {op}", flush=True)
 
 
 def print_profile(profiler, steps: int, top: int = 30) -> None:
