@@ -43,7 +43,8 @@ class ServerRun:
     then the worker sleeps its straggler delay (after the step, as loop/hooks.py does) and
     computes its next step on those weights. With a ``Timing.link`` the push and the reply
     each cross the server's link instead (link.py SharedLink: one queue, pushes and replies
-    alike, in turn, a reply overlapping a push for a share), and ``push_seconds`` is not charged.
+    alike, in turn, each overlapping the one in flight the other way for a share of it), and
+    ``push_seconds`` is not charged.
 
     What a push does is the real server's engine (engines/server_engine.py ServerEngine, the same
     class) with the run's rules (rules/registry.server_rules on its Config); this class is its
