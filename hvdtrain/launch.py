@@ -153,13 +153,16 @@ def _sync_scheme(cfg: Config) -> Callable[..., Any]:
 
 
 def _run_sync(cfg: Config, workload: Workload, model):
+    finished = False
     try:
-        return _train_sync(cfg, workload, model)
+        result = _train_sync(cfg, workload, model)
+        finished = True
+        return result
     finally:
         if cfg.sync.collective == "torch":  # a second fit() here starts its own process group
             from .sync.torch_runtime import stop_torch_distributed
 
-            stop_torch_distributed()
+            stop_torch_distributed(finished)
 
 
 def _train_sync(cfg: Config, workload: Workload, model):
