@@ -38,9 +38,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true",
                         help="cProfile rank 0's hvdtrain blocks; print the top functions")
     parser.add_argument("--count-ops", action="store_true",
-                        help="count the torch operators each loop dispatches per step (rank 0), "
-                             "the ones hvdtrain adds listed: on a GPU each is a kernel launch "
-                             "or a host-side call, where this machine times only Python")
+                        help="count the torch operators each loop dispatches per step (rank 0) "
+                             "and list those whose counts differ: on a GPU each is a kernel "
+                             "launch or a host-side call, where this machine times only Python")
     parser.add_argument("--hvdtrain-flags", default="", help="extra flags for hvdtrain's config")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)

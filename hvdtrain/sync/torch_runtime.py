@@ -182,7 +182,7 @@ def stop_torch_distributed(finished: bool) -> None:
     threads, while the interpreter is alive. A Gloo thread that releases the last reference to
     a tensor of Python's takes the GIL; if the interpreter is finalizing by then, that thread is
     ended mid-call and the process aborts (SIGABRT, "terminate called without an active
-    exception", exit code 134 after the run's last line: 4 runs of 30 here, none of 30 since).
+    exception", exit code 134 after the run's last line: 4 runs of 30 here, none of 70 since).
     After a run that ``finished`` every rank meets first, so that no collective is still in
     flight (not after a failure, where the others may never come); the collection frees what
     still holds the group, so that its destructor joins the threads now."""
