@@ -35,6 +35,12 @@ in interleaved rounds (each round runs every contender once); the table gives me
    server's shard on the GPU (``--server-device cuda``), and asynchronous DiLoCo with H = 32
    (``--local-steps 32``) with the server on the GPU and on the CPU. Issue 43's goal: async
    DiLoCo H = 32 at least 0.9 of the hand loop. The last lines say which goals were met.
+6. Where the step time goes: in the first round, the hand loop, plain sync and async DiLoCo
+   (server on the CPU) each run torch.profiler over one round's worth of warm-up steps
+   (PROFILE_STEPS wide, ending on a DiLoCo round's last step, outside the timed epochs):
+   hvdtrain's --profile-steps, and the same summary from the hand loop. Per step: operators,
+   kernel launches, synchronizations with the GPU, copies and GPU busy time, then the operator
+   tables (printed in full after the round; their first lines again at the end).
 
 The default model is a synthetic-data MLP 1024-4096-4096-10 (~21M parameters, 84 MB of float32),
 batch 256 per worker, 200 steps an epoch: big enough that a GPU has work and the copies are not
@@ -79,6 +85,9 @@ ASYNC_VARIANTS = {"server-gpu": ("--server-device", "cuda"),
 GOALS = (("async DiLoCo H=32, server on the GPU / hand loop", 0.9),)
 COPY_GOAL = 2.0  # plain async's copy time over its bandwidth bound, at most
 FLOAT32_BYTES = 4
+PROFILE_STEPS = 32  # one DiLoCo round (DILOCO's H): its push is the window's last step
+PROFILED = {"hand loop": ("hand", "cuda"), "sync": ("sync", "cuda"),
+            "async DiLoCo H=32, server on the CPU": ("async", "cuda", *DILOCO)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,26 +151,49 @@ def launch(cmd: list[str], args: argparse.Namespace) -> str | None:
     return proc.stdout
 
 
+def profile_window(args: argparse.Namespace) -> str | None:
+    """"FIRST:LAST": the last PROFILE_STEPS warm-up steps (epoch 1) that end on a DiLoCo round;
+    None where epoch 1 is shorter than a window after step 1."""
+    last = PROFILE_STEPS * (args.steps // PROFILE_STEPS)
+    first = last - PROFILE_STEPS + 1
+    return f"{first}:{last}" if first >= 2 else None
+
+
 def train(mode: str, device: str, workers: int, args: argparse.Namespace,
-          extra: tuple[str, ...] = ()) -> list[dict] | str:
-    """The run's metrics.jsonl records, or why it failed (one line)."""
+          extra: tuple[str, ...] = (), profile: dict | None = None) -> list[dict] | str:
+    """The run's metrics.jsonl records, or why it failed (one line). ``profile``: a dict to
+    fill with rank 0's --profile-steps summary ("text"), profiling the run's profile_window."""
+    window = profile_window(args) if profile is not None else None
+    if window:
+        extra = (*extra, "--profile-steps", window)
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = train_command(mode, device, workers, run_dir, args, extra)
         if launch(cmd, args) is None:
             return "failed (output above)"
+        written = sorted(Path(run_dir).glob("profile-rank0-*.txt"))
+        if profile is not None and written:
+            profile["text"] = written[0].read_text()
         records = read_jsonl(Path(run_dir) / "metrics.jsonl")
         if "--compile" in extra:  # the extra last epoch holds the eval graph's compile
             records = records[:max(i for i, r in enumerate(records) if r.get("type") == "epoch")]
         return records
 
 
-def hand_loop(workers: int, args: argparse.Namespace) -> float | str:
-    """Global samples/s of the hand-written Horovod loop on the GPUs, or why it failed."""
+def hand_loop(workers: int, args: argparse.Namespace, profile: dict | None = None) -> float | str:
+    """Global samples/s of the hand-written Horovod loop on the GPUs, or why it failed;
+    ``profile`` as train()'s."""
     cmd = ["mpirun", "-np", str(workers), "--oversubscribe", "--bind-to", "none",
            sys.executable, str(HERE / "gpu" / "hand_loop.py"), "--features", str(args.features),
            "--hidden", args.hidden, "--batch-size", str(args.batch_size),
            "--warmup-steps", str(args.steps), "--steps", str(args.steps * (args.epochs - 1))]
-    out = launch(cmd, args)
+    window = profile_window(args) if profile is not None else None
+    with tempfile.TemporaryDirectory() as folder:
+        written = Path(folder) / "hand-loop-profile.txt"
+        if window:
+            cmd += ["--profile-steps", window, "--profile-out", str(written)]
+        out = launch(cmd, args)
+        if profile is not None and written.exists():
+            profile["text"] = written.read_text()
     for line in (out or "").splitlines():
         if line.startswith("BENCH "):
             return json.loads(line[len("BENCH "):])["samples_per_sec"]
@@ -325,10 +357,17 @@ def run_round(workers: int, args: argparse.Namespace, results: dict) -> list[str
     runs += [("sync", "cuda", flags) for flags in VARIANTS.values()]
     runs += [("async", "cuda", flags) for flags in ASYNC_VARIANTS.values()
              if not args.no_async]
+    # the first round profiles PROFILED's runs: their warm-up epoch, untimed
+    first_round = "profiles" not in results
+    profiles = results.setdefault("profiles", {})
+
+    def profile_of(key: tuple) -> dict | None:
+        return profiles.setdefault(key, {}) if first_round and key in PROFILED.values() else None
+
     for mode, device, extra in runs:
-        records = train(mode, device, workers, args, extra)
-        ok = not isinstance(records, str)
         key = (mode, device, *extra) if extra else (mode, device)
+        records = train(mode, device, workers, args, extra, profile_of(key))
+        ok = not isinstance(records, str)
         results.setdefault(key, []).append(samples_per_sec(records) if ok else records)
         if mode == "async" and device == "cuda" and ok and not extra:  # plain async's copies
             copies = copy_figures(records)
@@ -338,7 +377,8 @@ def run_round(workers: int, args: argparse.Namespace, results: dict) -> list[str
         name = " ".join(key)
         line.append(f"{name} " + (f"{results[key][-1]:,.0f} samples/s{flops_note(records)}"
                                   if ok else "failed"))
-    results.setdefault(("hand", "cuda"), []).append(hand_loop(workers, args))
+    results.setdefault(("hand", "cuda"), []).append(
+        hand_loop(workers, args, profile_of(("hand", "cuda"))))
     hand = results[("hand", "cuda")][-1]
     line.append("hand loop cuda " + (f"{hand:,.0f} samples/s" if isinstance(hand, float)
                                      else "failed"))
@@ -371,6 +411,16 @@ def variant_rows(results: dict) -> list[list[str]]:
                      else "failed" if key in results else "not run",
                      f"{a / b:.2f}" if a and b else "-"])
     return rows
+
+
+def profile_lines(results: dict) -> list[str]:
+    """Each profiled run's figures per step (its summary's first lines), one block each."""
+    lines = [f"profiles of {PROFILE_STEPS} warm-up steps (first round):"]
+    for name, key in PROFILED.items():
+        text = results.get("profiles", {}).get(key, {}).get("text")
+        head = text.split("\n\n")[0].splitlines() if text else ["none written"]
+        lines += [f"  {name}: {head[0]}", *(f"    {line}" for line in head[1:])]
+    return lines
 
 
 def goal_lines(results: dict, workers: int) -> list[str]:
@@ -409,6 +459,10 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds):
         line = run_round(workers, args, results)
         print(f"round {round_ + 1}/{args.rounds}: " + ", ".join(line), flush=True)
+        if round_ == 0:
+            for name, key in PROFILED.items():
+                text = results["profiles"].get(key, {}).get("text")
+                print(f"\nprofile, {name}:\n{text or 'none written'}", flush=True)
 
     print(f"\nmodel: MLP {args.features}-{args.hidden.replace(',', '-')}-10, synthetic data, "
           f"batch {args.batch_size} per worker, {args.steps} steps per epoch, epochs "
@@ -417,6 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(["measure", "cpu", "cuda", "cuda / cpu"], result_rows(results, workers)))
     print()
     print(markdown_table(["on the GPU", "samples/s", "ratio"], variant_rows(results)))
+    print()
+    print("\n".join(profile_lines(results)))
     print()
     print("\n".join(goal_lines(results, workers)))
     failed = any(isinstance(r, str) for key in results if isinstance(key, tuple)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .values import check_tracker, opt
+from .values import check_tracker, opt, parse_profile_steps
 
 
 @dataclass
@@ -29,10 +29,17 @@ class LogOptions:
                        "that fails warns once and training goes on (docs/trackers.md)")
     tracker_project: str = opt("hvdtrain", "with --tracker: the MLflow experiment or W&B "
                                "project the run goes into")
+    profile_steps: str = opt("", "profile steps FIRST:LAST of each worker process (counted from "
+                             "1; FIRST >= 2) with torch.profiler: a summary per step (operators, "
+                             "and on a GPU kernel launches, synchronizations, copies, busy time) "
+                             "and the operator table in profile-rank<R>-steps<FIRST>-<LAST>.txt, "
+                             "the timeline beside it (.json), in the run folder. E.g. 50:70")
     tracker_artifacts: bool = opt(False, "with --tracker: also upload checkpoint.pt and best.pt "
                                   "(--keep-best) as artifacts at the end of the run")
 
     def check_logs(self) -> None:
+        if self.profile_steps:
+            parse_profile_steps(self.profile_steps)
         if self.tensorboard:
             import importlib.util
             if importlib.util.find_spec("tensorboard") is None:

@@ -1,6 +1,6 @@
 """What the option sections share: a field with its help text, the finite-number check, and
 the readers of values that are more than a number (a fault schedule, a metric goal, a stop
-target)."""
+target, a window of steps to profile)."""
 
 from __future__ import annotations
 
@@ -147,3 +147,17 @@ def parse_int_tuple(value: Any) -> tuple[int, ...]:
     else:
         parts = [p for p in str(value).replace("x", ",").split(",") if p.strip()]
     return tuple(int(p) for p in parts)
+
+
+def parse_profile_steps(spec: str) -> tuple[int, int]:
+    """"A:B" -> (A, B), with 2 <= A <= B; a ConfigError that says what to pass otherwise."""
+    first, sep, last = spec.partition(":")
+    try:
+        a, b = int(first), int(last or first)
+    except ValueError:
+        a = b = -1
+    if (sep and not last) or a < 2 or b < a:
+        raise ConfigError(f"--profile-steps: invalid value {spec!r}; use FIRST:LAST, the steps of "
+                          "each worker process to profile, counted from 1, with 2 <= FIRST <= "
+                          "LAST (step 1 holds one-off costs), e.g. 50:70")
+    return a, b

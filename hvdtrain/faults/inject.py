@@ -1,6 +1,6 @@
 """The step hook of --inject-faults (in loop/hooks.py's default_hooks): after each step, on the
 rank a fault names, it fires the fault once the job's step count reaches the fault's step, or
-stretches the step (slow). It has a step hook's two methods (loop/hooks.StepHook) without
+stretches the step (slow). It has a step hook's methods (loop/hooks.StepHook) without
 importing the loop, which imports it."""
 
 from __future__ import annotations
@@ -69,6 +69,9 @@ class FaultInjector:
                 check_within(self.faults, self.last_step())
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+
+    def close(self) -> None:
+        """Nothing to end: a fault that did not fire by the run's end never fires."""
 
     def after_step(self, step) -> None:
         if not self.faults:

@@ -10,8 +10,9 @@ from typing import Any, Iterator
 
 import torch
 
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError, OptimConfig, RunConfig
 from ..data.batches import BatchSource
+from ..optim import learning_rate
 from ..scheme import BatchFeed, Progress, UpdateScheme
 
 
@@ -38,6 +39,11 @@ class EpochPlan:
     @property
     def total_steps(self) -> int:
         return self.steps_per_epoch * self.run.epochs
+
+    def learning_rate(self, progress: Progress, optim: OptimConfig, lr_scale: float) -> float:
+        """--lr's schedule (warm-up, decay; optim.learning_rate) at ``progress``'s global step."""
+        return learning_rate(progress.global_step, self.total_steps, self.steps_per_epoch, optim,
+                             lr_scale)
 
     def rescale(self, progress: Progress) -> None:
         """A position inside an epoch counted by a different number of workers (an elastic reset,

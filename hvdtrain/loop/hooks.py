@@ -43,6 +43,9 @@ class StepHook:
     def after_step(self, step: StepResult) -> None:
         pass
 
+    def close(self) -> None:
+        """Where the run's steps have ended (it finished or stopped)."""
+
 
 class Straggler(StepHook):
     """--straggler: sleep after a step as long as the straggler model says this worker waits,

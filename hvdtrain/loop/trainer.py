@@ -19,7 +19,6 @@ import time
 from functools import partial
 
 from ..config import Config, RunConfig
-from ..optim import learning_rate
 from ..replica import Replica
 from ..runtime import Runtime
 from ..scheme import Progress, UpdateScheme
@@ -31,6 +30,7 @@ from .epoch_plan import EpochPlan
 from .evaluator import Evaluator
 from .hooks import StepResult, StepTimer, acting, default_hooks
 from .lead import take_lead
+from .profiling import profile_window
 from .run_log import EpochResult, RunLog, run_header
 from .sinks import build_sinks
 from .slow_ranks import SlowRankCheck
@@ -55,7 +55,8 @@ class Trainer:
         self.stopping = Stopping(run, scheme, self.checkpointer, self.best,
                                  TargetStop(run, names, has_test), self.clock)
         self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(run, runtime.rank)
-        self.hooks = [*default_hooks(run, self.plan), self.stopping, slow_ranks, self.step_timer]
+        self.hooks = [*default_hooks(run, self.plan), self.stopping, slow_ranks, self.step_timer,
+                      *profile_window(run, lambda: self.run_dir, runtime)]  # last: untimed
         self._bind_world()
         self.log = build_log(run, scheme, names, self.is_main, self.step_timer, slow_ranks,
                              self.clock)
@@ -99,6 +100,8 @@ class Trainer:
         self.clock.start()
         try:
             self.scheme.run(self._epochs, self.progress)
+            for hook in self.hooks:
+                hook.close()
             summary = self.scheme.close()
             if summary:
                 self.log.write("scheme", **summary)
@@ -130,9 +133,10 @@ class Trainer:
         batches = self.plan.batches(p)  # seeds torch; the rest of the epoch after a resume
         self.replica.model.train()
         self.log.start_epoch(epoch, self.plan.steps_per_epoch - p.step)
-        lr = self._learning_rate()  # for the epoch line, also when no step is left (a resume)
+        rate = partial(self.plan.learning_rate, p, self.cfg.optim)
+        lr = rate(self.scheme.lr_scale)  # for the epoch line, also when no step is left (a resume)
         for x, y in batches:
-            lr = self._learning_rate()
+            lr = rate(self.scheme.lr_scale)
             if self._step(x, y, lr).at_step:
                 self._stop_at_step()
                 return self.stopping.verdict
@@ -184,10 +188,6 @@ class Trainer:
         self.scheme.end_of_training()  # the checkpoint sees every worker's last update
         self.watchdog.beat("writing the stop checkpoint")
         self.checkpointer.save(self.progress)
-
-    def _learning_rate(self) -> float:
-        return learning_rate(self.progress.global_step, self.plan.total_steps,
-                             self.plan.steps_per_epoch, self.cfg.optim, self.scheme.lr_scale)
 
 
 def build_log(run: RunConfig, scheme: UpdateScheme, names: list[str], is_main: bool,

@@ -118,9 +118,9 @@ def test_no_async_skips_the_async_runs_and_says_so(monkeypatch):
     bench = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu")
     launched = []
     monkeypatch.setattr(bench, "pinned_bandwidth", lambda mib, repeats: (1e10, 1e10))
-    monkeypatch.setattr(bench, "hand_loop", lambda workers, args: 200.0)
+    monkeypatch.setattr(bench, "hand_loop", lambda workers, args, profile=None: 200.0)
 
-    def train(mode, device, workers, args, extra=()):
+    def train(mode, device, workers, args, extra=(), profile=None):
         launched.append((mode, device, *extra))
         return [{"type": "epoch", "samples_per_sec": 100.0}] * 3
 
@@ -145,10 +145,10 @@ def test_the_async_gpu_rows_and_issue_43s_goals(monkeypatch):
     bench = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu")
     launched = []
     monkeypatch.setattr(bench, "pinned_bandwidth", lambda mib, repeats: (4e9, 4e9))
-    monkeypatch.setattr(bench, "hand_loop", lambda workers, args: 1000.0)
+    monkeypatch.setattr(bench, "hand_loop", lambda workers, args, profile=None: 1000.0)
     rates = {(): 100.0, ("--server-device", "cuda"): 400.0}
 
-    def train(mode, device, workers, args, extra=()):
+    def train(mode, device, workers, args, extra=(), profile=None):
         launched.append((mode, device, *extra))
         rate = rates.get(extra, 950.0 if "--local-steps" in extra else 500.0)
         epoch = {"type": "epoch", "samples_per_sec": rate, "epoch_seconds": 1.0,
@@ -170,3 +170,45 @@ def test_the_async_gpu_rows_and_issue_43s_goals(monkeypatch):
     # bound: 2 x 4 MB at 4 GB/s = 2 ms of a 10 ms step, 0.2; measured 0.3: 1.50
     assert goals[1] == "goal: plain async's copies / their bandwidth bound <= 2: 1.50 (met)"
     assert bench.goal_lines({}, 1)[0].endswith(": - (no figure)")
+
+
+def test_the_first_round_profiles_the_hand_loop_sync_and_async_diloco(monkeypatch):
+    """One DiLoCo round's worth of warm-up steps ending on a round's push; only the first
+    round profiles; the last lines give each summary's figures, or say none was written."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    bench = load(REPO / "scripts" / "bench_gpu.py", "bench_gpu")
+    assert bench.profile_window(bench.parse_args([])) == "161:192"  # 200 steps an epoch
+    assert bench.profile_window(bench.parse_args(["--steps", "70"])) == "33:64"
+    assert bench.profile_window(bench.parse_args(["--steps", "40"])) is None  # 1:32 holds step 1
+    monkeypatch.setattr(bench, "pinned_bandwidth", lambda mib, repeats: (4e9, 4e9))
+    profiled = []
+
+    def summary(name):
+        return f"{name}: steps 32: 1.500 ms a step (wall)\nper step: 80.0 operators\n\ntable"
+
+    def hand_loop(workers, args, profile=None):
+        if profile is not None:
+            profiled.append("hand")
+            profile["text"] = summary("hand")
+        return 1000.0
+
+    def train(mode, device, workers, args, extra=(), profile=None):
+        if profile is not None:
+            profiled.append((mode, *extra))
+            if mode == "sync":  # the DiLoCo run wrote none
+                profile["text"] = summary("sync")
+        return [{"type": "epoch", "samples_per_sec": 500.0}] * 3
+
+    monkeypatch.setattr(bench, "hand_loop", hand_loop)
+    monkeypatch.setattr(bench, "train", train)
+    results: dict = {}
+    args = bench.parse_args(["--no-cpu"])
+    bench.run_round(1, args, results)
+    assert profiled == [("sync",), ("async", *bench.DILOCO), "hand"]
+    bench.run_round(1, args, results)
+    assert len(profiled) == 3
+    assert bench.profile_lines(results) == [
+        "profiles of 32 warm-up steps (first round):",
+        "  hand loop: hand: steps 32: 1.500 ms a step (wall)", "    per step: 80.0 operators",
+        "  sync: sync: steps 32: 1.500 ms a step (wall)", "    per step: 80.0 operators",
+        "  async DiLoCo H=32, server on the CPU: none written"]

@@ -1,0 +1,92 @@
+"""--profile-steps: torch.profiler over a window of a worker's steps (loop/profiling.py), in the
+training loop of one process (test_trainer.py's scheme)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hvdtrain.config import Config, ConfigError
+from hvdtrain.config.values import parse_profile_steps
+from test_trainer import make_trainer
+
+# 200 training samples, --batch-size 16: 12 whole steps an epoch
+
+
+def window_files(folder):
+    return sorted(p.name for p in folder.glob("profile-*"))
+
+
+def test_a_window_is_written_with_its_steps_operators_and_timeline(tmp_path):
+    trainer = make_trainer(tmp_path, profile_steps="3:6")
+    trainer.fit()
+    assert window_files(tmp_path) == ["profile-rank0-steps3-6.json", "profile-rank0-steps3-6.txt"]
+    text = (tmp_path / "profile-rank0-steps3-6.txt").read_text()
+    assert text.startswith("hvdtrain profile: rank 0, steps 4: ")
+    operators = float(text.split("per step: ")[1].split(" operators")[0])
+    # a forward, a backward and an SGD step of a two-layer MLP: dozens of operators, and the
+    # same in every step, so that a window of 4 steps counts 4 times one step's
+    assert 20 < operators < 400 and operators * 4 == int(operators * 4)
+    assert "aten::addmm" in text and "operators by their own CPU time" in text
+    assert "GPU" not in text  # a CPU run records no GPU activity
+    trace = json.loads((tmp_path / "profile-rank0-steps3-6.json").read_text())
+    assert any(e.get("name") == "aten::addmm" for e in trace["traceEvents"])
+
+
+def test_a_window_that_crosses_an_epoch_holds_the_epoch_end_and_counts_each_step_once(tmp_path):
+    trainer = make_trainer(tmp_path, profile_steps="11:14", epochs=2)  # epoch 1 ends after 12
+    trainer.fit()
+    text = (tmp_path / "profile-rank0-steps11-14.txt").read_text()
+    assert "steps 4: " in text
+
+
+def test_a_run_that_ends_inside_the_window_writes_the_steps_it_recorded(tmp_path):
+    trainer = make_trainer(tmp_path, profile_steps="20:40", epochs=2)  # 24 steps in all
+    trainer.fit()
+    assert window_files(tmp_path) == ["profile-rank0-steps20-24.json",
+                                      "profile-rank0-steps20-24.txt"]
+    assert "steps 5: " in (tmp_path / "profile-rank0-steps20-24.txt").read_text()
+
+
+def test_a_window_past_the_run_writes_nothing(tmp_path):
+    make_trainer(tmp_path, profile_steps="30:40", epochs=2).fit()
+    assert window_files(tmp_path) == []
+
+
+def test_a_second_profile_of_the_same_window_keeps_the_first(tmp_path):
+    make_trainer(tmp_path / "a", profile_steps="2:3", epochs=1).fit()  # then resumed
+    first = (tmp_path / "a" / "profile-rank0-steps2-3.txt").read_text()
+    make_trainer(tmp_path / "a", profile_steps="2:3", epochs=2,
+                 resume=str(tmp_path / "a")).fit()
+    assert (tmp_path / "a" / "profile-rank0-steps2-3.txt").read_text() == first
+    assert (tmp_path / "a" / "profile-rank0-steps2-3-2.txt").exists()
+    assert (tmp_path / "a" / "profile-rank0-steps2-3-2.json").exists()
+
+
+@pytest.mark.parametrize("spec", ["1:5", "5:4", "x:5", "5:", ":5", "0", "3:5:7"])
+def test_a_bad_window_is_refused_with_what_to_pass(spec):
+    with pytest.raises(ConfigError, match="--profile-steps.*FIRST:LAST.*2 <= FIRST <= LAST"):
+        Config.from_overrides({"profile_steps": spec}).validate()
+
+
+def test_a_single_step_window_reads_as_that_step():
+    assert parse_profile_steps("7") == (7, 7)
+    assert parse_profile_steps("2:9") == (2, 9)
+
+
+def test_a_profiler_that_fails_costs_the_profile_not_the_run(tmp_path, monkeypatch, capsys):
+    import torch.profiler
+
+    class Broken:
+        def __init__(self, **kwargs):
+            pass
+
+        def start(self):
+            raise RuntimeError("CUPTI is not available")
+
+    monkeypatch.setattr(torch.profiler, "profile", Broken)
+    history = make_trainer(tmp_path, profile_steps="3:6").fit()
+    assert len(history) == 2 and window_files(tmp_path) == []
+    assert "--profile-steps: profiling failed on rank 0 (RuntimeError: CUPTI is not available); " \
+        "training goes on without it" in capsys.readouterr().err
