@@ -10,12 +10,12 @@ shared memory, while worker 0's pushes and replies cross the link, as on a clust
 spare host for the server. The simulator's link model prices both placements: the server alone
 on host A with both workers on host B sharing its link (lab_runs' server_beside=False, what
 tests/multiproc/test_link_lab.py checks it against), and the server beside worker 1
-(predicted_step_seconds' ``beside_server``: worker 1 off the link, and the server held while
-worker 0's push crosses, as measured). It does not price what worker 0 does at each of its
-epoch ends across the link: the closing round's push and reply, or the evaluation's pull. In
-the small lab beside a worker the step time swings from epoch to epoch with how many of the
-job's batches worker 0, across the link, gets, and the model predicts the mean over epochs
-within 12% at 10 Mbit/s and 19% to 26% under it at 25 (docs/comparison.md, stop 56).
+(predicted_step_seconds' ``beside_server``: worker 1 off the link, and nobody held while
+worker 0's push crosses: the server takes it in the background, ps/arrivals.py). It does not
+price what worker 0 does at each of its epoch ends across the link: the closing round's push
+and reply, or the evaluation's pull. In the small lab beside a worker the step time swings
+from epoch to epoch with how many of the job's batches worker 0, across the link, gets
+(docs/comparison.md, stop 57).
 Each rate's runs are an ordinary comparison in a folder of their own (OUT/link-100mbit/:
 report, plots, runs); links.md sets the rates side by side.
 

@@ -24,6 +24,7 @@ from ..config import Config
 from ..layout import Topology
 from ..engines.server_engine import ServerEngine
 from ..rules.registry import server_rules
+from .arrivals import SlowArrivals
 from .dispatch import BatchDispatcher, SlotPlan
 from .ledger import PushLedger, answer_refused
 from .membership import Membership
@@ -57,6 +58,7 @@ class ParameterServer:
         self.header = np.zeros(HEADER_LEN, dtype=np.int64)
         self.shard: Shard | None = None    # filled in by INIT
         self.engine: ServerEngine | None = None  # ... what a push does
+        self.arrivals: SlowArrivals | None = None  # ... and slow links' pushes (arrivals.py)
         self.pauses = EvalPauses(comm, charges=self.index == 0)
         self.verdicts = Verdicts(comm, topology, self.index, cfg.ps.backup_workers)
         self.membership = Membership(self.index, replacements=Replacements.at_server(
@@ -73,6 +75,9 @@ class ParameterServer:
                            self.device)
         self.engine = ServerEngine(self.rules, self.num_workers, self.shard.optimizer,
                                    ShardPort(self, self.shard), follows=self.verdicts.follows)
+        self.arrivals = SlowArrivals(self, enabled=self.num_workers > 1 and self.engine.round is None
+                                     and not (self.membership.recovery
+                                              or hasattr(self.comm, "post_requests")))
 
     def _recv_init(self) -> None:
         """The first message is worker 0's INIT: parameters, plus optimizer state on resume.
@@ -107,11 +112,14 @@ class ParameterServer:
         while active:
             if signals.received and not self.engine.stopping:
                 self.engine.on_signal()
-            self._next_request(status)
+            source = self.arrivals.next_request(status)
             t0 = time.perf_counter()
-            if status.Get_source() < self.num_workers:  # not a verdict from server 0
-                self.silence.heard(status.Get_source(), self.header[H_KIND] == Kind.PUSH, t0)
-            active -= self._handle(status.Get_source(), t0)
+            if self.arrivals.park(source):  # a slow link's gradient: served once it is in
+                continue
+            if source < self.num_workers:  # not a verdict from server 0
+                self.silence.heard(source, self.header[H_KIND] == Kind.PUSH, t0)
+            active -= self._handle(source, t0)
+            self.arrivals.served(source)
             active -= self.membership.check(self, t0)
             self.load.busy_seconds += time.perf_counter() - t0
         stats = self.statistics()
@@ -177,10 +185,6 @@ class ParameterServer:
                             not flags & NO_GRADIENT, bool(flags & WANT_PARAMS),
                             bool(flags & WANTS_STOP))
         self.load.last_push = time.perf_counter()
-
-    def _next_request(self, status) -> None:
-        """Receive the next request header from any worker, or raise StuckError."""
-        self.membership.receive(self, status)  # wait_any, or with silence checks
 
     def _describe_wait(self) -> str:
         paused = ""

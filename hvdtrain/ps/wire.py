@@ -17,11 +17,18 @@ shard in place).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 
 from ..rules.wire_dtype import torch_dtype
 from .protocol import Kind, Tag
+
+# A push whose gradient came in slower than this (bytes a second, about 1 Gbit/s) marks its
+# worker's link as slow: the server then takes that worker's next gradients in the background
+# (ShardWire.stage) rather than wait in a receive that holds every other worker's push.
+SLOW_LINK_BYTES_PER_S = 125e6
 
 
 def words(t: torch.Tensor) -> np.ndarray:
@@ -76,6 +83,7 @@ class ShardWire:
         self.name = name
         longest = max(b - a for a, b in chunks)
         # pin: a GPU shard (--server-device) copies the received chunk to the device from here
+        self.pin = pin
         self.incoming = torch.empty(longest, dtype=self.dtype, pin_memory=pin)
         self.widened = torch.empty(longest if self.dtype != torch.float32 else 0,
                                    pin_memory=pin)
@@ -83,6 +91,12 @@ class ShardWire:
                                     dtype=self.dtype)
         self.exact: dict[int, bool] = {}  # worker -> its reply travels in float32
         self.bytes_pushed = self.bytes_pulled = 0
+        # worker -> the buffer its staged gradient arrives in (stage), and the free buffers
+        self.staged: dict[int, torch.Tensor] = {}
+        self._spare: list[torch.Tensor] = []
+        self.slow: set[int] = set()  # workers whose last push came in below the slow rate
+        self.pushes_staged = 0
+        self._arriving: dict[int, list[float]] = {}  # worker -> [seconds, elements] this push
 
     def request(self, worker: int, kind: int) -> None:
         """A request of ``kind`` arrived from ``worker``: what its reply will carry."""
@@ -92,14 +106,57 @@ class ShardWire:
         """Elements [a, b) of ``worker``'s gradient, in float32. One chunk at a time: posting
         the next chunks' receives ahead let them share the link with this one, which delayed
         the first updated chunk's reply and lowered a push's throughput on a throttled link
-        (see docs/async.md)."""
-        received = self.incoming[:b - a]
-        self.comm.Recv(words(received), source=worker, tag=Tag.GRAD)
+        (see docs/async.md). A worker whose link is slow sends its whole gradient into a
+        buffer of its own in the background instead (stage, ps/arrivals.py)."""
+        staged = self.staged.get(worker)
+        if staged is not None:  # it came in the background (stage)
+            received = staged[a:b]
+        else:
+            received = self.incoming[:b - a]
+            started = time.perf_counter()
+            self.comm.Recv(words(received), source=worker, tag=Tag.GRAD)
+            self._timed(worker, time.perf_counter() - started, b - a, b == self.chunks[-1][1])
         self.bytes_pushed += (b - a) * self.dtype.itemsize
         if self.dtype == torch.float32:
             return received.numpy()
         self.widened[:b - a].copy_(received)
         return self.widened[:b - a].numpy()
+
+    def _timed(self, worker: int, seconds: float, elements: int, last: bool) -> None:
+        """A chunk of ``worker``'s push took ``seconds`` to come in; at the push's last chunk,
+        whether its link is slow."""
+        arriving = self._arriving.setdefault(worker, [0.0, 0])
+        arriving[0] += seconds
+        arriving[1] += elements
+        if last:
+            self._classify(worker, *self._arriving.pop(worker))
+
+    def _classify(self, worker: int, seconds: float, elements: int) -> None:
+        if elements * self.dtype.itemsize < SLOW_LINK_BYTES_PER_S * seconds:
+            self.slow.add(worker)
+        else:
+            self.slow.discard(worker)
+
+    def stages(self, worker: int) -> bool:
+        """Whether ``worker``'s next gradient should come in the background: its link was slow
+        at its last push."""
+        return worker in self.slow and worker not in self.staged
+
+    def stage(self, worker: int) -> list:
+        """Post the receives of ``worker``'s whole gradient into a buffer of its own; returns
+        them. gradient() reads it from there once they are complete, until unstage(). Buffers
+        are reused: ps/arrivals.py stages one gradient at a time, so two are ever made."""
+        buffer = self._spare.pop() if self._spare else \
+            torch.empty(self.params.numel(), dtype=self.dtype, pin_memory=self.pin)
+        self.staged[worker] = buffer
+        self.pushes_staged += 1
+        return [self.comm.Irecv(words(buffer[a:b]), source=worker, tag=Tag.GRAD)
+                for a, b in self.chunks]
+
+    def unstage(self, worker: int, seconds: float) -> None:
+        """``worker``'s staged push was served; its gradient took ``seconds`` to come in."""
+        self._spare.append(self.staged.pop(worker))
+        self._classify(worker, seconds, self.params.numel())
 
     def send(self, worker: int, k: int):
         """Start sending chunk ``k`` of the parameters to ``worker``; returns the request."""
@@ -116,4 +173,4 @@ class ShardWire:
     def report(self) -> dict:
         """The bytes that pushes and replies put on the wire (none for a same-host worker)."""
         return {"wire_dtype": self.name, "wire_bytes_pushed": self.bytes_pushed,
-                "wire_bytes_pulled": self.bytes_pulled}
+                "wire_bytes_pulled": self.bytes_pulled, "pushes_staged": self.pushes_staged}

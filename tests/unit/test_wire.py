@@ -105,9 +105,9 @@ def test_a_16_bit_wire_halves_the_bytes_of_a_push_and_its_reply(name):
     *_, wide, wide_comm = round_trip("fp32")
     *_, narrow, narrow_comm = round_trip(name)
     assert wide.report() == {"wire_dtype": "fp32", "wire_bytes_pushed": 4 * TOTAL,
-                             "wire_bytes_pulled": 4 * TOTAL}
+                             "wire_bytes_pulled": 4 * TOTAL, "pushes_staged": 0}
     assert narrow.report() == {"wire_dtype": name, "wire_bytes_pushed": 2 * TOTAL,
-                               "wire_bytes_pulled": 2 * TOTAL}
+                               "wire_bytes_pulled": 2 * TOTAL, "pushes_staged": 0}
     assert narrow_comm.nbytes * 2 == wide_comm.nbytes == 8 * TOTAL  # what the buffers carried
 
 

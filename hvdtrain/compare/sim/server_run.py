@@ -95,16 +95,11 @@ class ServerRun:
         self.sim._finish(self.params)
 
     def _send(self, w: _Worker, at: float) -> None:
-        """``w``'s push leaves it at ``at`` over the server's link. Where some workers share
-        the server's host (Timing.beside_server), the server takes this push's header when it
-        is free and is held until the bytes have landed, so it is served then, before any
-        request that arrived meanwhile."""
-        if not self.beside:
-            self._schedule(self.inbound.send(at, self.sim.message_bytes, toward_server=True), w,
-                           self.ARRIVE)
-            return
-        self._arrive(w, self.inbound.send(max(at, self.free_at), self.sim.message_bytes,
-                                          toward_server=True))
+        """``w``'s push leaves it at ``at`` over the server's link and arrives when its bytes
+        have landed. The server serves others meanwhile: a real one takes a slow link's
+        gradient in the background (ps/arrivals.py), one at a time, as the link carries them."""
+        self._schedule(self.inbound.send(at, self.sim.message_bytes, toward_server=True), w,
+                       self.ARRIVE)
 
     def _schedule(self, at: float, w: _Worker, kind: int) -> None:
         # Requests at the same virtual time (workers without random delays finish their steps

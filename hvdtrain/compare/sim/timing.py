@@ -46,12 +46,11 @@ class Timing:
     # host); None: the server's pushes and replies cross ``link``.
     server_link: Link | None = None
     # The workers on the server's host (the lab's worker 1, link_lab.py): their pushes and
-    # replies move through shared memory, off the link. With any, the other workers' pushes
-    # hold the server while their bytes cross (it receives a whole gradient before it takes
-    # the next request) and their replies do not (measured in the lab: a 77 KB push at
-    # 10 Mbit/s held the server 61.6 ms with its reply, its own transfer's 61 ms, and a pull
-    # of the same bytes 0.1 ms: the kernel's socket buffer takes a reply). Empty: every push
-    # and reply crosses the server's link, queued there in turn (link.py SharedLink).
+    # replies move through shared memory, off the link. The other workers' pushes cross the
+    # link without holding the server, which takes a slow link's gradient in the background
+    # (ps/arrivals.py; until stop 57 it waited in the receive, 61 ms for a 77 KB push at
+    # 10 Mbit/s, and held worker 1 as long). Empty: every push and reply crosses the server's
+    # link, queued there in turn (link.py SharedLink).
     beside_server: tuple[int, ...] = ()
 
     def average_seconds(self, nbytes: float, workers: int) -> float:
