@@ -58,6 +58,7 @@ class DiLoCoRun(ServerRun):
         if self._out_of_work(w, first):
             self._schedule(at, w, self.DONE)
             return
+        at = self._epoch_ends(w, at)
         timing, own = self.timing, self.timing.step_seconds
         # The round's steps, each with the straggler's delay after it (loop/hooks.py).
         start = at + sum(timing.loop_seconds + own + self.sim._delay(w, w.steps + k, own)

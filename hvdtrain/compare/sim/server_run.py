@@ -74,6 +74,7 @@ class ServerRun:
         # the pushes and the replies: one link, as the server takes one message at a time
         self.inbound = self.outbound = SharedLink(link) if link else None
         self.beside = frozenset(self.timing.beside_server) if link else frozenset()
+        self.lead_epoch = 0  # the epoch of the batch worker 0 holds (_epoch_ends)
         # As the async workers' batch feed (ps/async_group.py JobBatches), the round policy
         # says: the job's plan handed out to whoever asks, as server 0 does (ps/dispatch.py),
         # under async and backup workers; plain --bsp keeps each worker's own share.
@@ -128,9 +129,36 @@ class ServerRun:
         if self._out_of_work(w, first):
             self._schedule(start, w, self.DONE)
             return
-        start += self.timing.loop_seconds  # the loop's time before the update begins
+        start = self._epoch_ends(w, start) + self.timing.loop_seconds  # then the loop's own
         w.started = start
         self._push_leaves(w, start + self.timing.step_seconds)
+
+    def _epoch_ends(self, w: _Worker, at: float) -> float:
+        """When worker 0, the lead, starts its next step (async DiLoCo: round) at ``at``: where
+        the batch it now holds opens a later epoch, it ends its epochs first, and at each end
+        that evaluates or checkpoints it pulls the server's weights across the link
+        (ParameterServerClient.eval_replica; DiLoCoClient's pushes the round under way, or with
+        none pulls: about a transfer each way either way, priced here as the pull's reply).
+        Returns when its step starts. Until stop 57 this cost nothing here, and in the lab the
+        lead took a round nearly every epoch where the real one missed every other."""
+        if w.rank != 0 or self.dispatcher is None or w.slot == NO_SLOT:
+            return at
+        epoch = self.dispatcher.plan.locate(w.slot)[0]
+        ended, self.lead_epoch = range(self.lead_epoch, epoch), epoch
+        if self.outbound is None or w.rank in self.beside:
+            return at
+        for e in ended:
+            if self._reads_model(e):
+                at = self.outbound.send(at, self.sim.message_bytes, toward_server=False)
+        return at
+
+    def _reads_model(self, epoch: int) -> bool:
+        """Whether the lead evaluates or checkpoints at ``epoch``'s end (Evaluator.due,
+        Checkpointer.epoch_done)."""
+        run = self.sim.setup.cfg.run
+        last = epoch + 1 == run.epochs
+        return last or (epoch + 1) % run.eval_every == 0 or bool(
+            run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0)
 
     def _push_leaves(self, w: _Worker, at: float) -> None:
         """``w`` pushes at ``at``: over the server's link where there is one, through shared
