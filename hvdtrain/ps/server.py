@@ -75,9 +75,10 @@ class ParameterServer:
                            self.device)
         self.engine = ServerEngine(self.rules, self.num_workers, self.shard.optimizer,
                                    ShardPort(self, self.shard), follows=self.verdicts.follows)
-        self.arrivals = SlowArrivals(self, enabled=self.num_workers > 1 and self.engine.round is None
-                                     and not (self.membership.recovery
-                                              or hasattr(self.comm, "post_requests")))
+        routed = hasattr(self.comm, "post_requests")  # --max-restarts: routes.py
+        lone, lock_step = self.num_workers == 1, self.engine.round is not None
+        self.arrivals = SlowArrivals(self, enabled=not (lone or lock_step or routed
+                                                        or self.membership.recovery))
 
     def _recv_init(self) -> None:
         """The first message is worker 0's INIT: parameters, plus optimizer state on resume.
