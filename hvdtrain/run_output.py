@@ -15,7 +15,7 @@ import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from tqdm import tqdm
 
@@ -172,6 +172,9 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+REFRESH_S = 0.25  # the terminal bar's figures: read and redrawn at most this often (tqdm's too)
+
+
 class ProgressBar:
     """One Keras-style line per epoch::
 
@@ -190,35 +193,49 @@ class ProgressBar:
         self._bar: tqdm | None = None
         self._steps = 0
         self._started = 0.0
-        self._text = ""
+        self._shown = 0.0  # when the bar's figures were last read
+        self._latest: tuple[float, Callable[[], dict[str, float]]] | None = None
 
     def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
         if not self.enabled:
             return
         print(f"Epoch {epoch}/{epochs}", file=self.stream, flush=True)
-        self._steps, self._started, self._text = steps, time.perf_counter(), ""
+        self._steps, self._started, self._latest = steps, time.perf_counter(), None
+        self._shown = 0.0
         if self.live:
             # tqdm fills the bar with the ascii string's characters from first (empty) to last
             # (full), so ".>=" gives Keras' look: '=' done, '>' at the head, '.' to go.
-            self._bar = tqdm(total=steps, file=self.stream, ascii=".>=", mininterval=0.25,
+            self._bar = tqdm(total=steps, file=self.stream, ascii=".>=", mininterval=REFRESH_S,
                              dynamic_ncols=False, leave=True,
                              bar_format="{n_fmt}/{total_fmt} [{bar:30}] - {elapsed_s:.1f}s {desc}")
 
-    def update(self, step_seconds: float, figures: dict[str, float]) -> None:
-        """figures: the epoch's running loss and metrics, e.g. {"loss": 0.21, "acc": 0.94}."""
+    def update(self, step_seconds: float, figures: Callable[[], dict[str, float]]) -> None:
+        """figures: the epoch's running loss and metrics, e.g. {"loss": 0.21, "acc": 0.94},
+        asked only when the line shows them (a terminal's bar at most every REFRESH_S, a pipe's
+        line at the epoch's end): on a GPU, reading a metric's running sum waits for the GPU."""
         if not self.enabled:
             return
-        self._text = " - ".join([f"{step_seconds * 1000:.0f}ms/step",
-                                 *(f"{k}: {v:.4f}" for k, v in figures.items())])
+        self._latest = (step_seconds, figures)
         if self._bar is not None:
-            self._bar.set_description_str(self._text, refresh=False)
+            now = time.perf_counter()
+            if now - self._shown >= REFRESH_S:
+                self._shown = now
+                self._bar.set_description_str(self._describe(), refresh=False)
             self._bar.update(1)
+
+    def _describe(self) -> str:
+        if self._latest is None:
+            return ""
+        step_seconds, figures = self._latest
+        return " - ".join([f"{step_seconds * 1000:.0f}ms/step",
+                           *(f"{k}: {v:.4f}" for k, v in figures().items())])
 
     def end_epoch(self) -> None:
         if self._bar is not None:
+            self._bar.set_description_str(self._describe(), refresh=False)
             self._bar.close()
             self._bar = None
         elif self.enabled:
             seconds = time.perf_counter() - self._started
-            print(f"{self._steps}/{self._steps} [{'=' * 30}] - {seconds:.1f}s {self._text}",
+            print(f"{self._steps}/{self._steps} [{'=' * 30}] - {seconds:.1f}s {self._describe()}",
                   file=self.stream, flush=True)

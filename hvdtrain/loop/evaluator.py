@@ -7,7 +7,7 @@ from ..config import RunConfig
 from ..data.batches import BatchSource
 from ..scheme import UpdateScheme
 from .clock import TrainingClock
-from .run_log import EpochTotals, means
+from .epoch_totals import EpochTotals, means
 
 EVAL_BATCH = 1024
 

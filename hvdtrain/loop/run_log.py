@@ -24,6 +24,7 @@ from ..models import count_parameters
 from ..replica import BatchStats
 from ..scheme import PendingSum, Progress, UpdateScheme
 from .clock import TrainingClock
+from .epoch_totals import EpochTotals, means
 from .flops import epoch_throughput, throughput_header
 from .hooks import StepTimer
 from .sinks import LOG_NAME, Sink, SinkFactory, close_all, default_sinks
@@ -58,49 +59,6 @@ class EpochResult:
                 "epoch_seconds": round(self.seconds, 4),
                 "samples_per_sec": round(self.samples_per_sec, 2), **self.throughput,
                 "wall_seconds": round(self.wall_seconds, 3), "lr": self.lr}
-
-
-class EpochTotals:
-    """This worker's running sums over the epoch under way."""
-
-    def __init__(self, metric_names: list[str]):
-        self.names = metric_names
-        self.loss = 0.0
-        self.count = 0
-        self.metrics = {name: [0.0, 0.0] for name in metric_names}
-        self.started = time.perf_counter()
-        self.steps = 0
-
-    def add(self, loss_sum: float, stats: BatchStats) -> None:
-        self.loss += loss_sum
-        self.count += stats.count
-        self.steps += 1
-        for name, (s, c) in stats.metrics.items():
-            self.metrics[name][0] += float(s)
-            self.metrics[name][1] += float(c)
-
-    def running(self) -> dict[str, float]:
-        out = {"loss": self.loss / max(self.count, 1)}
-        for name, (s, c) in self.metrics.items():
-            if c:
-                out[name] = s / c
-        return out
-
-    def as_vector(self, seconds: float) -> list[float]:
-        """[loss sum, samples, samples/s, then each metric's sum and count]: adds across workers."""
-        rate = self.count / seconds if seconds > 0 else 0.0
-        return [self.loss, float(self.count), rate,
-                *[v for name in self.names for v in self.metrics[name]]]
-
-
-def means(vector: list[float], names: list[str]) -> tuple[float, dict[str, float | None]]:
-    """(mean loss, each metric's mean or None) from a summed vector of as_vector's layout."""
-    count = vector[1]
-    metrics = {}
-    for i, name in enumerate(names):
-        s, c = vector[3 + 2 * i], vector[4 + 2 * i]
-        metrics[name] = s / c if c else None
-    return vector[0] / max(count, 1), metrics
 
 
 class RunLog:
@@ -257,8 +215,8 @@ class RunLog:
                 # increasing where it trained two pieces of one step).
                 self._last_step_line = global_step
                 self._pending.append((PendingSum(values), record, -1))
-        if self.bar.enabled:
-            self.bar.update((time.perf_counter() - t.started) / t.steps, t.running())
+        if self.bar.enabled:  # the running figures only when the bar shows them
+            self.bar.update((time.perf_counter() - t.started) / t.steps, t.running)
         if self._pending:
             self.flush()
 
