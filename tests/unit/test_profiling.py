@@ -90,3 +90,22 @@ def test_a_profiler_that_fails_costs_the_profile_not_the_run(tmp_path, monkeypat
     assert len(history) == 2 and window_files(tmp_path) == []
     assert "--profile-steps: profiling failed on rank 0 (RuntimeError: CUPTI is not available); " \
         "training goes on without it" in capsys.readouterr().err
+
+
+def test_the_gpu_lines_read_a_profile_with_no_gpu_activity_as_zeros():
+    """The CUDA branch's own code, run on a CPU profile (a GPU's activity needs a device): the
+    counts by name and the device events' busy time come out as zeros, not as an error."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from hvdtrain.loop.profiling import summarize
+
+    model = torch.nn.Linear(8, 2)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+    text = summarize(profiler, 2, 0.01, cuda=True)
+    assert "per step on the GPU: 0.0 kernel launches, 0.0 synchronizations with the GPU, " \
+        "0.0 copies" in text
+    assert "GPU busy 0.000 ms a step (0% of the wall time" in text
+    assert "operators by their own GPU time:" in text and "aten::addmm" in text
