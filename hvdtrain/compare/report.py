@@ -139,39 +139,45 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
     if len(ranked) == 1:
         return text + note
     runner_up = ranked[1]
-
-    def single(a: str, b: str) -> bool:  # one run per mode has no interval to speak of
-        return min(complete[a]["reached"], complete[b]["reached"]) < 2
-
-    def apart(a: str, b: str) -> bool:
-        return not single(a, b) and separated(complete[a]["time_ci"], complete[b]["time_ci"])
-
-    def why_not(a: str, b: str) -> str:
-        return ("one run of a mode has no interval (pass --seeds 2 or more)" if single(a, b)
-                else "their intervals overlap")
-
-    settled = apart(best, runner_up)
+    first, second = complete[best], complete[runner_up]
+    settled = _apart(first, second)
     if "sync" in complete and best != "sync":
         share = interval_text(complete[best]["time_vs_sync"])
-        beats = apart(best, "sync")
+        beats = _apart(first, complete["sync"])
         text += (f" **{best} beats sync**: it needs {share} of sync's time, and the "
                  "intervals separate." if beats else
                  f" {best} needs {share} of sync's time on average, but "
-                 f"{why_not(best, 'sync')}, so **whether it beats sync is not settled** by these "
-                 "runs.")
+                 f"{_unsettled(first, complete['sync'])}, so **whether it beats sync is not "
+                 "settled** by these runs.")
     elif best == "sync":
         ratio = complete[runner_up]["time_ci"][0] / complete["sync"]["time_ci"][0]
         text += (f" **sync is fastest**; {runner_up} took {ratio:.2f}x as long." if settled else
                  f" sync is fastest on average ({runner_up} took {ratio:.2f}x as long), but "
-                 f"{why_not('sync', runner_up)}, so **the ranking is not settled** by these runs.")
+                 f"{_unsettled(first, second)}, so **the ranking is not settled** by these runs.")
     if best != "sync" and runner_up != "sync" and settled:
         share = interval_text(ratio_ci(complete[best]["times"], complete[runner_up]["times"]))
         text += (f" **{best} beats {runner_up}** too: it needs {share} of its time, and the "
                  "intervals separate.")
     elif best != "sync" and runner_up != "sync":
-        text += (f" {best} and {runner_up} are not told apart ({why_not(best, runner_up)})"
-                 f"{_why_close(complete[best], complete[runner_up], runner_up)}.")
+        text += (f" {best} and {runner_up} are not told apart ({_unsettled(first, second)})"
+                 f"{_why_close(first, second, runner_up)}.")
     return text + note
+
+
+def _single(a: dict, b: dict) -> bool:
+    """Whether either mode has one run that reached the target: one run has no interval."""
+    return min(a["reached"], b["reached"]) < 2
+
+
+def _apart(a: dict, b: dict) -> bool:
+    """Whether two modes' times to target are told apart: their intervals separate."""
+    return not _single(a, b) and separated(a["time_ci"], b["time_ci"])
+
+
+def _unsettled(a: dict, b: dict) -> str:
+    """Why two modes are not told apart, in words."""
+    return ("one run of a mode has no interval (pass --seeds 2 or more)" if _single(a, b)
+            else "their intervals overlap")
 
 
 def _why_close(a: dict, b: dict, b_name: str) -> str:
