@@ -27,7 +27,6 @@ from collections import deque
 import numpy as np
 
 from .protocol import H_FLAGS, H_KIND, HEADER_LEN, NO_GRADIENT, Kind, Tag
-from .waiting import StuckError, wait_any
 
 
 class SlowArrivals:
@@ -80,12 +79,7 @@ class SlowArrivals:
                                                     tag=Tag.REQUEST)
         while True:
             receives = [self.header_receive, *(self.flight[2] if self.flight else ())]
-            try:
-                index = wait_any(server.MPI, receives, server.cfg.ps.timeout_s,
-                                 server._describe_wait, status)
-            except StuckError:
-                server.membership.check(server, time.perf_counter())  # names a silent one
-                raise
+            index = server.membership.wait(server, receives, status)
             if index == 0:
                 self.header_receive = None
                 server.header[:] = self.next_header

@@ -14,6 +14,7 @@ from hvdtrain.ps import wire as wire_module
 from hvdtrain.ps.arrivals import SlowArrivals
 from hvdtrain.ps.protocol import (H_FLAGS, H_KIND, H_WORKER, HEADER_LEN, NO_GRADIENT, Kind,
                                   Tag, chunk_bounds)
+from hvdtrain.ps.waiting import wait_any
 from hvdtrain.ps.wire import SLOW_LINK_BYTES_PER_S, ShardWire
 
 TOTAL, CHUNK = 1000, 300  # 4 chunks, the last one short
@@ -105,7 +106,8 @@ def make_server(slow=(0, 1)):
     server = SimpleNamespace(
         MPI=FakeMPI, comm=comm, header=np.zeros(HEADER_LEN, dtype=np.int64),
         shard=SimpleNamespace(wire=wire), cfg=SimpleNamespace(ps=SimpleNamespace(timeout_s=5)),
-        membership=SimpleNamespace(receive=receive, check=lambda *a: 0),
+        membership=SimpleNamespace(receive=receive, wait=lambda server, requests, status:
+                                   wait_any(FakeMPI, requests, 5, lambda: "waiting", status)),
         _describe_wait=lambda: "waiting")
     return server, SlowArrivals(server, enabled=True), received
 
