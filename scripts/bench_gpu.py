@@ -159,6 +159,13 @@ def profile_window(args: argparse.Namespace) -> str | None:
     return f"{first}:{last}" if first >= 2 else None
 
 
+def read_profile(folder: Path, profile: dict | None) -> None:
+    """Fill ``profile`` with rank 0's --profile-steps summary in ``folder``, if it wrote one."""
+    written = sorted(folder.glob("profile-rank0-*.txt"))
+    if profile is not None and written:
+        profile["text"] = written[0].read_text()
+
+
 def train(mode: str, device: str, workers: int, args: argparse.Namespace,
           extra: tuple[str, ...] = (), profile: dict | None = None) -> list[dict] | str:
     """The run's metrics.jsonl records, or why it failed (one line). ``profile``: a dict to
@@ -170,9 +177,7 @@ def train(mode: str, device: str, workers: int, args: argparse.Namespace,
         cmd = train_command(mode, device, workers, run_dir, args, extra)
         if launch(cmd, args) is None:
             return "failed (output above)"
-        written = sorted(Path(run_dir).glob("profile-rank0-*.txt"))
-        if profile is not None and written:
-            profile["text"] = written[0].read_text()
+        read_profile(Path(run_dir), profile)
         records = read_jsonl(Path(run_dir) / "metrics.jsonl")
         if "--compile" in extra:  # the extra last epoch holds the eval graph's compile
             records = records[:max(i for i, r in enumerate(records) if r.get("type") == "epoch")]
@@ -188,12 +193,10 @@ def hand_loop(workers: int, args: argparse.Namespace, profile: dict | None = Non
            "--warmup-steps", str(args.steps), "--steps", str(args.steps * (args.epochs - 1))]
     window = profile_window(args) if profile is not None else None
     with tempfile.TemporaryDirectory() as folder:
-        written = Path(folder) / "hand-loop-profile.txt"
         if window:
-            cmd += ["--profile-steps", window, "--profile-out", str(written)]
+            cmd += ["--profile-steps", window, "--profile-dir", folder]
         out = launch(cmd, args)
-        if profile is not None and written.exists():
-            profile["text"] = written.read_text()
+        read_profile(Path(folder), profile)
     for line in (out or "").splitlines():
         if line.startswith("BENCH "):
             return json.loads(line[len("BENCH "):])["samples_per_sec"]

@@ -43,11 +43,13 @@ def profile_window(run, folder: Callable[[], Path], runtime) -> list[StepHook]:
 class ProfileWindow(StepHook):
     """The hook (module docstring). ``folder``: the run folder, asked when the files are written
     (the run claims it after the hooks are made); ``rank``: the process's rank, in the files'
-    names; ``cuda``: also record the GPU's activity."""
+    names; ``cuda``: also record the GPU's activity; ``who``: the loop profiled, in the text
+    (scripts/gpu/hand_loop.py profiles its own steps with this hook)."""
 
-    def __init__(self, spec: str, folder: Callable[[], Path], rank: int, cuda: bool):
+    def __init__(self, spec: str, folder: Callable[[], Path], rank: int, cuda: bool,
+                 who: str = "hvdtrain"):
         self.first, self.last = parse_profile_steps(spec)
-        self.folder, self.rank, self.cuda = folder, rank, cuda
+        self.folder, self.rank, self.cuda, self.who = folder, rank, cuda, who
         self.steps = 0
         self.profiler = None
         self.started = 0.0
@@ -79,11 +81,11 @@ class ProfileWindow(StepHook):
         seconds = time.perf_counter() - self.started
         summary = summarize(profiler, steps, seconds, self.cuda)
         name = f"profile-rank{self.rank}-steps{self.first}-{self.first + steps - 1}"
-        self.written = _fresh_file(self.folder(), name, f"hvdtrain profile: rank {self.rank}, "
+        self.written = _fresh_file(self.folder(), name, f"{self.who} profile: rank {self.rank}, "
                                    + summary)
         profiler.export_chrome_trace(str(self.written.with_suffix(".json")))
         if self.rank == 0:  # each worker writes its own; one line says where
-            print(f"hvdtrain: profile of {steps} steps written to {self.written} (and the "
+            print(f"{self.who}: profile of {steps} steps written to {self.written} (and the "
                   f"timeline beside it, .json); every worker wrote its own", flush=True)
 
     def _guarded(self, action: Callable[[], None]) -> None:

@@ -1,9 +1,9 @@
 """The loop a user would write by hand with Horovod on a GPU: scripts/bench/plain_horovod_loop.py
 with one GPU per local rank, batches copied from pinned host memory without blocking. It prints
 the BENCH line scripts/bench_gpu.py reads (global samples/s). With --profile-steps A:B (warm-up
-steps, counted from 1) and --profile-out FILE, rank 0 profiles those steps with torch.profiler
-and writes the summary that hvdtrain's --profile-steps writes (hvdtrain/loop/profiling.py), so
-that the two loops' steps compare line by line."""
+steps, counted from 1) and --profile-dir DIR, rank 0 profiles those steps with hvdtrain's own
+--profile-steps hook (hvdtrain/loop/profiling.py) and writes its files into DIR, so that the two
+loops' steps compare line by line."""
 
 import argparse
 import sys
@@ -25,7 +25,7 @@ for name, default in (("features", 1024), ("classes", 10), ("batch-size", 256),
 parser.add_argument("--hidden", default="4096,4096")
 parser.add_argument("--lr", type=float, default=0.01)
 parser.add_argument("--profile-steps", default="")
-parser.add_argument("--profile-out", default="")
+parser.add_argument("--profile-dir", default="")
 args = parser.parse_args()
 
 hvd.init()
@@ -50,31 +50,18 @@ def step(i: int) -> None:
     loss.item()  # read the loss each step, as a loop that logs it does
 
 
-def profiled_warmup() -> None:
-    """The warm-up steps, with steps A to B of them under torch.profiler (rank 0)."""
-    from torch.profiler import ProfilerActivity, profile
-    from hvdtrain.config.values import parse_profile_steps
-    from hvdtrain.loop.profiling import summarize
-    first, last = parse_profile_steps(args.profile_steps)
-    profiler, started = None, 0.0
-    for i in range(args.warmup_steps):
-        step(i)
-        if i + 1 == first - 1:
-            profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-            profiler.start()
-            started = time.perf_counter()
-        elif i + 1 == last and profiler is not None:
-            profiler.stop()
-            summary = summarize(profiler, last - first + 1, time.perf_counter() - started, True)
-            Path(args.profile_out).write_text(f"hand loop profile: rank 0, {summary}")
-            profiler = None
-
-
+# hvdtrain's own profiling hook over these warm-up steps, so that both loops' summaries match
+window = None
 if args.profile_steps and hvd.rank() == 0:
-    profiled_warmup()
-else:
-    for i in range(args.warmup_steps):
-        step(i)
+    from hvdtrain.loop.profiling import ProfileWindow
+    window = ProfileWindow(args.profile_steps, lambda: Path(args.profile_dir), 0, cuda=True,
+                           who="hand loop")
+for i in range(args.warmup_steps):
+    step(i)
+    if window is not None:
+        window.after_step(None)  # the window counts steps; it reads nothing of them
+if window is not None:
+    window.close()  # a window past the warm-up's end writes what it recorded
 torch.cuda.synchronize()
 t0 = time.perf_counter()
 for i in range(args.warmup_steps, args.warmup_steps + args.steps):

@@ -109,3 +109,22 @@ def test_the_gpu_lines_read_a_profile_with_no_gpu_activity_as_zeros():
         "0.0 copies" in text
     assert "GPU busy 0.000 ms a step (0% of the wall time" in text
     assert "operators by their own GPU time:" in text and "aten::addmm" in text
+
+
+def test_a_loop_of_its_own_drives_the_window_as_the_gpu_hand_loop_does(tmp_path, capsys):
+    """scripts/gpu/hand_loop.py profiles its warm-up with this hook: after_step per step, close
+    at the end, its own name in the text."""
+    import torch
+
+    from hvdtrain.loop.profiling import ProfileWindow
+
+    window = ProfileWindow("2:3", lambda: tmp_path, 0, cuda=False, who="hand loop")
+    model = torch.nn.Linear(8, 2)
+    for _ in range(5):
+        model(torch.randn(4, 8)).sum().backward()
+        window.after_step(None)
+    window.close()
+    assert window_files(tmp_path) == ["profile-rank0-steps2-3.json", "profile-rank0-steps2-3.txt"]
+    assert (tmp_path / "profile-rank0-steps2-3.txt").read_text().startswith(
+        "hand loop profile: rank 0, steps 2: ")
+    assert "hand loop: profile of 2 steps written to" in capsys.readouterr().out
