@@ -41,6 +41,13 @@ def default_run_dir(cfg: Config, data_name: str, model_name: str) -> Path:
     return Path("runs") / f"{stamp}-{label}"
 
 
+def checkpoint_due(run, epochs_done: int) -> bool:
+    """Whether a run writes its checkpoint once ``epochs_done`` epochs are done: every
+    --checkpoint-every epochs, and after the last (the simulator asks it too, compare/sim/)."""
+    every = run.checkpoint_every
+    return epochs_done == run.epochs or bool(every and epochs_done % every == 0)
+
+
 def make_fresh_folder(folder: Path) -> Path:
     """``folder``, or ``folder-2``, ``folder-3``... when a run that started in the same second
     took it: mkdir is atomic, so two runs never get the same default folder."""
@@ -285,8 +292,7 @@ class Checkpointer:
             self.save(progress)
 
     def epoch_done(self, progress: Progress, last: bool = False) -> None:
-        every = self.run.checkpoint_every
-        if last or progress.epoch == self.run.epochs or (every and progress.epoch % every == 0):
+        if last or checkpoint_due(self.run, progress.epoch):
             self.save(progress)
 
     def save(self, progress: Progress, path: Path | None = None) -> Path | None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...engines.server_engine import ServerEngine
+from ...loop.checkpointer import checkpoint_due
 from ...ps.dispatch import NO_SLOT, BatchDispatcher, SlotPlan
 from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.registry import server_rules
@@ -153,12 +154,8 @@ class ServerRun:
         return at
 
     def _reads_model(self, epoch: int) -> bool:
-        """Whether the lead evaluates or checkpoints at ``epoch``'s end (Evaluator.due,
-        Checkpointer.epoch_done)."""
-        run = self.sim.setup.cfg.run
-        last = epoch + 1 == run.epochs
-        return last or (epoch + 1) % run.eval_every == 0 or bool(
-            run.checkpoint_every and (epoch + 1) % run.checkpoint_every == 0)
+        """Whether the lead evaluates or checkpoints at ``epoch``'s end, as the trainer asks."""
+        return self.sim.cadence.due(epoch) or checkpoint_due(self.sim.setup.cfg.run, epoch + 1)
 
     def _push_leaves(self, w: _Worker, at: float) -> None:
         """``w`` pushes at ``at``: over the server's link where there is one, through shared
