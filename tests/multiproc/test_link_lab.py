@@ -32,7 +32,7 @@ from hvdtrain.compare.sim.simulation import _check_arguments
 from hvdtrain.compare.sim.timing import measure_timing
 from hvdtrain.config import ConfigError
 from hvdtrain.rules.registry import FAMILIES
-from hvdtrain.run_output import read_jsonl
+from launch import records
 
 REASON = unavailable_reason()
 pytestmark = [pytest.mark.multiproc,
@@ -98,9 +98,8 @@ def test_the_link_model_predicts_the_labs_step_times_at_two_rates(tmp_path):
                         job.wait()
             if run.mode.is_async:  # each worker's link is slow: the server took its pushes
                 # in the background (ps/arrivals.py), and the run still ended as it should
-                scheme = next(r for r in read_jsonl(run_dir / "metrics.jsonl")
-                              if r.get("type") == "scheme")
-                assert scheme["servers"][0]["pushes_staged"] > 0, scheme["servers"]
+                servers = records(run_dir, "scheme")[0]["servers"]
+                assert servers[0]["pushes_staged"] > 0, servers
             epochs = {e.epoch: e for e in read_run(run_dir).epochs}
             for epoch, mbit in ((2, RATES[0]), (4, RATES[1])):
                 measured = epochs[epoch].seconds / epochs[epoch].steps
