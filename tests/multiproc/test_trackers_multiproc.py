@@ -106,7 +106,10 @@ def test_preempted_and_resumed_sync_job_is_one_run_of_each_tracker_without_repea
             job.kill()
             job.wait()
     assert job.returncode == PREEMPTED, out + err
-    run(command, env=OFFLINE)
+    resumed = run(command, env=OFFLINE)
+    # shown if what follows fails: a tracker that fails warns there and training goes on
+    print(f"first attempt's stderr:\n{err[-3000:]}\nresumed attempt's stderr:\n"
+          f"{resumed.stderr[-3000:]}")
     tracked, epochs = epochs_match(tmp_path)
     assert [e["epoch"] for e in epochs] == [1, 2, 3]
     steps = [s for s, _ in mlflow_history(mlflow_store(tmp_path), tracked.info.run_id,
