@@ -11,11 +11,11 @@ spare host for the server. The simulator's link model prices both placements: th
 on host A with both workers on host B sharing its link (lab_runs' server_beside=False, what
 tests/multiproc/test_link_lab.py checks it against), and the server beside worker 1
 (predicted_step_seconds' ``beside_server``: worker 1 off the link, and nobody held while
-worker 0's push crosses: the server takes it in the background, ps/arrivals.py). It does not
-price what worker 0 does at each of its epoch ends across the link: the closing round's push
-and reply, or the evaluation's pull. In the small lab beside a worker the step time swings
-from epoch to epoch with how many of the job's batches worker 0, across the link, gets
-(docs/comparison.md, stop 57).
+worker 0's push crosses: the server takes it in the background, ps/arrivals.py). Beside a
+worker the step time swings from epoch to epoch with how many of the job's batches worker 0,
+across the link, gets, so the model is held to a run's epochs together there (each of worker
+0's epoch ends costs it a transfer, and its evaluation waits for it: sim/server_run.py
+_end_epochs; docs/comparison.md, stop 58).
 Each rate's runs are an ordinary comparison in a folder of their own (OUT/link-100mbit/:
 report, plots, runs); links.md sets the rates side by side.
 
@@ -154,39 +154,49 @@ def lab_runs(lab: SlowLinks, runs: list[PlannedRun], folder: Path,
             for run in runs]
 
 
-def predicted_step_seconds(mode, train_args: list[str], epoch, link, apply_seconds: float = 0.0,
+def predicted_step_seconds(mode, train_args: list[str], epochs, link, apply_seconds: float = 0.0,
                            seed: int = 0, beside_server: tuple[int, ...] = ()) -> float:
-    """The simulator's step time for one measured epoch of a lab run (``epoch``: from_run's
-    EpochTimes): the workers' compute and random delays and the loop's own time as the epoch
-    measured them (from_run.fit_epochs: the loop's is the step period less the mean compute and
-    the mean wait, of the worker that took the most steps), the server's update
-    ``apply_seconds``, and every exchange priced by ``link`` (sim/link.py), not by the waits
-    the epoch measured. ``train_args``: the run's train flags, which the simulator trains on
-    for SIMULATED_EPOCHS epochs: the step time is its middle epoch's, as the lab's is an epoch
-    in mid-run (a whole simulated run's would add the first round's start and the last rounds'
-    tail, where an async run's workers finish one by one). An async run's is the server alone
-    on its host (lab_runs' server_beside=False) unless ``beside_server`` names the workers on
-    the server's host (the lab's default: (1,); Timing.beside_server)."""
+    """The simulator's step time for measured epochs of a lab run (``epochs``: one of
+    from_run's EpochTimes, or a list of a run's consecutive ones up to its last): the workers'
+    compute and random delays and the loop's own time as those epochs measured them
+    (from_run.fit_epochs: the loop's is the step period less the mean compute and the mean
+    wait, of the worker that took the most steps), the server's update ``apply_seconds``, and
+    every exchange priced by ``link`` (sim/link.py), not by the waits the epochs measured.
+    ``train_args``: the run's train flags, which the simulator trains on. For one epoch it runs
+    SIMULATED_EPOCHS and the step time is its middle epoch's, as the lab's is an epoch in
+    mid-run (a whole simulated run's would add the first round's start and the last rounds'
+    tail, where an async run's workers finish one by one). For a run's epochs it runs as many
+    as the run did and the step time is theirs together: where the server is beside a worker,
+    the epochs alternate between ones where worker 0, across the link, takes a round and ones
+    it only ends, so no single epoch is typical. An async run's is the server alone on its
+    host (lab_runs' server_beside=False) unless ``beside_server`` names the workers on the
+    server's host (the lab's default: (1,); Timing.beside_server)."""
     from dataclasses import replace
 
     from .from_run import fit_epochs
     from .sim.sweep import simulate_run
 
-    fit = fit_epochs([epoch], lock_step=not mode.is_async or mode.bsp,
+    measured = list(epochs) if isinstance(epochs, (list, tuple)) else [epochs]
+    if len(measured) == 1:
+        run_epochs, first, last = SIMULATED_EPOCHS, 2, 2
+    else:
+        first, last = measured[0].epoch, measured[-1].epoch
+        run_epochs = last
+    fit = fit_epochs(measured, lock_step=not mode.is_async or mode.bsp,
                      local_steps=mode.local_steps, apply_seconds=apply_seconds)
     timing = replace(fit.timing, allreduce_seconds=0.0, push_seconds=0.0, link=link,
                      beside_server=beside_server)
-    result = simulate_run(mode, epoch.times.num_workers, "", seed,
-                          [*train_args, "--epochs", str(SIMULATED_EPOCHS)], 1.0, timing,
+    result = simulate_run(mode, measured[0].times.num_workers, "", seed,
+                          [*train_args, "--epochs", str(run_epochs)], 1.0, timing,
                           delays=fit.delays())
     if result.status != "ok":
         raise ConfigError(f"the simulated {mode.name} run failed: {result.reason}")
     at = {point["step"]: point["wall_seconds"] for point in result.curve}  # evaluations
-    last = result.curve[-1]["step"]
-    first, second = last // SIMULATED_EPOCHS, 2 * last // SIMULATED_EPOCHS  # the middle epoch
-    if first in at and second in at and second > first:
-        return (at[second] - at[first]) / (second - first)
-    return result.wall_seconds / last  # no evaluation at its ends: the whole run's
+    per_epoch = result.curve[-1]["step"] // run_epochs
+    start, end = (first - 1) * per_epoch, last * per_epoch  # the measured epochs' ends
+    if start in at and end in at and end > start:
+        return (at[end] - at[start]) / (end - start)
+    return result.wall_seconds / result.curve[-1]["step"]  # no evaluation at its ends
 
 
 def check_lab(cfg) -> None:

@@ -16,6 +16,7 @@ from hvdtrain.compare.sim.link import (DUPLEX_OVERLAP, PAYLOAD_SHARE, Link, Shar
 from hvdtrain.compare.sim.simulation import Simulation
 from hvdtrain.compare.sim.timing import Timing
 from hvdtrain.config import ConfigError
+from hvdtrain.ps.dispatch import NO_SLOT
 
 DIGITS = ["--dataset", "digits", "--model", "mlp", "--hidden", "32", "--threads", "1",
           "--epochs", "1", "--max-steps-per-epoch", "6"]
@@ -323,3 +324,54 @@ def test_a_worker_beside_the_server_skips_the_link_and_never_waits_for_a_push_cr
     # Every push crossing the link (no worker beside the server) is slower for worker 1.
     apart = run(Mode("async"), 2, Timing(0.01, link=link))
     assert len([p for p in apart.pushes if p.worker == 1]) < len(beside)
+
+
+def adiloco(local_steps: int) -> Mode:
+    from hvdtrain.compare import plan as planning
+
+    return planning.modes(["adiloco"], [0], [0], [local_steps])[0]
+
+
+def test_the_leads_epoch_ends_are_the_runs_each_a_pull_across_the_link_when_it_gets_there():
+    # The lab beside a worker: worker 1 trains an epoch's 40 batches in 40 ms, faster than one
+    # transfer of worker 0's (80 ms at 1 Mbit/s). A real run's epochs are worker 0's, and each
+    # of its epoch ends here pulls the model across the link before it evaluates; so the
+    # simulated evaluations are one a transfer or more apart, each at its epoch's last step,
+    # not at worker 1's pace as they were until stop 58 (the job's batches of the epoch done).
+    link = Link(1)
+    args = [*DIGITS[:-4], "--epochs", "4", "--max-steps-per-epoch", "20"]
+    sim = Simulation(adiloco(4), 2, "", 0, args, 0.99,
+                     Timing(0.001, link=link, beside_server=(1,)))
+    sim.result = sim.run()
+    one = sim.message_bytes / link.bytes_per_second
+    assert one > 0.04
+    points = sim.result.curve
+    assert [p["step"] for p in points][:4] == [20, 40, 60, 80]
+    times = [p["wall_seconds"] for p in points[:4]]
+    assert all(b - a >= one for a, b in zip(times, times[1:])), times
+    # worker 1 ran out of batches long before worker 0 had ended the run's epochs
+    assert max(p.time for p in sim.pushes if p.worker == 1) < times[-1] - one
+
+
+def test_an_async_diloco_round_takes_the_batches_held_and_worker_0s_ends_with_its_epoch():
+    from hvdtrain.compare.sim.diloco_run import DiLoCoRun
+
+    args = [*DIGITS[:-4], "--epochs", "2", "--max-steps-per-epoch", "20"]
+    sim = Simulation(adiloco(4), 2, "", 0, args, 0.99, Timing(0.001))
+    server = DiLoCoRun(sim)
+    lead, other = sim.workers
+    per_epoch = server.dispatcher.plan.slots_per_epoch
+    assert per_epoch == 40
+    # As server 0 answers a push: as many batches as its round trained, behind those held.
+    server.dispatcher.next = per_epoch - 2
+    server._hand_out(lead, 3)
+    assert lead.slot == per_epoch - 2
+    # Worker 0's epoch evaluates at its end, where its round is pushed: the round stops there
+    # and the next epoch's batch waits for its next round.
+    assert server._round(lead) == [per_epoch - 2, per_epoch - 1]
+    assert lead.slot == per_epoch
+    # Another worker's round goes on into the next epoch; with fewer held than H it asks for
+    # the next ones, as a real worker's empty queue asks server 0.
+    server._hand_out(other, 2)
+    assert server._round(other) == [per_epoch + 1, per_epoch + 2, per_epoch + 3, per_epoch + 4]
+    assert other.slot == NO_SLOT  # it holds none now: its push will bring four

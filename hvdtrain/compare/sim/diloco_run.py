@@ -13,6 +13,7 @@ at most one round of the other workers' pushes older (evaluating costs no virtua
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,7 +45,10 @@ class DiLoCoRun(ServerRun):
         for w in sim.workers:
             w.params = self.params.clone()
             w.optimizer = ShardOptimizer(w.params, sim.chunks, cfg.optim)  # the inner one
-            w.engine = {"pulled": self.params.clone(), "pushes": 0}
+            # its pulled weights, its pushes, the slots it holds (the job's batches) and those
+            # of its round under way
+            w.engine = {"pulled": self.params.clone(), "pushes": 0, "queued": deque(),
+                        "round": []}
 
     # --- a worker's side --------------------------------------------------------------------------
     def _start(self, w: _Worker, at: float, first: bool = False) -> None:
@@ -56,23 +60,27 @@ class DiLoCoRun(ServerRun):
         w.pulled_version = self.engine.version
         self.engine.sent_params(w.rank)
         if self._out_of_work(w, first):
-            self._schedule(at, w, self.DONE)
+            self._schedule(self._last_epochs_end(w, at), w, self.DONE)
             return
         at = self._epoch_ends(w, at)
+        steps = self.local_steps
+        if self.dispatcher is not None:
+            w.engine["round"] = self._round(w)
+            steps = len(w.engine["round"])
         timing, own = self.timing, self.timing.step_seconds
         # The round's steps, each with the straggler's delay after it (loop/hooks.py).
         start = at + sum(timing.loop_seconds + own + self.sim._delay(w, w.steps + k, own)
-                         for k in range(self.local_steps))
+                         for k in range(steps))
         w.started = start
         self._push_leaves(w, start)
 
     def _arrive(self, w: _Worker, at: float) -> None:
         slots = self._inner_steps(w)
         self.gradient = self._wire(w.engine["pulled"] - w.params).numpy()
-        if self.dispatcher is not None:  # server 0 takes the listed slots, hands out the next
+        if self.dispatcher is not None:  # server 0 takes the listed slots, hands out as many
             for slot in slots:
                 self.dispatcher.complete(slot)
-            self._hand_out(w)
+            self._hand_out(w, len(slots))
         w.engine["pushes"] += 1
         engine, version = self.engine, self.engine.version
         late = engine.is_late(w.rank)
@@ -88,27 +96,61 @@ class DiLoCoRun(ServerRun):
         self.sim.now = max(self.sim.now, self.free_at)
 
     def _inner_steps(self, w: _Worker) -> list[int]:
-        """Up to H inner steps of ``w`` on its own weights, one batch of the job's plan each
-        (the slots it trained, in order), fewer where the batches run out."""
-        sim, slots = self.sim, []
-        for k in range(self.local_steps):
-            if self.dispatcher is not None:
-                if w.slot == NO_SLOT:
-                    break
-                if k:  # the first came with the last reply
-                    self._take(w)
-                    if w.slot == NO_SLOT:
-                        break
-                slots.append(w.slot)
-            elif w.steps == sim.total_steps:
-                break
+        """The round's inner steps of ``w`` on its own weights: one batch of the job's plan
+        each (its round's slots, _round), or up to H of its own share, fewer where it runs out.
+        Returns the slots it trained, in order."""
+        sim = self.sim
+        if self.dispatcher is None:
+            steps = min(self.local_steps, sim.total_steps - w.steps)
+            slots = []
+        else:
+            slots, w.engine["round"] = w.engine["round"], []
+            steps = len(slots)
+        for k in range(steps):
+            if slots:
+                w.slot, w.piece = slots[k], self.dispatcher.plan.locate(slots[k])
             lr = sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
             _apply(w.optimizer, sim.chunks, sim._gradient(w, w.params), lr)
         return slots
 
-    def _take(self, w: _Worker) -> None:
-        """The next slot of the round (server 0 hands it out with the last, as the real
-        worker's queue holds it)."""
-        w.slot = self.dispatcher.take(w.rank)
-        w.piece = None if w.slot == NO_SLOT else self.dispatcher.plan.locate(w.slot)
+    # --- the job's batches (server 0's dispatcher) ------------------------------------------------
+    def _hand_out(self, w: _Worker, count: int = 1) -> None:
+        """As server 0 answers ``w``: ``count`` slots, as many as the round it pushed trained
+        (ps/slot_waiters.hand_out), behind those it still holds."""
+        queued = w.engine["queued"]
+        for _ in range(count):
+            slot = self.dispatcher.take(w.rank)
+            if slot == NO_SLOT:
+                break
+            queued.append(slot)
+        self._front(w)
+        if self.dispatcher.finished_pushing(w.rank):  # as server 0: nobody waits for its clock
+            self.engine.on_finished(w.rank)
 
+    def _round(self, w: _Worker) -> list[int]:
+        """The slots of ``w``'s round, at its start: up to H, those it holds first, then one
+        at a time from server 0 as a real worker's empty queue asks (SlotFeed.fetch). Worker
+        0's round ends with its epoch where that epoch's end reads the model (DiLoCoClient
+        eval_replica and state_dict push the round under way); the others' rounds go on into
+        the next epoch, as theirs do."""
+        queued, plan = w.engine["queued"], self.dispatcher.plan
+        epoch = plan.locate(queued[0])[0]
+        ends_with_epoch = w.rank == 0 and self._reads_model(epoch)
+        slots: list[int] = []
+        while len(slots) < self.local_steps:
+            if not queued:
+                slot = self.dispatcher.take(w.rank)
+                if slot == NO_SLOT:
+                    break
+                queued.append(slot)
+            if ends_with_epoch and plan.locate(queued[0])[0] != epoch:
+                break
+            slots.append(queued.popleft())
+        self._front(w)
+        return slots
+
+    def _front(self, w: _Worker) -> None:
+        """``w.slot``: the next slot ``w`` trains, the front of those it holds (NO_SLOT: none)."""
+        queued = w.engine["queued"]
+        w.slot = queued[0] if queued else NO_SLOT
+        w.piece = None if w.slot == NO_SLOT else self.dispatcher.plan.locate(w.slot)

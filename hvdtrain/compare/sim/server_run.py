@@ -75,12 +75,13 @@ class ServerRun:
         # the pushes and the replies: one link, as the server takes one message at a time
         self.inbound = self.outbound = SharedLink(link) if link else None
         self.beside = frozenset(self.timing.beside_server) if link else frozenset()
-        self.lead_epoch = 0  # the epoch of the batch worker 0 holds (_epoch_ends)
+        self.lead_epoch = 0  # the epoch of the batch worker 0 holds (_end_epochs)
         # As the async workers' batch feed (ps/async_group.py JobBatches), the round policy
         # says: the job's plan handed out to whoever asks, as server 0 does (ps/dispatch.py),
         # under async and backup workers; plain --bsp keeps each worker's own share.
         self.dispatcher = None if self.policy.fixed_shares else BatchDispatcher(SlotPlan(
             sim.steps_per_epoch, sim.num_workers, cfg.run.epochs))
+        sim.lead_ends_epochs = self.dispatcher is not None
 
     def run(self) -> None:
         for w in self.sim.workers:
@@ -128,7 +129,7 @@ class ServerRun:
         if not first:  # the straggler stretches the step's compute, not the wait for the reply
             start += self.sim._delay(w, w.steps - 1, self.timing.step_seconds)
         if self._out_of_work(w, first):
-            self._schedule(start, w, self.DONE)
+            self._schedule(self._last_epochs_end(w, start), w, self.DONE)
             return
         start = self._epoch_ends(w, start) + self.timing.loop_seconds  # then the loop's own
         w.started = start
@@ -136,22 +137,38 @@ class ServerRun:
 
     def _epoch_ends(self, w: _Worker, at: float) -> float:
         """When worker 0, the lead, starts its next step (async DiLoCo: round) at ``at``: where
-        the batch it now holds opens a later epoch, it ends its epochs first, and at each end
-        that evaluates or checkpoints it pulls the server's weights across the link
-        (ParameterServerClient.eval_replica; DiLoCoClient's pushes the round under way, or with
-        none pulls: about a transfer each way either way, priced here as the pull's reply).
+        the batch it now holds opens a later epoch, it ends its epochs first (_end_epochs).
         Returns when its step starts. Until stop 57 this cost nothing here, and in the lab the
         lead took a round nearly every epoch where the real one missed every other."""
         if w.rank != 0 or self.dispatcher is None or w.slot == NO_SLOT:
             return at
-        epoch = self.dispatcher.plan.locate(w.slot)[0]
-        ended, self.lead_epoch = range(self.lead_epoch, epoch), epoch
-        if self.outbound is None or w.rank in self.beside:
-            return at
+        return self._end_epochs(at, self.dispatcher.plan.locate(w.slot)[0])
+
+    def _end_epochs(self, at: float, epoch: int) -> float:
+        """The lead ends each epoch before ``epoch`` that it has not ended yet, from ``at``, as
+        a real one ends its epochs: at each end that evaluates or checkpoints it pulls the
+        server's weights across the link (ParameterServerClient.eval_replica; DiLoCoClient's
+        pushes the round under way, or with none pulls: about a transfer each way either way,
+        priced here as the pull's reply), then scores them where that epoch evaluates. Its
+        epochs are the log's: a worker beside the server may train the next epoch's batches
+        meanwhile (the lab's server beside worker 1), and the evaluation waits for the lead all
+        the same. Returns when the lead is done with them."""
+        ended, self.lead_epoch = range(self.lead_epoch, epoch), max(epoch, self.lead_epoch)
+        crosses = self.outbound is not None and 0 not in self.beside
+        per_epoch = self.sim.steps_per_epoch
         for e in ended:
-            if self._reads_model(e):
+            if crosses and self._reads_model(e):
                 at = self.outbound.send(at, self.sim.message_bytes, toward_server=False)
+            if self.sim.cadence.due(e):  # the weights the pull brings (its request's time)
+                self.sim._evaluate(at, self.params, step=(e + 1) * per_epoch)
         return at
+
+    def _last_epochs_end(self, w: _Worker, at: float) -> float:
+        """When ``w``, out of batches at ``at``, is done: the lead ends its remaining epochs
+        first (the job's batches may have run out while it was still epochs behind)."""
+        if w.rank != 0 or self.dispatcher is None:
+            return at
+        return self._end_epochs(at, self.dispatcher.plan.epochs)
 
     def _reads_model(self, epoch: int) -> bool:
         """Whether the lead evaluates or checkpoints at ``epoch``'s end, as the trainer asks."""

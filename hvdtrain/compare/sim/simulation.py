@@ -38,7 +38,9 @@ many workers it saturates as a real one does.
                 whoever asks, as under async (the round policy's fixed_shares)
 
 Evaluations fall where a real run's do (the ends of epochs, --eval-every-steps), on the whole
-test split, and take no virtual time. A global step, the step of the curves, is every worker's
+test split, and take no virtual time. Where async workers take the job's batches, the epochs are
+worker 0's, as a real run's log has them: it ends each when its next batch opens a later one,
+and evaluates then, wherever the others are (server_run.py _end_epochs). A global step, the step of the curves, is every worker's
 batch once: a sync round, or N pushes. A run may stop at the first evaluation that reaches its
 target (stop_at_target), all that a sweep over workers needs. Such a sweep keeps the global
 batch fixed (strong_scaling_args), so that the workers share the same data and steps at every N.
@@ -155,6 +157,10 @@ class Simulation:
         self._loss_sum, self._loss_count = 0.0, 0
         self._checked = 0        # global steps whose evaluation, if due, is done
         self._changed = True     # the weights moved since the last evaluation
+        # Async modes on the job's batches: worker 0 ends the epochs and evaluates there, at its
+        # own pace (ServerRun._end_epochs), as a real lead does; not when the job's batches of
+        # the epoch are done, which a worker ahead of the lead may be long before.
+        self.lead_ends_epochs = False
 
     # --- shared pieces ----------------------------------------------------------------------------
     def _lr(self, step: int, lr_scale: float) -> float:
@@ -201,7 +207,7 @@ class Simulation:
         epoch, within = divmod(step - 1, self.steps_per_epoch)
         end_of_epoch = within + 1 == self.steps_per_epoch
         return (self.cadence.due_at_step(step - 1, step, end_of_epoch, epoch) or
-                (end_of_epoch and self.cadence.due(epoch)))
+                (end_of_epoch and not self.lead_ends_epochs and self.cadence.due(epoch)))
 
     def _maybe_evaluate(self, at: float, weights: torch.Tensor | None) -> None:
         """Evaluate if an evaluation fell due since the last check. A global step is every
@@ -212,14 +218,17 @@ class Simulation:
             self._evaluate(at, weights)
         self._checked = step
 
-    def _evaluate(self, at: float, weights: torch.Tensor | None) -> None:
-        """A curve point for ``weights`` (None: the model's own) at virtual time ``at``;
-        evaluating costs no virtual time."""
+    def _evaluate(self, at: float, weights: torch.Tensor | None, step: int | None = None) -> None:
+        """A curve point for ``weights`` (None: the model's own) at virtual time ``at``, at
+        global step ``step`` (None: the workers' steps so far); evaluating costs no virtual
+        time."""
         if weights is not None:
             self.setup.model.flat.copy_(weights)
         test = self.setup.model.evaluate(self.setup.workload.test)
         train_loss = self._loss_sum / self._loss_count if self._loss_count else None
-        self.curve.append({"step": self._worker_steps // self.num_workers, "wall_seconds": at,
+        if step is None:
+            step = self._worker_steps // self.num_workers
+        self.curve.append({"step": step, "wall_seconds": at,
                            "train_loss": train_loss, "test_acc": test.get("test_acc"),
                            "test_loss": test.get("test_loss"), **test})
         self._loss_sum, self._loss_count = 0.0, 0
