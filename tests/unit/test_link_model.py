@@ -351,6 +351,13 @@ def test_the_leads_epoch_ends_are_the_runs_each_a_pull_across_the_link_when_it_g
     assert all(b - a >= one for a, b in zip(times, times[1:])), times
     # worker 1 ran out of batches long before worker 0 had ended the run's epochs
     assert max(p.time for p in sim.pushes if p.worker == 1) < times[-1] - one
+    # Evaluations every 10 of the job's steps come at worker 1's pace meanwhile: the curve
+    # keeps them in time order with worker 0's later ones, as a log's lines are.
+    steps = Simulation(adiloco(4), 2, "", 0, [*args, "--eval-every-steps", "10"], 0.99,
+                       Timing(0.001, link=link, beside_server=(1,)))
+    curve = steps.run().curve
+    assert len(curve) > len(points)
+    assert [p["wall_seconds"] for p in curve] == sorted(p["wall_seconds"] for p in curve)
 
 
 def test_an_async_diloco_round_takes_the_batches_held_and_worker_0s_ends_with_its_epoch():

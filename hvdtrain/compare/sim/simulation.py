@@ -55,6 +55,7 @@ a DONE or a dropped gradient costs the server no time; the simulator computes on
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from collections import Counter
@@ -228,13 +229,17 @@ class Simulation:
         train_loss = self._loss_sum / self._loss_count if self._loss_count else None
         if step is None:
             step = self._worker_steps // self.num_workers
-        self.curve.append({"step": step, "wall_seconds": at,
-                           "train_loss": train_loss, "test_acc": test.get("test_acc"),
-                           "test_loss": test.get("test_loss"), **test})
+        point = {"step": step, "wall_seconds": at, "train_loss": train_loss,
+                 "test_acc": test.get("test_acc"), "test_loss": test.get("test_loss"), **test}
+        # In time order: worker 0's epoch ends (server_run.py _end_epochs) are scored when its
+        # pull lands, which may be after an evaluation the job's steps bring about meanwhile.
+        at_index = bisect.bisect_right([p["wall_seconds"] for p in self.curve], at)
+        self.curve.insert(at_index, point)
         self._loss_sum, self._loss_count = 0.0, 0
         self._changed = False
         # judged as a real run's --stop-at judges it: the target's metric, in its direction
         if self.stop_at_target and self.target.reached(test.get(self.target.metric)):
+            del self.curve[at_index + 1:]  # the run ends here: nothing later was scored
             raise _TargetReached  # unwinds whichever mode's loop is running
 
     def _finish(self, weights: torch.Tensor | None) -> None:
