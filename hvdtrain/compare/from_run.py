@@ -192,13 +192,15 @@ def fit_epochs(epochs: list[EpochTimes], lock_step: bool, local_steps: int = 1,
     # exchange alone; in an async run the least-waiting worker's wait is a push, the server's
     # update and its reply. The other family's cost is taken to be the same trip of one
     # gradient (an allreduce and a push and pull move the same bytes): a guess, said so in
-    # the output.
+    # the output. With H local steps (local SGD, DiLoCo, async DiLoCo) a worker waits for the
+    # round's exchange at one step in H, so the exchange is H times the mean wait per step.
     if lock_step:
         slowest = max(workers, key=lambda w: w.base_seconds + w.random_mean)
-        exchange = slowest.wait_seconds * local_steps  # local SGD waits at one step in H
+        exchange = slowest.wait_seconds * local_steps
         allreduce, push = exchange, max(0.0, exchange - apply_seconds)
     else:
-        push = max(0.0, min(w.wait_seconds for w in workers) - apply_seconds)
+        exchange = min(w.wait_seconds for w in workers) * local_steps
+        push = max(0.0, exchange - apply_seconds)
         allreduce = push + apply_seconds
     period = _median(e.seconds / e.steps for e in epochs)
     # The loop's own time per step: a worker spends its step period computing, waiting, and

@@ -156,8 +156,8 @@ def replay(run: RunLog, modes: list[Mode], seeds: list[int], target: Target | st
     own = mode_of_run(run.config)
     first, fitted = split_warmup(run.epochs)
     lock_step = not own.is_async or own.bsp
-    own_waits = own.is_async and not own.bsp and math.isinf(own.staleness)
-    fit = fit_epochs(fitted, lock_step, own.local_steps, apply_seconds, first, own_waits)
+    fit = fit_epochs(fitted, lock_step, own.local_steps, apply_seconds, first,
+                     waits_for_server_alone(own))
     if link is not None:
         fit = replace(fit, timing=replace(fit.timing, link=link, server_link=server_link))
     args = train_args_from_config(run.config, BUDGET_EPOCHS * int(run.config["run"]["epochs"]))
@@ -327,8 +327,37 @@ def from_run_link(run: RunLog, own: Mode, args: list[str], apply_seconds: float,
         return cfg.sim_link(), (f"link: the {cfg.measured.describe()}; the run's own exchange "
                                 f"of {nbytes / 1e6:.3g} MB took {exchange * 1000:.2f} ms "
                                 "(measured)")
-    return run_link(exchange, nbytes, run.num_workers, ring, cfg.sim_link(),
-                    cfg.sim_latency_ms / 1000)
+    link, said = run_link(exchange, nbytes, run.num_workers, ring, cfg.sim_link(),
+                          cfg.sim_latency_ms / 1000)
+    if cfg.sim_link() is None and waits_for_server_alone(own):
+        said += uneven_paths(fit, own.local_steps)
+    return link, said
+
+
+def waits_for_server_alone(mode: Mode) -> bool:
+    """Whether a run of ``mode`` waits for the server alone: async with no staleness bound
+    and no lock-step rounds, so that a worker's longer wait is its own (fit_epochs' own_waits)."""
+    return mode.is_async and not mode.bsp and math.isinf(mode.staleness)
+
+
+UNEVEN_PATHS = 5.0  # an async worker's exchange this many times another's is not noise
+
+
+def uneven_paths(fit: RunFit, local_steps: int) -> str:
+    """What the report says where an async run's workers reached the server at very different
+    speeds (``fit``: its fit): the link fitted is the fastest path, which a worker beside the
+    server may have had alone, and a sync ring crosses the slowest one. Empty otherwise."""
+    exchanges = [w.wait_seconds * local_steps for w in fit.workers]
+    fast, slow = min(exchanges), max(exchanges)
+    if slow <= UNEVEN_PATHS * fast:
+        return ""
+    return (f"\nnote: worker {exchanges.index(slow)} waited {slow * 1000:.2f} ms an exchange, "
+            f"worker {exchanges.index(fast)} {fast * 1000:.2f} ms: their paths to the server "
+            "differ (a worker beside the server, or a slower link). The link above is the "
+            "fastest path, and the sync modes' ring would cross the slowest, so their times "
+            "here are too short. Given the link between the hosts (--sim-link-mbit, or --links "
+            "with hvdtrain doctor's file), every exchange crosses it, the server's too, as with "
+            "the server alone on its host")
 
 
 def describe_fit(fit: RunFit) -> str:

@@ -63,6 +63,15 @@ def test_an_async_run_gives_the_push_from_the_least_waiting_worker():
                      lock_step=False, apply_seconds=0.0005)
     assert fit.timing.push_seconds == pytest.approx(0.001)
     assert fit.timing.allreduce_seconds == pytest.approx(0.0015)
+    # Async DiLoCo with 8 local steps: a worker waits for its round's push at one step in
+    # 8, so a mean wait of 0.07 ms a step is an exchange of 0.56 ms (a run on this machine:
+    # plain async waited 0.24 ms a push, async DiLoCo H = 8 0.07 ms a step; until stop 58 the
+    # fit took 0.07 ms for the exchange, and the link it fitted was 8 times too fast).
+    rounds = _times([0.001, 0.001], [0.001, 0.001], [0.00007, 0.00009])
+    fit = fit_epochs([EpochTimes(e, 0.002 * STEPS, STEPS, rounds) for e in (2, 3)],
+                     lock_step=False, local_steps=8, apply_seconds=0.00006)
+    assert fit.timing.push_seconds == pytest.approx(0.0005)
+    assert fit.timing.allreduce_seconds == pytest.approx(0.00056)
 
 
 def test_an_async_worker_that_took_no_batch_of_an_epoch_is_fitted_from_its_other_epochs():
@@ -273,6 +282,24 @@ def test_an_async_workers_longer_wait_is_its_own_fixed_delay():
     assert async_fit.delays().delay(1, 2, 0, 0.0, 0) == pytest.approx(0.004 + 0.003)
     # a sync run's waits are for the others: no worker's own
     assert fit_epochs(epochs, lock_step=True, own_waits=True).delays().fixed == (0.0, 0.0)
+
+
+def test_an_async_run_whose_workers_reach_the_server_unevenly_is_said_to():
+    from hvdtrain.compare.from_run_replay import UNEVEN_PATHS, uneven_paths
+
+    def fit(waits, local_steps=4):
+        times = _times([0.001, 0.001], [0.001, 0.001], waits)
+        return fit_epochs([EpochTimes(e, 0.01 * STEPS, STEPS, times) for e in (2, 3)],
+                          lock_step=False, local_steps=local_steps, own_waits=True)
+
+    # The lab's placement at 25 Mbit/s, async DiLoCo H = 4: worker 0 across the link waited
+    # 11.2 ms a step, worker 1 beside the server 0.62 ms
+    said = uneven_paths(fit([0.0112, 0.00062]), 4)
+    assert "worker 0 waited 44.80 ms an exchange, worker 1 2.48 ms" in said
+    assert "--sim-link-mbit" in said and "ring would cross the slowest" in said
+    # a same-host run: the servers' queue, not a path, makes the waits differ a little
+    assert uneven_paths(fit([0.00024, 0.00066], 1), 1) == ""
+    assert uneven_paths(fit([0.001, 0.001 * UNEVEN_PATHS]), 4) == ""
 
 
 # --- the flag -----------------------------------------------------------------------------------
