@@ -40,10 +40,11 @@ many workers it saturates as a real one does.
 Evaluations fall where a real run's do (the ends of epochs, --eval-every-steps), on the whole
 test split, and take no virtual time. Where async workers take the job's batches, the epochs are
 worker 0's, as a real run's log has them: it ends each when its next batch opens a later one,
-and evaluates then, wherever the others are (server_run.py _end_epochs). A global step, the step of the curves, is every worker's
-batch once: a sync round, or N pushes. A run may stop at the first evaluation that reaches its
-target (stop_at_target), all that a sweep over workers needs. Such a sweep keeps the global
-batch fixed (strong_scaling_args), so that the workers share the same data and steps at every N.
+and evaluates then, wherever the others are (server_run.py _end_epochs). A global step, the
+step of the curves, is every worker's batch once: a sync round, or N pushes. A run may stop at
+the first evaluation that reaches its target (stop_at_target), all that a sweep over workers
+needs. Such a sweep keeps the global batch fixed (strong_scaling_args), so that the workers
+share the same data and steps at every N.
 
 Approximations, all of them deliberate: the model's buffers (BatchNorm running statistics) are
 one set that every virtual worker updates; communication costs are constants per exchange (to
