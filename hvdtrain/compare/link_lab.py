@@ -13,9 +13,9 @@ tests/multiproc/test_link_lab.py checks it against), and the server beside worke
 (predicted_step_seconds' ``beside_server``: worker 1 off the link, and nobody held while
 worker 0's push crosses: the server takes it in the background, ps/arrivals.py). Beside a
 worker the step time swings from epoch to epoch with how many of the job's batches worker 0,
-across the link, gets, so the model is held to a run's epochs together there (each of worker
-0's epoch ends costs it a transfer, and its evaluation waits for it: sim/server_run.py
-_end_epochs; docs/comparison.md, stop 58).
+across the link, gets, so the model is set against a run's epochs together there (each of
+worker 0's epoch ends costs it a transfer, and its evaluation waits for it: sim/server_run.py
+_end_epochs), over repeated runs (scripts/bench_link_model.py; docs/comparison.md, stop 58).
 Each rate's runs are an ordinary comparison in a folder of their own (OUT/link-100mbit/:
 report, plots, runs); links.md sets the rates side by side.
 
