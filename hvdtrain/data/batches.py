@@ -10,7 +10,7 @@ process would draw, and every worker runs the same number of steps (uneven steps
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -22,21 +22,29 @@ from .builtin import epoch_batches
 class PartRows:
     """The sample rows of (epoch, step, part) pieces, with each epoch's permutation computed
     once per part and kept for two epochs (a resumed run may finish an earlier epoch's pieces
-    while the next one is under way)."""
+    while the next one is under way). ``place``: what each such table of rows (a numpy array,
+    a row per step) becomes once computed; InMemoryBatches puts it on the training device, so
+    that a step's rows are a view there and not a copy from the host that waits for the GPU."""
 
-    def __init__(self, num_samples: int, batch_size: int, num_parts: int, seed: int):
+    def __init__(self, num_samples: int, batch_size: int, num_parts: int, seed: int,
+                 place: Callable[[Any], Any] | None = None):
         self.args = (num_samples, batch_size, num_parts, seed)
+        self.place = place
         self._rows: dict[tuple[int, int], Any] = {}
 
-    def of(self, epoch: int, step: int, part: int) -> list[int]:
+    def row(self, epoch: int, step: int, part: int) -> Any:
+        """The rows of piece (epoch, step, part): a row of the placed table."""
         rows = self._rows.get((epoch, part))
         if rows is None:
             num_samples, batch_size, num_parts, seed = self.args
             for key in [k for k in self._rows if k[0] < epoch - 1]:
                 del self._rows[key]
-            rows = self._rows[(epoch, part)] = epoch_batches(num_samples, batch_size, part,
-                                                              num_parts, epoch, seed)
-        return rows[step].tolist()
+            rows = epoch_batches(num_samples, batch_size, part, num_parts, epoch, seed)
+            rows = self._rows[(epoch, part)] = rows if self.place is None else self.place(rows)
+        return rows[step]
+
+    def of(self, epoch: int, step: int, part: int) -> list[int]:
+        return self.row(epoch, step, part).tolist()
 
 
 def to_device(obj: Any, device: torch.device | str, non_blocking: bool = False) -> Any:

@@ -48,9 +48,11 @@ class InMemoryBatches(BatchSource):
 
     def part_batches(self, parts: Iterator[tuple[int, int, int]], num_parts: int,
                      batch_size: int, seed: int) -> Iterator[Batch]:
-        rows = PartRows(self.num_samples, batch_size, num_parts, seed)
+        # each epoch's rows of a part go to the device once, as train_batches' do
+        rows = PartRows(self.num_samples, batch_size, num_parts, seed,
+                        place=lambda table: torch.from_numpy(table).to(self.device))
         for epoch, step, part in parts:
-            yield self._rows(torch.tensor(rows.of(epoch, step, part), device=self.device))
+            yield self._rows(rows.row(epoch, step, part))
 
     def _rows(self, idx: torch.Tensor) -> Batch:
         # index_select, not x[idx]: the same rows without advanced indexing's Python-side

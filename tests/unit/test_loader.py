@@ -85,6 +85,24 @@ def test_loader_gives_the_in_memory_batches(workers):
     epochs_match(loader, memory, workers, range(2), first_step=2)  # a resume inside an epoch
 
 
+def test_the_job_plans_pieces_are_the_same_rows_from_memory_and_from_a_loader():
+    # Async workers train pieces (epoch, step, part) of the job's plan in whatever order server
+    # 0 hands them out, across epochs: each piece is the rows a worker of that part would
+    # train at that step of that epoch (train_batches), from either source.
+    x, y = data()
+    parts = 2
+    steps = InMemoryBatches(x, y).steps_per_epoch(BATCH, parts)
+    pieces = [(0, 1, 1), (0, 0, 0), (1, 2, 1), (0, 2, 0), (2, 0, 1), (1, 0, 0)]
+    expected = {(e, s, p): batch for e in range(3) for p in range(parts)
+                for s, batch in enumerate(InMemoryBatches(x, y).train_batches(
+                    e, p, parts, BATCH, SEED, 0, steps))}
+    for source in (InMemoryBatches(x, y), LoaderBatches(TensorDataset(x, y), "cpu")):
+        got = list(source.part_batches(iter(pieces), parts, BATCH, SEED))
+        assert len(got) == len(pieces)
+        for piece, (xs, ys) in zip(pieces, got):
+            assert torch.equal(xs, expected[piece][0]) and torch.equal(ys, expected[piece][1])
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3])
 def test_workers_batches_form_the_single_process_batch(workers):
     x, y = data()
