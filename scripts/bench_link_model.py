@@ -20,10 +20,7 @@ so it is measured here over repeated runs instead.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -33,29 +30,15 @@ sys.path.insert(0, str(HERE.parent))
 
 from hvdtrain.compare import plan as planning  # noqa: E402
 from hvdtrain.compare.from_run import read_run  # noqa: E402
-from hvdtrain.compare.link_lab import (SlowLinks, lab_runs, predicted_step_seconds,  # noqa: E402
-                                       unavailable_reason)
-from hvdtrain.compare.runner import launch_env  # noqa: E402
+from hvdtrain.compare.link_lab import (SlowLinks, lab_runs, launching_into,  # noqa: E402
+                                       predicted_step_seconds, unavailable_reason)
+from hvdtrain.compare.runner import OUTPUT, last_lines, run_one  # noqa: E402
 from hvdtrain.compare.sim.link import Link  # noqa: E402
 from hvdtrain.compare.sim.timing import measure_timing  # noqa: E402
 
 MODEL = ["--dataset", "digits", "--model", "mlp", "--hidden", "256", "--batch-size", "32",
          "--threads", "1", "--max-steps-per-epoch", "20", "--seed", "0"]
 BESIDE = {"beside": True, "alone": False}
-
-
-def one_run(env: dict, run, run_dir: Path, timeout: float) -> None:
-    with open(run_dir.parent / f"{run.name}.txt", "w") as out:
-        job = subprocess.Popen(run.command(sys.executable, str(run_dir)), env=env, stdout=out,
-                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                               start_new_session=True)
-        try:
-            if job.wait(timeout=timeout) != 0:
-                sys.exit(f"{run.name} failed: see {run_dir.parent / (run.name + '.txt')}")
-        finally:
-            if job.poll() is None:  # mpirun and its ranks are in the job's session
-                os.killpg(job.pid, signal.SIGKILL)
-                job.wait()
 
 
 def main() -> None:
@@ -77,8 +60,7 @@ def main() -> None:
     ratios: dict[tuple[str, float], list[float]] = {}
     print("| placement | Mbit/s | run | measured ms a step | predicted | predicted / measured |")
     print("|---|---|---|---|---|---|")
-    with tempfile.TemporaryDirectory() as tmp, SlowLinks() as lab:
-        env = {**launch_env(), **lab.env()}
+    with tempfile.TemporaryDirectory() as tmp, SlowLinks() as lab, launching_into(lab):
         for repeat in range(args.repeats):
             for placement in placements:
                 for mbit in rates:
@@ -87,8 +69,12 @@ def main() -> None:
                         *MODEL, "--epochs", str(args.epochs), "--no-progress"])
                     for run in lab_runs(lab, planned, folder, server_beside=BESIDE[placement]):
                         lab.throttle(mbit)
-                        one_run(env, run, folder / run.name, args.timeout)
-                        epochs = read_run(folder / run.name).epochs[1:]
+                        status = run_one(run, folder, args.timeout, force=True)
+                        run_dir = folder / "runs" / run.name
+                        if status["status"] != "ok":  # its folder goes with the temporary one
+                            sys.exit(f"{run.name} failed ({status['reason']}):\n"
+                                     + last_lines(run_dir / OUTPUT, 20))
+                        epochs = read_run(run_dir).epochs[1:]
                         measured = sum(e.seconds for e in epochs) / sum(e.steps for e in epochs)
                         predicted = predicted_step_seconds(
                             run.mode, MODEL, epochs, Link(mbit), apply_seconds,

@@ -25,6 +25,7 @@ and the source tree's scripts/netns (an installed hvdtrain without it cannot run
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -221,6 +222,19 @@ def check_lab(cfg) -> None:
                           "slow links with --simulate --sim-link-mbit RATE")
 
 
+@contextlib.contextmanager
+def launching_into(lab: SlowLinks):
+    """Inside it, the runner's launches (runner.run_one: launch_env copies this process's
+    environment) reach the lab's hosts; the environment is restored after."""
+    saved = dict(os.environ)
+    os.environ.update(lab.env())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def run_lab(cfg, out: Path, runs: list[PlannedRun], modes, run_plan) -> int:
     """``hvdtrain compare --plan links``: the plan's runs across the lab's hosts at each rate of
     --link-mbit, each rate an ordinary comparison in OUT/link-RATEmbit (``run_plan``: command.
@@ -230,20 +244,14 @@ def run_lab(cfg, out: Path, runs: list[PlannedRun], modes, run_plan) -> int:
     from .options import ints
 
     codes, sections = [], []
-    with SlowLinks() as lab:
-        saved = dict(os.environ)
-        os.environ.update(lab.env())  # the runner's launch_env copies it
-        try:
-            for mbit in ints(cfg.link_mbit, "--link-mbit"):
-                lab.throttle(mbit)
-                folder = out / f"link-{mbit}mbit"
-                at_rate = copy.copy(cfg)
-                at_rate.link_mbit = str(mbit)  # what the rate's report says of its link
-                codes.append(run_plan(at_rate, folder, lab_runs(lab, runs, folder), modes))
-                sections.append(_rate_section(mbit, folder))
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
+    with SlowLinks() as lab, launching_into(lab):
+        for mbit in ints(cfg.link_mbit, "--link-mbit"):
+            lab.throttle(mbit)
+            folder = out / f"link-{mbit}mbit"
+            at_rate = copy.copy(cfg)
+            at_rate.link_mbit = str(mbit)  # what the rate's report says of its link
+            codes.append(run_plan(at_rate, folder, lab_runs(lab, runs, folder), modes))
+            sections.append(_rate_section(mbit, folder))
     (out / "links.md").write_text(_links_table(cfg, sections))
     print(f"\nslow-link lab: {out / 'links.md'}", flush=True)
     return max(codes)

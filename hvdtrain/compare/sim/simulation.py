@@ -234,7 +234,7 @@ class Simulation:
                  "test_acc": test.get("test_acc"), "test_loss": test.get("test_loss"), **test}
         # In time order: worker 0's epoch ends (server_run.py _end_epochs) are scored when its
         # pull lands, which may be after an evaluation the job's steps bring about meanwhile.
-        at_index = bisect.bisect_right([p["wall_seconds"] for p in self.curve], at)
+        at_index = bisect.bisect_right(self.curve, at, key=lambda p: p["wall_seconds"])
         self.curve.insert(at_index, point)
         self._loss_sum, self._loss_count = 0.0, 0
         self._changed = False
