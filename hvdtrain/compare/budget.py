@@ -49,15 +49,18 @@ class SyncBudget:
                 "the rate is high for the model")
 
 
-def sync_budget(train_args, workers: int) -> SyncBudget:
+def sync_budget(train_args, workers: int, under=None) -> SyncBudget:
     """The budget that ``hvdtrain train TRAIN_ARGS`` on ``workers`` workers gives sync (loads
-    the training data to count its steps; ConfigError or DataError for flags that cannot work)."""
+    the training data to count its steps; ConfigError or DataError for flags that cannot work).
+    ``under``: the planned Mode whose Config reads the flags (sync's by default): the steps
+    and the rate do not depend on it, but a flag that suits only some modes is refused under
+    the others."""
     import torch
 
     from ..workload import workload_from_config
     from .sim.flat_model import config_from_train_args
 
-    cfg = config_from_train_args(train_args, {})
+    cfg = config_from_train_args(train_args, under.config_options() if under else {})
     run = cfg.run
     workload = workload_from_config(cfg)
     try:

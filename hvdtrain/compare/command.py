@@ -79,13 +79,31 @@ def main(args: argparse.Namespace) -> int:
             lock.release()
 
 
+def _reading_mode(cfg: CompareConfig, train_args: list[str]):
+    """The mode under which the simulated plan reads its train flags for what no mode changes
+    (the batch, the rate, the budget, the measured step): sync's, unless a flag suits only the
+    planned modes that are not sync (--outer-momentum-every and --dynamic-local-steps suit
+    async DiLoCo alone, --wire-dtype bf16 not plain sync), then the first planned mode's.
+    option_checks.check_train_args has made sure that every planned mode takes the flags."""
+    from ..config import ConfigError
+    from .sim.flat_model import config_from_train_args
+
+    sync = planning.Mode("sync", scheme="sync")
+    try:
+        config_from_train_args(train_args, sync.config_options())
+    except ConfigError:
+        return cfg.planned_modes()[0]
+    return sync
+
+
 def _simulated_args(cfg: CompareConfig, train_args: list[str]) -> list[str]:
     """The train flags of the simulated plan's workers: with --global-batch, their share of it."""
     from .sim.sweep import strong_scaling_args
 
     if not cfg.global_batch:
         return train_args
-    return strong_scaling_args(train_args, cfg.workers, cfg.global_batch)
+    return strong_scaling_args(train_args, cfg.workers, cfg.global_batch,
+                               _reading_mode(cfg, train_args))
 
 
 def _simulation_timing(cfg: CompareConfig, train_args):
@@ -98,7 +116,8 @@ def _simulation_timing(cfg: CompareConfig, train_args):
                             push_seconds=cfg.sim_seconds("push"),
                             step_seconds=cfg.sim_seconds("step"),
                             apply_seconds=cfg.sim_seconds("apply"),
-                            sample_seconds=cfg.sim_seconds("sample"), link=cfg.sim_link())
+                            sample_seconds=cfg.sim_seconds("sample"), link=cfg.sim_link(),
+                            under=_reading_mode(cfg, train_args))
     return replace(timing, server_link=server_link(cfg))
 
 
@@ -118,8 +137,9 @@ def _simulate_plan(cfg: CompareConfig, runs, modes, train_args, timing) -> list:
     from .sim.sweep import sweep
 
     simulated_args = _simulated_args(cfg, train_args)
-    batch = config_from_train_args(simulated_args, {}).run.batch_size
-    budget = sync_budget(simulated_args, cfg.workers)
+    reading = _reading_mode(cfg, train_args)
+    batch = config_from_train_args(simulated_args, reading.config_options()).run.batch_size
+    budget = sync_budget(simulated_args, cfg.workers, reading)
     print(budget.warning(cfg.goal) or f"budget: {budget.describe()}", flush=True)
     shared = (f"sharing a global batch of {cfg.global_batch}" if cfg.global_batch else
               f"a global batch of {batch * cfg.workers} (--global-batch keeps it fixed)")
@@ -161,7 +181,8 @@ def _sweep(cfg: CompareConfig, modes, train_args, out: Path, timing) -> tuple[li
     counts = ints(cfg.sweep_workers, "--sweep-workers")
     if not counts:
         return [], []
-    plan = config_from_train_args(train_args, {}).run
+    plan = config_from_train_args(train_args,
+                                  _reading_mode(cfg, train_args).config_options()).run
     global_batch = cfg.global_batch or plan.batch_size * cfg.workers
     # The plan's budget: under strong scaling sync takes the same steps to the target at every
     # N (the same global batches and rate), so what suffices for the plan suffices here; a
@@ -203,14 +224,16 @@ def _sweep_timing(cfg: CompareConfig, train_args, global_batch: int, plan_timing
     from .sim.flat_model import config_from_train_args
     from .sim.sweep import strong_scaling_args
 
-    plan_batch = config_from_train_args(_simulated_args(cfg, train_args), {}).run.batch_size
+    reading = _reading_mode(cfg, train_args)
+    plan_batch = config_from_train_args(_simulated_args(cfg, train_args),
+                                        reading.config_options()).run.batch_size
     by_batch = {plan_batch: plan_timing} if plan_timing else {}
 
     def timing(workers: int):
         batch = global_batch // workers
         if batch not in by_batch:
             by_batch[batch] = _simulation_timing(
-                cfg, strong_scaling_args(train_args, workers, global_batch))
+                cfg, strong_scaling_args(train_args, workers, global_batch, reading))
         measured[workers] = by_batch[batch]
         return measured[workers]
     return timing

@@ -298,3 +298,30 @@ def test_a_simulated_adiloco_run_pushes_rounds_of_h_batches_through_the_outer_st
             list(range(1, 1 + sum(p.worker == worker for p in sim.pushes)))
     assert 40 <= sim.now <= 52  # each worker: about 11 rounds of 4 one-second steps
     assert sim.curve[-1]["test_acc"] > sim.curve[0]["test_acc"]
+
+
+def test_simulated_dynamic_local_steps_give_the_straggler_its_share_of_h():
+    # --dynamic-local-steps in the simulator, as the real workers and server 0 run it: each push
+    # reports the worker's time per step, and its next round takes H x fastest / own steps.
+    # Under a 3x straggler the slow worker's rounds settle at 2 of H = 6, so both workers push
+    # about as often; with a fixed H the straggler pushed a third as often. Until stop 59 the
+    # simulator took the flag and ran a fixed H.
+    from hvdtrain.compare.sim.simulation import Simulation
+    from hvdtrain.compare.sim.timing import Timing
+
+    [mode] = modes(["adiloco"], bounds=[], local_steps=[6])
+    digits = ["--dataset", "digits", "--model", "mlp", "--hidden", "32", "--threads", "1",
+              "--epochs", "3"]
+
+    def pushes_and_h(*flags):
+        sim = Simulation(mode, 2, "3x", 0, [*digits, *flags], 0.99, Timing(step_seconds=1.0))
+        sim.result = sim.run()
+        counts = [sum(p.worker == w for p in sim.pushes) for w in (0, 1)]
+        return counts, [w.engine["local_steps"] for w in sim.workers]
+
+    (fast, slow), h = pushes_and_h("--dynamic-local-steps")
+    assert h == [6, 2]
+    assert 0.75 <= slow / fast <= 1.34, (fast, slow)
+    (fast, slow), h = pushes_and_h()
+    assert h == [6, 6]
+    assert slow / fast < 0.5, (fast, slow)

@@ -87,6 +87,30 @@ def test_sim_sample_ms_is_a_part_of_a_given_step(tmp_path):
                                                   "sync,balanced").planned_modes()]
 
 
+@pytest.mark.parametrize("modes, flags", [
+    ("adiloco", ["--outer-momentum-every", "8"]),
+    ("adiloco", ["--dynamic-local-steps"]),
+    ("diloco,adiloco", ["--wire-dtype", "fp16"]),
+])
+def test_a_simulated_plan_reads_flags_that_suit_only_its_modes(tmp_path, modes, flags):
+    # Train flags that plain sync refuses, given to a plan without plain sync: the simulated
+    # plan's global batch, budget, sweep and measured step used to read them under sync's
+    # Config, so the plan failed before its first run (stop 59); real runs took them.
+    import shlex
+
+    cfg = options(tmp_path, "--simulate", "--modes", modes, "--local-steps", "4",
+                  "--global-batch", "64", "--sim-step-ms", "1", "--sim-apply-ms", "0.1",
+                  f"--train-args={shlex.join(flags)}")
+    args = ["--dataset", "digits", "--model", "mlp", *flags]
+    assert command._reading_mode(cfg, args).name == modes.split(",")[0] + "4"
+    assert command._reading_mode(cfg, ["--dataset", "digits"]).name == "sync"
+    scaled = command._simulated_args(cfg, args)
+    assert scaled[-4:-2] == ["--batch-size", "32"]
+    command._simulation_timing(cfg, scaled)
+    from hvdtrain.compare.budget import sync_budget
+    assert sync_budget(scaled, 2, command._reading_mode(cfg, args)).global_batch == 64
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--workers", "2", "--faults", "kill:rank=2,step=4"],
      r"--faults: rank 2 is not a training process: each run has --workers 2 \(ranks 0\.\.1\)"),

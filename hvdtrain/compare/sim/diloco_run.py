@@ -9,7 +9,9 @@ ps/diloco_client.py's: the inner steps consume one batch of the job's plan each,
 them, and the reply's weights are both the worker's live weights and its next round's start. An
 evaluation cuts no round, as a real worker 0's inside an epoch does not; it scores the server's
 weights, where a real worker 0 scores those of its last reply (ps/diloco_client.py eval_replica),
-at most one round of the other workers' pushes older (evaluating costs no virtual time here)."""
+at most one round of the other workers' pushes older (evaluating costs no virtual time here).
+With --dynamic-local-steps each push reports its worker's time per step and the next round takes
+its share of H by the fastest worker's, as server 0 answers (_next_local_steps)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import torch
 
 from ...ps.dispatch import NO_SLOT
 from ...ps.shard_optimizer import ShardOptimizer
-from ...rules.local_sgd import outer_step_of
+from ...rules.local_sgd import dynamic_local_steps, outer_step_of
 from .server_run import PushRecord, ServerRun
 from .timing import _apply
 
@@ -40,6 +42,8 @@ class DiLoCoRun(ServerRun):
         self.optimizer = ShardOptimizer(self.params, sim.chunks, cfg.optim, outer)
         self.engine.optimizer = self.optimizer  # the server's outer step
         self.local_steps, self.outer_lr = cfg.sync.local_steps, outer.lr
+        self.dynamic = cfg.sync.dynamic_local_steps
+        self.step_times: dict[int, float] = {}  # as server 0's: each worker's time per step
         # As DiLoCoClient.lr_scale: the inner rate over the outer step's gain.
         self.lr_scale = self.lr_scale * (1 - cfg.sync.outer_momentum) / outer.lr
         for w in sim.workers:
@@ -48,7 +52,7 @@ class DiLoCoRun(ServerRun):
             # its pulled weights, its pushes, the slots it holds (the job's batches) and those
             # of its round under way
             w.engine = {"pulled": self.params.clone(), "pushes": 0, "queued": deque(),
-                        "round": []}
+                        "round": [], "local_steps": self.local_steps, "step_s": 0.0}
 
     # --- a worker's side --------------------------------------------------------------------------
     def _start(self, w: _Worker, at: float, first: bool = False) -> None:
@@ -63,7 +67,7 @@ class DiLoCoRun(ServerRun):
             self._schedule(self._last_epochs_end(w, at), w, self.DONE)
             return
         at = self._epoch_ends(w, at)
-        steps = self.local_steps
+        steps = w.engine["local_steps"]
         if self.dispatcher is not None:
             w.engine["round"] = self._round(w)
             steps = len(w.engine["round"])
@@ -72,6 +76,7 @@ class DiLoCoRun(ServerRun):
         start = at + sum(timing.loop_seconds + own + self.sim._delay(w, w.steps + k, own)
                          for k in range(steps))
         w.started = start
+        w.engine["step_s"] = (start - at) / steps if steps else 0.0  # no push, no evaluation
         self._push_leaves(w, start)
 
     def _arrive(self, w: _Worker, at: float) -> None:
@@ -82,6 +87,7 @@ class DiLoCoRun(ServerRun):
                 self.dispatcher.complete(slot)
             self._hand_out(w, len(slots))
         w.engine["pushes"] += 1
+        self._next_local_steps(w)
         engine, version = self.engine, self.engine.version
         late = engine.is_late(w.rank)
         staleness = None if late else 0 if self.policy.lock_step else engine.staleness(w.rank)
@@ -101,7 +107,7 @@ class DiLoCoRun(ServerRun):
         Returns the slots it trained, in order."""
         sim = self.sim
         if self.dispatcher is None:
-            steps = min(self.local_steps, sim.total_steps - w.steps)
+            steps = min(w.engine["local_steps"], sim.total_steps - w.steps)
             slots = []
         else:
             slots, w.engine["round"] = w.engine["round"], []
@@ -112,6 +118,16 @@ class DiLoCoRun(ServerRun):
             lr = sim._lr(w.position if self.dispatcher is not None else w.steps, self.lr_scale)
             _apply(w.optimizer, sim.chunks, sim._gradient(w, w.params), lr)
         return slots
+
+    def _next_local_steps(self, w: _Worker) -> None:
+        """--dynamic-local-steps, as DiLoCoClient.push_round and server 0's answer: the push
+        tells the server ``w``'s time per step over its round, the answer the fastest worker's
+        it knows, and ``w``'s next round takes its share of H by them."""
+        if not self.dynamic or w.engine["step_s"] <= 0:
+            return
+        self.step_times[w.rank] = w.engine["step_s"]
+        w.engine["local_steps"] = dynamic_local_steps(self.local_steps, w.engine["step_s"],
+                                                      min(self.step_times.values()))
 
     # --- the job's batches (server 0's dispatcher) ------------------------------------------------
     def _hand_out(self, w: _Worker, count: int = 1) -> None:
@@ -137,7 +153,7 @@ class DiLoCoRun(ServerRun):
         epoch = plan.locate(queued[0])[0]
         ends_with_epoch = w.rank == 0 and self._reads_model(epoch)
         slots: list[int] = []
-        while len(slots) < self.local_steps:
+        while len(slots) < w.engine["local_steps"]:
             if not queued:
                 slot = self.dispatcher.take(w.rank)
                 if slot == NO_SLOT:

@@ -36,8 +36,8 @@ def simulate_run(mode: Mode, workers: int, straggler: str, seed: int, train_args
                       eval_every_steps, stop_at_target, delays).run()
 
 
-def strong_scaling_args(train_args: Sequence[str], workers: int,
-                        global_batch: int) -> list[str]:
+def strong_scaling_args(train_args: Sequence[str], workers: int, global_batch: int,
+                        under: Mode | None = None) -> list[str]:
     """``train_args`` for ``workers`` workers that share a global batch of ``global_batch``
     samples (strong scaling): --batch-size global_batch / workers, and --lr scaled with the
     per-worker batch (lr x batch / the flags' batch), so that under --lr-scaling linear sync's
@@ -46,12 +46,14 @@ def strong_scaling_args(train_args: Sequence[str], workers: int,
     worker's rate, which is lower with more workers. The number of global steps per epoch,
     samples // workers // batch, is then samples // global_batch whatever the workers, and
     so are the global batches themselves (data/builtin.py epoch_batches): sync trains the
-    same model at every N. ConfigError if ``workers`` does not divide ``global_batch``."""
+    same model at every N. ConfigError if ``workers`` does not divide ``global_batch``.
+    ``under``: the mode whose Config reads the flags (sync's by default), for flags that suit
+    only some modes (--outer-momentum-every suits async DiLoCo alone)."""
     if workers < 1 or global_batch % workers:
         raise ConfigError(f"{workers} workers cannot split the global batch of {global_batch} "
                           "evenly; use numbers of workers that divide it, or another "
                           "--global-batch")
-    cfg = config_from_train_args(train_args, {})
+    cfg = config_from_train_args(train_args, under.config_options() if under else {})
     batch = global_batch // workers
     lr = cfg.optim.lr
     if cfg.optim.lr_scaling == "linear":
@@ -83,7 +85,8 @@ def sweep(modes: Sequence[Mode], worker_counts: Sequence[int], train_args: Seque
         for workers in worker_counts:
             runs = [(mode, seed) for mode in modes for seed in seeds]
             try:
-                args = (strong_scaling_args(train_args, workers, global_batch)
+                args = (strong_scaling_args(train_args, workers, global_batch,
+                                            modes[0] if modes else None)
                         if global_batch else list(train_args))
                 figures = timing(workers) if callable(timing) else timing
             except ConfigError as e:  # every run at this number of workers fails alike

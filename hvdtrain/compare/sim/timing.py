@@ -97,7 +97,8 @@ class Timing:
 def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, warmup: int = 5,
                    allreduce_seconds: float = 0.0, push_seconds: float = 0.0,
                    step_seconds: float | None = None, apply_seconds: float | None = None,
-                   sample_seconds: float | None = None, link: Link | None = None) -> Timing:
+                   sample_seconds: float | None = None, link: Link | None = None,
+                   under: Mode | None = None) -> Timing:
     """The compute time of one worker's step (the median of ``repeats`` real forward and
     backward passes over real batches, after ``warmup`` that are not counted) and the server's
     time to apply one gradient (likewise), measured in this process unless given (the measured
@@ -106,11 +107,12 @@ def measure_timing(train_args: Sequence[str], seed: int = 0, repeats: int = 30, 
     timed in turn with the whole ones; a given one has ``sample_seconds`` (None: it grows in
     proportion to its samples).
     Communication cannot be measured in one process: pass the figures or a ``link``, or 0 for
-    an ideal network."""
+    an ideal network. ``under``: the mode whose Config reads the flags (sync's by default; the
+    server's update is then --optimizer's, as plain async's)."""
     if step_seconds is not None and apply_seconds is not None:
         return Timing(step_seconds, apply_seconds, allreduce_seconds, push_seconds,
                       sample_seconds=sample_seconds, link=link)
-    setup = _Setup.build(train_args, seed, "", Mode("sync", scheme="sync"))
+    setup = _Setup.build(train_args, seed, "", under or Mode("sync", scheme="sync"))
     plan = EpochPlan(setup.cfg.run, setup.workload.train)
     plan.bind_world(0, 1)
     batches = _cycle(lambda epoch: plan.batches(Progress(epoch=epoch)))
