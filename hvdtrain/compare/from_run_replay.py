@@ -74,12 +74,16 @@ def mode_of_run(config: dict) -> Mode:
     # a DiLoCo run's own outer step (compare's --outer-lr/--outer-momentum, or the run's flags)
     outer = ((float(flat["outer_lr"]), float(flat.get("outer_momentum", 0.0)))
              if flat.get("outer_lr") else (DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM))
+    h = int(flat.get("local_steps", 1))
     candidates = modes(list(FAMILIES), [int(staleness) if math.isfinite(staleness) else 0],
-                       [int(flat.get("backup_workers", 0))], [int(flat.get("local_steps", 1))],
-                       outer)
+                       [int(flat.get("backup_workers", 0))], [h], outer)
+    # An async mode's options name its H only where it is not 1, so H is matched here: an async
+    # DiLoCo run of options no family has (unweighted pushes) is not plain async; and a DiLoCo
+    # family of H = 1 is no run's.
     matching = [m for m in candidates
-                if all(name in flat and flat[name] == value
-                       for name, value in m.config_options().items())]
+                if m.local_steps == h and not (h == 1 and m.outer_lr)
+                and all(name in flat and flat[name] == value
+                        for name, value in m.config_options().items())]
     if matching:
         return max(matching, key=lambda m: len(m.config_options()))  # the first of a tie
     return _mode_of_values(config)
@@ -97,6 +101,11 @@ def _mode_of_values(config: dict) -> Mode:
         return Mode(f"backup{b}", staleness=0.0, bsp=True, backup_workers=b)
     staleness = float(ps.get("staleness", math.inf))
     slr, dc = bool(ps.get("staleness_lr")), float(ps.get("dc_lambda", 0.0))
+    h = int(sync.get("local_steps", 1))
+    if h != 1:  # asynchronous DiLoCo of its own settings (before stop 59: unweighted pushes)
+        return Mode(f"adiloco{h}", staleness=staleness, staleness_lr=slr, local_steps=h,
+                    outer_lr=float(sync.get("outer_lr", 0.0)) or 1.0,
+                    outer_momentum=float(sync.get("outer_momentum", 0.0)))
     name = ("async-slr" if slr else "dcasgd" if dc else "async" if math.isinf(staleness)
             else f"ssp{int(staleness)}")
     return Mode(name, staleness=staleness, staleness_lr=slr, dc_lambda=dc)

@@ -113,9 +113,11 @@ FAMILIES: dict[str, Family] = {
                                     outer_momentum=DILOCO_OUTER_MOMENTUM),
                      ("local_steps", "--local-steps", "a number of steps, e.g. 4")),
     "async": Family(lambda: Mode("async")),
-    # asynchronous DiLoCo (Liu et al. 2024): H inner steps per push, the server's outer step
+    # asynchronous DiLoCo (Liu et al. 2024): H inner steps per push, the server's outer step,
+    # each push weighted by its staleness as `hvdtrain train` does by default in this mode
+    # (rules/staleness_lr.default_for)
     "adiloco": Family(lambda h: Mode(f"adiloco{h}", local_steps=h, outer_lr=DILOCO_OUTER_LR,
-                                     outer_momentum=DILOCO_OUTER_MOMENTUM),
+                                     outer_momentum=DILOCO_OUTER_MOMENTUM, staleness_lr=True),
                       ("local_steps", "--local-steps", "a number of steps, e.g. 8")),
     "ssp": Family(lambda s: Mode(f"ssp{s}", staleness=float(s)),
                   ("bounds", "--staleness-bounds", "a bound, e.g. 2")),

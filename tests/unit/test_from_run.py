@@ -238,6 +238,13 @@ def test_the_runs_own_mode_is_named_as_modes_names_it():
     odd = config_from_train_args(["--local-steps", "4", "--outer-lr", "0.3",
                                   "--outer-momentum", "0.5"], {}).to_dict()
     assert mode_of_run(odd).name == "diloco4" and mode_of_run(odd).outer_lr == 0.3
+    # async DiLoCo with unweighted pushes (--no-staleness-lr, or a run from before stop 59):
+    # still async DiLoCo of its H, not plain async
+    unweighted = mode_of_run(config_from_train_args(
+        ["--mode", "async", "--local-steps", "4", "--outer-lr", "0.7", "--no-staleness-lr"],
+        {}).to_dict())
+    assert (unweighted.name, unweighted.local_steps, unweighted.outer_lr,
+            unweighted.staleness_lr) == ("adiloco4", 4, 0.7, False)
     # compare --outer-momentum 0.5 (the links plan's): both DiLoCo modes keep their names
     for mode in modes(["diloco", "adiloco"], [2], [1], [8], (0.7, 0.5)):
         config = config_from_train_args(mode.train_flags(), {}).to_dict()
