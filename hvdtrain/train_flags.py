@@ -59,8 +59,7 @@ def add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
     if f.name in BUILTIN_NAMES:  # from the registries, so a @register'ed model shows up here
         help += f"; built in: {', '.join(sorted(BUILTIN_NAMES[f.name]()))}"
     kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{help} (default: "
-                                      f"{_show_default(f.metadata.get('shown', default))})"}
+                              "help": f"{help} (default: {_show_default(default)})"}
     if isinstance(default, bool):
         kwargs["action"] = argparse.BooleanOptionalAction
     else:

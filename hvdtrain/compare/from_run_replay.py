@@ -78,7 +78,7 @@ def mode_of_run(config: dict) -> Mode:
     candidates = modes(list(FAMILIES), [int(staleness) if math.isfinite(staleness) else 0],
                        [int(flat.get("backup_workers", 0))], [h], outer)
     # An async mode's options name its H only where it is not 1, so H is matched here: an async
-    # DiLoCo run of options no family has (unweighted pushes) is not plain async; and a DiLoCo
+    # DiLoCo run of options no family has (unweighted rounds) is not plain async; and a DiLoCo
     # family of H = 1 is no run's.
     matching = [m for m in candidates
                 if m.local_steps == h and not (h == 1 and m.outer_lr)
@@ -102,10 +102,11 @@ def _mode_of_values(config: dict) -> Mode:
     staleness = float(ps.get("staleness", math.inf))
     slr, dc = bool(ps.get("staleness_lr")), float(ps.get("dc_lambda", 0.0))
     h = int(sync.get("local_steps", 1))
-    if h != 1:  # asynchronous DiLoCo of its own settings (before stop 59: unweighted pushes)
+    if h != 1:  # asynchronous DiLoCo of its own settings (a run before stop 59: unweighted)
         return Mode(f"adiloco{h}", staleness=staleness, staleness_lr=slr, local_steps=h,
                     outer_lr=float(sync.get("outer_lr", 0.0)) or 1.0,
-                    outer_momentum=float(sync.get("outer_momentum", 0.0)))
+                    outer_momentum=float(sync.get("outer_momentum", 0.0)),
+                    round_staleness_weight=bool(ps.get("round_staleness_weight", False)))
     name = ("async-slr" if slr else "dcasgd" if dc else "async" if math.isinf(staleness)
             else f"ssp{int(staleness)}")
     return Mode(name, staleness=staleness, staleness_lr=slr, dc_lambda=dc)

@@ -30,7 +30,9 @@ PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seed
            "num_servers": "--workers (each async run has one server besides the workers)",
            "dataset": "compare's own --dataset", "model": "compare's own --model",
            "epochs": "compare's own --epochs", "inject_faults": "--faults",
-           "auto_resume": "--faults (sync runs restart with --auto-resume)"}
+           "auto_resume": "--faults (sync runs restart with --auto-resume)",
+           "round_staleness_weight": "the adiloco modes' own setting (weighted rounds, "
+                                     "docs/async.md)"}
 
 # The most processes a run may start per core of this host (per slot of a --hostfile, with
 # --oversubscribe in --launcher-args): beyond that a run times the kernel's scheduler rather

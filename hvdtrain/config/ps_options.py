@@ -28,10 +28,17 @@ class PSConfig:
                            "g + lambda*g*g*(w_now - w_pulled); 0 disables, ~0.04 is typical")
     staleness_lr: bool = opt(False, "staleness-aware learning rate (Zhang et al. 2016): the "
                              "server scales the step of a gradient computed s updates ago by "
-                             "1/max(1, s); asynchronous DiLoCo takes it unless given "
-                             "--no-staleness-lr, since its unweighted pushes diverged with 4 or "
-                             "more workers (docs/async.md)",
-                             shown="on with --mode async --local-steps H, else off")
+                             "1/max(1, s)")
+    round_staleness_weight: bool = opt(True, "--mode async --local-steps H (asynchronous "
+                                       "DiLoCo): the server steps with each pushed round "
+                                       "weighted by 1/max(1, min(s, N-1)), s the pushes applied "
+                                       "since its worker's pull and N the workers, so that N "
+                                       "workers' rounds move the model about as far together as "
+                                       "one round of sync DiLoCo; with 2 workers no round is "
+                                       "weighted. --no-round-staleness-weight applies every "
+                                       "round whole, which diverged with 4 or more workers; "
+                                       "--staleness-lr weighs by 1/max(1, s) instead. See "
+                                       "docs/async.md")
     eval_pauses_workers: bool = opt(False, "while worker 0 evaluates, no other worker trains, "
                                     "as in sync mode, so that a time to target counts no free "
                                     "steps; hvdtrain compare turns it on; see docs/async.md")

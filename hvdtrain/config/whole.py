@@ -47,9 +47,6 @@ class Config:
                                   f"{', '.join(sorted(owner))}")
             section = getattr(cfg, owner[name])
             setattr(section, name, coerce(section, name, value))
-        if "staleness_lr" not in values:  # its default depends on the mode (rules/staleness_lr)
-            from ..rules.staleness_lr import default_for
-            cfg.ps.staleness_lr = default_for(cfg)
         return cfg
 
     def to_dict(self) -> dict[str, dict[str, Any]]:

@@ -52,7 +52,7 @@ class ParameterServer:
         self.device = device
         self.index = topology.server_index(comm.Get_rank())
         self.num_workers = n = topology.num_workers
-        self.rules = server_rules(cfg.ps, n)  # what the engine runs; it checks the options now
+        self.rules = server_rules(cfg.ps, n, cfg.sync.local_steps)  # what the engine runs; it checks the options now
         self.load = ServerLoad(n)
         self.ledger = PushLedger(n)  # no push applied twice, nor one from a lost worker
         self.header = np.zeros(HEADER_LEN, dtype=np.int64)
@@ -247,7 +247,7 @@ class ParameterServer:
 
     def statistics(self) -> dict[str, Any]:
         ps = self.cfg.ps
-        rules = self.engine.report(ps.staleness_lr)
+        rules = self.engine.report(self.rules.weighs_by_staleness)
         if ps.eval_pauses_workers and self.index == 0:
             rules["eval_pause_debt_seconds"] = round(self.pauses.debt_seconds, 3)
         return self.load.report(self.index, self.engine.version,

@@ -17,7 +17,7 @@ from .backup import BackupWorkers, check_backup_workers
 from .bsp import LockStepRounds
 from .dc_asgd import DelayCompensation
 from .ssp import StalenessBound
-from .staleness_lr import StalenessWeight
+from .staleness_lr import RoundWeight, StalenessWeight
 
 DC_LAMBDA = 0.04  # the DC-ASGD strength the comparison uses (Zheng et al. 2017's default range)
 # DiLoCo's outer step as in Douillard et al. 2023: the defaults of compare's --outer-lr and
@@ -43,6 +43,7 @@ class Mode:
     outer_lr: float = 0.0        # local SGD: DiLoCo's outer Nesterov step (0: plain averaging)
     outer_momentum: float = 0.0  # DiLoCo: the outer step's momentum
     balance: bool = False        # sync: each worker's share of the global batch follows its speed
+    round_staleness_weight: bool = True  # async DiLoCo: each round weighted (RoundWeight)
 
     @property
     def is_async(self) -> bool:
@@ -64,7 +65,9 @@ class Mode:
         flags = ["--mode", "async", "--eval-pauses-workers", "--staleness", bound]
         if self.local_steps != 1:  # asynchronous DiLoCo: the server takes the outer step
             flags += ["--local-steps", str(self.local_steps), "--outer-lr",
-                      f"{self.outer_lr:g}", "--outer-momentum", f"{self.outer_momentum:g}"]
+                      f"{self.outer_lr:g}", "--outer-momentum", f"{self.outer_momentum:g}",
+                      *([] if self.round_staleness_weight else
+                        ["--no-round-staleness-weight"])]
         if self.staleness_lr:
             flags.append("--staleness-lr")
         if self.dc_lambda:
@@ -84,11 +87,13 @@ class Mode:
                 "bsp": self.bsp, "backup_workers": self.backup_workers,
                 "dc_lambda": self.dc_lambda, "staleness_lr": self.staleness_lr,
                 **({"local_steps": self.local_steps, "outer_lr": self.outer_lr,
-                    "outer_momentum": self.outer_momentum} if self.local_steps != 1 else {})}
+                    "outer_momentum": self.outer_momentum,
+                    "round_staleness_weight": self.round_staleness_weight}
+                   if self.local_steps != 1 else {})}
 
     def server_rules(self, num_workers: int) -> ServerRules:
         """The rule objects of this mode's parameter server (async modes)."""
-        return server_rules(self, num_workers)
+        return server_rules(self, num_workers, self.local_steps)
 
 
 @dataclass(frozen=True)
@@ -113,11 +118,9 @@ FAMILIES: dict[str, Family] = {
                                     outer_momentum=DILOCO_OUTER_MOMENTUM),
                      ("local_steps", "--local-steps", "a number of steps, e.g. 4")),
     "async": Family(lambda: Mode("async")),
-    # asynchronous DiLoCo (Liu et al. 2024): H inner steps per push, the server's outer step,
-    # each push weighted by its staleness as `hvdtrain train` does by default in this mode
-    # (rules/staleness_lr.default_for)
+    # asynchronous DiLoCo (Liu et al. 2024): H inner steps per push, the server's outer step
     "adiloco": Family(lambda h: Mode(f"adiloco{h}", local_steps=h, outer_lr=DILOCO_OUTER_LR,
-                                     outer_momentum=DILOCO_OUTER_MOMENTUM, staleness_lr=True),
+                                     outer_momentum=DILOCO_OUTER_MOMENTUM),
                       ("local_steps", "--local-steps", "a number of steps, e.g. 8")),
     "ssp": Family(lambda s: Mode(f"ssp{s}", staleness=float(s)),
                   ("bounds", "--staleness-bounds", "a bound, e.g. 2")),
@@ -163,10 +166,16 @@ class ServerRules:
     policy: StalenessBound | LockStepRounds
     step: ApplyStep
 
+    @property
+    def weighs_by_staleness(self) -> bool:
+        """--staleness-lr, or asynchronous DiLoCo's round weight: the mean weight is reported."""
+        return any(isinstance(a, (StalenessWeight, RoundWeight)) for a in self.step.adjustments)
 
-def server_rules(ps, num_workers: int) -> ServerRules:
+
+def server_rules(ps, num_workers: int, local_steps: int = 1) -> ServerRules:
     """The rule objects for the parameter-server options ``ps`` (a Config's ``cfg.ps``, or a
-    Mode: both name them staleness, bsp, backup_workers, staleness_lr and dc_lambda)."""
+    Mode: both name them staleness, bsp, backup_workers, staleness_lr, round_staleness_weight
+    and dc_lambda); ``local_steps``: H of asynchronous DiLoCo, whose pushes are rounds."""
     check_backup_workers(ps.backup_workers, num_workers)
     if ps.bsp:
         policy = (BackupWorkers(num_workers, ps.backup_workers) if ps.backup_workers
@@ -176,6 +185,8 @@ def server_rules(ps, num_workers: int) -> ServerRules:
     adjustments: list[Adjustment] = []
     if ps.staleness_lr:
         adjustments.append(StalenessWeight())
+    elif local_steps != 1 and ps.round_staleness_weight and not ps.bsp:
+        adjustments.append(RoundWeight(num_workers))
     if ps.dc_lambda:
         adjustments.append(DelayCompensation(ps.dc_lambda))
     return ServerRules(policy, ApplyStep(adjustments))

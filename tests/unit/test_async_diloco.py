@@ -327,35 +327,44 @@ def test_simulated_dynamic_local_steps_give_the_straggler_its_share_of_h():
     assert slow / fast < 0.5, (fast, slow)
 
 
-@pytest.mark.parametrize("options, weighted", [
-    ({"mode": "async", "local_steps": 8}, True),
-    ({"mode": "async", "local_steps": "auto"}, True),
-    ({"mode": "async", "local_steps": 8, "staleness_lr": False}, False),  # --no-staleness-lr
-    ({"mode": "async", "local_steps": 8, "bsp": True}, False),  # a round's pushes are fresh
-    ({"mode": "async"}, False),
-    ({"mode": "sync", "local_steps": 8}, False),
-])
-def test_async_diloco_weighs_its_pushes_by_staleness_unless_told_not_to(options, weighted):
-    assert Config.from_overrides(options).validate().ps.staleness_lr is weighted
+def test_async_diloco_weighs_each_round_by_its_staleness_up_to_the_other_workers():
+    from hvdtrain.rules.registry import server_rules
+
+    cfg = Config.from_overrides({"mode": "async", "local_steps": 8}).validate()
+    assert cfg.ps.round_staleness_weight
+    factors = {n: [server_rules(cfg.ps, n, 8).step.rate(1.0, s)[1] for s in (0, 1, 2, 3, 7, 20)]
+               for n in (2, 4, 8)}
+    assert factors[2] == [1, 1, 1, 1, 1, 1]  # 2 workers: a straggler's rounds count whole
+    assert factors[4] == pytest.approx([1, 1, 1 / 2, 1 / 3, 1 / 3, 1 / 3])
+    assert factors[8] == pytest.approx([1, 1, 1 / 2, 1 / 3, 1 / 7, 1 / 7])
+    # --no-round-staleness-weight, plain async and --bsp rounds: no weight; --staleness-lr:
+    # its own, 1/s uncapped
+    for options in ({"round_staleness_weight": False}, {"local_steps": 1}, {"bsp": True}):
+        plain = Config.from_overrides({"mode": "async", "local_steps": 8, **options}).validate()
+        assert server_rules(plain.ps, 8, plain.sync.local_steps).step.rate(1.0, 20)[1] == 1
+    slr = Config.from_overrides({"mode": "async", "local_steps": 8,
+                                 "staleness_lr": True}).validate()
+    assert server_rules(slr.ps, 4, 8).step.rate(1.0, 20)[1] == pytest.approx(1 / 20)
 
 
-def test_simulated_async_diloco_on_8_workers_trains_with_its_pushes_weighted():
+def test_simulated_async_diloco_on_8_workers_trains_with_its_rounds_weighted():
     # 8 workers push whole rounds computed from weights about 7 pushes old, and nothing
-    # averages them: unweighted, the digits MLP fell to chance (0.21 after 20 epochs), where
-    # each push weighted by 1/staleness reached 0.86 (stop 59's default).
+    # averages them: unweighted, the digits MLP fell to chance (0.21 after 20 epochs); each
+    # round weighted by 1/min(s, 7) (stop 59's default) reached 0.86.
     from dataclasses import replace
 
     from hvdtrain.compare.sim.simulation import Simulation
     from hvdtrain.compare.sim.timing import Timing
 
     [mode] = modes(["adiloco"], bounds=[], local_steps=[8])
-    assert mode.staleness_lr and "--staleness-lr" in mode.train_flags()
+    assert mode.round_staleness_weight
+    unweighted_mode = replace(mode, round_staleness_weight=False)
+    assert "--no-round-staleness-weight" in unweighted_mode.train_flags()
     digits = ["--dataset", "digits", "--model", "mlp", "--threads", "1", "--epochs", "20"]
 
     def final_accuracy(m):
         return Simulation(m, 8, "", 0, digits, 0.99, Timing(step_seconds=1.0)).run() \
             .curve[-1]["test_acc"]
 
-    weighted, unweighted = final_accuracy(mode), final_accuracy(replace(mode,
-                                                                        staleness_lr=False))
+    weighted, unweighted = final_accuracy(mode), final_accuracy(unweighted_mode)
     assert weighted >= 0.75 and unweighted <= weighted - 0.3, (weighted, unweighted)

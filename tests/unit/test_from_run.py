@@ -238,13 +238,16 @@ def test_the_runs_own_mode_is_named_as_modes_names_it():
     odd = config_from_train_args(["--local-steps", "4", "--outer-lr", "0.3",
                                   "--outer-momentum", "0.5"], {}).to_dict()
     assert mode_of_run(odd).name == "diloco4" and mode_of_run(odd).outer_lr == 0.3
-    # async DiLoCo with unweighted pushes (--no-staleness-lr, or a run from before stop 59):
-    # still async DiLoCo of its H, not plain async
-    unweighted = mode_of_run(config_from_train_args(
-        ["--mode", "async", "--local-steps", "4", "--outer-lr", "0.7", "--no-staleness-lr"],
-        {}).to_dict())
-    assert (unweighted.name, unweighted.local_steps, unweighted.outer_lr,
-            unweighted.staleness_lr) == ("adiloco4", 4, 0.7, False)
+    # async DiLoCo with unweighted rounds (--no-round-staleness-weight, as every run before
+    # stop 59): still async DiLoCo of its H, not plain async
+    unweighted = config_from_train_args(
+        ["--mode", "async", "--local-steps", "4", "--outer-lr", "0.7",
+         "--no-round-staleness-weight"], {}).to_dict()
+    mode = mode_of_run(unweighted)
+    assert (mode.name, mode.local_steps, mode.outer_lr, mode.round_staleness_weight) == \
+        ("adiloco4", 4, 0.7, False)
+    del unweighted["ps"]["round_staleness_weight"]  # a log from before the option
+    assert mode_of_run(unweighted) == mode
     # compare --outer-momentum 0.5 (the links plan's): both DiLoCo modes keep their names
     for mode in modes(["diloco", "adiloco"], [2], [1], [8], (0.7, 0.5)):
         config = config_from_train_args(mode.train_flags(), {}).to_dict()

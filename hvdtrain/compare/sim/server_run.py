@@ -60,7 +60,7 @@ class ServerRun:
         cfg = sim.setup.cfg
         self.params = sim.setup.model.flat.clone()  # the server's weights
         self.optimizer = ShardOptimizer(self.params, sim.chunks, cfg.optim)
-        rules = server_rules(cfg.ps, sim.num_workers)
+        rules = server_rules(cfg.ps, sim.num_workers, cfg.sync.local_steps)
         self.policy = rules.policy
         self.engine = ServerEngine(rules, sim.num_workers, self.optimizer, self,
                                    staleness=sim.staleness)
