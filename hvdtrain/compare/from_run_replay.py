@@ -103,10 +103,12 @@ def _mode_of_values(config: dict) -> Mode:
     slr, dc = bool(ps.get("staleness_lr")), float(ps.get("dc_lambda", 0.0))
     h = int(sync.get("local_steps", 1))
     if h != 1:  # asynchronous DiLoCo of its own settings (a run before stop 59: unweighted)
-        return Mode(f"adiloco{h}", staleness=staleness, staleness_lr=slr, local_steps=h,
+        weighted = bool(ps.get("round_staleness_weight", False))
+        return Mode(f"adiloco{h}" + ("-slr" if slr else "" if weighted else "-unweighted"),
+                    staleness=staleness, staleness_lr=slr, local_steps=h,
                     outer_lr=float(sync.get("outer_lr", 0.0)) or 1.0,
                     outer_momentum=float(sync.get("outer_momentum", 0.0)),
-                    round_staleness_weight=bool(ps.get("round_staleness_weight", False)))
+                    round_staleness_weight=weighted)
     name = ("async-slr" if slr else "dcasgd" if dc else "async" if math.isinf(staleness)
             else f"ssp{int(staleness)}")
     return Mode(name, staleness=staleness, staleness_lr=slr, dc_lambda=dc)

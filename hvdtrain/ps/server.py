@@ -52,7 +52,8 @@ class ParameterServer:
         self.device = device
         self.index = topology.server_index(comm.Get_rank())
         self.num_workers = n = topology.num_workers
-        self.rules = server_rules(cfg.ps, n, cfg.sync.local_steps)  # what the engine runs; it checks the options now
+        # what the engine runs; it checks the options now
+        self.rules = server_rules(cfg.ps, n, cfg.sync.local_steps)
         self.load = ServerLoad(n)
         self.ledger = PushLedger(n)  # no push applied twice, nor one from a lost worker
         self.header = np.zeros(HEADER_LEN, dtype=np.int64)

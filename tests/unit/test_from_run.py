@@ -245,7 +245,7 @@ def test_the_runs_own_mode_is_named_as_modes_names_it():
          "--no-round-staleness-weight"], {}).to_dict()
     mode = mode_of_run(unweighted)
     assert (mode.name, mode.local_steps, mode.outer_lr, mode.round_staleness_weight) == \
-        ("adiloco4", 4, 0.7, False)
+        ("adiloco4-unweighted", 4, 0.7, False)
     del unweighted["ps"]["round_staleness_weight"]  # a log from before the option
     assert mode_of_run(unweighted) == mode
     # compare --outer-momentum 0.5 (the links plan's): both DiLoCo modes keep their names
