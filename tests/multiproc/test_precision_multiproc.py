@@ -101,13 +101,14 @@ def initial_model(flags):
 def test_the_issues_command_runs_async_bf16_with_clipping(tmp_path):
     # --batch-size 16: twice the steps of the default 32, so that worker 0 trains in most epochs.
     # With 22 steps an epoch, a clean-clone run saw worker 1 take every batch of epochs 2-6
-    # while worker 0 evaluated, which left one epoch with clipping figures.
+    # while worker 0 evaluated, which left one epoch with clipping figures. 8 epochs, not 6: a
+    # clean-clone run (stop 59) ended 6 epochs at 0.886 where six runs here ended at 0.93-0.96.
     proc = run(mpirun(3, *hvdtrain("train", "--mode", "async", "--precision", "bf16",
-                                   "--clip-grad-norm", "1", "--epochs", "6", "--batch-size", "16",
+                                   "--clip-grad-norm", "1", "--epochs", "8", "--batch-size", "16",
                                    "--no-progress", "--run-dir", str(tmp_path))))
     assert "done: test accuracy" in proc.stdout
     epochs = records(tmp_path, "epoch")
-    assert len(epochs) == 6 and epochs[-1]["test_acc"] >= 0.9, epochs[-1]
+    assert len(epochs) == 8 and epochs[-1]["test_acc"] >= 0.9, epochs[-1]
     # Late in training a whole epoch of worker 0's gradients can stay under the norm (CI saw
     # it once), so only what must hold: a fraction, some clipping, and an epoch whose mean norm
     # is above the limit clipped at least one step. The figures are worker 0's own: an epoch in
