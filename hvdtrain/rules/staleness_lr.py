@@ -37,7 +37,7 @@ class RoundWeight(Adjustment):
         self.cap = max(1, num_workers - 1)
 
     def factor(self, staleness: int) -> float:
-        return 1.0 / max(1, min(staleness, self.cap))
+        return staleness_lr_factor(min(staleness, self.cap))  # --staleness-lr, capped
 
 
 def check_options(cfg: Any) -> None:
