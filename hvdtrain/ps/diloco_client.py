@@ -15,7 +15,7 @@ from typing import Any
 from ..engines.async_rounds import AsyncRounds
 from ..optim import build_optimizer
 from ..replica import BatchStats, Replica, ScoredWith
-from ..rules.local_sgd import dynamic_local_steps
+from ..rules.local_sgd import dynamic_local_steps, outer_step_of
 from ..rules.registry import server_rules
 from .client import ParameterServerClient
 from .protocol import Kind
@@ -39,11 +39,12 @@ class DiLoCoClient(ParameterServerClient):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         sync = self.cfg.sync
-        self.outer_lr = sync.outer_lr or 1.0  # without --outer-lr: each round's progress, as is
+        outer = outer_step_of(self.cfg)
+        self.outer_lr = outer.lr  # without --outer-lr 1: each round's progress, as is
         self.lock_step = server_rules(self.cfg.ps, self.topology.num_workers).policy.lock_step
-        # Once the momentum has built up, a push moves the server by lr / (1 - m) times its
-        # pseudo-gradient (rules/local_sgd.py OuterNesterov.gain).
-        self.gain = self.outer_lr / (1 - sync.outer_momentum)
+        # Once the momentum has built up, a push moves the server by this many times its
+        # pseudo-gradient, Delayed Nesterov's cycle included (rules/local_sgd.py OuterStep).
+        self.gain = outer.gain
         self.round_slots: list[int] = []  # the job's batches this round trained
         self.round_samples = 0
         self.rounds: AsyncRounds | None = None

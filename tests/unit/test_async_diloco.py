@@ -66,6 +66,26 @@ def test_delayed_nesterov_updates_the_momentum_every_n_pushes_with_their_mean():
     assert torch.allclose(optimizer.vectors["delayed_sum"], pending, atol=1e-6)
 
 
+@pytest.mark.parametrize("every, gain", [(1, 7.0), (2, 3.85), (4, 2.275), (8, 1.4875)])
+def test_the_outer_steps_gain_is_what_a_steady_push_moves_the_server(every, gain):
+    """The workers divide their inner rate by OuterStep.gain, so it must be what the server's
+    outer step really does to a steady pseudo-gradient, Delayed Nesterov's cycle included: once
+    the momentum has built up, a cycle of N pushes moves lr (N + beta / (1 - beta)) times g.
+    Before, every N was taken for plain Nesterov's 7, and the default N = 4 trained at a third
+    of the rate meant."""
+    step = OuterStep(0.9, every, 0.7)
+    assert step.gain == pytest.approx(gain)
+    params = torch.zeros(3)
+    optimizer = outer_optimizer(params, 0.9, every)
+    g = torch.tensor([0.5, -1.0, 0.25])
+    for _ in range(120 * every):  # the momentum builds up (0.9 a cycle)
+        push(optimizer, g, 0.7)
+    before = params.clone()
+    for _ in range(8 * every):  # whole cycles
+        push(optimizer, g, 0.7)
+    assert torch.allclose((before - params) / (8 * every), g * gain, rtol=1e-4)
+
+
 def test_delayed_nesterov_state_round_trips_through_a_checkpoint():
     # A resume continues the cycle of N pushes where the checkpoint left it.
     params = torch.tensor([1.0, -2.0, 0.5])

@@ -45,7 +45,7 @@ class DiLoCoRun(ServerRun):
         self.dynamic = cfg.sync.dynamic_local_steps
         self.step_times: dict[int, float] = {}  # as server 0's: each worker's time per step
         # As DiLoCoClient.lr_scale: the inner rate over the outer step's gain.
-        self.lr_scale = self.lr_scale * (1 - cfg.sync.outer_momentum) / outer.lr
+        self.lr_scale = self.lr_scale / outer.gain
         for w in sim.workers:
             w.params = self.params.clone()
             w.optimizer = ShardOptimizer(w.params, sim.chunks, cfg.optim)  # the inner one
