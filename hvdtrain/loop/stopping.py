@@ -17,9 +17,11 @@ the loop reads (launch.Finished, the CLI's exit code and closing line, api.FitRe
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import RunConfig
+from ..rules.staleness_lr import LOWER_LR
 from ..scheme import Progress, UpdateScheme
 from .best import BestTracker
 from .checkpointer import Checkpointer
@@ -69,20 +71,25 @@ class Verdict:
         return self.detail if self.why == TARGET else None
 
 
-def loss_guard(loss: float, p: Progress) -> str | None:
+def loss_guard(loss: float, p: Progress, hint: str = LOWER_LR) -> str | None:
     """The loss guard's verdict on the loss of the step at ``p``: None where it is finite, else
-    why the run ends there (Stopping.after_step; the simulator's virtual workers too)."""
+    why the run ends there and ``hint``, what to change (Stopping.after_step: the scheme's; the
+    simulator's virtual workers too)."""
     if math.isfinite(loss):
         return None
     return (f"loss became {loss} at epoch {p.epoch + 1}, step {p.step + 1} (global step "
-            f"{p.global_step + 1}); lower --lr or check the data")
+            f"{p.global_step + 1}); {hint}")
 
 
 class Stopping(StepHook):
     def __init__(self, run: RunConfig, scheme: UpdateScheme, checkpointer: Checkpointer,
                  best: BestTracker, target: TargetStop, clock: TrainingClock,
-                 signals: StopSignals = process_signals):
+                 signals: StopSignals = process_signals,
+                 advice: Callable[[int], str] = lambda num_workers: LOWER_LR):
         self.epochs = run.epochs
+        # what to change where the loss becomes NaN, given the number of workers then
+        # (rules/staleness_lr.py divergence_hint)
+        self.advice = advice
         self.scheme, self.checkpointer = scheme, checkpointer
         self.best, self.target, self.clock = best, target, clock
         self.signals = signals  # installed by launch.run; unset elsewhere (tests)
@@ -106,7 +113,9 @@ class Stopping(StepHook):
     def after_step(self, step: StepResult) -> None:
         """The loss guard, a step hook: a NaN or infinite loss ends the run here, before the
         step reaches a checkpoint."""
-        why = loss_guard(step.loss, step.progress)
+        if math.isfinite(step.loss):  # every step: the advice is worded only for a NaN
+            return
+        why = loss_guard(step.loss, step.progress, self.advice(self.scheme.group.workers()[1]))
         if why is not None:
             self.verdict = Verdict(NON_FINITE_LOSS, f"{why}. The last checkpoint is kept "
                                    "unchanged.", at_step=True)

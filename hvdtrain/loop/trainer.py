@@ -20,6 +20,7 @@ from functools import partial
 
 from ..config import Config, RunConfig
 from ..replica import Replica
+from ..rules.staleness_lr import divergence_hint
 from ..runtime import Runtime
 from ..scheme import Progress, UpdateScheme
 from ..workload import Workload
@@ -52,8 +53,8 @@ class Trainer:
             run_identity, cfg, workload, replica.model), replica.model.state_dict)
         self.best = BestTracker(run, scheme, self.checkpointer, names, has_test)
         self.clock = TrainingClock()
-        self.stopping = Stopping(run, scheme, self.checkpointer, self.best,
-                                 TargetStop(run, names, has_test), self.clock)
+        self.stopping = Stopping(run, scheme, self.checkpointer, self.best, TargetStop(
+            run, names, has_test), self.clock, advice=partial(divergence_hint, cfg))
         self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(run, runtime.rank)
         self.hooks = [*default_hooks(run, self.plan), self.stopping, slow_ranks, self.step_timer,
                       *profile_window(run, lambda: self.run_dir, runtime)]  # last: untimed

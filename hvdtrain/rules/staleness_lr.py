@@ -40,6 +40,30 @@ class RoundWeight(Adjustment):
         return staleness_lr_factor(min(staleness, self.cap))  # --staleness-lr, capped
 
 
+LOWER_LR = "lower --lr or check the data"  # the loss guard's advice where staleness plays no part
+
+
+def divergence_hint(cfg: Any, num_workers: int) -> str:
+    """The loss guard's advice (loop/stopping.py) for a run whose loss became NaN or infinite:
+    beside a lower rate, for an async run the weight on stale updates where it has none. Plain
+    async with 8 workers on digits (SGD, --lr 0.1) diverged (test accuracy 0.10 after 6 epochs)
+    where --staleness-lr reached 0.64: each gradient there is about 7 updates old, a step that a
+    fresh one of that rate would not take."""
+    ps = cfg.ps
+    if cfg.run.mode != "async":
+        return LOWER_LR
+    if cfg.sync.local_steps > 1:  # async DiLoCo: an outer step on each pushed round
+        unweighted = not (ps.round_staleness_weight or ps.staleness_lr or ps.bsp)
+        return ("lower --lr (the inner rate) or --outer-lr"
+                + (", drop --no-round-staleness-weight" if unweighted else "")
+                + ", or check the data")
+    if ps.bsp or ps.staleness_lr or num_workers < 2:
+        return LOWER_LR
+    old = "1 update" if num_workers == 2 else f"{num_workers - 1} updates"
+    return (f"lower --lr, or weigh each gradient by its staleness with --staleness-lr (with "
+            f"{num_workers} workers a gradient is about {old} old), or check the data")
+
+
 def check_options(cfg: Any) -> None:
     """--staleness-lr in a config: the combinations it cannot run; the config's validation calls
     it."""

@@ -97,6 +97,8 @@ def test_worker_error_ends_the_whole_job_promptly(tmp_path):
                                    "--run-dir", str(tmp_path / "run"))), check=False, timeout=120)
     assert proc.returncode != 0
     assert "loss became" in proc.stderr
+    # the scheme's advice: plain async names the weight on stale gradients it runs without
+    assert "with --staleness-lr (with 2 workers a gradient is about 1 update old)" in proc.stderr
 
 
 def test_impossible_topologies_and_launchers_are_rejected(tmp_path):

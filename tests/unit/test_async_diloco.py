@@ -14,6 +14,7 @@ from hvdtrain.engines.async_rounds import AsyncRounds
 from hvdtrain.ps.shard_optimizer import ShardOptimizer
 from hvdtrain.rules.local_sgd import OuterStep, dynamic_local_steps, outer_step_of
 from hvdtrain.rules.registry import modes
+from hvdtrain.rules.staleness_lr import divergence_hint
 
 
 def outer_optimizer(params: torch.Tensor, momentum: float, every: int) -> ShardOptimizer:
@@ -388,3 +389,21 @@ def test_simulated_async_diloco_on_8_workers_trains_with_its_rounds_weighted():
 
     weighted, unweighted = final_accuracy(mode), final_accuracy(unweighted_mode)
     assert weighted >= 0.75 and unweighted <= weighted - 0.3, (weighted, unweighted)
+
+
+@pytest.mark.parametrize("options, workers, advice", [
+    ({}, 8, "weigh each gradient by its staleness with --staleness-lr (with 8 workers a "
+            "gradient is about 7 updates old)"),
+    ({}, 2, "(with 2 workers a gradient is about 1 update old)"),
+    ({"staleness_lr": True}, 8, "lower --lr or check the data"),
+    ({"bsp": True}, 8, "lower --lr or check the data"),
+    ({"mode": "sync"}, 8, "lower --lr or check the data"),
+    ({"local_steps": 8, "outer_lr": 0.7}, 8, "lower --lr (the inner rate) or --outer-lr, or"),
+    ({"local_steps": 8, "outer_lr": 0.7, "round_staleness_weight": False}, 8,
+     "or --outer-lr, drop --no-round-staleness-weight, or check the data"),
+])
+def test_an_async_runs_nan_names_the_weight_on_stale_updates_it_lacks(options, workers, advice):
+    """The loss guard's message (loop/stopping.py) takes the scheme's advice: plain async with
+    many workers diverges where a fresh gradient of the same rate would not."""
+    cfg = Config.from_overrides({"mode": "async", **options}).validate()
+    assert advice in divergence_hint(cfg, workers)

@@ -564,6 +564,7 @@ def test_a_diverging_run_fails_as_a_real_one_would():
     result = simulate_run(ASYNC, 2, "", 0, [*DIGITS, "--epochs", "1", "--lr", "1e10",
                                             "--warmup-epochs", "0"], 0.9, Timing(0.01))
     assert result.status == "failed" and "loss became" in result.reason
+    assert "--staleness-lr (with 2 workers" in result.reason  # the real run's advice
     assert result.curve == [] and result.final_test_acc is None
 
 

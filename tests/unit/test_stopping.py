@@ -30,6 +30,9 @@ class Scheme(OwnGroup):
     def __init__(self, others_stop=False, partition=(0, 2)):
         self.others_stop, self.eval_partition = others_stop, partition
 
+    def workers(self):
+        return 0, 2
+
     def agree_to_stop(self, wants):
         return wants or self.others_stop
 
@@ -187,6 +190,14 @@ def test_a_non_finite_loss_raises_the_training_error(loss):
     s = stopping()
     s.after_step(StepResult(Progress(), 0.5, 0.01))
     assert s.verdict == Verdict()
+
+
+def test_the_loss_guard_gives_the_runs_advice_for_its_number_of_workers():
+    s = stopping(Scheme())  # two workers
+    s.advice = lambda workers: f"weigh each gradient by its staleness ({workers} workers)"
+    with pytest.raises(TrainingError, match=r"\(global step 15\); weigh each gradient by its "
+                                            r"staleness \(2 workers\)"):
+        s.after_step(StepResult(Progress(epoch=1, step=2, global_step=14), float("nan"), 0.01))
 
 
 def test_the_verdict_travels_to_every_rank():

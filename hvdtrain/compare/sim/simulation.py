@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -71,6 +72,7 @@ from ...loop.hooks import TrainingError
 from ...loop.stopping import loss_guard
 from ...optim import learning_rate
 from ...ps.protocol import chunk_bounds, chunk_elements
+from ...rules.staleness_lr import divergence_hint
 from ...scheme import Progress
 from ...stragglers import StragglerModel
 from ..plan import Mode
@@ -185,11 +187,11 @@ class Simulation:
     def _counted(self, w: _Worker, loss_sum: float, count: int) -> None:
         """Worker ``w`` took a step whose loss over ``count`` samples summed to ``loss_sum``;
         a non-finite loss ends the run, as a real run's loss guard ends it (loop/stopping.py)."""
-        per_epoch = self.steps_per_epoch
-        why = loss_guard(loss_sum / count if count else loss_sum,
-                         Progress(epoch=w.steps // per_epoch, step=w.steps % per_epoch,
-                                  global_step=w.steps))
-        if why is not None:
+        per_epoch, loss = self.steps_per_epoch, loss_sum / count if count else loss_sum
+        if not math.isfinite(loss):  # the advice is worded only then
+            why = loss_guard(loss, Progress(epoch=w.steps // per_epoch, step=w.steps % per_epoch,
+                                            global_step=w.steps),
+                             divergence_hint(self.setup.cfg, self.num_workers))
             raise TrainingError(f"{why} (virtual worker {w.rank})")
         w.steps += 1
         self._worker_steps += 1
