@@ -26,6 +26,7 @@ from ..scheme import Progress, UpdateScheme
 from .best import BestTracker
 from .checkpointer import Checkpointer
 from .clock import TrainingClock
+from .divergence import DivergenceWatch
 from .hooks import StepHook, StepResult, TrainingError
 from .preemption import StopSignals, process_signals
 from .run_log import RunLog
@@ -90,6 +91,7 @@ class Stopping(StepHook):
         # what to change where the loss becomes NaN, given the number of workers then
         # (rules/staleness_lr.py divergence_hint)
         self.advice = advice
+        self.divergence = DivergenceWatch()
         self.scheme, self.checkpointer = scheme, checkpointer
         self.best, self.target, self.clock = best, target, clock
         self.signals = signals  # installed by launch.run; unset elsewhere (tests)
@@ -123,8 +125,12 @@ class Stopping(StepHook):
 
     def evaluated(self, test: tuple[float, dict[str, float | None]] | None,
                   global_step: int) -> None:
-        """After any evaluation: whether it reached the --stop-at target (TargetStop)."""
+        """After any evaluation: whether it reached the --stop-at target (TargetStop), and
+        whether its test loss says training diverges (the lead warns, with what to change)."""
         self.target.evaluated(test, global_step)
+        warning = self.divergence.evaluated(test, global_step)
+        if warning and self.scheme.group.leads():
+            print(f"{warning}; {self.advice(self.scheme.group.workers()[1])}", flush=True)
 
     def decide_at_step(self, global_step: int | None = None) -> Verdict:
         """After every step, collective: stop here if any worker has a stop signal or saw the

@@ -11,6 +11,7 @@ import pytest
 from hvdtrain.config import RunConfig
 from hvdtrain.loop import TrainingError
 from hvdtrain.loop.clock import TrainingClock
+from hvdtrain.loop.divergence import RISE, DivergenceWatch
 from hvdtrain.loop.hooks import StepResult
 from hvdtrain.loop.stopping import (EARLY_STOP, NON_FINITE_LOSS, SIGNAL, TARGET, Stopping,
                                     Verdict)
@@ -31,7 +32,12 @@ class Scheme(OwnGroup):
         self.others_stop, self.eval_partition = others_stop, partition
 
     def workers(self):
-        return 0, 2
+        return (0 if self.lead else 1), 2
+
+    def leads(self):
+        return self.lead
+
+    lead = True
 
     def agree_to_stop(self, wants):
         return wants or self.others_stop
@@ -198,6 +204,32 @@ def test_the_loss_guard_gives_the_runs_advice_for_its_number_of_workers():
     with pytest.raises(TrainingError, match=r"\(global step 15\); weigh each gradient by its "
                                             r"staleness \(2 workers\)"):
         s.after_step(StepResult(Progress(epoch=1, step=2, global_step=14), float("nan"), 0.01))
+
+
+@pytest.mark.parametrize("lead", [True, False])
+def test_a_test_loss_far_above_the_first_is_told_once_by_the_lead_with_the_advice(lead, capsys):
+    scheme = Scheme()
+    scheme.lead = lead
+    s = stopping(scheme)
+    s.advice = lambda workers: f"weigh each gradient by its staleness ({workers} workers)"
+    for step, loss in enumerate([2.49, 85.8, 4.8, 300.0], start=1):  # the 8-worker run's, then more
+        s.evaluated((loss, {"acc": 0.1}), 22 * step)
+    out = capsys.readouterr().out
+    told = ("hvdtrain: warning: the test loss is 85.8 at global step 44, 34.5 times the first "
+            "evaluation's 2.49: training is diverging; weigh each gradient by its staleness "
+            "(2 workers)\n")
+    assert out == (told if lead else "")
+
+
+def test_a_run_that_trains_or_overfits_is_no_divergence():
+    watch = DivergenceWatch()
+    # falls, then overfits to 3 times its best, still below the first; NaN has its own messages
+    for step, loss in enumerate([2.3, 0.4, 0.12, 0.36, float("nan"), 2.3 * RISE]):
+        assert watch.evaluated((loss, {}), step) is None, loss
+    assert watch.evaluated(None, 9) is None  # another process scored the test split
+    assert watch.evaluated((2.3 * RISE + 0.1, {}), 10) is not None  # the bound can be crossed
+    zero = DivergenceWatch()  # a user's loss whose first value is 0 gives no scale
+    assert zero.evaluated((0.0, {}), 1) is None and zero.evaluated((5.0, {}), 2) is None
 
 
 def test_the_verdict_travels_to_every_rank():
