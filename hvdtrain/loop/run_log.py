@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from ..scheme import PendingSum, Progress, UpdateScheme
 from .clock import TrainingClock
 from .epoch_totals import EpochTotals, means
 from .flops import epoch_throughput, throughput_header
-from .hooks import StepTimer
+from .hooks import StepTimer, TrainingError
 from .sinks import LOG_NAME, Sink, SinkFactory, close_all, default_sinks
 from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, table
 
@@ -190,6 +191,15 @@ class RunLog:
             sink.record(kind, fields)
 
     def close(self) -> None:
+        error = sys.exc_info()[1]
+        if error is not None and self.sinks:
+            # Closed on the way out of an error (trainer._fit): the log's last line says the run
+            # failed, and why, so that a reader tells it from a run still under way or killed.
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            try:
+                self.write("stop", reason=f"failed: {first}")
+            except (OSError, TrainingError):  # the log was what failed (a full disk): the
+                pass                           # error on its way out says so, not this one
         sinks, self.sinks = self.sinks, []
         close_all(sinks)
 

@@ -92,6 +92,7 @@ class Stopping(StepHook):
         # (rules/staleness_lr.py divergence_hint)
         self.advice = advice
         self.divergence = DivergenceWatch()
+        self.fresh = True  # until the first step of a run that does not resume
         self.scheme, self.checkpointer = scheme, checkpointer
         self.best, self.target, self.clock = best, target, clock
         self.signals = signals  # installed by launch.run; unset elsewhere (tests)
@@ -116,6 +117,8 @@ class Stopping(StepHook):
         """The loss guard, a step hook: a NaN or infinite loss ends the run here, before the
         step reaches a checkpoint."""
         if math.isfinite(step.loss):  # every step: the advice is worded only for a NaN
+            if self.fresh:  # the untrained model's loss: the divergence warning's scale
+                self.fresh, self.divergence.untrained = False, step.loss
             return
         why = loss_guard(step.loss, step.progress, self.advice(self.scheme.group.workers()[1]))
         if why is not None:
@@ -157,6 +160,8 @@ class Stopping(StepHook):
         """Where the epochs start (again, after an elastic reset): a resumed run whose patience
         ran out stops at once."""
         self.cadence.reset()  # an elastic reset: every worker votes again from the next step
+        if self.checkpointer.resumed_from is not None:
+            self.fresh = False  # a trained model's loss is no scale for the divergence warning
         reached = self.checkpointer.finished_target
         if not self.verdict.stop and reached is not None:
             self.target.reached = reached

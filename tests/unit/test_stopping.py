@@ -59,6 +59,7 @@ class Best:
 class Checkpointer:
     path, run_dir = "run/checkpoint.pt", "run"
     finished_target = None  # the resumed run's target reached (none: a fresh run)
+    resumed_from = None
 
     def __init__(self):
         self.components = {}
@@ -207,29 +208,44 @@ def test_the_loss_guard_gives_the_runs_advice_for_its_number_of_workers():
 
 
 @pytest.mark.parametrize("lead", [True, False])
-def test_a_test_loss_far_above_the_first_is_told_once_by_the_lead_with_the_advice(lead, capsys):
+def test_a_test_loss_far_above_the_untrained_models_is_told_once_by_the_lead(lead, capsys):
     scheme = Scheme()
     scheme.lead = lead
     s = stopping(scheme)
     s.advice = lambda workers: f"weigh each gradient by its staleness ({workers} workers)"
-    for step, loss in enumerate([2.49, 85.8, 4.8, 300.0], start=1):  # the 8-worker run's, then more
+    s.decide_before_epochs()
+    for step, loss in enumerate([2.3, 2.0, 2.5]):  # the first step's loss is the scale
+        s.after_step(StepResult(Progress(global_step=step), loss, 0.01))
+    for step, loss in enumerate([3.58, 85.8, 4.8, 300.0], start=1):  # the 8-worker run's
         s.evaluated((loss, {"acc": 0.1}), 22 * step)
-    out = capsys.readouterr().out
-    told = ("hvdtrain: warning: the test loss is 85.8 at global step 44, 34.5 times the first "
-            "evaluation's 2.49: training is diverging; weigh each gradient by its staleness "
-            "(2 workers)\n")
-    assert out == (told if lead else "")
+    told = ("hvdtrain: warning: the test loss is 85.8 at global step 44, 37.3 times the "
+            "untrained model's 2.3 (the first step's training loss): training is diverging; "
+            "weigh each gradient by its staleness (2 workers)\n")
+    assert capsys.readouterr().out == (told if lead else "")
+
+
+def test_a_resumed_run_has_no_scale_for_a_divergence():
+    """A trained model's loss is no scale: overfitting may multiply it."""
+    s = stopping()
+    s.checkpointer.resumed_from = "run/checkpoint.pt"
+    s.decide_before_epochs()
+    s.after_step(StepResult(Progress(global_step=500), 0.05, 0.01))
+    s.evaluated((5.0, {"acc": 0.9}), 501)
+    assert s.divergence.untrained is None and not s.divergence.warned
 
 
 def test_a_run_that_trains_or_overfits_is_no_divergence():
     watch = DivergenceWatch()
-    # falls, then overfits to 3 times its best, still below the first; NaN has its own messages
+    assert watch.evaluated((100.0, {}), 1) is None  # no step yet: no scale
+    watch.untrained = 2.3
+    # falls, then overfits to 3 times its best; NaN has its own messages; up to the bound
     for step, loss in enumerate([2.3, 0.4, 0.12, 0.36, float("nan"), 2.3 * RISE]):
         assert watch.evaluated((loss, {}), step) is None, loss
     assert watch.evaluated(None, 9) is None  # another process scored the test split
     assert watch.evaluated((2.3 * RISE + 0.1, {}), 10) is not None  # the bound can be crossed
-    zero = DivergenceWatch()  # a user's loss whose first value is 0 gives no scale
-    assert zero.evaluated((0.0, {}), 1) is None and zero.evaluated((5.0, {}), 2) is None
+    zero = DivergenceWatch()  # a user's loss that starts at 0 gives no scale
+    zero.untrained = 0.0
+    assert zero.evaluated((5.0, {}), 2) is None
 
 
 def test_the_verdict_travels_to_every_rank():

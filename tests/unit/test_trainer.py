@@ -150,6 +150,9 @@ def test_a_nan_loss_stops_training_and_keeps_the_last_checkpoint(tmp_path):
     with pytest.raises(TrainingError, match="loss became nan"):
         trainer.fit()
     assert (tmp_path / "checkpoint.pt").read_bytes() == before
+    # the log's last line says the run failed and why (before, it ended at the last epoch line)
+    last = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert last["type"] == "stop" and last["reason"].startswith("failed: loss became nan at "), last
 
 
 def test_a_fresh_run_refuses_a_folder_that_holds_a_checkpoint(tmp_path):
