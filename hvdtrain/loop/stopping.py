@@ -74,8 +74,8 @@ class Verdict:
 
 def loss_guard(loss: float, p: Progress, hint: str = LOWER_LR) -> str | None:
     """The loss guard's verdict on the loss of the step at ``p``: None where it is finite, else
-    why the run ends there and ``hint``, what to change (Stopping.after_step: the scheme's; the
-    simulator's virtual workers too)."""
+    why the run ends there and ``hint``, what to change (rules/staleness_lr.py
+    divergence_hint; Stopping.after_step, and the simulator's virtual workers)."""
     if math.isfinite(loss):
         return None
     return (f"loss became {loss} at epoch {p.epoch + 1}, step {p.step + 1} (global step "

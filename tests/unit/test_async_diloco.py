@@ -403,7 +403,7 @@ def test_simulated_async_diloco_on_8_workers_trains_with_its_rounds_weighted():
      "or --outer-lr, drop --no-round-staleness-weight, or check the data"),
 ])
 def test_an_async_runs_nan_names_the_weight_on_stale_updates_it_lacks(options, workers, advice):
-    """The loss guard's message (loop/stopping.py) takes the scheme's advice: plain async with
+    """The loss guard's message (loop/stopping.py) takes the run's advice: plain async with
     many workers diverges where a fresh gradient of the same rate would not."""
     cfg = Config.from_overrides({"mode": "async", **options}).validate()
     assert advice in divergence_hint(cfg, workers)

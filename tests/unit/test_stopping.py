@@ -28,16 +28,16 @@ class Scheme(OwnGroup):
     """Two workers. others_stop: another worker has a stop signal (the agreement says stop, and
     at the end of training another worker was stopped); partition: who scored the evaluation."""
 
+    lead = True
+
     def __init__(self, others_stop=False, partition=(0, 2)):
         self.others_stop, self.eval_partition = others_stop, partition
 
-    def workers(self):
+    def workers(self):  # lead: this process is worker 0
         return (0 if self.lead else 1), 2
 
     def leads(self):
         return self.lead
-
-    lead = True
 
     def agree_to_stop(self, wants):
         return wants or self.others_stop
