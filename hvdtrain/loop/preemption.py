@@ -24,6 +24,11 @@ class StopSignals:
     def __init__(self) -> None:
         self.received: str | None = None
         self._previous: dict[int, object] = {}
+        # Whether this process says what the signal does. A parameter server does not: its
+        # workers say it when a scheduler stops the job, and when mpirun ends the job because
+        # a worker failed (a NaN loss), the server's "a checkpoint and exit 75" was untrue,
+        # printed after the worker's real error.
+        self.announce = True
 
     def install(self) -> None:
         self.received = None
@@ -42,7 +47,7 @@ class StopSignals:
             raise KeyboardInterrupt
         first = self.received is None
         self.received = self.received or signal.Signals(signum).name
-        if first:
+        if first and self.announce:
             # os.write: print() may be inside another print of this thread when the signal lands
             os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: finishing "
                         f"the current step, then a checkpoint and exit {EXIT_PREEMPTED} "

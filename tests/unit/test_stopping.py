@@ -5,6 +5,7 @@ that answers the stop agreement as told."""
 from __future__ import annotations
 
 import pickle
+import signal
 
 import pytest
 
@@ -13,6 +14,7 @@ from hvdtrain.loop import TrainingError
 from hvdtrain.loop.clock import TrainingClock
 from hvdtrain.loop.divergence import RISE, DivergenceWatch
 from hvdtrain.loop.hooks import StepResult
+from hvdtrain.loop.preemption import StopSignals
 from hvdtrain.loop.stopping import (EARLY_STOP, NON_FINITE_LOSS, SIGNAL, TARGET, Stopping,
                                     Verdict)
 from hvdtrain.loop.target import TargetStop
@@ -302,3 +304,16 @@ def test_sync_stop_vote_at_np1_is_the_ranks_own_flag_without_a_collective():
     scheme.group = CollectiveGroup(HorovodPort(Alone()), stall_timeout_s=0.0)
     assert scheme.group.agree_to_stop(True) is True
     assert scheme.group.agree_to_stop(False) is False
+
+
+@pytest.mark.parametrize("announce", [True, False])
+def test_a_parameter_server_records_a_stop_signal_without_a_line_of_its_own(announce, capfd):
+    """A worker says what a stop signal does; a server (announce False, launch.py) only
+    records it: when mpirun ends an async job because a worker failed, its line "a checkpoint
+    and exit 75" came after the worker's real error and was untrue."""
+    signals = StopSignals()
+    signals.announce = announce
+    signals._handle(signal.SIGTERM, None)
+    assert signals.received == "SIGTERM"
+    said = capfd.readouterr().err
+    assert ("SIGTERM received by PID" in said) == announce, said
