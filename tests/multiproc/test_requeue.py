@@ -144,9 +144,12 @@ def _kill(pid: int) -> None:
         pass
 
 
-def _left_behind(tree: set[int], mark: str) -> list[str]:
+def _left_behind(tree: set[int], mark: str, since: float) -> list[str]:
     """The job's processes still running (named by ``mark`` in their command line), and
-    mpirun's session folders of its processes."""
+    mpirun's session folders of its processes made since the job started (``since``, a
+    time.time()): a folder an earlier job left under a pid that one of this job's processes
+    now has is not this job's (a CI run on a machine whose temporary folder held one dated the
+    day before failed on it)."""
     time.sleep(0.5)
     left = []
     for pid in tree:
@@ -155,7 +158,7 @@ def _left_behind(tree: set[int], mark: str) -> list[str]:
                 left.append(f"process {pid}")
         except OSError:
             pass
-        left += [str(p) for p in mpirun_session_folders(pid)]
+        left += [str(p) for p in mpirun_session_folders(pid) if p.stat().st_mtime >= since]
     return left
 
 
@@ -171,6 +174,7 @@ def test_a_stop_at_any_moment_of_the_start_up_ends_within_10_s_with_nothing_left
                                                (2.0, False), (3.5, False), (0.0, True),
                                                (0.5, True)]):
         run_dir = tmp_path / f"run{i}"
+        since = time.time() - 1  # a folder's time is in whole seconds on some file systems
         job = _start_wrapped(mpirun(2, *hvdtrain("train", "--no-progress", "--epochs", "3",
                                                  "--run-dir", str(run_dir))))
         code, took, err, tree = _stop_and_wait(job, delay, after_start)
@@ -178,14 +182,16 @@ def test_a_stop_at_any_moment_of_the_start_up_ends_within_10_s_with_nothing_left
         assert code in (PREEMPTED, 0), (delay, code, err[-3000:])
         assert took < 10, (delay, took, err)
         assert "Traceback" not in err, err[-3000:]
-        assert not _left_behind(tree, str(run_dir)), (delay, _left_behind(tree, str(run_dir)))
+        left = _left_behind(tree, str(run_dir), since)
+        assert not left, (delay, left)
     print(outcomes)
 
 
 def test_a_command_that_handles_no_stop_is_ended_by_it():
     # `hvdtrain run sleep 30` swallowed SIGTERM: sleep handles no SIGUSR1, so nothing was sent.
+    since = time.time() - 1
     job = _start_wrapped(["sleep", "30"])
     code, took, err, tree = _stop_and_wait(job, 0.3)
     assert code == PREEMPTED and took < 5, (code, took, err)
     assert "hvdtrain run: SIGTERM while the job started" in err, err
-    assert not _left_behind(tree, "sleep"), tree
+    assert not _left_behind(tree, "sleep", since), tree
