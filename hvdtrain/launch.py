@@ -210,7 +210,6 @@ def _run_async(cfg: Config, workload: Workload, model):
     topology = layout.topology
     from mpi4py import MPI
 
-    from .loop.preemption import process_signals
     from .ps.server import ParameterServer
 
     world = MPI.COMM_WORLD
@@ -223,7 +222,6 @@ def _run_async(cfg: Config, workload: Workload, model):
     trainer = None
     try:
         if is_server:
-            process_signals.announce = False  # its workers say what a stop does (preemption.py)
             server = ParameterServer(comm, cfg, topology, runtime.device)
             lost = _serve(server)
         else:

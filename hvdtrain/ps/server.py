@@ -105,8 +105,11 @@ class ParameterServer:
     # --- the loop ------------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
         # A scheduler signals every process, servers too: a server that gets one stops the
-        # workers the way a worker's signal does, and ends when they are done.
+        # workers the way a worker's signal does, and ends when they are done. It prints no
+        # line of its own: its workers say what a stop does (loop/preemption.py).
         from ..loop.preemption import process_signals as signals
+
+        signals.announce = False
 
         status = self.MPI.Status()
         self._recv_init()
