@@ -72,12 +72,10 @@ class Verdict:
         return self.detail if self.why == TARGET else None
 
 
-def loss_guard(loss: float, p: Progress, hint: str = LOWER_LR) -> str | None:
-    """The loss guard's verdict on the loss of the step at ``p``: None where it is finite, else
-    why the run ends there and ``hint``, what to change (rules/staleness_lr.py
-    divergence_hint; Stopping.after_step, and the simulator's virtual workers)."""
-    if math.isfinite(loss):
-        return None
+def non_finite_loss(loss: float, p: Progress, hint: str) -> str:
+    """Why a run whose loss at the step at ``p`` is NaN or infinite ends there, and ``hint``,
+    what to change (rules/staleness_lr.py divergence_hint): the loss guard's message
+    (Stopping.after_step, and the simulator's virtual workers)."""
     return (f"loss became {loss} at epoch {p.epoch + 1}, step {p.step + 1} (global step "
             f"{p.global_step + 1}); {hint}")
 
@@ -120,11 +118,10 @@ class Stopping(StepHook):
             if self.fresh:  # the untrained model's loss: the divergence warning's scale
                 self.fresh, self.divergence.untrained = False, step.loss
             return
-        why = loss_guard(step.loss, step.progress, self.advice(self.scheme.group.workers()[1]))
-        if why is not None:
-            self.verdict = Verdict(NON_FINITE_LOSS, f"{why}. The last checkpoint is kept "
-                                   "unchanged.", at_step=True)
-            raise TrainingError(self.verdict.detail)
+        why = non_finite_loss(step.loss, step.progress, self._advice())
+        self.verdict = Verdict(NON_FINITE_LOSS, f"{why}. The last checkpoint is kept unchanged.",
+                               at_step=True)
+        raise TrainingError(self.verdict.detail)
 
     def evaluated(self, test: tuple[float, dict[str, float | None]] | None,
                   global_step: int) -> None:
@@ -133,7 +130,11 @@ class Stopping(StepHook):
         self.target.evaluated(test, global_step)
         warning = self.divergence.evaluated(test, global_step)
         if warning and self.scheme.group.leads():
-            print(f"{warning}; {self.advice(self.scheme.group.workers()[1])}", flush=True)
+            print(f"{warning}; {self._advice()}", flush=True)
+
+    def _advice(self) -> str:
+        """What to change, for the number of workers training now."""
+        return self.advice(self.scheme.group.workers()[1])
 
     def decide_at_step(self, global_step: int | None = None) -> Verdict:
         """After every step, collective: stop here if any worker has a stop signal or saw the

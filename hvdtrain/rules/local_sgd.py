@@ -57,6 +57,18 @@ class RoundRule:
         pass
 
 
+def outer_gain(lr: float, momentum: float, every: int = 1) -> float:
+    """How many times a steady pseudo-gradient d an outer step moves the parameters, on average
+    over a cycle of ``every`` steps whose last updates the momentum (Delayed Nesterov; 1: plain
+    Nesterov), once the momentum has built up to d / (1 - m): the cycle steps
+    lr (every * d + m d / (1 - m)). Plain Nesterov: lr / (1 - m), 7 with 0.7 and 0.9; every = 4
+    gives 2.275. The workers' inner rate is divided by it (sync DiLoCo, asynchronous DiLoCo):
+    asynchronous DiLoCo had divided by 7 under its default every = 4, a third of the rate meant;
+    the issue's digits runs reached 0.95 test accuracy at epochs 9 to 18 then, and 5 to 14 with
+    this gain (docs/async.md)."""
+    return lr * (1 + momentum / (every * (1 - momentum)))
+
+
 class OuterNesterov(RoundRule):
     """DiLoCo's round: the workers average the pseudo-gradient ``start - local`` (how far their
     inner steps moved them from the round's start), and an outer SGD with Nesterov momentum,
@@ -64,9 +76,7 @@ class OuterNesterov(RoundRule):
     next start. With lr 1 and no momentum this is plain averaging: start - (start - mean)."""
 
     def __init__(self, params: list[torch.Tensor], lr: float, momentum: float):
-        # A steady pseudo-gradient d builds the momentum buffer up to d / (1 - m), and Nesterov
-        # steps d + m * d / (1 - m) = d / (1 - m) times lr: 7 times d with the paper's 0.7, 0.9.
-        self.gain = lr / (1 - momentum)
+        self.gain = outer_gain(lr, momentum)  # 7 with the paper's 0.7, 0.9
         self.start = [p.detach().clone() for p in params]
         # torch refuses Nesterov without momentum; with momentum 0 it is plain outer SGD anyway.
         self.optimizer = torch.optim.SGD(self.start, lr=lr, momentum=momentum,
@@ -133,14 +143,8 @@ class OuterStep:
 
     @property
     def gain(self) -> float:
-        """How many times a steady pseudo-gradient g a push moves the server, on average over
-        a cycle, once the momentum has built up to g / (1 - beta): the cycle's N pushes step
-        lr (N g + beta g / (1 - beta)). Plain Nesterov (N = 1) is OuterNesterov's
-        lr / (1 - beta), 7 with 0.7 and 0.9; the default N = 4 gives 2.275. Workers divide
-        their inner rate by it (ps/diloco_client.py): dividing by 7 under N = 4 made the
-        combined update a third of plain async's; the issue's digits runs reached 0.95 test
-        accuracy at epochs 9 to 18 then, and 5 to 14 with this gain (docs/async.md)."""
-        return self.lr * (1 + self.momentum / (self.every * (1 - self.momentum)))
+        """How many times a steady pseudo-gradient a push moves the server (outer_gain)."""
+        return outer_gain(self.lr, self.momentum, self.every)
 
 
 def outer_step_of(cfg: Any) -> OuterStep | None:

@@ -69,7 +69,7 @@ from ...config import ConfigError
 from ...loop.epoch_plan import EpochPlan
 from ...loop.evaluator import EvalCadence
 from ...loop.hooks import TrainingError
-from ...loop.stopping import loss_guard
+from ...loop.stopping import non_finite_loss
 from ...optim import learning_rate
 from ...ps.protocol import chunk_bounds, chunk_elements
 from ...rules.staleness_lr import divergence_hint
@@ -189,9 +189,9 @@ class Simulation:
         a non-finite loss ends the run, as a real run's loss guard ends it (loop/stopping.py)."""
         per_epoch, loss = self.steps_per_epoch, loss_sum / count if count else loss_sum
         if not math.isfinite(loss):  # the advice is worded only then
-            why = loss_guard(loss, Progress(epoch=w.steps // per_epoch, step=w.steps % per_epoch,
-                                            global_step=w.steps),
-                             divergence_hint(self.setup.cfg, self.num_workers))
+            why = non_finite_loss(loss, Progress(epoch=w.steps // per_epoch,
+                                                 step=w.steps % per_epoch, global_step=w.steps),
+                                  divergence_hint(self.setup.cfg, self.num_workers))
             raise TrainingError(f"{why} (virtual worker {w.rank})")
         w.steps += 1
         self._worker_steps += 1
