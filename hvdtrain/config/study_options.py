@@ -33,9 +33,10 @@ class StudyOptions:
                              "run folder and each checkpoint record it, so a resumed run, also "
                              "one into another --run-dir, does not fire it again); a step after "
                              "the run's last is refused")
-    slow_rank_factor: float = opt(1.5, "warn, once per epoch, about a worker whose median "
-                                  "compute time per step is this many times the median of "
-                                  "the others' (naming its rank, host and PID); 0: never warn")
+    slow_rank_factor: float = opt(1.5, "warn about a worker whose median compute time per "
+                                  "step is this many times the median of the others' "
+                                  "(naming its rank, host and PID), once while it stays slow; "
+                                  "every epoch line names it. 0: never warn")
 
     def check_study(self) -> None:
         require(self.slow_rank_factor == 0 or self.slow_rank_factor > 1, "--slow-rank-factor",

@@ -65,7 +65,8 @@ class SyncConfig:
                           "with this learning rate (and --outer-momentum, Nesterov) steps the "
                           "round's start with it; 0.7 in the paper. 0: plain local SGD, the "
                           "parameters averaged. The outer step multiplies a round's progress "
-                          "by LR / (1 - M) once its momentum has built up, so the workers' "
+                          "by LR / (1 - M) once its momentum has built up (async, with "
+                          "Delayed Nesterov's N: LR (1 + M / (N (1 - M)))), so the workers' "
                           "rate (--lr times N under --lr-scaling linear) is divided by that. "
                           "The outer momentum is checkpointed")
     outer_momentum: float = opt(0.0, "--outer-lr: Nesterov momentum of the outer SGD, in "

@@ -2,9 +2,12 @@
 
 In sync every rank's step lasts as long as the slowest one's, because the allreduce evens the
 step times out; what differs is how long each rank computed before it waited. A worker whose
-median compute time per step is ``factor`` times the median of the others' is named once per
-epoch, by that worker itself, so that the warning carries its own host and PID without any
-message to gather them.
+median compute time per step is ``factor`` times the median of the others' is named by that
+worker itself, so that the warning carries its own host and PID without any message to gather
+them. It is named once while it stays slow: a straggler of a 100-epoch run named at every epoch
+buried the rest of the output, and each epoch line's ``slow_workers`` still says whether it is.
+The remedy it is told fits the run: what the run already does (--balance, --dynamic-local-steps)
+is not suggested again, and a --straggler made on purpose is said to be one.
 
 A ratio alone raised false alarms: on a shared machine a rank that loses its core for part of a
 short epoch (a few steps of under a millisecond) computes 2-3 times as long for that epoch only,
@@ -23,7 +26,7 @@ import os
 import socket
 import statistics
 
-from ..config import RunConfig
+from ..config import Config
 from .hooks import StepHook
 from .step_times import RankStepTimes
 
@@ -74,11 +77,12 @@ class SlowRankCheck(StepHook):
     """A step-times listener of the run log: the epoch line's ``slow_workers``, and this worker's
     warning when it is one of them. A hook only to learn its worker index."""
 
-    def __init__(self, run: RunConfig, rank: int):
-        self.factor, self.rank = run.slow_rank_factor, rank
-        self.mode = "async" if run.mode == "async" else "sync"
+    def __init__(self, cfg: Config, rank: int):
+        self.factor, self.rank = cfg.run.slow_rank_factor, rank
+        self.remedy = remedy(cfg)
         self.worker = 0
         self.before: set[int] = set()  # the workers slow in the epoch before (persisting)
+        self.named: set[int] = set()  # the workers named in the epoch before (a streak)
         self.workers_before = 0
 
     def bind_world(self, worker: int, num_workers: int) -> None:
@@ -88,11 +92,12 @@ class SlowRankCheck(StepHook):
         now = slow_workers(times.compute_p50, self.factor, times.steps, times.wait_p50,
                            times.compute_p10)
         if times.num_workers != self.workers_before:  # the first epoch, or an elastic reset
-            self.before = set()
+            self.before, self.named = set(), set()
         slow, self.before = persisting(now, self.before), set(now)
         self.workers_before = times.num_workers
-        if self.worker in slow:
+        if self.worker in slow and self.worker not in self.named:
             print(self.warning(times, epoch, slow[self.worker]), flush=True)
+        self.named = set(slow)
         return {"slow_workers": {str(w): round(f, 2) for w, f in slow.items()}} if slow else {}
 
     def warning(self, times: RankStepTimes, epoch: int, ratio: float) -> str:
@@ -102,16 +107,36 @@ class SlowRankCheck(StepHook):
                 f"{socket.gethostname()}, pid {os.getpid()}): in epoch {epoch} its median "
                 f"compute per step was {times.compute_p50[w] * 1000:.1f} ms, {ratio:.1f}x the "
                 f"median of the others' ({statistics.median(others) * 1000:.1f} ms), and it was "
-                f"slow in the epoch before as well. "
-                f"{REMEDIES.get(self.mode, REMEDIES['sync'])}")
+                f"slow in the epoch before as well (named once while it stays slow; the epoch "
+                f"lines' slow_workers say whether it still is). {self.remedy}")
 
 
-REMEDIES = {
-    "sync": "Every sync step waits for it: --balance gives it a share of the global batch that "
-            "matches its speed; --mode async --backup-workers 1 drops its late gradients; "
-            "--mode async lets the others go on without it (hvdtrain compare --from-run RUN_DIR "
-            "predicts which is fastest). Or check the device or host it runs on.",
-    "async": "Async hands the batches to whoever asks, so it trains fewer of them, but its "
-             "gradients arrive stale: --staleness-lr weighs them down, --backup-workers 1 "
-             "drops the late ones. Or check the device or host it runs on.",
-}
+def remedy(cfg: Config) -> str:
+    """What to do about a slow worker, for this run's scheme, leaving out what it already does."""
+    made = (f"--straggler {cfg.run.straggler} slows a worker on purpose. "
+            if cfg.run.straggler else "")
+    if cfg.run.mode != "async":
+        balance = ("--balance is on and its steps are still slow, so their time is mostly a "
+                   "cost per step that no share of the batch removes" if cfg.sync.balance else
+                   "--balance gives it a share of the global batch that matches its speed")
+        what = (f"Every sync step waits for it: {balance}; --mode async --bsp --backup-workers "
+                f"1 drops its late gradients; --mode async lets the others go on without it "
+                f"(hvdtrain compare --from-run RUN_DIR predicts which is fastest).")
+    elif cfg.sync.local_steps > 1 and cfg.sync.dynamic_local_steps:
+        what = ("--dynamic-local-steps already gives it fewer inner steps a round, so that its "
+                "rounds take about as long as the others'.")
+    elif cfg.sync.local_steps > 1 and not cfg.ps.bsp:
+        what = ("Its rounds take longer than the others' and arrive staler: --local-steps auto "
+                "(--dynamic-local-steps) gives it fewer inner steps a round, so that they take "
+                "about as long.")
+    elif cfg.ps.bsp:
+        what = ("Every --bsp round waits for it: " + (
+            f"--backup-workers {cfg.ps.backup_workers} drops the latest gradients of each round"
+            if cfg.ps.backup_workers else "--backup-workers 1 drops its late gradients") +
+            "; without --bsp the others go on without it.")
+    else:
+        what = "Async hands the batches to whoever asks, so it trains fewer of them, but its " + (
+            "gradients arrive stale (--staleness-lr already weighs them down)"
+            if cfg.ps.staleness_lr else "gradients arrive stale: --staleness-lr weighs them "
+            "down") + ", and --bsp --backup-workers 1 drops the late ones."
+    return f"{made}{what} Or check the device or host it runs on."

@@ -55,7 +55,7 @@ class Trainer:
         self.clock = TrainingClock()
         self.stopping = Stopping(run, scheme, self.checkpointer, self.best, TargetStop(
             run, names, has_test), self.clock, advice=partial(divergence_hint, cfg))
-        self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(run, runtime.rank)
+        self.step_timer, slow_ranks = StepTimer(), SlowRankCheck(cfg, runtime.rank)
         self.hooks = [*default_hooks(run, self.plan), self.stopping, slow_ranks, self.step_timer,
                       *profile_window(run, lambda: self.run_dir, runtime)]  # last: untimed
         self._bind_world()

@@ -19,7 +19,7 @@ def _train(run_dir, *args, np=2):
     return proc.stdout + proc.stderr, records(run_dir, "epoch")
 
 
-def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
+def test_a_sync_run_names_its_slow_rank_once_while_it_stays_slow(tmp_path):
     # 5x: in two full-suite runs on one machine rank 0's own compute per step was 1.6x rank
     # 1's unslowed one (0.8 against 0.49 ms), which brought a 3x straggler to 1.7-1.8x of it.
     # --hidden 1024,1024: a 3.5 ms step, so that the straggler sleeps ~14 ms and worker 0
@@ -29,12 +29,13 @@ def test_a_sync_run_names_its_slow_rank_once_per_epoch(tmp_path):
     out, epochs = _train(tmp_path / "slow", "--straggler", "5x", "--epochs", "3",
                          "--hidden", "1024,1024")
     warnings = WARNING.findall(out)
-    # One warning per epoch from the second on (one slow epoch may be a hiccup of the machine),
-    # from rank 1 itself: its own host and PID, no message gathered.
+    # One warning, in the second epoch (one slow epoch may be a hiccup of the machine), from
+    # rank 1 itself: its own host and PID, no message gathered. It stays slow in the third,
+    # which its epoch line records (below) without a second warning.
     assert [(rank, worker, epoch) for rank, worker, _, _, epoch in warnings] == \
-        [("1", "1", "2"), ("1", "1", "3")], out
+        [("1", "1", "2")], out
     assert {host for _, _, host, _, _ in warnings} == {socket.gethostname()}
-    assert "--balance" in out
+    assert "--balance" in out and "--straggler 5x slows a worker on purpose" in out
     for epoch in epochs:
         times = epoch["step_times"]
         assert times["steps"] == [epoch["step"] // epoch["epoch"]] * 2

@@ -12,7 +12,7 @@ from hvdtrain.cli import build_parser
 from hvdtrain.config import ConfigError
 from hvdtrain.loop import hooks
 from hvdtrain.loop.run_log import RunLog
-from hvdtrain.loop.slow_ranks import SlowRankCheck, persisting, slow_workers
+from hvdtrain.loop.slow_ranks import SlowRankCheck, persisting, remedy, slow_workers
 from hvdtrain.loop.hooks import StepTimer
 from hvdtrain.loop.step_times import FIELDS, RankStepTimes, table
 from hvdtrain.scheme import Group, PendingSum, Progress
@@ -110,16 +110,20 @@ def _times(p50):
                          (0.0,) * n, (0.0,) * n)
 
 
+def _cfg(*flags):
+    return config_from_args(build_parser().parse_args(["train", *flags]))
+
+
 def test_only_the_slow_worker_warns_with_its_rank_host_pid_and_what_to_do(capsys):
-    run = config_from_args(build_parser().parse_args(["train"])).run
-    check = SlowRankCheck(run, rank=3)
+    check = SlowRankCheck(_cfg(), rank=3)
     check.bind_world(1, 2)
     assert check(_times([0.001, 0.003]), 1) == {}  # one slow epoch names nobody
     assert capsys.readouterr().out == ""
     assert check(_times([0.001, 0.003]), 2) == {"slow_workers": {"1": 3.0}}
     out = capsys.readouterr().out
     assert "slow rank 3 (worker 1, host " in out and "pid " in out and "epoch 2" in out
-    assert "3.0x" in out and "--balance" in out and "--backup-workers" in out
+    assert "3.0x" in out and "--balance" in out and "--bsp --backup-workers 1" in out
+    assert "--straggler" not in out
     check.bind_world(0, 2)  # the fast worker only notes it in the epoch line
     assert check(_times([0.001, 0.003]), 3) == {"slow_workers": {"1": 3.0}}
     assert capsys.readouterr().out == ""
@@ -127,11 +131,45 @@ def test_only_the_slow_worker_warns_with_its_rank_host_pid_and_what_to_do(capsys
     assert check(_times([0.001, 0.003]), 5) == {}  # slow again: a new streak starts
 
 
+def test_a_worker_that_stays_slow_is_named_once_a_streak(capsys):
+    check = SlowRankCheck(_cfg(), rank=1)
+    check.bind_world(1, 2)
+    slow, fast = _times([0.001, 0.003]), _times([0.001, 0.0011])
+    named = []
+    for epoch, times in enumerate([slow, slow, slow, slow, fast, slow, slow, slow], start=1):
+        line = check(times, epoch)
+        named.append((epoch, bool(line), "warning: slow rank" in capsys.readouterr().out))
+    # every epoch line of a streak names it (from its second slow epoch); one warning a streak
+    assert named == [(1, False, False), (2, True, True), (3, True, False), (4, True, False),
+                     (5, False, False), (6, False, False), (7, True, True), (8, True, False)]
+
+
+@pytest.mark.parametrize("flags, says, not_said", [
+    ([], ["--balance gives it", "--mode async --bsp --backup-workers 1"], ["--balance is on"]),
+    (["--balance"], ["--balance is on"], ["--balance gives it"]),
+    (["--mode", "async"], ["--staleness-lr weighs them down", "--bsp --backup-workers 1"],
+     ["--local-steps auto"]),
+    (["--mode", "async", "--staleness-lr"], ["--staleness-lr already weighs"], []),
+    (["--mode", "async", "--bsp"], ["Every --bsp round waits", "--backup-workers 1 drops"],
+     ["--staleness-lr"]),
+    (["--mode", "async", "--bsp", "--backup-workers", "1"], ["--backup-workers 1 drops the "
+     "latest"], ["--staleness-lr"]),
+    (["--mode", "async", "--local-steps", "8"], ["--local-steps auto"], ["--staleness-lr"]),
+    (["--mode", "async", "--local-steps", "auto"], ["--dynamic-local-steps already"],
+     ["--local-steps auto"]),
+    (["--straggler", "3x"], ["--straggler 3x slows a worker on purpose", "--balance"], []),
+])
+def test_the_remedy_fits_the_scheme_and_leaves_out_what_the_run_does(flags, says, not_said):
+    text = remedy(_cfg(*flags))
+    assert all(s in text for s in says), text
+    assert not any(s in text for s in not_said), text
+    assert text.endswith("Or check the device or host it runs on.")
+
+
 def test_the_slow_rank_factor_is_checked():
     with pytest.raises(ConfigError, match="--slow-rank-factor: invalid value 0.5; use 0"):
         config_from_args(build_parser().parse_args(["train", "--slow-rank-factor", "0.5"]))
-    run = config_from_args(build_parser().parse_args(["train", "--slow-rank-factor", "0"])).run
-    check = SlowRankCheck(run, rank=1)
+    check = SlowRankCheck(_cfg("--slow-rank-factor", "0"), rank=1)
     check.bind_world(1, 2)
     assert check(_times([0.001, 0.01]), 1) == {}
 
