@@ -132,6 +132,13 @@ class Stopping(StepHook):
         if warning and self.scheme.group.leads():
             print(f"{warning}; {self._advice()}", flush=True)
 
+    def close(self) -> None:
+        """The run's end (a hook's close): the lead warns where the model did not learn."""
+        warning = self.divergence.ended()
+        if warning and self.scheme.group.leads():
+            print(f"{warning}; {self._advice()}, or raise --lr if the training loss did not "
+                  "fall either", flush=True)
+
     def _advice(self) -> str:
         """What to change, for the number of workers training now."""
         return self.advice(self.scheme.group.workers()[1])

@@ -250,6 +250,42 @@ def test_a_run_that_trains_or_overfits_is_no_divergence():
     assert zero.evaluated((5.0, {}), 2) is None
 
 
+@pytest.mark.parametrize("lead", [True, False])
+def test_a_run_whose_test_loss_never_left_the_untrained_models_is_told_at_its_end(lead, capsys):
+    scheme = Scheme()
+    scheme.lead = lead
+    s = stopping(scheme)
+    s.decide_before_epochs()
+    s.after_step(StepResult(Progress(), 2.3, 0.01))
+    for step, loss in enumerate([2.41, 3.58, 2.9], start=1):  # at chance, under RISE's bound
+        s.evaluated((loss, {"acc": 0.1}), 22 * step)
+    assert capsys.readouterr().out == ""  # nothing until the run's end
+    s.close()
+    told = ("hvdtrain: warning: in 3 evaluations the test loss never fell below 0.95 times the "
+            "first step's training loss 2.3 (its lowest: 2.41): if the model started untrained, "
+            "it learned nothing (too high a rate sends a run to chance, too low a rate leaves "
+            "it where it started); lower --lr or check the data, or raise --lr if the training "
+            "loss did not fall either\n")
+    assert capsys.readouterr().out == (told if lead else "")
+
+
+def test_a_run_that_learned_or_was_warned_of_or_evaluated_once_is_not_told_at_its_end():
+    def ended(untrained, losses):
+        watch = DivergenceWatch()
+        watch.untrained = untrained
+        for step, loss in enumerate(losses):
+            watch.evaluated(None if loss is None else (loss, {}), step)
+        return watch.ended()
+
+    assert ended(2.3, [2.3, 2.18]) is None  # below FLAT once is learning
+    assert ended(2.3, [2.3, 2.2, 2.4]) is not None  # 2.2 is not below 0.95 x 2.3
+    assert ended(2.3, [0.4, 2.3, 2.5]) is None  # learned, then got worse: not "never"
+    assert ended(2.3, [2.3]) is None  # one evaluation is no trend
+    assert ended(2.3, [2.3, float("nan"), None]) is None  # NaNs and other processes' are none
+    assert ended(2.3, [2.3, 100.0, 2.3]) is None  # warned of already, as a divergence
+    assert ended(None, [2.3, 2.3, 2.3]) is None  # a resumed run has no scale
+
+
 def test_the_verdict_travels_to_every_rank():
     verdict = Verdict(TARGET, "test_acc 0.95 >= 0.9 at step 12", True, True, (1.5, 1.0))
     assert pickle.loads(pickle.dumps(verdict)) == verdict
