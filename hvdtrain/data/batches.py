@@ -124,6 +124,12 @@ class BatchSource(ABC):
     def sample(self) -> tuple[Any, Any]:
         """A batch of (at most) two samples, for checking a model and loss before training."""
 
+    def another_reader(self) -> BatchSource:
+        """A source over the same samples whose iterations run beside this one's: the
+        simulator's virtual workers (compare/sim) each read their own batches, in one process.
+        A source whose iterations share nothing (in memory) is its own other reader."""
+        return self
+
     def close(self) -> None:
         """Stop any loader processes. Safe to call twice."""
 

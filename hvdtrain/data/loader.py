@@ -153,6 +153,13 @@ class LoaderBatches(BatchSource):
         self._batches.batches = (rows.of(*piece) for piece in parts)
         yield from self._iterate()
 
+    def another_reader(self) -> LoaderBatches:
+        """Its own loader, since one serves a single iteration at a time; loading in this
+        process, since the simulator's virtual workers share it and loader processes for each
+        would multiply."""
+        return LoaderBatches(self.dataset, self.device, 0, self.seed, self.pin_memory,
+                             self.stream_steps)
+
     @property
     def random_access(self) -> bool:
         return not self.is_stream

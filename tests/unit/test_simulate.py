@@ -610,3 +610,42 @@ def test_a_step_s_compute_time_is_a_fixed_part_and_a_part_per_sample():
     assert Timing(step_seconds=0.010).compute_seconds(8, 32) == pytest.approx(0.0025)
     with pytest.raises(ConfigError, match="Timing.sample_seconds"):
         Timing(0.01, sample_seconds=-1.0).check()
+
+
+# --- a user's own Dataset ----------------------------------------------------------------------
+USER_DATA = '''
+import torch
+from sklearn.datasets import load_digits
+from torch.utils.data import TensorDataset
+
+
+def tensors():
+    x, y = load_digits(return_X_y=True)
+    x, y = torch.tensor(x[:600] / 16, dtype=torch.float32), torch.tensor(y[:600])
+    return (x[:480], y[:480]), (x[480:], y[480:])
+
+
+def datasets():
+    (a, b), (c, d) = tensors()
+    train, test = TensorDataset(a, b), TensorDataset(c, d)
+    train.classes = test.classes = list(range(10))
+    return train, test
+'''
+
+
+@pytest.mark.parametrize("mode", [SYNC, ASYNC, *modes(["adiloco"], bounds=[], local_steps=[4])])
+def test_a_users_dataset_simulates_as_its_tensors_do(tmp_path, monkeypatch, mode):
+    """A Dataset is read through a DataLoader, which serves one iteration at a time: every
+    virtual worker reads its own (BatchSource.another_reader). Before, the second worker's
+    batches ended the first's with a RuntimeError."""
+    (tmp_path / "user_data.py").write_text(USER_DATA)
+    monkeypatch.chdir(tmp_path)
+    results = []
+    for loader in ("tensors", "datasets"):
+        sim = Simulation(mode, 3, "", 0, ["--dataset", f"user_data.py:{loader}", "--model",
+                                          "mlp", "--hidden", "32", "--threads", "1",
+                                          *steps(2, 5)], 0.5, ONE_SECOND_STEPS, None)
+        result = sim.run()
+        assert result.status == "ok", result.reason
+        results.append((result.final_test_acc, [p["train_loss"] for p in result.curve]))
+    assert results[0] == results[1]

@@ -133,7 +133,8 @@ class Simulation:
         if delays is not None:  # any object with StragglerModel.delay (compare --from-run's fit)
             self.setup.straggler = delays
         run = self.setup.cfg.run
-        self.workers = [_Worker(r, EpochPlan(run, self.setup.workload.train))
+        train = self.setup.workload.train  # each virtual worker reads its own batches
+        self.workers = [_Worker(r, EpochPlan(run, train if r == 0 else train.another_reader()))
                         for r in range(workers)]
         for w in self.workers:
             w.plan.bind_world(w.rank, workers)  # ConfigError when N workers' batch is too big
