@@ -228,7 +228,8 @@ def report(trainer) -> None:
     final = trainer.history[-1]
     score = (f"test accuracy {final.test_acc:.4f}" if final.test_acc is not None else
              f"test loss {final.test_loss:.4f}" if final.test_loss is not None else
-             f"train loss {final.train_loss:.4f}")
+             f"train loss {final.train_loss:.4f}" if final.train_loss is not None else
+             "no evaluation")
     print(f"done: {score} after {final.epoch} epochs{throughput_summary(trainer.history)}; "
           f"log {trainer.run_dir / 'metrics.jsonl'}, checkpoint {trainer.checkpointer.path}",
           flush=True)

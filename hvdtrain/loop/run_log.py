@@ -35,7 +35,7 @@ from .step_times import FIELDS as STEP_TIME_FIELDS, RankStepTimes, table
 @dataclass
 class EpochResult:
     epoch: int
-    train_loss: float
+    train_loss: float | None  # None: no step of it after a resume (it trained before the stop)
     test_loss: float | None
     seconds: float            # worker 0's training time in this epoch
     samples_per_sec: float    # every worker's samples per second, added up
@@ -81,7 +81,7 @@ class RunLog:
         self.sinks: list[Sink] = []  # open on the main process only
         self.bar = ProgressBar(enabled=is_main and progress_bar)
         self.history: list[EpochResult] = []
-        self.totals = EpochTotals(metric_names)
+        self.totals, self._first_step = EpochTotals(metric_names), 0
         # This worker's step times (a hook of the trainer's), summed with the epoch line; the
         # listeners, the trainer's choice, are called with each epoch's step times of every
         # worker (and the epoch, from 1), on every worker that gets the epoch line's sum, in
@@ -204,8 +204,11 @@ class RunLog:
         close_all(sinks)
 
     # --- the epoch ------------------------------------------------------------------------------
-    def start_epoch(self, epoch: int, steps: int) -> None:
-        self.totals = EpochTotals(self.names)
+    def start_epoch(self, epoch: int, steps: int, first_step: int = 0) -> None:
+        """``steps`` left to train from ``first_step``, above 0 where a resume (or an elastic
+        reset) starts inside the epoch: its line's training figures cover only the steps from
+        there, and it says so (``from_step``)."""
+        self.totals, self._first_step = EpochTotals(self.names), first_step
         self._eval_seconds_at_start = self.clock.eval_seconds if self.clock else 0.0
         self.timer.start_epoch()
         self.bar.start_epoch(epoch + 1, self.epochs, steps)
@@ -238,7 +241,8 @@ class RunLog:
         self.bar.end_epoch()
         record = {"type": "epoch", "epoch": epoch + 1, "step": global_step, "lr": lr,
                   "workers": workers, "seconds": seconds, "wall_seconds": wall_seconds,
-                  "test": test, "extra": extra}
+                  "test": test, "extra": extra,
+                  **({"from_step": self._first_step} if self._first_step else {})}
         worker, num_workers = self.scheme.group.workers()
         self._post(self.totals.as_vector(seconds) + self.timer.vector(worker, num_workers),
                    {**record, "step_time_workers": num_workers})
@@ -318,6 +322,8 @@ class RunLog:
 
     def _finish_epoch(self, values: list[float], record: dict[str, Any]) -> None:
         train_loss, train_metrics = means(values, self.names)
+        if not values[1]:  # no sample: an epoch resumed at its end trained before the stop
+            train_loss = None
         step_times, noted = self._step_times(values, record)
         test_loss, test_metrics = (record["test"] if record["test"]
                                    else (None, {name: None for name in self.names}))
@@ -328,6 +334,7 @@ class RunLog:
         rec = result.as_record()
         line = dict(epoch=result.epoch, step=record["step"], lr=result.lr,
                     workers=record["workers"], samples=int(values[1]),
+                    **({"from_step": record["from_step"]} if "from_step" in record else {}),
                     train_loss=rec.pop("train_loss"),
                     **{k: v for k, v in rec.items() if k not in ("epoch", "lr")},
                     **record["extra"], step_times=step_times.as_record(), **noted)
@@ -406,15 +413,18 @@ def log_coverage(path: Path) -> tuple[int, set[tuple[int, int]]]:
 
 
 def summary_line(result: EpochResult, epochs: int) -> str:
-    parts = [f"epoch {result.epoch}/{epochs}", f"loss: {result.train_loss:.4f}"]
+    trained = result.train_loss is not None  # else every step was before a resume
+    parts = [f"epoch {result.epoch}/{epochs}",
+             f"loss: {result.train_loss:.4f}" if trained else "trained before the resume"]
     parts += [f"{k}: {v:.4f}" for k, v in result.train_metrics.items() if v is not None]
     if result.test_loss is not None:
         parts.append(f"test_loss: {result.test_loss:.4f}")
         parts += [f"test_{k}: {v:.4f}" for k, v in result.test_metrics.items() if v is not None]
-    parts.append(f"{result.samples_per_sec:,.0f} samples/s")
-    if "tflops" in result.throughput:
+    if trained:
+        parts.append(f"{result.samples_per_sec:,.0f} samples/s")
+    if trained and "tflops" in result.throughput:
         parts.append(f"{result.throughput['tflops']:.4g} TFLOP/s")
-    if "mfu" in result.throughput:
+    if trained and "mfu" in result.throughput:
         parts.append(f"MFU {result.throughput['mfu']:.1%}")
     parts.append(f"lr: {result.lr:.4g}")
     return " - ".join(parts)

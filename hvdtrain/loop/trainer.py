@@ -133,7 +133,7 @@ class Trainer:
         p, epoch = self.progress, self.progress.epoch
         batches = self.plan.batches(p)  # seeds torch; the rest of the epoch after a resume
         self.replica.model.train()
-        self.log.start_epoch(epoch, self.plan.steps_per_epoch - p.step)
+        self.log.start_epoch(epoch, self.plan.steps_per_epoch - p.step, p.step)
         rate = partial(self.plan.learning_rate, p, self.cfg.optim)
         lr = rate(self.scheme.lr_scale)  # for the epoch line, also when no step is left (a resume)
         for x, y in batches:

@@ -10,6 +10,7 @@ from hvdtrain import checkpoint
 from hvdtrain.config import Config
 from hvdtrain.loop import StepHook, Trainer, TrainingError
 from hvdtrain.loop.epoch_plan import EpochPlan
+from hvdtrain.loop.preemption import StopSignals
 from hvdtrain.run_output import read_jsonl
 from hvdtrain.replica import Replica
 from hvdtrain.runtime import Runtime
@@ -115,6 +116,41 @@ def test_a_step_checkpoint_resumes_at_its_step_with_the_same_weights(tmp_path):
     header = [r for r in read_jsonl(tmp_path / "crashed" / "metrics.jsonl")
               if r["type"] == "header"][-1]
     assert (header["resumed_from_epoch"], header["resumed_from_step"]) == (1, 3)
+
+
+class SignalAt(StepHook):
+    """Stands in for a SIGTERM that arrives during the given global step."""
+
+    def __init__(self, trainer, global_step):
+        self.trainer, self.global_step = trainer, global_step
+
+    def after_step(self, step):
+        if step.progress.global_step + 1 == self.global_step:
+            self.trainer.stopping.signals = StopSignals()
+            self.trainer.stopping.signals.received = "SIGTERM"
+
+
+@pytest.mark.parametrize("stop_at", [12, 17])  # the last step of epoch 1, and inside epoch 2
+def test_an_epoch_resumed_inside_says_so_and_one_resumed_at_its_end_has_no_training_figures(
+        tmp_path, stop_at, capsys):
+    stopped = make_trainer(tmp_path)
+    stopped.hooks.append(SignalAt(stopped, stop_at))
+    stopped.fit()
+    assert stopped.stopping.verdict.at_step
+    resumed = make_trainer(tmp_path, auto_resume=True)
+    resumed.fit()
+    lines = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
+    assert [line["epoch"] for line in lines] == [1, 2]  # each once: the stop wrote none
+    epoch, first_step = divmod(stop_at, 12)
+    if not first_step:  # the stop came after epoch 1's last step: none of it is left
+        epoch, first_step = epoch - 1, 12
+    resumed, other = lines[epoch], lines[1 - epoch]
+    assert resumed["from_step"] == first_step and "from_step" not in other
+    assert resumed["samples"] == (12 - first_step) * 16 and other["samples"] == 12 * 16
+    assert (resumed["train_loss"] is None) == (first_step == 12)  # not 0.0, as before
+    out = capsys.readouterr().out
+    assert ("epoch 1/2 - trained before the resume - test_loss: " in out) == (stop_at == 12)
+    assert "loss: 0.0000" not in out
 
 
 def test_checkpoints_follow_the_epoch_cadence(tmp_path, monkeypatch):
