@@ -307,6 +307,12 @@ def read_run(folder: str | Path) -> RunLog:
                           "'step_times'): the run was made by an hvdtrain from before they were "
                           "recorded, or ended before its first epoch; train it again with this "
                           "hvdtrain for at least 3 epochs")
+    if int(header.get("num_workers", 2)) < 2:
+        raise ConfigError(f"--from-run: {folder} is a run of 1 worker: it exchanged nothing "
+                          "between workers, and that exchange is what the schemes differ in, "
+                          "so there is nothing to fit them to; give a run of 2 or more workers, "
+                          "or compare at the size you plan with hvdtrain compare --simulate "
+                          "--workers N")
     run = RunLog(folder, header, epochs, curve(records))
     if not run.metrics():  # a language model's run has a test_loss and no test_acc
         raise ConfigError(f"--from-run: {path} has no test figures: the run never evaluated "

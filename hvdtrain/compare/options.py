@@ -299,7 +299,12 @@ class CompareConfig:
                 raise ConfigError(f"--stragglers: invalid condition {s!r}; {e}") from None
         if any(b < 0 for b in ints(self.staleness_bounds, "--staleness-bounds")):
             raise ConfigError("--staleness-bounds: bounds must be 0 or more")
-        if any(not 0 <= b < self.workers for b in ints(self.backup_workers, "--backup-workers")):
+        backup = "backup" in [m.strip() for m in (self.modes or "").split(",")]
+        if backup and self.workers < 2:
+            raise ConfigError(f"--modes backup: a backup worker is one of 2 or more workers; "
+                              f"raise --workers (now {self.workers}) or drop backup")
+        if backup and any(not 0 <= b < self.workers
+                          for b in ints(self.backup_workers, "--backup-workers")):
             raise ConfigError(f"--backup-workers: each number must be 0 to {self.workers - 1} "
                               f"(fewer than the {self.workers} workers)")
         if any(h < 1 for h in ints(self.local_steps, "--local-steps")):

@@ -148,3 +148,15 @@ def test_train_args_are_checked_under_each_planned_mode_and_name_the_modes_they_
     # A flag wrong under every mode is one message, as before.
     with pytest.raises(ConfigError, match=r"^--train-args: --lr: invalid value -1.0"):
         options(tmp_path, "--modes", "sync,async", "--train-args", "--lr -1")
+
+
+def test_backup_workers_are_checked_only_where_the_plan_has_the_backup_mode(tmp_path):
+    # the default --backup-workers 1 refused a 1-worker plan that had no backup mode
+    one = options(tmp_path, "--simulate", "--workers", "1", "--modes", "sync,async")
+    assert [m.name for m in one.planned_modes()] == ["sync", "async"]
+    with pytest.raises(ConfigError, match=r"--modes backup: a backup worker is one of 2 or more "
+                                          r"workers; raise --workers \(now 1\) or drop backup"):
+        options(tmp_path, "--simulate", "--workers", "1", "--modes", "sync,backup")
+    with pytest.raises(ConfigError, match="--backup-workers: each number must be 0 to 2"):
+        options(tmp_path, "--simulate", "--workers", "3", "--modes", "backup",
+                "--backup-workers", "3")

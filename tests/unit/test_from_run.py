@@ -140,16 +140,16 @@ def test_one_runs_range_is_the_middle_95_percent_of_the_single_runs():
 
 
 # --- the log ------------------------------------------------------------------------------------
-def _header(**run):
+def _header(workers=2, **run):
     config = config_from_train_args(["--epochs", "3"], {}).to_dict()
     config["run"].update(run)
-    return {"type": "header", "config": config, "num_workers": 2, "model": "mlp",
+    return {"type": "header", "config": config, "num_workers": workers, "model": "mlp",
             "steps_per_epoch": STEPS}
 
 
-def _write_log(folder, epochs=3, step_times=True, test_acc=0.9):
+def _write_log(folder, epochs=3, step_times=True, test_acc=0.9, workers=2):
     folder.mkdir(exist_ok=True)
-    lines = [_header()]
+    lines = [_header(workers)]
     for e in range(1, epochs + 1):
         line = {"type": "epoch", "epoch": e, "step": e * STEPS, "wall_seconds": 0.2 * e,
                 "train_seconds": 0.2 * e, "test_acc": test_acc}
@@ -172,6 +172,7 @@ def test_read_run_gives_each_epochs_training_seconds_and_the_curve(tmp_path):
     (lambda p: p.mkdir(), "has no metrics.jsonl; give the --run-dir"),
     (lambda p: _write_log(p, step_times=False), "train it again with this hvdtrain"),
     (lambda p: _write_log(p, test_acc=None), "never evaluated"),
+    (lambda p: _write_log(p, workers=1), "is a run of 1 worker: it exchanged nothing"),
 ])
 def test_a_run_that_cannot_answer_gets_a_message_that_says_what_to_do(tmp_path, make, words):
     make(tmp_path / "r")
