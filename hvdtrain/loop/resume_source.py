@@ -5,6 +5,7 @@ another run (see checkpointer.py). Worker 0 decides; the scheme tells the others
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 from .. import checkpoint
@@ -63,6 +64,9 @@ def _check_resume_is_latest(run: RunConfig, run_dir: Path, scheme: UpdateScheme)
                     "worker": "a worker's own state"}[checkpoint.file_owner(source)]
             return {"error": f"--resume {run.resume}: {source.name} is "
                              f"{checkpoint.not_a_checkpoint(what, beside)}"}
+        if source.is_file() and not zipfile.is_zipfile(source):  # the log, a note: no branch
+            return {"error": f"--resume {run.resume}: {source.name} is not a checkpoint (not a "
+                             f"torch zip archive); continue the run with --resume {run_dir}"}
         branch = run_dir.with_name(f"{run_dir.name}-from-{source.stem}")
         return {"error": (
             f"--resume {run.resume}: {source.name} is not the latest checkpoint of "

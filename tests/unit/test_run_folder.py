@@ -203,6 +203,18 @@ def test_resume_into_an_empty_folder_starts_from_the_resumed_run(tmp_path):
 
 
 # --- --resume RUN/best.pt (issue 24) -------------------------------------------------------------
+def test_resume_of_a_file_beside_the_checkpoint_that_is_none_names_the_run_to_continue(tmp_path):
+    """--resume RUN/metrics.jsonl had been told to branch from it into a new folder, a command
+    that then failed as 'not a readable checkpoint'."""
+    run_dir = tmp_path / "run"
+    make_trainer(run_dir, epochs=1).fit()
+    log = str(run_dir / "metrics.jsonl")
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        make_trainer(run_dir, run_dir=None, epochs=2, resume=log).fit()
+    assert str(refused.value) == (f"--resume {log}: metrics.jsonl is not a checkpoint (not a "
+                                  f"torch zip archive); continue the run with --resume {run_dir}")
+
+
 def test_resume_of_best_pt_leaves_the_runs_checkpoint_and_log_alone(tmp_path):
     """--resume RUN/best.pt wrote into RUN: its checkpoint.pt replaced, a second branch in its
     log. It is refused, and the command it suggests branches into a new folder."""
