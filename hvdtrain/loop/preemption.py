@@ -29,9 +29,14 @@ class StopSignals:
         # a worker failed (a NaN loss), the server's "a checkpoint and exit 75" was untrue,
         # printed after the worker's real error.
         self.announce = True
+        # Whether training has started (stopping.py, where the epochs start). A signal before
+        # it is most often mpirun ending the job because another rank failed to start (a bad
+        # flag, an unreadable checkpoint): "if a rank died, launch with recovery" was wrong
+        # advice there, printed after that rank's real error.
+        self.started = False
 
     def install(self) -> None:
-        self.received = None
+        self.received, self.started = None, False
         if threading.current_thread() is not threading.main_thread():
             return  # Python delivers signals to the main thread only: an embedding app's job
         for sig in STOP_SIGNALS:
@@ -48,11 +53,15 @@ class StopSignals:
         first = self.received is None
         self.received = self.received or signal.Signals(signum).name
         if first and self.announce:
+            what = (f"finishing the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
+                    f"(resume with --auto-resume){_mpirun_hint(signum)}{_recovery_hint(signum)}"
+                    if self.started else
+                    f"before training started: it stops within its first steps, with a "
+                    f"checkpoint, and exits {EXIT_PREEMPTED}{_mpirun_hint(signum)}"
+                    f"{_start_hint()}")
             # os.write: print() may be inside another print of this thread when the signal lands
-            os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: finishing "
-                        f"the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
-                        f"(resume with --auto-resume){_mpirun_hint(signum)}"
-                        f"{_recovery_hint(signum)}\n".encode())
+            os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: "
+                        f"{what}\n".encode())
 
 
 def _mpirun_hint(signum: int) -> str:
@@ -63,6 +72,13 @@ def _mpirun_hint(signum: int) -> str:
         return ""
     return ("; note: mpirun kills its ranks 1 s after a SIGTERM unless started with "
             "OMPI_MCA_odls_base_sigkill_timeout=60 (or more) in its environment")
+
+
+def _start_hint() -> str:
+    """Under mpirun, before training: most likely another rank failed to start."""
+    if "OMPI_COMM_WORLD_RANK" not in os.environ:
+        return ""
+    return "; if mpirun sent it, another rank's error above says why the job ends"
 
 
 def _recovery_hint(signum: int) -> str:

@@ -168,6 +168,7 @@ class Stopping(StepHook):
         """Where the epochs start (again, after an elastic reset): a resumed run whose patience
         ran out stops at once."""
         self.cadence.reset()  # an elastic reset: every worker votes again from the next step
+        self.signals.started = True  # a stop signal's message says so from now on
         if self.checkpointer.resumed_from is not None:
             self.fresh = False  # a trained model's loss is no scale for the divergence warning
         reached = self.checkpointer.finished_target

@@ -353,3 +353,25 @@ def test_a_parameter_server_records_a_stop_signal_without_a_line_of_its_own(anno
     assert signals.received == "SIGTERM"
     said = capfd.readouterr().err
     assert ("SIGTERM received by PID" in said) == announce, said
+
+
+def test_a_stop_signal_before_training_started_says_so_without_the_recovery_advice(
+        capfd, monkeypatch):
+    """Under mpirun, a SIGTERM before the first step is most often mpirun ending the job because
+    another rank failed to start (an unreadable checkpoint): 'launch with recovery' was wrong."""
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")
+    monkeypatch.setenv("OMPI_MCA_odls_base_sigkill_timeout", "60")
+    monkeypatch.delenv("OMPI_MCA_orte_enable_recovery", raising=False)
+    early = StopSignals()
+    early._handle(signal.SIGTERM, None)
+    said = capfd.readouterr().err
+    assert "before training started: it stops within its first steps, with a checkpoint" in said
+    assert "another rank's error above says why the job ends" in said
+    assert "orte_enable_recovery" not in said
+    s = stopping()
+    s.signals = StopSignals()
+    s.decide_before_epochs()  # training starts
+    s.signals._handle(signal.SIGTERM, None)
+    said = capfd.readouterr().err
+    assert "finishing the current step, then a checkpoint and exit 75" in said
+    assert "orte_enable_recovery 1" in said and "before training" not in said
