@@ -71,11 +71,15 @@ class Workload:
         return Objective(self.loss, self.metrics)
 
     def describe(self) -> str:
-        test = f" / {self.test.num_samples} test" if self.test is not None else ", no test split"
+        def count(source: Any) -> str:  # a stream without __len__ has no count
+            return "?" if source.num_samples is None else str(source.num_samples)
+
+        samples = (f"{count(self.train)} train / {count(self.test)} test samples"
+                   if self.test is not None else
+                   f"{count(self.train)} train samples, no test split")
         shape = (f", input {'x'.join(map(str, self.input_shape))}" if self.input_shape else "")
         classes = f", {self.num_classes} classes" if self.num_classes else ""
-        return (f"{self.data_name}: {self.train.num_samples} train{test} samples{shape}"
-                f"{classes}")
+        return f"{self.data_name}: {samples}{shape}{classes}"
 
     def identity(self) -> dict[str, Any]:
         return {"input_shape": list(self.input_shape) if self.input_shape else None,

@@ -141,8 +141,9 @@ class LoaderBatches(BatchSource):
             f"worker {worker}: the stream from {self.name} ended at step {step + 1} of {steps} "
             f"in epoch {epoch + 1} (it gave {step - first_step} batches of {batch_size} x "
             f"{num_workers} workers); every worker must get the same number of steps in an "
-            "epoch, or Horovod hangs: lower --max-steps-per-epoch, or fix the dataset's __len__ "
-            "to the number of samples it really yields")
+            "epoch (sync's collectives would wait for the missing ones): lower "
+            "--max-steps-per-epoch, or fix the dataset's __len__ to the number of samples it "
+            "really yields")
 
     def part_batches(self, parts: Iterator[tuple[int, int, int]], num_parts: int,
                      batch_size: int, seed: int) -> Iterator[tuple[Any, Any]]:

@@ -436,3 +436,16 @@ def test_fit_options_override_a_config_and_are_checked():
         hvdtrain.fit(torch.nn.Linear(2, 2), DATA_PAIR, config=Config(), epochs=0)
     with pytest.raises(ConfigError, match=r"^config: got dict; pass a hvdtrain.config.Config"):
         hvdtrain.fit(torch.nn.Linear(2, 2), DATA_PAIR, config={"epochs": 2})
+
+
+def test_the_data_line_counts_the_splits_and_says_where_there_is_no_test_split():
+    x, y = torch.randn(40, 3), torch.arange(40) % 2
+    both = workload_from_objects(lambda: torch.nn.Linear(3, 2), (x[:30], y[:30]),
+                                 (x[30:], y[30:]), "cross_entropy", None)
+    alone = workload_from_objects(lambda: torch.nn.Linear(3, 2), (x, y), None,
+                                  "cross_entropy", None)
+    for w in (both, alone):
+        w.bind(CPU, config())
+    assert "30 train / 10 test samples" in both.describe()
+    # before: "40 train, no test split samples"
+    assert "40 train samples, no test split" in alone.describe()
