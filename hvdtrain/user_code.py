@@ -162,27 +162,31 @@ def _unlearned_advice(signature: inspect.Signature, kwargs: dict[str, Any],
     return "".join(f"; {name} was not offered because {unlearned[name]}" for name in missing)
 
 
+# What each flag's messages show as a JSON object to give.
+JSON_EXAMPLES = {"--model-args": '{"width": 64}', "--dataset-args": '{"path": "data.npz"}'}
+
+
 def parse_json_args(text: str | dict | None, flag: str) -> dict[str, Any]:
     """Keyword arguments from a JSON object (``--model-args '{"width": 64}'``); None or "" is {}.
     A dict (from a config file) passes through."""
+    example = f"{flag} '{JSON_EXAMPLES.get(flag, JSON_EXAMPLES['--model-args'])}'"
     if text is None or (isinstance(text, str) and not text.strip()):
         return {}
     if isinstance(text, dict):
         return dict(text)
     if not isinstance(text, str):
         raise ConfigError(f"{flag}: expected a JSON object of keyword arguments, got a "
-                          f"{type(text).__name__} ({text!r}); e.g. {flag} '{{\"width\": 64}}'")
+                          f"{type(text).__name__} ({text!r}); e.g. {example}")
     try:
         parsed = json.loads(text)
     except RecursionError:
         raise ConfigError(too_deep(flag)) from None
     except json.JSONDecodeError as e:
         raise ConfigError(f"{flag}: {text!r} is not valid JSON ({e}); give a JSON object of "
-                          f"keyword arguments in single quotes, e.g. {flag} '{{\"width\": 64}}'"
-                          ) from None
+                          f"keyword arguments in single quotes, e.g. {example}") from None
     if not isinstance(parsed, dict):
         raise ConfigError(f"{flag}: {text!r} is a JSON {type(parsed).__name__}, not an object; "
-                          f"give keyword arguments by name, e.g. {flag} '{{\"width\": 64}}'")
+                          f"give keyword arguments by name, e.g. {example}")
     return parsed
 
 

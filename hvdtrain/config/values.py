@@ -124,6 +124,14 @@ def parse_stop_at(text: str) -> tuple[str, str, float] | None:
         raise ValueError(f"{value.strip()!r} is not a number; {STOP_AT_FORMAT}") from None
     if not name.isidentifier() or not math.isfinite(target):
         raise ValueError(STOP_AT_FORMAT)
+    # The built-in metrics' direction is known: the other way round, the untrained model's
+    # first evaluation would reach the target (a loss at or above 0.8), surely a slip.
+    falls = {"test_loss": True, "test_acc": False}.get(name)
+    if falls is not None and (op == ">=") == falls:
+        better = "<=" if falls else ">="
+        raise ValueError(f"{name} {'falls' if falls else 'rises'} as a model learns, so "
+                         f"{name}{op}{value.strip()} would be reached by an untrained one; "
+                         f"write {name}{better}{value.strip()}")
     return name, op, target
 
 

@@ -41,6 +41,16 @@ def test_a_target_in_another_format_is_refused_with_the_format(text):
         Config.from_overrides({"stop_at": text}).validate()
 
 
+@pytest.mark.parametrize("text, fix", [("test_loss>=0.8", "test_loss<=0.8"),
+                                       ("test_acc <= 0.9", "test_acc>=0.9")])
+def test_a_built_in_metric_the_wrong_way_round_is_refused_with_the_right_one(text, fix):
+    """An untrained model's first evaluation would reach it: compare called such a target
+    reached at once."""
+    with pytest.raises(ConfigError, match=f"would be reached by an untrained one; write {fix}"):
+        Config.from_overrides({"stop_at": text}).validate()
+    assert parse_stop_at("test_mae>=2.5") == ("test_mae", ">=", 2.5)  # a user's: either way
+
+
 def test_the_flag_reaches_the_run_config():
     args = build_parser().parse_args(["train", "--stop-at", "test_acc>=0.9"])
     assert config_from_args(args).run.stop_at == "test_acc>=0.9"

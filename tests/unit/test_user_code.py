@@ -391,6 +391,8 @@ def test_parse_json_args_rejects(text, says):
     assert message.startswith("--model-args: ")
     assert says in message
     assert """'{"width": 64}'""" in message
+    with pytest.raises(ConfigError, match=r"""e\.g\. --dataset-args '\{"path": "data\.npz"\}'"""):
+        parse_json_args(text, "--dataset-args")  # a dataset's example, not a model's width
 
 
 # -- what the factory returned ---------------------------------------------------------------------
