@@ -203,9 +203,10 @@ class Checkpointer:
                 checkpoint.check_compatible(state, identity, source)
             except checkpoint.CheckpointError as e:
                 return {"error": str(e)}
+            planned = ((state.get("config") or {}).get("run") or {}).get("epochs")
             return {"progress": Progress(state["epoch"], state.get("step", 0),
                                          state["global_step"], state["num_workers"]),
-                    "finished": state.get("finished")}
+                    "finished": state.get("finished"), "planned_epochs": planned}
 
         answer = self.scheme.group.main_decides(read)
         if "error" in answer:
@@ -214,6 +215,7 @@ class Checkpointer:
         self.finished_target = self._target_reached(answer.get("finished"))
         self._check_branch_has_work(progress, checkpoint.checkpoint_path(source))
         self._check_epochs_left(progress, source)
+        self._note_schedule(answer.get("planned_epochs"), progress)
         if state is not None:
             for name, component in self.components.items():
                 component.load_state_dict(state.get(name))
@@ -280,6 +282,19 @@ class Checkpointer:
             print(f"hvdtrain: the checkpoint {source} has finished all {epochs} epoch(s); "
                   f"nothing is left to train (pass --epochs {epochs + 1} or more to train "
                   "further)", flush=True)
+
+    def _note_schedule(self, planned: Any, progress: Progress) -> None:
+        """A decaying --lr-schedule follows --epochs: a resume that plans another number of
+        epochs than the checkpoint's run goes on along the new schedule, so a cosine that had
+        decayed to its end rises again. Said once, since nothing else shows it."""
+        epochs, schedule = self.run.epochs, self.cfg.optim.lr_schedule
+        if (schedule == "constant" or not isinstance(planned, int) or planned == epochs
+                or not progress.global_step or not self._is_main()):
+            return
+        print(f"hvdtrain: note: the checkpoint's run planned {planned} epoch(s) and this one "
+              f"{epochs}; --lr-schedule {schedule} follows --epochs, so the rate goes on from "
+              f"epoch {progress.epoch + 1} along the {epochs}-epoch schedule, not the one the "
+              f"checkpoint trained on (a decay that had ended rises again)", flush=True)
 
     # --- cadence --------------------------------------------------------------------------------
     def step_done(self, before: int, progress: Progress, steps_per_epoch: int) -> None:

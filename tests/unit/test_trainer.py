@@ -338,3 +338,19 @@ def test_the_trainer_asks_the_scheme_for_the_re_plan_before_the_next_epoch_is_pl
                              ("asked", 2), ("measured", 2)]  # came before epoch 2's plan
     lines = [r for r in read_jsonl(tmp_path / "metrics.jsonl") if r["type"] == "epoch"]
     assert [r["noted_epoch"] for r in lines] == [1, 2]
+
+
+@pytest.mark.parametrize("schedule, epochs, told", [("cosine", 4, True), ("cosine", 2, False),
+                                                    ("constant", 4, False)])
+def test_a_resume_that_stretches_a_decaying_schedule_says_so(tmp_path, capsys, schedule, epochs,
+                                                            told):
+    with pytest.raises(KeyboardInterrupt):  # killed in epoch 2 of 2, a checkpoint at step 15
+        make_trainer(tmp_path, hooks=[CrashAt(17)], checkpoint_steps=5,
+                     lr_schedule=schedule).fit()
+    capsys.readouterr()
+    make_trainer(tmp_path, epochs=epochs, lr_schedule=schedule, auto_resume=True).fit()
+    out = capsys.readouterr().out
+    assert ("the checkpoint's run planned 2 epoch(s) and this one" in out) == told, out
+    if told:
+        assert "--lr-schedule cosine follows --epochs, so the rate goes on from epoch 2 along " \
+               "the 4-epoch schedule" in out
