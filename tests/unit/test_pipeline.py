@@ -172,6 +172,32 @@ def test_a_model_without_ordered_layers_cannot_be_split():
         PipelineReplica(Opaque(), ["cpu", "cpu"], PipelineConfig(stages=2))
 
 
+def test_a_model_with_parameters_outside_its_layers_is_refused_and_tied_ones_are_not():
+    """The stages run ``layers`` alone: a skip connection around them took no part in training,
+    in silence."""
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+            self.skip = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.layers(x) + self.skip(x)
+
+    with pytest.raises(ConfigError, match=r"--stages: Residual has skip\.weight, skip\.bias "
+                                          r"outside its `layers` Sequential"):
+        PipelineReplica(Residual(), ["cpu", "cpu"], PipelineConfig(stages=2))
+
+    class Wrapped(nn.Module):  # every parameter is in layers, one of them reachable twice
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4))
+            self.head = self.layers[2]
+
+    piped = PipelineReplica(Wrapped(), ["cpu", "cpu"], PipelineConfig(stages=2))
+    assert len(piped.stages) == 2
+
+
 # --- GPUs ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
