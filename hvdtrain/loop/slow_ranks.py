@@ -116,8 +116,10 @@ def remedy(cfg: Config) -> str:
     made = (f"--straggler {cfg.run.straggler} slows a worker on purpose. "
             if cfg.run.straggler else "")
     if cfg.run.mode != "async":
-        balance = ("--balance is on and its steps are still slow, so their time is mostly a "
-                   "cost per step that no share of the batch removes" if cfg.sync.balance else
+        balance = ("--balance is on and moves its share of the global batch toward its speed "
+                   "over the next epochs; if its epoch lines still name it after that, its "
+                   "step is mostly a cost that no share of the batch removes" if cfg.sync.balance
+                   else
                    "--balance gives it a share of the global batch that matches its speed")
         what = (f"Every sync step waits for it: {balance}; --mode async --bsp --backup-workers "
                 f"1 drops its late gradients; --mode async lets the others go on without it "

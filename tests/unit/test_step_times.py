@@ -146,7 +146,7 @@ def test_a_worker_that_stays_slow_is_named_once_a_streak(capsys):
 
 @pytest.mark.parametrize("flags, says, not_said", [
     ([], ["--balance gives it", "--mode async --bsp --backup-workers 1"], ["--balance is on"]),
-    (["--balance"], ["--balance is on"], ["--balance gives it"]),
+    (["--balance"], ["--balance is on and moves its share"], ["--balance gives it"]),
     (["--mode", "async"], ["--staleness-lr weighs them down", "--bsp --backup-workers 1"],
      ["--local-steps auto"]),
     (["--mode", "async", "--staleness-lr"], ["--staleness-lr already weighs"], []),
