@@ -74,6 +74,7 @@ class TrackerSink:
             os.environ.get(TIMEOUT_ENV, DEFAULT_TIMEOUT))
         self.failed = False
         self.status = "FINISHED"
+        self.stopped_here = False  # a stop line in this attempt (entry["stopped"]: any attempt's)
         self.step = 0  # the step of a line that has none (the scheme's summary)
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._work, name=f"hvdtrain-{backend.name}",
@@ -126,6 +127,8 @@ class TrackerSink:
         tags = tags_of(kind, fields)
         if tags:
             self.backend.set_tags(tags)
+        if kind == "stop":
+            self.entry["stopped"], self.stopped_here = str(fields.get("reason", "")), True
         if kind == "stop" and str(fields.get("reason", "")).startswith("preempted"):
             self.status = "KILLED"
         if kind != "step":  # a killed job keeps its epochs' last step; step lines are many
@@ -155,6 +158,10 @@ class TrackerSink:
         present = [p for p in self.artifacts if p.is_file()]
         if present:
             self.backend.log_artifacts(present)
+        if self.status == "FINISHED" and not self.stopped_here and self.entry.get("stopped"):
+            # an earlier attempt's stop tag would call this finished run preempted
+            self.backend.set_tags({"stop/reason": "finished, resumed after: "
+                                                  f"{self.entry.pop('stopped')}"})
         self.backend.finish(self.status)
         self._save()
 

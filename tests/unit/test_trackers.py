@@ -103,13 +103,31 @@ def test_a_resume_continues_the_tracker_run_and_skips_the_steps_it_logged(tmp_pa
     feed(TrackerSink(first, tmp_path, {}), [1, 2, 3, 4])
     entry = read_state(tmp_path)["fake"]
     assert len(entry.pop("job_key")) == 32  # known before the backend opened its run
-    assert entry == {"run_id": "r1", "last_step": 4, "last_names": ["step/loss"], "params": True}
+    assert entry == {"run_id": "r1", "last_step": 4, "last_names": ["step/loss"], "params": True,
+                     "stopped": "preempted: SIGUSR1"}
     assert first.calls[-1] == ("finish", "KILLED")
     again = FakeBackend()  # resumed from a checkpoint at step 2: steps 3 and 4 come again
     feed(TrackerSink(again, tmp_path, entry), [3, 4, 5, 6])
     assert [c[1] for c in again.calls if c[0] == "metrics"] == [5, 6]
     assert not [c for c in again.calls if c[0] == "params"]  # parameters went in once
     assert read_state(tmp_path)["fake"]["last_step"] == 6
+
+
+def test_a_resumed_run_that_finishes_replaces_the_stop_tag_of_the_attempt_before(tmp_path):
+    """A tracker run left tagged stop/reason = preempted after it finished looked preempted."""
+    feed(TrackerSink(FakeBackend(), tmp_path, {}), [1, 2])
+    again = FakeBackend()
+    sink = TrackerSink(again, tmp_path, read_state(tmp_path)["fake"])
+    sink.record("step", {"epoch": 1, "step": 3, "loss": 0.3})
+    sink.close()
+    assert again.calls[-2:] == [
+        ("tags", {"stop/reason": "finished, resumed after: preempted: SIGUSR1"}),
+        ("finish", "FINISHED")]
+    assert "stopped" not in read_state(tmp_path)["fake"]
+    third = FakeBackend()  # nothing to replace any more
+    sink = TrackerSink(third, tmp_path, read_state(tmp_path)["fake"])
+    sink.close()
+    assert not [c for c in third.calls if c[0] == "tags"]
 
 
 def test_a_resume_logs_the_epoch_line_that_ends_at_the_stops_step(tmp_path):
