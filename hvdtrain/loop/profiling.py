@@ -63,9 +63,15 @@ class ProfileWindow(StepHook):
             self.close()
 
     def close(self) -> None:
-        """Stop and write, if the window is open (also where a run ends inside it)."""
+        """Stop and write, if the window is open (also where a run ends inside it); where the
+        run ended before the window, say so (it had ended without a word)."""
         if self.profiler is not None:
             self._guarded(self._write)
+        elif self.written is None and self.steps < self.first and self.rank == 0:
+            print(f"{self.who}: --profile-steps {self.first}:{self.last}: this process took "
+                  f"{self.steps} steps, so nothing was profiled; choose a window within the run "
+                  "(steps counted from the process's start, a resume counting afresh)",
+                  flush=True)
 
     def _start(self) -> None:
         from torch.profiler import ProfilerActivity, profile

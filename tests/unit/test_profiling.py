@@ -49,9 +49,11 @@ def test_a_run_that_ends_inside_the_window_writes_the_steps_it_recorded(tmp_path
     assert "steps 5: " in (tmp_path / "profile-rank0-steps20-24.txt").read_text()
 
 
-def test_a_window_past_the_run_writes_nothing(tmp_path):
+def test_a_window_past_the_run_writes_nothing_and_says_so(tmp_path, capsys):
     make_trainer(tmp_path, profile_steps="30:40", epochs=2).fit()
     assert window_files(tmp_path) == []
+    assert "hvdtrain: --profile-steps 30:40: this process took 24 steps, so nothing was " \
+           "profiled" in capsys.readouterr().out
 
 
 def test_a_second_profile_of_the_same_window_keeps_the_first(tmp_path):
