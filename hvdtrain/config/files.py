@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any
 
@@ -61,25 +62,36 @@ def _parse_config_text(path: str, text: str) -> Any:
 
 
 def _flat_options(raw: dict, path: str) -> dict[str, Any]:
-    """The file's options as flat pairs, each known and in its own section (or at the top)."""
+    """The file's options as flat pairs, each known and in its own section (or at the top), and
+    each given once: one at the top level and again in its section had the section's win in
+    silence."""
     owners = field_owners()
     flat: dict[str, Any] = {}
-    misplaced = []
+    where: dict[str, str] = {}  # each option's place in the file, for a second one's message
+    misplaced, twice = [], []
     for key, value in raw.items():
         key = str(key).replace("-", "_")
-        if key in SECTIONS and isinstance(value, dict):
-            for sub, v in value.items():
-                sub = str(sub).replace("-", "_")
-                if owners.get(sub, key) != key:  # would silently apply elsewhere than it reads
-                    misplaced.append(f"{sub} is under [{key}] but belongs in [{owners[sub]}]")
-                flat[sub] = v
-        else:
-            flat[key] = value
+        top = [(key, value, "at the top level")]
+        pairs = ([(str(sub).replace("-", "_"), v, f"under [{key}]") for sub, v in value.items()]
+                 if key in SECTIONS and isinstance(value, dict) else top)
+        for name, v, place in pairs:
+            if place != "at the top level" and owners.get(name, key) != key:
+                # would silently apply elsewhere than it reads
+                misplaced.append(f"{name} is {place} but belongs in [{owners[name]}]")
+            if name in flat:
+                twice.append(f"{name} is given {where[name]} and again {place}")
+            flat[name], where[name] = v, place
     if misplaced:
         raise ConfigError(f"--config: {path}: {'; '.join(misplaced)}; move it to that section "
                           "(or to the top level)")
+    if twice:
+        raise ConfigError(f"--config: {path}: {'; '.join(twice)}; keep one of them")
     unknown = sorted(k for k in flat if k not in owners)
     if unknown:
-        raise ConfigError(f"--config: {path} has unknown option(s) {', '.join(unknown)}; "
-                          f"valid options are: {', '.join(sorted(owners))}")
+        near = {k: difflib.get_close_matches(k, [*owners, *SECTIONS], n=1) for k in unknown}
+        hints = "".join(f"; {k}: did you mean {'[' + m[0] + ']' if m[0] in SECTIONS else m[0]}?"
+                        for k, m in near.items() if m)
+        raise ConfigError(f"--config: {path} has unknown option(s) {', '.join(unknown)}{hints} "
+                          f"(sections: {', '.join(f'[{s}]' for s in SECTIONS)}); valid options "
+                          f"are: {', '.join(sorted(owners))}")
     return flat

@@ -74,6 +74,23 @@ def test_toml_and_yaml_files_and_flags_win(tmp_path):
     assert cfg.optim.lr == 0.3 and cfg.data.synthetic_shape == (1, 4, 4)
 
 
+def test_an_option_given_twice_in_a_file_is_refused_and_a_near_name_is_suggested(tmp_path):
+    twice = tmp_path / "twice.toml"  # the section's 0.2 had won in silence
+    twice.write_text("lr = 0.1\n[optim]\nlr = 0.2\n")
+    with pytest.raises(ConfigError, match=r"twice\.toml: lr is given at the top level and again "
+                                          r"under \[optim\]; keep one of them"):
+        load_config_file(str(twice))
+    section = tmp_path / "section.toml"
+    section.write_text("[optm]\nlr = 0.2\n")
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) optm; optm: did you mean "
+                                          r"\[optim\]\?"):
+        load_config_file(str(section))
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("epochz: 2\n")
+    with pytest.raises(ConfigError, match="epochz: did you mean epochs?"):
+        load_config_file(str(typo))
+
+
 def test_config_file_errors(tmp_path):
     bad_key = tmp_path / "bad.toml"
     bad_key.write_text("[optim]\nlearning_rate = 0.1\n")
