@@ -29,7 +29,9 @@ def add_parser(commands) -> None:
     add_options(p)
     p.add_argument("launch_command", nargs=argparse.REMAINDER, metavar="LAUNCHER ARGS",
                    help="the job's launcher line without its program (mpirun -np 4 -H a:2,b:2 "
-                        "...); leave it out when a launcher started the doctor")
+                        "...), after the doctor's own options: everything from the launcher's "
+                        "name on is the launcher's; leave it out when a launcher started the "
+                        "doctor")
 
 
 def under_launcher(env: dict[str, str] | None = None) -> bool:
