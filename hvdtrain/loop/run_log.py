@@ -112,6 +112,9 @@ class RunLog:
         path = run_dir / LOG_NAME
         covered = log_coverage(path) if append and path.exists() else None
         self.sinks = self.make_sinks(run_dir, append, global_step + 1)
+        if append and header.get("resumed_from_epoch") == self.epochs and \
+                not header.get("resumed_from_step"):
+            return  # a finished run resumed with nothing left to train: its log stays as it was
         self.write("header", **header)
         if announce:
             print(opening_line(header, run_dir), flush=True)

@@ -354,3 +354,15 @@ def test_a_resume_that_stretches_a_decaying_schedule_says_so(tmp_path, capsys, s
     if told:
         assert "--lr-schedule cosine follows --epochs, so the rate goes on from epoch 2 along " \
                "the 4-epoch schedule" in out
+
+
+def test_a_finished_run_resumed_with_nothing_left_leaves_its_log_as_it_was(tmp_path, capsys):
+    make_trainer(tmp_path, epochs=2).fit()
+    before = (tmp_path / "metrics.jsonl").read_bytes()
+    capsys.readouterr()
+    again = make_trainer(tmp_path, epochs=2, auto_resume=True)
+    again.fit()
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before  # no header of a run not made
+    out = capsys.readouterr().out
+    assert "has finished all 2 epoch(s); nothing is left to train" in out
+    assert "training of" not in out  # the opening line of a run that does not train
