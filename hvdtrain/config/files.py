@@ -71,11 +71,12 @@ def _flat_options(raw: dict, path: str) -> dict[str, Any]:
     misplaced, twice = [], []
     for key, value in raw.items():
         key = str(key).replace("-", "_")
-        top = [(key, value, "at the top level")]
-        pairs = ([(str(sub).replace("-", "_"), v, f"under [{key}]") for sub, v in value.items()]
-                 if key in SECTIONS and isinstance(value, dict) else top)
-        for name, v, place in pairs:
-            if place != "at the top level" and owners.get(name, key) != key:
+        section = key if key in SECTIONS and isinstance(value, dict) else None
+        pairs = value.items() if section else [(key, value)]
+        place = f"under [{section}]" if section else "at the top level"
+        for name, v in pairs:
+            name = str(name).replace("-", "_")
+            if section and owners.get(name, section) != section:
                 # would silently apply elsewhere than it reads
                 misplaced.append(f"{name} is {place} but belongs in [{owners[name]}]")
             if name in flat:

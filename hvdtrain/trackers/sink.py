@@ -128,9 +128,10 @@ class TrackerSink:
         if tags:
             self.backend.set_tags(tags)
         if kind == "stop":
-            self.entry["stopped"], self.stopped_here = str(fields.get("reason", "")), True
-        if kind == "stop" and str(fields.get("reason", "")).startswith("preempted"):
-            self.status = "KILLED"
+            reason = str(fields.get("reason", ""))
+            self.entry["stopped"], self.stopped_here = reason, True
+            if reason.startswith("preempted"):
+                self.status = "KILLED"
         if kind != "step":  # a killed job keeps its epochs' last step; step lines are many
             self._save()
 
