@@ -16,7 +16,7 @@ import time
 
 from ..processes import process_alive
 from .problem import Problem
-from .verdict import unfinished_report, write_json
+from .verdict import unfinished_report, write_and_judge
 
 POLL_S = 0.5
 GRACE_S = 3.0  # the process's deadline after the thread's
@@ -33,8 +33,7 @@ def report(seconds: float, rank: int, path: str) -> None:
         "names the step and the hosts; check the firewall between the hosts, or raise "
         "--timeout")
     print(problem.line(), flush=True)
-    write_json(path, unfinished_report(None, [problem], 0))
-    print("doctor: NOT fit (1 problem)", flush=True)
+    write_and_judge(path, unfinished_report(None, [problem], 0), 1, sys.stdout)
 
 
 class Guards:

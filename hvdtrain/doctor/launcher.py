@@ -115,7 +115,7 @@ def run_launcher(command: list[str], timeout: float) -> tuple[int | None, Output
 
 
 def run_doctor(command: list[str], args) -> int:
-    from .verdict import conclude, unfinished_report, write_json
+    from .verdict import conclude, unfinished_report, write_and_judge
 
     asked = (Asked(parse_host_slots(args.expect, "--expect"), None, "--expect") if args.expect
              else from_launcher(command))
@@ -128,9 +128,8 @@ def run_doctor(command: list[str], args) -> int:
         problems = _no_facts(code, output, asked, args.timeout)
         for problem in problems:
             print(problem.line(), flush=True)
-        write_json(args.json, unfinished_report(asked, problems, len(output.started)))
-        print(f"doctor: NOT fit ({len(problems)} problem{'s' if len(problems) > 1 else ''})",
-              flush=True)
+        write_and_judge(args.json, unfinished_report(asked, problems, len(output.started)),
+                        len(problems), sys.stdout)
         return EXIT_BAD_INPUT
     facts["launcher"] = launcher_kind(command)
     facts["launcher_env"] = environment(dict(os.environ), args.env_names)

@@ -100,8 +100,14 @@ def conclude(facts: dict, asked: Asked | None, run_dir: str, json_path: str,
         print(problem.line(), file=out)
     for line in link_table(document):
         print(line, file=out)
+    write_and_judge(json_path, document, len(problems), out)
+    return 0 if not problems else EXIT_BAD_INPUT
+
+
+def write_and_judge(json_path: str, document: dict, problems: int, out) -> None:
+    """doctor.json, the line that says where it is, then the verdict: the same three ends for
+    a finished doctor and for one its deadline stopped."""
     write_json(json_path, document)
     print(f"doctor: measurements and problems written to {json_path}", file=out)
-    print("doctor: fit" if not problems else f"doctor: NOT fit ({len(problems)} problem"
-          f"{'s' if len(problems) != 1 else ''})", file=out, flush=True)
-    return 0 if not problems else EXIT_BAD_INPUT
+    print("doctor: fit" if not problems else f"doctor: NOT fit ({problems} problem"
+          f"{'s' if problems != 1 else ''})", file=out, flush=True)

@@ -184,7 +184,8 @@ def test_ranks_that_never_start_are_counted(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 2 and "doctor: hosts: no rank on b answered within 6 s (1 rank(s) on a did)" \
         in out, out
-    assert out.splitlines()[-1] == "doctor: NOT fit (1 problem)"
+    assert out.splitlines()[-2:] == [f"doctor: measurements and problems written to "
+                                     f"{tmp_path / 'doctor.json'}", "doctor: NOT fit (1 problem)"]
     assert json.loads((tmp_path / "doctor.json").read_text())["problems"][0]["check"] == "hosts"
 
 
@@ -272,6 +273,7 @@ def test_a_rank_s_deadline_reports_and_exits_2_and_is_stopped_when_done(tmp_path
                           text=True, timeout=60)
     assert late.returncode == 2 and late.stdout.splitlines()[-1] == "doctor: NOT fit (1 problem)"
     assert "doctor: hosts: the ranks did not finish within 0.5 s" in late.stdout
+    assert f"doctor: measurements and problems written to {tmp_path / 'd.json'}" in late.stdout
     assert json.loads((tmp_path / "d.json").read_text())["fit"] is False
     done = subprocess.run([sys.executable, "-c", code, "1", "0"], capture_output=True,
                           text=True, timeout=60)
