@@ -133,11 +133,19 @@ class Stopping(StepHook):
             print(f"{warning}; {self._advice()}", flush=True)
 
     def close(self) -> None:
-        """The run's end (a hook's close): the lead warns where the model did not learn."""
-        warning = self.divergence.ended()
-        if warning and self.scheme.group.leads():
-            print(f"{warning}; {self._advice()}, or raise --lr if the training loss did not "
-                  "fall either", flush=True)
+        """The run's end (a hook's close): the lead warns where the model did not learn, or
+        lost what it learned."""
+        ended = self.divergence.ended()
+        if ended is None or not self.scheme.group.leads():
+            return
+        warning, never_learned = ended
+        if never_learned:
+            told = ", or raise --lr if the training loss did not fall either"
+        elif self.best.metric is not None:
+            told = f"; the best evaluation's model is in {self.best.path}"
+        else:
+            told = "; --keep-best test_loss keeps the best evaluation's model as best.pt"
+        print(f"{warning}; {self._advice()}{told}", flush=True)
 
     def _advice(self) -> str:
         """What to change, for the number of workers training now."""

@@ -54,6 +54,7 @@ class Signals:
 
 class Best:
     stop_reason = None
+    metric = None  # no --keep-best
     path = "run/best.pt"
     best = 0.9  # an evaluation gave a number, so best.pt was written
 
@@ -278,12 +279,32 @@ def test_a_run_that_learned_or_was_warned_of_or_evaluated_once_is_not_told_at_it
         return watch.ended()
 
     assert ended(2.3, [2.3, 2.18]) is None  # below FLAT once is learning
-    assert ended(2.3, [2.3, 2.2, 2.4]) is not None  # 2.2 is not below 0.95 x 2.3
-    assert ended(2.3, [0.4, 2.3, 2.5]) is None  # learned, then got worse: not "never"
+    assert ended(2.3, [2.3, 2.2, 2.4])[1] is True  # 2.2 is not below 0.95 x 2.3: never learned
+    assert ended(2.3, [0.4, 2.3, 1.2]) is None  # learned, got worse, and ends below FLAT
+    assert ended(2.3, [1.3, 2.3, 2.5]) is None  # 1.3 is not clearly learned (LEARNED x 2.3)
     assert ended(2.3, [2.3]) is None  # one evaluation is no trend
     assert ended(2.3, [2.3, float("nan"), None]) is None  # NaNs and other processes' are none
     assert ended(2.3, [2.3, 100.0, 2.3]) is None  # warned of already, as a divergence
     assert ended(None, [2.3, 2.3, 2.3]) is None  # a resumed run has no scale
+
+
+@pytest.mark.parametrize("keep_best", [False, True])
+def test_a_run_that_learned_and_ended_back_at_chance_is_told_at_its_end(keep_best, capsys):
+    s = stopping()
+    if keep_best:
+        s.best.metric = "test_loss"
+    s.decide_before_epochs()
+    s.after_step(StepResult(Progress(), 2.3, 0.01))
+    for step, loss in enumerate([0.3, 0.12, 1.9, 2.31], start=1):  # learned, then lost it
+        s.evaluated((loss, {"acc": 0.9}), 22 * step)
+    s.close()
+    told = ("hvdtrain: warning: the last evaluation's test loss 2.31 is back near the first "
+            "step's training loss 2.3, after falling to 0.12 at global step 44: training "
+            "diverged after it had learned, and the final model is no better than an untrained "
+            "one; lower --lr or check the data; ")
+    assert capsys.readouterr().out == told + (
+        "the best evaluation's model is in run/best.pt\n" if keep_best else
+        "--keep-best test_loss keeps the best evaluation's model as best.pt\n")
 
 
 def test_the_verdict_travels_to_every_rank():
