@@ -223,9 +223,9 @@ class Checkpointer:
                                                          progress)
         self._restore_own_state(checkpoint.checkpoint_path(source), progress)
         if progress.workers != num_workers and self._is_main():
-            print(f"warning: checkpoint was written with {progress.workers} workers, this run "
-                  f"has {num_workers}; the data order differs from an uninterrupted run",
-                  flush=True)
+            print(f"hvdtrain: warning: checkpoint was written with {progress.workers} workers, "
+                  f"this run has {num_workers}; the data order differs from an uninterrupted "
+                  "run", flush=True)
         return state, progress
 
     def _own_tag(self, progress: Progress) -> dict[str, Any]:

@@ -171,25 +171,28 @@ class BatchDispatcher:
 
     def load_state_dict(self, state: dict[str, Any]) -> str | None:
         """Continue a checkpoint's plan. Returns a note when it was cut for another number of
-        workers or steps per epoch: then the position is carried over as a share of the
-        epoch (as a sync resume with another world size does) and the outstanding slots,
-        which name batches of the old cut, are not handed out again."""
+        workers or steps per epoch: then the position of the next slot never handed out is
+        carried over as a share of its epoch (as a sync resume with another world size does),
+        and the outstanding slots, which name batches of the old cut, are not handed out
+        again. Not the lowest outstanding slot: a worker that died under plain mpirun can
+        leave one many epochs back while the others trained on, and a resume from there
+        trained every epoch since again."""
         steps, parts, _ = state["plan"]
         if (steps, parts) == (self.plan.steps_per_epoch, self.plan.num_parts):
             self.next = min(int(state["next"]), self.plan.total)
             self.redo = deque(s for s in state["outstanding"] if s < self.plan.total)
             return None
         old = SlotPlan(steps, parts, state["plan"][2])
-        undone = min([int(state["next"]), *state["outstanding"]])
-        epoch, step, _ = old.locate(undone)
+        epoch, step, _ = old.locate(min(int(state["next"]), old.total))
         step = min(self.plan.steps_per_epoch, step * parts // self.plan.num_parts)
         self.next = min(self.plan.first_slot(epoch, step), self.plan.total)
         self.redo.clear()
         return (f"the checkpoint's async batch plan was cut for {parts} worker(s) and {steps} "
                 f"steps per epoch, this run's for {self.plan.num_parts} and "
-                f"{self.plan.steps_per_epoch}: continuing at epoch {epoch + 1}, step {step + 1}, "
-                f"and the {len(state['outstanding'])} batch(es) outstanding at the checkpoint "
-                "are not trained again")
+                f"{self.plan.steps_per_epoch}: the job goes on in epoch {epoch + 1} after the "
+                f"share of its batches already handed out, and the "
+                f"{len(state['outstanding'])} batch(es) outstanding at the checkpoint are not "
+                "trained again")
 
     def statistics(self) -> dict[str, Any]:
         return {"batches_completed": self.completed, "batches_pushed_twice": self.pushed_twice,

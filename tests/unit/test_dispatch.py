@@ -78,6 +78,24 @@ def test_resume_with_another_cut_keeps_the_epoch_position():
     assert new.plan.locate(new.take(0)) == (2, 3, 0)  # 6 steps of 2 = 3 steps of 4
 
 
+def test_resume_with_another_cut_goes_on_after_the_slots_handed_out():
+    """A worker that died under plain mpirun left slot 3 (epoch 0) outstanding while the others
+    trained on into epoch 3: the resume goes on from there, not from epoch 0 again."""
+    old = SlotPlan(steps_per_epoch=10, num_parts=3, epochs=4)
+    d = BatchDispatcher(old)
+    for worker in (0, 1, 2):
+        d.take(worker)
+    d.next = old.first_slot(3, 4)
+    for worker in (0, 1):
+        d.complete(worker, worker)
+    d.take(0)  # in flight at the checkpoint
+    assert d.state_dict()["outstanding"] == [2, old.first_slot(3, 4)]
+    new = BatchDispatcher(SlotPlan(steps_per_epoch=15, num_parts=2, epochs=4))
+    note = new.load_state_dict(d.state_dict())
+    assert "epoch 4 after the share" in note and "2 batch(es) outstanding" in note
+    assert new.plan.locate(new.take(0)) == (3, 6, 0)  # 4 steps of 3 = 6 steps of 2
+
+
 def test_a_worker_told_none_has_finished_only_after_its_last_push():
     d = BatchDispatcher(SlotPlan(steps_per_epoch=1, num_parts=2, epochs=1))
     a, b = d.take(0), d.take(0)
