@@ -7,9 +7,13 @@ their sums and counts and divide once at the end (a mean of means would weigh a 
 like a full one).
 
 Accuracy is defined only for (N, C) outputs with (N,) integer targets. A run whose output has
-another shape (a sequence model's (N, T, C) output, say) reports its loss alone: the trainer
-asks :func:`metric_applies` on the first batch and drops a metric that does not apply, instead
-of crashing or, worse, comparing the wrong axis.
+another shape reports its loss alone: the trainer asks :func:`metric_applies` on the first batch
+and drops a metric that does not apply, instead of crashing or, worse, comparing the wrong axis.
+
+A language model's logits have their classes (the vocabulary) on the LAST axis, (N, T, V)
+against (N, T) token ids, where torch's cross_entropy reads classes from axis 1: with T == V it
+trains the wrong objective without an error. ``token_cross_entropy`` takes that layout (with its
+token accuracy), and the built-in cross_entropy and nll refuse it, naming that loss.
 """
 
 from __future__ import annotations
@@ -25,8 +29,18 @@ from .user_code import UserCodeError, call_user, resolve_callable
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Metric = Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]]
 
+IGNORE_INDEX = -100  # torch's cross_entropy default: a target of padding, not scored
+
+
+def token_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy with the classes on the last axis: (N, ..., V) logits against (N, ...)
+    class ids, the mean over every position whose target is not IGNORE_INDEX."""
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
 LOSSES: dict[str, Loss] = {  # torch's defaults are reduction="mean"
     "cross_entropy": F.cross_entropy,
+    "token_cross_entropy": token_cross_entropy,
     "mse": F.mse_loss,
     "l1": F.l1_loss,
     "bce_with_logits": F.binary_cross_entropy_with_logits,
@@ -38,6 +52,9 @@ _ELEMENTWISE_LOSSES = {"mse", "l1", "bce_with_logits"}  # output and target of o
 _FIX = {
     "cross_entropy": "a classifier's output must be (N, C) logits with integer class targets "
                      "(N,); for real-valued targets pass --loss mse or l1",
+    "token_cross_entropy": "the output must be (N, ..., V) logits with the classes on the last "
+                           "axis, and the target (N, ...) integer class ids (-100 where a "
+                           "position is not scored)",
     "nll": "the output must be (N, C) log-probabilities (end the model with LogSoftmax) with "
            "integer class targets (N,); for raw logits pass --loss cross_entropy",
     "mse": "the output and the target must have the same shape; for class labels pass "
@@ -79,25 +96,72 @@ def accuracy(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def accuracy_applies(output: Any, target: Any) -> bool:
-    return (isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
+    return (isinstance(output, torch.Tensor) and _class_ids(target)
             and output.dim() == 2 and target.dim() == 1
-            and target.shape[0] == output.shape[0]
-            and not target.dtype.is_floating_point and not target.dtype.is_complex
-            and target.dtype is not torch.bool)
+            and target.shape[0] == output.shape[0])
 
 
-_APPLIES: dict[str, Callable[[Any, Any], bool]] = {"acc": accuracy_applies}
+def _class_ids(target: Any) -> bool:
+    """An integer tensor (not bool): class ids."""
+    return (isinstance(target, torch.Tensor) and not target.dtype.is_floating_point
+            and not target.dtype.is_complex and target.dtype is not torch.bool)
+
+
+def token_accuracy(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """(positions whose highest logit on the last axis is the target, positions scored): the
+    accuracy of token_cross_entropy, padding (IGNORE_INDEX) left out."""
+    scored = target != IGNORE_INDEX
+    return ((output.argmax(dim=-1) == target) & scored).sum(), scored.sum()
+
+
+def token_accuracy_applies(output: Any, target: Any) -> bool:
+    """Class ids shaped as the output without its last axis: the classes are on that axis."""
+    return (isinstance(output, torch.Tensor) and _class_ids(target) and output.dim() >= 2
+            and tuple(target.shape) == tuple(output.shape[:-1]))
+
+
+# Keyed by the built-in metric itself: a user's own metric named "acc" has no shape rule.
+_APPLIES: dict[Callable, Callable[[Any, Any], bool]] = {accuracy: accuracy_applies,
+                                                         token_accuracy: token_accuracy_applies}
 
 
 def default_metrics(loss_name: str) -> dict[str, Metric]:
-    """The metrics a run reports besides its loss: accuracy for a built-in classification loss."""
+    """The metrics a run reports besides its loss: accuracy for a built-in classification loss
+    (over the tokens, for token_cross_entropy)."""
+    if loss_name == "token_cross_entropy":
+        return {"acc": token_accuracy}
     return {"acc": accuracy} if loss_name in CLASSIFICATION_LOSSES else {}
 
 
-def metric_applies(name: str, output: Any, target: Any) -> bool:
-    """Whether the built-in metric ``name`` is defined for this output and target; a metric
-    without a shape rule applies always."""
-    rule = _APPLIES.get(name)
+def check_metric_returns(name: str, metric: Metric, output: Any, target: Any) -> None:
+    """Run a metric once on the sample batch, before training: one that raises or returns
+    anything but (sum, count) fails here, named, not in the middle of the first epoch."""
+    try:
+        with torch.no_grad():
+            value = metric(output, target)
+    except Exception as e:
+        raise UserCodeError("metrics", repr(name), e) from e
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(map(_is_number, value)):
+        return
+    got = (f"a {type(value).__name__} of {len(value)}" if isinstance(value, (tuple, list))
+           else f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+           else f"a {type(value).__name__}")
+    raise ConfigError(f"metrics: {name!r} returned {got}; a metric returns (sum, count) over "
+                      "the batch, numbers or one-element tensors, e.g. ((output.argmax(1) == "
+                      "target).sum(), target.numel()), so that batches and workers add up "
+                      "before the one division")
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return value.numel() == 1 and not value.is_complex()
+    return isinstance(value, (int, float)) and not isinstance(value, complex)
+
+
+def metric_applies(metric: Metric, output: Any, target: Any) -> bool:
+    """Whether ``metric``, a built-in one, is defined for this output and target; a metric
+    without a shape rule (a user's own) applies always."""
+    rule = _APPLIES.get(metric)
     return rule is None or rule(output, target)
 
 
@@ -112,16 +176,8 @@ def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
     builtin = is_builtin_loss(loss_fn, loss_name)
     shapes = f"the model's output is {describe(output)} and the target {describe(target)}"
     fix = _FIX.get(loss_name, "")
-    if (builtin and loss_name in _ELEMENTWISE_LOSSES and isinstance(output, torch.Tensor)
-            and isinstance(target, torch.Tensor) and output.shape != target.shape):
-        # mse and l1 only warn, then broadcast (N, 1) against (N,) into an (N, N) loss
-        raise ConfigError(f"--loss {loss_name}: {shapes}, shapes that differ; {fix}")
-    if (builtin and loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
-            and output.dim() >= 2 and output.shape[1] == 1):
-        # One class: every softmax is 1 and the loss 0 for any weights, so nothing would train.
-        raise ConfigError(f"--loss {loss_name}: {shapes}, one output column, i.e. one class; "
-                          "a classifier needs a column per class. For a single output use "
-                          "--loss bce_with_logits (binary) or --loss mse (regression)")
+    if builtin:
+        _refuse_silent_mismatches(loss_name, output, target, shapes, fix)
     try:
         value = loss_fn(output, target)
     except Exception as e:
@@ -142,6 +198,33 @@ def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
         raise ConfigError(f"--loss {loss_name} returned a tensor with no gradient: it does not "
                           "depend on the output through autograd; compute it with torch "
                           "operations on the output (no .item(), .detach() or numpy)")
+
+
+def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: str,
+                              fix: str) -> None:
+    """The mismatches a built-in loss would train on without an error, or without learning."""
+    if (loss_name in _ELEMENTWISE_LOSSES and isinstance(output, torch.Tensor)
+            and isinstance(target, torch.Tensor) and output.shape != target.shape):
+        # mse and l1 only warn, then broadcast (N, 1) against (N,) into an (N, N) loss
+        raise ConfigError(f"--loss {loss_name}: {shapes}, shapes that differ; {fix}")
+    if (loss_name in CLASSIFICATION_LOSSES and token_accuracy_applies(output, target)
+            and output.dim() > 2):
+        # torch reads classes from axis 1: with T == V a language model's (N, T, V) logits
+        # train the wrong objective without an error (and fail obscurely otherwise)
+        raise ConfigError(f"--loss {loss_name}: {shapes}: the target matches the output without "
+                          "its last axis, so the classes are on the last axis (a language "
+                          f"model's logits), where {loss_name} reads them from axis 1; pass "
+                          "--loss token_cross_entropy" + (
+                              " (it takes raw logits: drop the LogSoftmax, or pass your own "
+                              "loss)" if loss_name == "nll" else "") +
+                          ". For classes on axis 1 (segmentation) whose sizes happen to agree, "
+                          "pass your own --loss MODULE:CALLABLE")
+    if (loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
+            and output.dim() >= 2 and output.shape[1] == 1):
+        # One class: every softmax is 1 and the loss 0 for any weights, so nothing would train.
+        raise ConfigError(f"--loss {loss_name}: {shapes}, one output column, i.e. one class; "
+                          "a classifier needs a column per class. For a single output use "
+                          "--loss bce_with_logits (binary) or --loss mse (regression)")
 
 
 def describe(value: Any) -> str:

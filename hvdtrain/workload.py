@@ -25,7 +25,8 @@ from .data import DataError, builtin
 from .data.batches import BatchSource, to_device
 from .data.in_memory import InMemoryBatches
 from .data.loader import LoaderBatches
-from .losses import check_loss_accepts, default_metrics, metric_applies, resolve_loss
+from .losses import (check_loss_accepts, check_metric_returns, default_metrics, metric_applies,
+                     resolve_loss)
 from .models import MODELS, build_model
 from .replica import Metric, Objective
 from .user_code import (UserCodeError, call_user, call_with_known_kwargs, expect_type,
@@ -95,7 +96,9 @@ class Workload:
         y = to_device(y, output.device if isinstance(output, torch.Tensor) else device)
         check_loss_accepts(self.loss, self.loss_name, output, y)
         self.metrics = {name: m for name, m in self.metrics.items()
-                        if metric_applies(name, output, y)}
+                        if metric_applies(m, output, y)}
+        for name, metric in self.metrics.items():
+            check_metric_returns(name, metric, output, y)
         if self.test is not None:  # else a whole epoch trains before the evaluation crashes
             self._check_test_batch(forward, device, flag, (x, y))
 

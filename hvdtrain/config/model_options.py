@@ -19,9 +19,12 @@ class ModelConfig:
                      "and num_classes when its signature names them")
     model_args: str = opt("", "keyword arguments for your --model callable, as a JSON object, "
                           "e.g. '{\"width\": 64}'")
-    loss: str = opt("cross_entropy", "cross_entropy, nll, mse, l1, bce_with_logits, or your own "
-                    "MODULE:CALLABLE computing loss(output, target) -> scalar mean; accuracy is "
-                    "reported for cross_entropy and nll on (N, C) outputs")
+    loss: str = opt("cross_entropy", "cross_entropy, nll, token_cross_entropy (classes on the "
+                    "last axis: a language model's (N, T, V) logits against (N, T) token ids, "
+                    "-100 not scored), mse, l1, bce_with_logits, or your own MODULE:CALLABLE "
+                    "computing loss(output, target) -> scalar mean; accuracy is reported for "
+                    "cross_entropy and nll on (N, C) outputs, and over the tokens for "
+                    "token_cross_entropy")
     hidden: tuple[int, ...] = opt((256, 128), "hidden layer widths of the MLP, e.g. 1024,1024")
     channels: tuple[int, ...] = opt((32, 64), "convolution channels of the CNN, one per block")
 

@@ -3,6 +3,7 @@ and the check that a loss fits the model's output before training starts."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
@@ -11,7 +12,7 @@ import torch.nn as nn
 
 from hvdtrain.config import ConfigError
 from hvdtrain.losses import (CLASSIFICATION_LOSSES, LOSSES, accuracy, check_loss_accepts,
-                             default_metrics, metric_applies, resolve_loss)
+                             check_metric_returns, default_metrics, metric_applies, resolve_loss)
 from hvdtrain.user_code import UserCodeError
 
 
@@ -27,6 +28,10 @@ def sample(loss_name: str, n: int = 16, classes: int = 5):
         return logits.log_softmax(dim=1), torch.randint(classes, (n,), generator=g)
     if loss_name == "bce_with_logits":
         return logits, torch.rand(n, classes, generator=g)
+    if loss_name == "token_cross_entropy":  # (N, T, V) logits, a padded position per sequence
+        target = torch.randint(classes, (n, 3), generator=g)
+        target[:, 2] = -100
+        return torch.randn(n, 3, classes, generator=g), target
     return logits, torch.randn(n, classes, generator=g)
 
 
@@ -35,6 +40,8 @@ def sample(loss_name: str, n: int = 16, classes: int = 5):
 TORCH_MODULES = {
     "cross_entropy": nn.CrossEntropyLoss, "mse": nn.MSELoss, "l1": nn.L1Loss,
     "bce_with_logits": nn.BCEWithLogitsLoss, "nll": nn.NLLLoss,
+    # torch's loss over the positions, the classes moved to axis 1 where it reads them
+    "token_cross_entropy": lambda: lambda out, t: nn.CrossEntropyLoss()(out.transpose(1, 2), t),
 }
 
 
@@ -43,6 +50,10 @@ def by_hand(name: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tens
         return -output.log_softmax(1).gather(1, target[:, None]).mean()
     if name == "nll":
         return -output.gather(1, target[:, None]).mean()
+    if name == "token_cross_entropy":
+        scored = target != -100
+        picked = output.log_softmax(-1).gather(-1, target.clamp(min=0)[..., None])[..., 0]
+        return -picked[scored].mean()
     if name == "mse":
         return ((output - target) ** 2).mean()
     if name == "l1":
@@ -52,7 +63,8 @@ def by_hand(name: str, output: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 
 def test_registry_names():
-    assert set(LOSSES) == {"cross_entropy", "mse", "l1", "bce_with_logits", "nll"}
+    assert set(LOSSES) == {"cross_entropy", "mse", "l1", "bce_with_logits", "nll",
+                           "token_cross_entropy"}
     assert CLASSIFICATION_LOSSES == {"cross_entropy", "nll"}
 
 
@@ -157,11 +169,11 @@ def test_default_metrics():
     ((8,), torch.zeros(8, dtype=torch.long), False),
 ])
 def test_accuracy_applies_only_to_n_by_c_with_integer_targets(output_shape, target, applies):
-    assert metric_applies("acc", torch.zeros(output_shape), target) is applies
+    assert metric_applies(accuracy, torch.zeros(output_shape), target) is applies
 
 
 def test_metric_without_a_shape_rule_applies():
-    assert metric_applies("perplexity", torch.zeros(8, 12, 5), torch.zeros(8, 12))
+    assert metric_applies(lambda o, t: (0, 1), torch.zeros(8, 12, 5), torch.zeros(8, 12))
 
 
 def test_accuracy_refuses_what_it_does_not_apply_to():
@@ -189,10 +201,51 @@ def test_float_targets_for_cross_entropy():
     assert "--loss mse" in message
 
 
-def test_sequence_output_with_cross_entropy():
-    with pytest.raises(ConfigError, match=r"\(4, 7, 5\) torch.float32.*\(4, 7\) torch.int64"):
-        check_loss_accepts(LOSSES["cross_entropy"], "cross_entropy", torch.randn(4, 7, 5),
-                           torch.randint(5, (4, 7)))
+@pytest.mark.parametrize("name", ["cross_entropy", "nll"])
+@pytest.mark.parametrize("steps", [7, 5])  # T == V: torch would train the wrong axis silently
+def test_a_language_models_logits_are_refused_for_the_classes_on_axis_1(name, steps):
+    with pytest.raises(ConfigError) as e:
+        check_loss_accepts(LOSSES[name], name, torch.randn(4, steps, 5),
+                           torch.randint(5, (4, steps)))
+    assert f"(4, {steps}, 5) torch.float32 and the target (4, {steps}) torch.int64" in str(e.value)
+    assert "classes are on the last axis" in str(e.value)
+    assert "pass --loss token_cross_entropy" in str(e.value)
+
+
+def test_classes_on_axis_1_still_pass_for_cross_entropy():
+    """A segmentation model's (N, C, H, W) against (N, H, W), as torch reads it."""
+    check_loss_accepts(LOSSES["cross_entropy"], "cross_entropy", torch.randn(2, 3, 4, 6),
+                       torch.randint(3, (2, 4, 6)))
+
+
+def test_token_accuracy_scores_the_last_axis_and_skips_padding():
+    output = torch.zeros(2, 3, 4)
+    output[0, :, 1] = output[1, :, 2] = 1.0  # predicts 1 in sequence 0, 2 in sequence 1
+    target = torch.tensor([[1, 1, -100], [2, 0, -100]])
+    correct, scored = default_metrics("token_cross_entropy")["acc"](output, target)
+    assert (int(correct), int(scored)) == (3, 4)
+
+
+@pytest.mark.parametrize("returned, told", [
+    (torch.tensor(0.5), "returned a tensor of shape ()"),
+    (0.5, "returned a float"),
+    ((1, 2, 3), "returned a tuple of 3"),
+    ((torch.ones(3), 3), "returned a tuple of 2"),
+])
+def test_a_metric_that_returns_no_sum_and_count_is_named_before_training(returned, told):
+    with pytest.raises(ConfigError, match=rf"metrics: 'm' {re.escape(told)}; a metric returns "
+                                          r"\(sum, count\)"):
+        check_metric_returns("m", lambda o, t: returned, torch.zeros(4, 2), torch.zeros(4))
+    check_metric_returns("m", lambda o, t: (torch.tensor(3.0), 4), torch.zeros(4, 2),
+                         torch.zeros(4))
+
+
+def test_a_metric_that_raises_is_the_users_bug():
+    def metric(output, target):
+        raise KeyError("label")
+
+    with pytest.raises(UserCodeError, match=r"metrics 'm' raised KeyError"):
+        check_metric_returns("m", metric, torch.zeros(4, 2), torch.zeros(4))
 
 
 def test_mse_refuses_shapes_it_would_broadcast():
