@@ -169,6 +169,14 @@ def _fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
+def _instead(path: Path) -> str:
+    """What to do about a checkpoint that cannot be resumed: another one, or a run started over
+    without it. --auto-resume finds the file again in its run folder, so it must move."""
+    return (f"Resume from an intact checkpoint instead (--resume FILE), or, to start the run "
+            f"over, move this file aside (mv {path} {path}.unreadable) or train in another "
+            "--run-dir")
+
+
 def load(path: str | os.PathLike) -> dict[str, Any]:
     path = checkpoint_path(path)
     if not path.is_file():
@@ -179,12 +187,16 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     except Exception as e:  # truncated zip, pickle errors, unsupported globals...
         raise CheckpointError(f"--resume: {path} is not a readable checkpoint "
                               f"({unreadable_reason(path, e)}); it may be truncated or from "
-                              "another program. Resume from an intact checkpoint, or start "
-                              "without --resume") from None
-    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"--resume: {path} is not an hvdtrain checkpoint "
-                              f"(format {state.get('format_version') if isinstance(state, dict) else '?'}, "
-                              f"expected {FORMAT_VERSION})")
+                              f"another program. {_instead(path)}") from None
+    version = state.get("format_version") if isinstance(state, dict) else None
+    if version != FORMAT_VERSION:
+        newer = isinstance(version, int) and version > FORMAT_VERSION
+        raise CheckpointError(
+            f"--resume: {path} is not an hvdtrain checkpoint of this version (format "
+            f"{version if version is not None else 'none'}, expected {FORMAT_VERSION}); " + (
+                "a newer hvdtrain wrote it: resume with that version" if newer else
+                "it was not written by hvdtrain (to start from its weights, load them in your "
+                f"--model factory). {_instead(path)}"))
     for key, owner in OWNERS.items():
         if key in state:
             beside = path.with_name(str(state.get("checkpoint", CHECKPOINT_NAME)))

@@ -91,11 +91,17 @@ def test_bad_checkpoints_are_reported(tmp_path):
         checkpoint.load(tmp_path / "missing.pt")
     path = checkpoint.save_atomic({"model": {"w": torch.ones(1000)}}, tmp_path / "c.pt")
     path.write_bytes(path.read_bytes()[:300])
-    with pytest.raises(checkpoint.CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="not a readable checkpoint") as e:
         checkpoint.load(path)
+    # --auto-resume finds the file again in its folder: the way out is to move it, said so
+    assert f"move this file aside (mv {path} {path}.unreadable)" in str(e.value)
     torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
-    with pytest.raises(checkpoint.CheckpointError, match="not an hvdtrain checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="not an hvdtrain checkpoint of this "
+                       r"version \(format none, expected 1\); it was not written by hvdtrain"):
         checkpoint.load(tmp_path / "other.pt")
+    torch.save({"format_version": checkpoint.FORMAT_VERSION + 1}, tmp_path / "newer.pt")
+    with pytest.raises(checkpoint.CheckpointError, match="a newer hvdtrain wrote it"):
+        checkpoint.load(tmp_path / "newer.pt")
     state = {"identity": {"model": "cnn", "num_classes": 10}}
     with pytest.raises(checkpoint.CheckpointError, match="model: checkpoint has 'cnn', this run has 'mlp'"):
         checkpoint.check_compatible(state, {"model": "mlp", "num_classes": 10}, path)
