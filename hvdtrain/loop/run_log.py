@@ -193,16 +193,18 @@ class RunLog:
         for sink in self.sinks:
             sink.record(kind, fields)
 
+    def failed(self, why: str) -> None:
+        """The last line says the run failed, and why (not under way, not killed): from close,
+        or from the stall watchdog's thread before it ends the process while training hangs."""
+        try:
+            self.write("stop", reason=f"failed: {why}")
+        except (OSError, TrainingError):  # the log was what failed (a full disk): the
+            pass                           # error on its way out says so, not this one
+
     def close(self) -> None:
         error = sys.exc_info()[1]
-        if error is not None and self.sinks:
-            # Closed on the way out of an error (trainer._fit): the log's last line says the run
-            # failed, and why, so that a reader tells it from a run still under way or killed.
-            first = str(error).splitlines()[0] if str(error) else type(error).__name__
-            try:
-                self.write("stop", reason=f"failed: {first}")
-            except (OSError, TrainingError):  # the log was what failed (a full disk): the
-                pass                           # error on its way out says so, not this one
+        if error is not None:  # closed on the way out of an error (trainer._fit)
+            self.failed(str(error).splitlines()[0] if str(error) else type(error).__name__)
         sinks, self.sinks = self.sinks, []
         close_all(sinks)
 

@@ -81,7 +81,7 @@ class Trainer:
     def fit(self) -> list[EpochResult]:
         self.scheme.attach(self.replica)
         self.run_dir = self.checkpointer.claim()  # locked until the run ends
-        self.watchdog.start(self.run_dir)
+        self.watchdog.start(self.run_dir, self.log.failed)
         try:
             self._fit()
         finally:

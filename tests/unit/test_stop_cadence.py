@@ -132,6 +132,6 @@ def test_the_watchdogs_step_beat_is_a_count_that_reads_as_the_next_step():
 
     dog = StallWatchdog(30, rank=0, size=1)
     dog.stepped(41)
-    assert dog.doing_text == "in step 42" and "while in step 42" in dog.describe(31)
+    assert dog.doing_text == "in step 42" and "while in step 42" in dog.what_stalled(31)
     dog.beat("writing the stop checkpoint")
-    assert "while writing the stop checkpoint" in dog.describe(31)
+    assert "while writing the stop checkpoint" in dog.what_stalled(31)
