@@ -313,12 +313,28 @@ def read_run(folder: str | Path) -> RunLog:
                           "so there is nothing to fit them to; give a run of 2 or more workers, "
                           "or compare at the size you plan with hvdtrain compare --simulate "
                           "--workers N")
+    _check_rebuildable(folder, header)
     run = RunLog(folder, header, epochs, curve(records))
     if not run.metrics():  # a language model's run has a test_loss and no test_acc
         raise ConfigError(f"--from-run: {path} has no test figures: the run never evaluated "
                           "(a dataset without a test split, or --eval-every 0); train it again "
                           "with evaluations (--eval-every 1)")
     return run
+
+
+def _check_rebuildable(folder: Path, header: dict) -> None:
+    """The replay rebuilds the run's model from its config's --model. A run of hvdtrain.fit
+    trained Python objects, and its config holds the defaults (mlp on digits): its header
+    names the model it really trained, which the config's --model then is not."""
+    config = header.get("config", {}).get("model", {})
+    trained, named = header.get("model"), config.get("model")
+    if trained and named and trained != named:
+        raise ConfigError(
+            f"--from-run: {folder} trained {trained}, which its config does not name (--model "
+            f"{named}): a run of hvdtrain.fit, whose model, data and loss are Python objects "
+            "the replay cannot rebuild; put them in files and compare a run of hvdtrain train "
+            "--model FILE:FACTORY --dataset FILE:LOADER --loss FILE:LOSS, or pass those flags "
+            "to hvdtrain compare --simulate")
 
 
 def _epoch_times(record: dict, index: int, records: list[dict]) -> EpochTimes | None:

@@ -147,9 +147,9 @@ def _header(workers=2, **run):
             "steps_per_epoch": STEPS}
 
 
-def _write_log(folder, epochs=3, step_times=True, test_acc=0.9, workers=2):
+def _write_log(folder, epochs=3, step_times=True, test_acc=0.9, workers=2, model="mlp"):
     folder.mkdir(exist_ok=True)
-    lines = [_header(workers)]
+    lines = [{**_header(workers), "model": model}]
     for e in range(1, epochs + 1):
         line = {"type": "epoch", "epoch": e, "step": e * STEPS, "wall_seconds": 0.2 * e,
                 "train_seconds": 0.2 * e, "test_acc": test_acc}
@@ -173,6 +173,9 @@ def test_read_run_gives_each_epochs_training_seconds_and_the_curve(tmp_path):
     (lambda p: _write_log(p, step_times=False), "train it again with this hvdtrain"),
     (lambda p: _write_log(p, test_acc=None), "never evaluated"),
     (lambda p: _write_log(p, workers=1), "is a run of 1 worker: it exchanged nothing"),
+    # hvdtrain.fit's run: the config names the default mlp, the header the model it trained
+    (lambda p: _write_log(p, model="CharLM"), "trained CharLM, which its config does not name "
+                                              r"\(--model mlp\): a run of hvdtrain.fit"),
 ])
 def test_a_run_that_cannot_answer_gets_a_message_that_says_what_to_do(tmp_path, make, words):
     make(tmp_path / "r")
