@@ -30,6 +30,7 @@ PLANNED = {"mode": "--modes", "staleness": "--staleness-bounds", "seed": "--seed
            "num_servers": "--workers (each async run has one server besides the workers)",
            "dataset": "compare's own --dataset", "model": "compare's own --model",
            "epochs": "compare's own --epochs", "inject_faults": "--faults",
+           "stop_at": "--target (every run stops at it)",
            "auto_resume": "--faults (sync runs restart with --auto-resume)",
            "round_staleness_weight": "the adiloco modes' own setting (weighted rounds, "
                                      "docs/async.md)"}

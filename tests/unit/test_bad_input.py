@@ -189,6 +189,9 @@ def no_runs(monkeypatch):
     (["--train-args", "--seed 3"], "--seed is set by the plan for each run; use --seeds"),
     (["--train-args", "--batch-size 8 --mode=async"], "--train-args: --mode is set by the plan"),
     (["--train-args", "--run-dir x"], "--train-args: --run-dir is set by the plan"),
+    # it came after the plan's own --stop-at, so real runs stopped there and simulated ones not
+    (["--train-args", "--stop-at test_acc>=0.5"], "--stop-at is set by the plan for each run; "
+                                                  "use --target"),
     (["--train-args", "--staleness 4"], "use --staleness-bounds"),
     (["--train-args", "--batch-size 8 --epoch 3"], "--train-args: unknown flag(s) --epoch"),
     (["--train-args", "--lr -1"], "--train-args: --lr: invalid value -1.0"),
