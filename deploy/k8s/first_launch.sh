@@ -41,6 +41,8 @@ for ((i = start; i < ${#words[@]}; i++)); do
         launcher+=("${words[i]}")
     elif [[ "${words[i]}" == --run-dir ]]; then
         run_dir="${words[i + 1]:-runs}"
+    elif [[ "${words[i]}" == --run-dir=* ]]; then  # argparse takes both forms
+        run_dir="${words[i]#--run-dir=}"
     fi
 done
 if [[ -z "$found" || ${#launcher[@]} -eq 0 ]]; then

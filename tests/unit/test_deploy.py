@@ -399,6 +399,15 @@ def test_the_mpijob_launcher_waits_for_its_workers_then_runs_the_doctor_then_tra
     assert train == command  # the job itself, unchanged, after the doctor
 
 
+def test_the_doctor_checks_a_run_dir_given_with_an_equals_sign(tmp_path):
+    command = manifest_command("mpijob-sync.yaml")
+    i = command.index("--run-dir")
+    command = command[2:i] + [f"--run-dir={tmp_path / 'run'}"] + command[i + 2:]
+    assert run_first_launch(tmp_path, command, {}).returncode == 0
+    doctor = (tmp_path / "calls").read_text().splitlines()[-2].split()
+    assert doctor[doctor.index("--run-dir") + 1] == str(tmp_path / "run")
+
+
 def test_an_unfit_cluster_ends_the_launcher_with_the_doctors_lines(tmp_path):
     command = with_run_dir(manifest_command("mpijob-async.yaml"), tmp_path / "run")
     proc = run_first_launch(tmp_path, command, {"FAKE_DOCTOR_EXIT": "2"})
