@@ -36,7 +36,10 @@ the scheduler and the launcher:
   other hosts) is ended the same way;
 - the ranks on this host write their exit codes to that file too, and this process exits with
   the first non-zero one when there is one: mpirun under its recovery settings exits 0 or 1,
-  and horovodrun 1, whatever code its ranks returned (2: bad input).
+  and horovodrun 1, whatever code its ranks returned (2: bad input). A rank that refused its
+  input (2) ends the job: LINGER_S later, or at once on a stop, the launcher and its processes
+  are ended, rather than waiting out mpirun's abort under the sigkill timeout above, and the
+  job exits 2, not 75: a requeue would only be refused again.
 
 This module imports nothing heavy (no torch): the wrapper must install its handler at once.
 """
@@ -212,6 +215,7 @@ def _supervise(relay: StopRelay, record: Path, ranks: Path) -> int | None:
     the launcher's processes were ended."""
     launcher = relay.launcher
     lingering_since: float | None = None  # the ranks here have ended after their checkpoint
+    refused_since: float | None = None  # a rank here refused its input (exit 2)
     stopped: set[int] = set()  # processes sent the stop, so each gets it once
     started = False  # every rank here had started at some point: the stop is passed on
     while True:
@@ -221,6 +225,15 @@ def _supervise(relay: StopRelay, record: Path, ranks: Path) -> int | None:
         except subprocess.TimeoutExpired:
             pass
         started = started or ranks_ready(ranks)
+        if refused_since is None and EXIT_BAD_INPUT in rank_lines(ranks, "exit").values():
+            refused_since = time.monotonic()
+        if refused_since is not None and (relay.received or
+                                          time.monotonic() - refused_since > LINGER_S):
+            # The job is over: mpirun's abort of the other ranks waits out the sigkill timeout
+            # set above, twice (about 120 s), and a stop meanwhile is no preemption to requeue.
+            end_session(launcher)
+            code = launcher.returncode
+            break
         if relay.received and not started:
             end_session(launcher)
             return None

@@ -84,3 +84,42 @@ def test_a_stop_before_the_launcher_starts_starts_nothing(capsys):
         relay.restore()
     err = capsys.readouterr().err
     assert "SIGTERM while the job started" in err and "the launcher was not started" in err
+
+
+def _refusing_launcher(tmp_path):
+    """A launcher whose rank refuses its input (exit 2 in the ranks' file) while the launcher
+    itself lingers, as mpirun does when it aborts the other ranks under the wrapper's sigkill
+    timeout (about 120 s)."""
+    script = tmp_path / "launcher.sh"
+    script.write_text(f'#!/bin/sh\necho "exit $$ 2" >> "${requeue.RANKS_FILE_ENV}"\nsleep 60\n')
+    script.chmod(0o755)
+    return [str(script)]
+
+
+def test_a_rank_that_refused_its_input_ends_the_job_with_2_soon(tmp_path, capsys):
+    import time
+    from types import SimpleNamespace
+
+    relay = requeue.StopRelay()
+    started = time.monotonic()
+    try:
+        code = requeue.main(SimpleNamespace(launch_command=_refusing_launcher(tmp_path)), relay)
+    finally:
+        relay.restore()
+    assert code == 2 and time.monotonic() - started < requeue.LINGER_S + 10
+    assert "exit 2, the ranks' own code" in capsys.readouterr().err
+
+
+def test_a_stop_after_a_refusal_is_no_requeue(tmp_path, capsys):
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    relay = requeue.StopRelay()
+    threading.Timer(1.5, relay._handle, (signal.SIGTERM, None)).start()  # a scheduler's stop
+    try:
+        code = requeue.main(SimpleNamespace(launch_command=_refusing_launcher(tmp_path)), relay)
+    finally:
+        relay.restore()
+    assert code == 2, capsys.readouterr().err  # was 75: "requeue", to be refused again
+    assert "SIGTERM while the job started" not in capsys.readouterr().err
