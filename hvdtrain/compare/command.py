@@ -243,7 +243,10 @@ def _run_plan(cfg: CompareConfig, out: Path, runs, modes) -> int:
     from ..trackers.parent import start_parent
     from .plots import write_plots
     from .report import write_csv, write_report
+    from .runner import check_no_other_plan
 
+    if not (cfg.simulate or cfg.force):
+        check_no_other_plan(runs, out)
     print(f"hvdtrain compare: {len(runs)} runs ({', '.join(m.name for m in modes)}; "
           f"{cfg.seeds} seed(s); stragglers: {cfg.stragglers}) on {cfg.workers} workers, "
           f"{cfg.dataset}/{cfg.model}, {cfg.epochs} epochs each; into {out}", flush=True)

@@ -40,7 +40,8 @@ def _curves(results, conditions, colors, x_key, y_key, xlabel, ylabel, title, pa
         ax.set_title(f"straggler: {condition}")
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:  # every run failed: no curve, no legend
+            ax.legend()
     axes[0][0].set_ylabel(ylabel)
     fig.suptitle(title)
     fig.tight_layout()

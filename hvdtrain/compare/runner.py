@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import ConfigError
 from .plan import PlannedRun
 
 STATUS = "status.json"
@@ -36,6 +37,33 @@ def previous_status(run_dir: Path, command: list[str]) -> dict | None:
             (run_dir / "metrics.jsonl").is_file():
         return status
     return None
+
+
+def check_no_other_plan(runs: list[PlannedRun], out: Path) -> None:
+    """Refuse, before any run starts, a plan whose run folders hold finished runs of other
+    flags (an earlier plan's, another --target): running it would replace their logs and
+    checkpoints, which --force alone may do."""
+    for run in runs:
+        run_dir = out / "runs" / run.name
+        try:
+            status = json.loads((run_dir / STATUS).read_text())
+        except (OSError, ValueError):
+            continue
+        command = run.command(sys.executable, str(run_dir))
+        if status.get("status") != "ok" or status.get("command") in (None, command):
+            continue
+        before, now = _flags(status["command"]), _flags(command)
+        differ = (f"it had {' '.join(sorted(before - now)) or 'no other flag'} where this plan "
+                  f"has {' '.join(sorted(now - before)) or 'none'}")
+        raise ConfigError(f"--out {out}: {run_dir} holds a finished run of another plan "
+                          f"({differ}); pass another --out to keep it, or --force to replace "
+                          "the runs of that plan")
+
+
+def _flags(command: list[str]) -> set[str]:
+    """A command's words, each value with its flag (``--stop-at test_acc>=0.9``)."""
+    return {f"{command[i - 1]} {word}" if i and command[i - 1].startswith("--")
+            and not word.startswith("-") else word for i, word in enumerate(command)}
 
 
 def run_one(run: PlannedRun, out: Path, timeout: float, force: bool,

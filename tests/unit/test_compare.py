@@ -278,3 +278,39 @@ def test_a_hostfile_holds_as_many_processes_as_its_slots(tmp_path, monkeypatch):
     # A host without slots= gets as many as it has cores, which cannot be known from here.
     hosts.write_text("node-a\nnode-b slots=4\n")
     assert refusal(tmp_path, *flags, "--workers", "64") is None
+
+
+def test_a_finished_run_of_another_plan_in_out_is_refused_before_anything_starts(
+        tmp_path, monkeypatch, capsys):
+    """compare --target X into an --out holding a plan's runs made with --target Y re-ran its
+    sync-seed0 over the old one, and left the other plan's runs and plots beside the report."""
+    import json
+    import sys
+
+    from hvdtrain.cli import main
+    from hvdtrain.compare import runner
+
+    launched = []
+
+    def finish(run, out, *args):  # as a run that trained: its status names its command
+        run_dir = out / "runs" / run.name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        status = {"status": "ok", "reason": "", "returncode": 0, "seconds": 1.0,
+                  "command": run.command(sys.executable, str(run_dir))}
+        (run_dir / runner.STATUS).write_text(json.dumps(status))
+        launched.append(run.name)
+        return status
+    monkeypatch.setattr(runner, "run_one", finish)
+    out = tmp_path / "out"
+    argv = ["compare", "--modes", "sync", "--seeds", "1", "--stragglers", "none", "--out",
+            str(out)]
+    main([*argv, "--target", "0.9"])
+    assert launched == ["sync-seed0"]
+    capsys.readouterr()
+    assert main([*argv, "--target", "0.8"]) == 2 and launched == ["sync-seed0"]
+    told = capsys.readouterr().err
+    assert f"{out / 'runs' / 'sync-seed0'} holds a finished run of another plan (it had " \
+           "--stop-at test_acc>=0.9 where this plan has --stop-at test_acc>=0.8)" in told, told
+    assert "pass another --out to keep it, or --force to replace the runs" in told
+    main([*argv, "--target", "0.8", "--force"])
+    assert launched == ["sync-seed0"] * 2
