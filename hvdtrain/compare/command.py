@@ -14,6 +14,7 @@ from ..run_lock import FolderLock
 from . import plan as planning
 from .options import CompareConfig, add_compare_flags, ints
 from .runner import stop_on_sigterm
+from .stats import MIN_RUNS
 from .target_metric import check_plan_target
 
 
@@ -33,9 +34,10 @@ def validate(args: argparse.Namespace) -> CompareConfig:
     cfg = CompareConfig.from_args(args)
     if cfg.measured is not None and cfg.measured.warning():
         print(cfg.measured.warning(), flush=True)  # an unfit cluster's links are still measured
-    if cfg.seeds < 2:
-        print("hvdtrain compare: with one seed per mode there is no interval, so no finding "
-              "can be settled; use --seeds 5 or more", flush=True)
+    if cfg.seeds < MIN_RUNS:
+        print(f"hvdtrain compare: with {cfg.seeds} seed(s) per mode there is no interval (two "
+              "runs' is only their range), so no finding can be settled; use --seeds 5 or more",
+              flush=True)
     return cfg
 
 

@@ -22,7 +22,7 @@ from ..errors import ConfigError
 from ..rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, FAMILIES, Mode, modes
 from .from_run import RunFit, RunLog, fit_epochs, run_speeds, split_warmup
 from .results import time_to_target
-from .stats import bootstrap_ci, separated
+from .stats import MIN_RUNS, bootstrap_ci, separated
 from .target_metric import Target, check_reported
 
 # The train flags a replay takes from the run's config, by section: what it trains, on what,
@@ -210,8 +210,9 @@ def recommend(predictions: list[Prediction]) -> str:
         return "no clear winner: no mode reached the target with every seed"
     best = complete[0]
     ties = [p.mode for p in complete[1:] if not separated(best.ci(), p.ci())]
-    if len(best.times) < 2:
-        return f"no clear winner: one seed gives no interval ({best.mode} was fastest)"
+    if len(best.times) < MIN_RUNS:
+        return (f"no clear winner: {len(best.times)} seed(s) give no interval ({best.mode} was "
+                f"fastest; pass --seeds 5 or more)")
     if ties:
         return (f"no clear winner: {best.mode} was fastest, but its interval overlaps "
                 f"{', '.join(ties)}'s")

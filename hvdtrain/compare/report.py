@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..stragglers import parse_straggler
 from .results import RunResult, final_value
-from .stats import bootstrap_ci, ratio_ci, separated
+from .stats import MIN_RUNS, bootstrap_ci, ratio_ci, separated
 from .target_metric import Target
 
 
@@ -165,8 +165,8 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
 
 
 def _single(a: dict, b: dict) -> bool:
-    """Whether either mode has one run that reached the target: one run has no interval."""
-    return min(a["reached"], b["reached"]) < 2
+    """Whether either mode has too few runs that reached the target for an interval."""
+    return min(a["reached"], b["reached"]) < MIN_RUNS
 
 
 def _apart(a: dict, b: dict) -> bool:
@@ -176,8 +176,8 @@ def _apart(a: dict, b: dict) -> bool:
 
 def _unsettled(a: dict, b: dict) -> str:
     """Why two modes are not told apart, in words."""
-    return ("one run of a mode has no interval (pass --seeds 2 or more)" if _single(a, b)
-            else "their intervals overlap")
+    return (f"fewer than {MIN_RUNS} runs of a mode reached the target, too few for an interval "
+            "(pass --seeds 5 or more)" if _single(a, b) else "their intervals overlap")
 
 
 def _why_close(a: dict, b: dict, b_name: str) -> str:

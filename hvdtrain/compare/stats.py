@@ -9,6 +9,12 @@ import numpy as np
 CONFIDENCE = 0.95
 
 
+# The fewest runs whose interval says something: with two, every resample's mean lies between
+# them, so the percentile interval is just the two runs' range, and two runs that differ by
+# chance "separate" from two others as often as not.
+MIN_RUNS = 3
+
+
 def bootstrap_ci(values: list[float], confidence: float = CONFIDENCE, resamples: int = 10_000,
                  seed: int = 0) -> tuple[float, float, float] | None:
     """(mean, low, high): the mean of ``values`` and its percentile-bootstrap interval. None for
