@@ -56,9 +56,8 @@ class StopSignals:
             what = (f"finishing the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
                     f"(resume with --auto-resume){_mpirun_hint(signum)}{_recovery_hint(signum)}"
                     if self.started else
-                    f"before training started: it stops within its first steps, with a "
-                    f"checkpoint, and exits {EXIT_PREEMPTED}{_mpirun_hint(signum)}"
-                    f"{_start_hint()}")
+                    f"before training started: {_start_hint()}it stops within its first steps, "
+                    f"with a checkpoint, and exits {EXIT_PREEMPTED}{_mpirun_hint(signum)}")
             # os.write: print() may be inside another print of this thread when the signal lands
             os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: "
                         f"{what}\n".encode())
@@ -75,10 +74,12 @@ def _mpirun_hint(signum: int) -> str:
 
 
 def _start_hint() -> str:
-    """Under mpirun, before training: most likely another rank failed to start."""
+    """Under mpirun, before training: most likely mpirun ending the job because another rank
+    failed to start (a refused flag), so that comes first, and the stop only where it was not."""
     if "OMPI_COMM_WORLD_RANK" not in os.environ:
         return ""
-    return "; if mpirun sent it, another rank's error above says why the job ends"
+    return ("if mpirun sent it, another rank's error above says why the job ends, and this rank "
+            "ends with it; if a scheduler did, ")
 
 
 def _recovery_hint(signum: int) -> str:

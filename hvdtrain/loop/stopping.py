@@ -17,6 +17,7 @@ the loop reads (launch.Finished, the CLI's exit code and closing line, api.FitRe
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -119,8 +120,9 @@ class Stopping(StepHook):
                 self.fresh, self.divergence.untrained = False, step.loss
             return
         why = non_finite_loss(step.loss, step.progress, self._advice())
-        self.verdict = Verdict(NON_FINITE_LOSS, f"{why}. The last checkpoint is kept unchanged.",
-                               at_step=True)
+        kept = ("The last checkpoint is kept unchanged" if Path(self.checkpointer.path).exists()
+                else "No checkpoint was written before it")
+        self.verdict = Verdict(NON_FINITE_LOSS, f"{why}. {kept}.", at_step=True)
         raise TrainingError(self.verdict.detail)
 
     def evaluated(self, test: tuple[float, dict[str, float | None]] | None,

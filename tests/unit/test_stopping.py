@@ -197,9 +197,18 @@ def test_a_non_finite_loss_raises_the_training_error(loss):
                                             r"step 15\); lower --lr or check the data"):
         s.after_step(step)
     assert (s.verdict.why, s.verdict.at_step, s.verdict.requeue) == (NON_FINITE_LOSS, True, False)
+    assert s.verdict.detail.endswith("No checkpoint was written before it.")  # none at run/
     s = stopping()
     s.after_step(StepResult(Progress(), 0.5, 0.01))
     assert s.verdict == Verdict()
+
+
+def test_a_non_finite_loss_after_a_checkpoint_says_it_is_kept(tmp_path):
+    s = stopping()
+    s.checkpointer.path = tmp_path / "checkpoint.pt"
+    s.checkpointer.path.write_bytes(b"written at an epoch's end")
+    with pytest.raises(TrainingError, match=r"The last checkpoint is kept unchanged\.$"):
+        s.after_step(StepResult(Progress(epoch=1), float("nan"), 0.01))
 
 
 def test_the_loss_guard_gives_the_runs_advice_for_its_number_of_workers():
@@ -386,8 +395,10 @@ def test_a_stop_signal_before_training_started_says_so_without_the_recovery_advi
     early = StopSignals()
     early._handle(signal.SIGTERM, None)
     said = capfd.readouterr().err
-    assert "before training started: it stops within its first steps, with a checkpoint" in said
-    assert "another rank's error above says why the job ends" in said
+    # the likely cause first: the stop's own course only for a scheduler's signal
+    assert ("before training started: if mpirun sent it, another rank's error above says why the "
+            "job ends, and this rank ends with it; if a scheduler did, it stops within its first "
+            "steps, with a checkpoint, and exits 75") in said, said
     assert "orte_enable_recovery" not in said
     s = stopping()
     s.signals = StopSignals()
@@ -396,3 +407,6 @@ def test_a_stop_signal_before_training_started_says_so_without_the_recovery_advi
     said = capfd.readouterr().err
     assert "finishing the current step, then a checkpoint and exit 75" in said
     assert "orte_enable_recovery 1" in said and "before training" not in said
+    monkeypatch.delenv("OMPI_COMM_WORLD_RANK")  # no mpirun: no guess at another rank
+    StopSignals()._handle(signal.SIGTERM, None)
+    assert "before training started: it stops within its first steps" in capfd.readouterr().err
