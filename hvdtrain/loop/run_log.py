@@ -111,10 +111,10 @@ class RunLog:
         # A resume into a new folder (--resume OLD --run-dir NEW) has no log to account for yet.
         path = run_dir / LOG_NAME
         covered = log_coverage(path) if append and path.exists() else None
-        self.sinks = self.make_sinks(run_dir, append, global_step + 1)
         if append and header.get("resumed_from_epoch") == self.epochs and \
                 not header.get("resumed_from_step"):
-            return  # a finished run resumed with nothing left to train: its log stays as it was
+            return  # a finished run resumed with nothing left to train: its log (and trackers')
+        self.sinks = self.make_sinks(run_dir, append, global_step + 1)  # stay as they were
         self.write("header", **header)
         if announce:
             print(opening_line(header, run_dir), flush=True)

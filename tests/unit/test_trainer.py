@@ -363,6 +363,8 @@ def test_a_finished_run_resumed_with_nothing_left_leaves_its_log_as_it_was(tmp_p
     again = make_trainer(tmp_path, epochs=2, auto_resume=True)
     again.fit()
     assert (tmp_path / "metrics.jsonl").read_bytes() == before  # no header of a run not made
+    again.log.write("scheme", pushes=0)  # an async server's empty statistics, at the end
+    assert (tmp_path / "metrics.jsonl").read_bytes() == before  # no sink was opened for it
     out = capsys.readouterr().out
     assert "has finished all 2 epoch(s); nothing is left to train" in out
     assert "training of" not in out  # the opening line of a run that does not train
