@@ -231,7 +231,7 @@ def describe(value: Any) -> str:
     """Shape and dtype, for error messages: (8, 10) torch.float32."""
     if isinstance(value, torch.Tensor):
         return f"{tuple(value.shape)} {value.dtype}"
-    return f"a {type(value).__name__}"
+    return f"of type {type(value).__name__}"  # a user's class name reads badly after "a"
 
 
 def _instantiate_if_class(found: Callable, spec: str) -> Loss:
