@@ -31,6 +31,27 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser (train, compare, run, doctor). It refuses an unknown flag itself,
+    with its own usage and the nearest flags it takes: argparse hands such a flag up to the
+    top-level parser, whose usage (hvdtrain [-h] [--version] COMMAND ...) names no command and
+    whose message suggests nothing. Exit code 2, as for every bad flag."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            from .train_flags import near_flags
+
+            self.error(f"unrecognized arguments: {' '.join(unknown)}{near_flags(self, unknown)}")
+        return parsed, unknown
+
+
+def add_commands(parser: argparse.ArgumentParser, **kwargs) -> argparse._SubParsersAction:
+    """``parser``'s subcommands, each parsed by a :class:`CommandParser`."""
+    return parser.add_subparsers(dest="command", required=True, parser_class=CommandParser,
+                                 **kwargs)
+
+
 def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
     """``train_flags=False``: the train command without its flags, for the other commands: the
     flags' help names the built-in models and datasets, whose registries import torch."""
@@ -43,7 +64,7 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
         prog="hvdtrain", allow_abbrev=False,
         description="Distributed PyTorch training: sync (Horovod) or async (parameter server).")
     parser.add_argument("--version", action="version", version=f"hvdtrain {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = add_commands(parser, metavar="COMMAND")
     commands.add_parser(
         "train", help="train a model",
         description="Train a model. Launch with horovodrun -np N, mpirun -np N, or on its own.",
@@ -90,13 +111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         relay = StopRelay()
         # `run` alone: compare's flags import torch (its update rules), train's too
         parser = argparse.ArgumentParser(prog="hvdtrain", allow_abbrev=False)
-        add_parser(parser.add_subparsers(dest="command", required=True))
+        add_parser(add_commands(parser))
         return run_launcher(parser.parse_args(argv), relay)
     if argv[:1] == ["doctor"]:  # no torch for its --help and its launcher (doctor/doctor_cli.py)
         from .doctor.doctor_cli import add_parser as add_doctor, main as doctor
 
         parser = argparse.ArgumentParser(prog="hvdtrain", allow_abbrev=False)
-        add_doctor(parser.add_subparsers(dest="command", required=True))
+        add_doctor(add_commands(parser))
         return doctor(parser.parse_args(argv))
     # Before anything imports torch: OpenMP counts its cores when torch loads it (core_binding)
     release_default_binding(local_size_hint())
@@ -230,17 +251,20 @@ def report(trainer) -> None:
              f"test loss {final.test_loss:.4f}" if final.test_loss is not None else
              f"train loss {final.train_loss:.4f}" if final.train_loss is not None else
              "no evaluation")
-    print(f"done: {score} after {final.epoch} epochs{throughput_summary(trainer.history)}; "
+    epochs = f"{final.epoch} epoch{'' if final.epoch == 1 else 's'}"
+    print(f"done: {score} after {epochs}{throughput_summary(trainer.history)}; "
           f"log {trainer.run_dir / 'metrics.jsonl'}, checkpoint {trainer.checkpointer.path}",
           flush=True)
 
 
 def throughput_summary(history) -> str:
-    """", 1.23 TFLOP/s (MFU 4.5%) on average over the epochs", or "" where FLOPs are unknown."""
+    """", 1.23 TFLOP/s (MFU 4.5%) on average over the epochs" (or "over the epoch", for one),
+    or "" where FLOPs are unknown."""
     figures = [epoch.throughput for epoch in history if "tflops" in epoch.throughput]
     if not figures:
         return ""
     mean = {k: sum(f[k] for f in figures) / len(figures) for k in ("tflops", "mfu")
             if all(k in f for f in figures)}
     mfu = f" (MFU {mean['mfu']:.1%})" if "mfu" in mean else ""
-    return f", {mean['tflops']:.4g} TFLOP/s{mfu} on average over the epochs"
+    over = "over the epoch" if len(figures) == 1 else "on average over the epochs"
+    return f", {mean['tflops']:.4g} TFLOP/s{mfu} {over}"

@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from .config import SECTIONS, Config, ConfigError, load_config_file
+from .config.values import did_you_mean
 
 
 def _builtin_models():
@@ -79,14 +80,24 @@ def _show_default(value: Any) -> str:
 def parse_train_flags(argv: Sequence[str], flag: str) -> argparse.Namespace:
     """The flags given in ``argv`` (unset ones absent); ConfigError, its message starting with
     ``flag`` (where the flags came from), for a flag or value that train does not take."""
+    parser = train_parser()
     try:
-        given, unknown = train_parser().parse_known_args(list(argv))
+        given, unknown = parser.parse_known_args(list(argv))
     except (argparse.ArgumentError, ValueError) as e:
         raise ConfigError(f"{flag}: {e}") from None
     if unknown:
-        raise ConfigError(f"{flag}: unknown flag(s) {' '.join(unknown)}; see "
-                          "hvdtrain train --help")
+        raise ConfigError(f"{flag}: unknown flag(s) {' '.join(unknown)}"
+                          f"{near_flags(parser, unknown)}; see hvdtrain train --help")
     return given
+
+
+def near_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
+    """"; --epoch: did you mean --epochs?" for each flag among ``unknown`` (what argparse did
+    not recognise: flags, ``--flag=value``, the values after them) that is near some of
+    ``parser``'s flags; "" where none is. Every command's parser (cli.py) asks this too."""
+    flags = dict.fromkeys(text.split("=", 1)[0] for text in unknown if text.startswith("-"))
+    known = [option for action in parser._actions for option in action.option_strings]
+    return did_you_mean(flags, known)
 
 
 def config_from_args(args: argparse.Namespace) -> Config:

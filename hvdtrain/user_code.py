@@ -17,7 +17,6 @@ Nothing here imports torch, so the CLI can check specs before the heavy imports.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import importlib
 import importlib.abc
@@ -25,6 +24,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import json
+import math
 import os
 import re
 import sys
@@ -33,6 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
+from .config.values import did_you_mean, near_names
 from .errors import ConfigError, too_deep
 
 # Files loaded from a path are registered in this environment variable, so that a spawned or
@@ -134,8 +135,7 @@ def call_with_known_kwargs(fn: Callable, flag: str, spec: str, explicit: dict[st
     kwargs = {}
     if signature is not None:
         takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-        by_keyword = {name for name, p in signature.parameters.items()
-                      if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        by_keyword = _keyword_parameters(signature)
         kwargs = {k: v for k, v in offered.items() if takes_any or k in by_keyword}
     kwargs.update(explicit)
     if signature is not None:
@@ -145,10 +145,41 @@ def call_with_known_kwargs(fn: Callable, flag: str, spec: str, explicit: dict[st
             shown = ", ".join(kwargs) or "no arguments"
             raise ConfigError(
                 f"{args_flag}: {spec} is {_callable_name(fn)}{signature}, which cannot be called "
-                f"with {shown} ({e}); in {args_flag} give only parameters it names, and every "
-                f"one without a default, e.g. {args_flag} '{{\"width\": 64}}'"
+                f"with {shown} ({e}){_near_parameters(signature, explicit)}; in {args_flag} give "
+                f"only parameters it names, and every one without a default"
+                + _args_example(signature, offered, args_flag)
                 + _unlearned_advice(signature, kwargs, unlearned or {})) from None
     return call_user(fn, flag, spec, **kwargs)
+
+
+def _keyword_parameters(signature: inspect.Signature) -> dict[str, inspect.Parameter]:
+    return {name: p for name, p in signature.parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def _near_parameters(signature: inspect.Signature, explicit: dict[str, Any]) -> str:
+    """"; widht: did you mean width?" for each given keyword that the callable does not name."""
+    named = _keyword_parameters(signature)
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return ""
+    return did_you_mean([k for k in explicit if k not in named], named)
+
+
+def _args_example(signature: inspect.Signature, offered: dict[str, Any], args_flag: str) -> str:
+    """", e.g. --model-args '{"vocab": 32, "d": 32}'": up to two of the callable's own parameters
+    with their defaults, those hvdtrain offers (num_classes...) left out; "" where it has none
+    whose default JSON can write (a fixed example would name a key it may well refuse)."""
+    shown = {name: p.default for name, p in _keyword_parameters(signature).items()
+             if name not in offered and _plain_json(p.default)}
+    if not shown:
+        return ""
+    return f", e.g. {args_flag} '{json.dumps(dict(list(shown.items())[:2]))}'"
+
+
+def _plain_json(value: Any) -> bool:
+    """A default that reads as itself in JSON: a string, a bool or a finite number."""
+    return isinstance(value, (bool, int, str)) or (isinstance(value, float)
+                                                   and math.isfinite(value))
 
 
 def _unlearned_advice(signature: inspect.Signature, kwargs: dict[str, Any],
@@ -325,8 +356,8 @@ def _not_a_spec_message(spec: str, flag: str, builtins: Iterable[str] | None) ->
 def _missing_attribute_message(owner: Any, owner_name: str, name: str, flag: str,
                                spec: str) -> str:
     available = _public_callables(owner)
-    close = difflib.get_close_matches(name, available, n=1)
-    did_you_mean = f"did you mean {close[0]!r}? " if close else ""
+    close = near_names(name, available, n=1)
+    suggestion = f"did you mean {close[0]!r}? " if close else ""
     if available:
         shown = ", ".join(available[:_MAX_LISTED])
         if len(available) > _MAX_LISTED:
@@ -336,7 +367,7 @@ def _missing_attribute_message(owner: Any, owner_name: str, name: str, flag: str
         has = "it has no public functions or classes"
     where = f" ({owner.__file__})" if isinstance(owner, ModuleType) and getattr(
         owner, "__file__", None) else ""
-    return (f"{flag} {spec}: {owner_name}{where} has no attribute {name!r}; {did_you_mean}{has}; "
+    return (f"{flag} {spec}: {owner_name}{where} has no attribute {name!r}; {suggestion}{has}; "
             f"fix the name after the ':'")
 
 

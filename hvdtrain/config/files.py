@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError, too_deep
+from .values import did_you_mean
 from .whole import SECTIONS, field_owners
 
 
@@ -89,9 +89,8 @@ def _flat_options(raw: dict, path: str) -> dict[str, Any]:
         raise ConfigError(f"--config: {path}: {'; '.join(twice)}; keep one of them")
     unknown = sorted(k for k in flat if k not in owners)
     if unknown:
-        near = {k: difflib.get_close_matches(k, [*owners, *SECTIONS], n=1) for k in unknown}
-        hints = "".join(f"; {k}: did you mean {'[' + m[0] + ']' if m[0] in SECTIONS else m[0]}?"
-                        for k, m in near.items() if m)
+        hints = did_you_mean(unknown, [*owners, *SECTIONS], n=1,
+                             shown=lambda m: f"[{m}]" if m in SECTIONS else m)
         raise ConfigError(f"--config: {path} has unknown option(s) {', '.join(unknown)}{hints} "
                           f"(sections: {', '.join(f'[{s}]' for s in SECTIONS)}); valid options "
                           f"are: {', '.join(sorted(owners))}")

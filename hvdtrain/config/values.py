@@ -1,15 +1,16 @@
-"""What the option sections share: a field with its help text, the finite-number check, and
-the readers of values that are more than a number (a fault schedule, a metric goal, a stop
-target, a window of steps to profile)."""
+"""What the option sections share: a field with its help text, the finite-number check, the
+"did you mean" of a misspelled name, and the readers of values that are more than a number (a
+fault schedule, a metric goal, a stop target, a window of steps to profile)."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from ..errors import ConfigError, require
 from ..faults.schedule import parse_faults
@@ -69,12 +70,53 @@ def check_faults(schedule: str, flag: str = "--inject-faults") -> None:
         raise ConfigError(f"{flag}: invalid value {schedule!r}; {e}") from None
 
 
+def near_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """The names of ``known`` nearest to a misspelled ``name``, best first: difflib's close
+    matches, then one that ``name``'s initials spell (learning_rate -> lr) or whose initials
+    spell ``name`` (bs -> batch_size), which difflib rates far apart. Leading dashes are set
+    aside and dashes and underscores are alike, so flags (--lr) compare like option names."""
+    def bare(text: str) -> str:
+        return text.lstrip("-").replace("-", "_")
+
+    def initials(text: str) -> str | None:
+        words = [w for w in text.split("_") if w]
+        return "".join(w[0] for w in words) if len(words) > 1 else None
+
+    by_bare: dict[str, str] = {}
+    for k in known:
+        by_bare.setdefault(bare(k), k)
+    wanted = bare(name)
+    found = difflib.get_close_matches(wanted, list(by_bare), n=n)
+    found += [k for k in by_bare if k != wanted and (
+        initials(wanted) == k or (initials(k) is not None and initials(k) == wanted))]
+    return [by_bare[k] for k in dict.fromkeys(found)][:n]
+
+
+def did_you_mean(unknown: Iterable[str], known: Iterable[str], n: int = 3,
+                 shown: Callable[[str], str] = str) -> str:
+    """"; --epoch: did you mean --epochs?" for each of ``unknown`` that has near names in
+    ``known`` (:func:`near_names`), "" where none has: the hint after every "unknown" error (a
+    config file's keys, fit()'s options, a command's flags, a callable's keyword arguments)."""
+    known = list(known)
+    hints = []
+    for name in unknown:
+        near = near_names(name, known, n)
+        if near:
+            hints.append(f"; {name}: did you mean {' or '.join(map(shown, near))}?")
+    return "".join(hints)
+
+
 def check_tracker(text: str, project: str) -> None:
     from ..trackers.names import missing_package, project_problem, tracker_names
     try:
         names = tracker_names(text)
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        given = {name.strip().lower() for name in text.split(",")}
+        # TensorBoard writes files in the run folder, no tracker run: its own flag does that
+        hint = ("; for TensorBoard pass --tensorboard instead (tensorboard=True in fit()), "
+                "which writes its event files to the run folder" if "tensorboard" in given
+                else "")
+        raise ConfigError(f"{e}{hint}") from None
     problem = missing_package(names) or project_problem(names, project)
     if problem:
         raise ConfigError(problem)

@@ -17,7 +17,7 @@ from .ps_options import PSConfig
 from .run_options import RunConfig
 from .sync_options import SyncConfig, expand_local_steps
 from .cross_checks import check_combinations
-from .values import parse_bool, parse_int_tuple, require_finite
+from .values import near_names, parse_bool, parse_int_tuple, require_finite
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
@@ -42,8 +42,10 @@ class Config:
         cfg = cls()
         owner = field_owners()
         for name, value in expand_local_steps(values).items():
-            if name not in owner:
-                raise ConfigError(f"unknown option {name!r}; valid options are: "
+            if name not in owner:  # fit(learning_rate=...): a keyword of the user's
+                near = near_names(name, owner)
+                hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+                raise ConfigError(f"unknown option {name!r}{hint}; valid options are: "
                                   f"{', '.join(sorted(owner))}")
             section = getattr(cfg, owner[name])
             setattr(section, name, coerce(section, name, value))

@@ -334,6 +334,39 @@ def test_unknown_keyword_in_model_args_names_the_flag_and_signature():
     assert "give only parameters it names" in message
 
 
+def test_model_args_example_uses_the_callables_own_parameters():
+    def build(num_classes, vocab=32, d=32, layers=2, block=16):
+        raise AssertionError("must not be called")
+
+    with pytest.raises(ConfigError) as e:
+        call_with_known_kwargs(build, "--model", "gpt.py:build", {"width": 16}, OFFERED)
+    message = str(e.value)
+    assert "got an unexpected keyword argument 'width'" in message
+    # the example was '{"width": 64}', the very key refused; num_classes is hvdtrain's to give
+    assert message.endswith("""e.g. --model-args '{"vocab": 32, "d": 32}'""")
+    assert "width: did you mean" not in message  # nothing near it
+
+
+def test_model_args_near_a_parameter_name_suggests_it():
+    def build(layers=2, block=16):
+        raise AssertionError("must not be called")
+
+    with pytest.raises(ConfigError, match=r"\(got an unexpected keyword argument 'layer'\); "
+                                          r"layer: did you mean layers\?; in --model-args"):
+        call_with_known_kwargs(build, "--model", "m:build", {"layer": 1}, OFFERED)
+
+
+def test_model_args_example_is_left_out_without_defaults_to_show():
+    def build(num_classes, depth, norm=None):
+        raise AssertionError("must not be called")
+
+    with pytest.raises(ConfigError) as e:
+        call_with_known_kwargs(build, "--model", "m:build", {"width": 16}, OFFERED)
+    message = str(e.value)
+    assert "e.g." not in message and "width\": 64" not in message
+    assert message.endswith("and every one without a default")
+
+
 def test_missing_required_keyword():
     def build(depth):
         pass
