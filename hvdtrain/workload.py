@@ -25,6 +25,8 @@ from .data import DataError, builtin
 from .data.batches import BatchSource, to_device
 from .data.in_memory import InMemoryBatches
 from .data.loader import LoaderBatches
+from .data.user_data import (conversion_note, hold_out, is_array, ready_pair,
+                             targets_without_classes)
 from .losses import (check_loss_accepts, check_metric_returns, default_metrics, metric_applies,
                      resolve_loss)
 from .models import MODELS, build_model
@@ -49,6 +51,8 @@ class Workload:
     input_shape: tuple[int, ...] | None = None
     num_classes: int | None = None
     classes_unknown: str | None = None     # why num_classes could not be learned, when known
+    num_targets: int | None = None         # values per sample of (N, k) real-valued targets
+    data_notes: list[str] = field(default_factory=list)  # conversions, a held-out test split
     origin: str = "train_data"             # where the data came from, for error messages
     from_command_line: bool = False
     train: BatchSource | None = None       # set by bind(), once the device is known
@@ -79,8 +83,12 @@ class Workload:
                    if self.test is not None else
                    f"{count(self.train)} train samples, no test split")
         shape = (f", input {'x'.join(map(str, self.input_shape))}" if self.input_shape else "")
-        classes = f", {self.num_classes} classes" if self.num_classes else ""
-        return f"{self.data_name}: {samples}{shape}{classes}"
+        plural = "s" if (self.num_targets or 0) > 1 else ""
+        classes = (f", {self.num_classes} classes" if self.num_classes else
+                   f", {self.num_targets} target value{plural} per sample" if self.num_targets
+                   else "")
+        notes = "".join(f"; {note}" for note in self.data_notes)
+        return f"{self.data_name}: {samples}{shape}{classes}{notes}"
 
     def identity(self) -> dict[str, Any]:
         return {"input_shape": list(self.input_shape) if self.input_shape else None,
@@ -185,9 +193,10 @@ def load_training_data(cfg: Config) -> dict[str, Any]:
                           "--synthetic-shape, --synthetic-classes): use those, or drop "
                           "--dataset-args")
     if d.dataset in builtin.DATASETS:
-        ds = builtin.load_dataset(d)
+        ds = builtin.load_dataset(d, regression=cfg.model.loss in builtin.REGRESSION_LOSSES)
         return dict(train_data=(ds.x_train, ds.y_train), test_data=(ds.x_test, ds.y_test),
-                    data_name=ds.name, input_shape=ds.input_shape, num_classes=ds.num_classes)
+                    data_name=ds.name, input_shape=ds.input_shape, num_classes=ds.num_classes,
+                    num_targets=ds.num_targets)
     if d.dataset == "folder":
         from .data.folder import load_folder
 
@@ -203,32 +212,41 @@ def load_training_data(cfg: Config) -> dict[str, Any]:
                           "return (train, test) where each is a Dataset, an IterableDataset or "
                           "an (x, y) pair of tensors, and test may be None")
     train, test = result
-    if isinstance(train, torch.Tensor) and isinstance(test, torch.Tensor):
+    if is_array(train) and is_array(test):
         raise ConfigError(f"--dataset {d.dataset} returned two tensors, which read as (train, "
                           f"test) = (x, y): one pair (x, y) of {tuple(train.shape)} and "
                           f"{tuple(test.shape)}; return ((x_train, y_train), (x_test, y_test)), "
-                          "or ((x, y), None) to train without a test split")
-    return dict(describe_data(train, test, d.dataset, f"--dataset {d.dataset}",
-                              sparse_labels=d.sparse_labels),
-                origin=f"--dataset {d.dataset}")
+                          "or ((x, y), None) to hold out --test-fraction of it for testing")
+    data = describe_data(train, test, d.dataset, f"--dataset {d.dataset}",
+                         sparse_labels=d.sparse_labels)
+    if test is None:  # --test-fraction applies to any dataset without a test split
+        data["train_data"], data["test_data"], held = hold_out(
+            data["train_data"], d.test_fraction, d.data_seed, f"--dataset {d.dataset}")
+        data["data_notes"] += held
+    return dict(data, origin=f"--dataset {d.dataset}")
 
 
 def describe_data(train: Any, test: Any, name: str, where: str,
                   sparse_labels: bool = False) -> dict[str, Any]:
     """Check the user's training and test data, and learn what a model factory may be offered:
-    the input shape and the number of classes, where they can be known."""
+    the input shape and the number of classes, where they can be known. (x, y) pairs come back
+    as tensors of the dtypes the models and losses take (data/user_data.py)."""
+    train, converted = ready_pair(train, where, "the training data")
+    test, converted_test = ready_pair(test, where, "the test data")
     check_data(train, where, "the training data")
     if test is not None:
         check_data(test, where, "the test data")
         if isinstance(test, IterableDataset):
             test = FirstSamples(test, where)
-    input_shape = num_classes = classes_unknown = None
+    input_shape = num_classes = classes_unknown = num_targets = None
     if isinstance(train, (tuple, list)):
         x, y = train
         input_shape = tuple(x.shape[1:])
-        if not y.dtype.is_floating_point and y.dim() == 1 and len(y):
+        if not y.dtype.is_floating_point and y.dtype != torch.bool and y.dim() == 1 and len(y):
             ys = [y] + ([test[1]] if isinstance(test, (tuple, list)) else [])
             num_classes, classes_unknown = classes_of_labels(ys, sparse_labels)
+        else:
+            num_targets, classes_unknown = targets_without_classes(y)
     else:
         num_classes = getattr(train, "num_classes", None)
         if num_classes is None and hasattr(train, "classes"):
@@ -240,7 +258,8 @@ def describe_data(train: Any, test: Any, name: str, where: str,
                 shape = first[0].shape
         input_shape = tuple(shape) if shape is not None else None
     return dict(train_data=train, test_data=test, data_name=name, input_shape=input_shape,
-                num_classes=num_classes, classes_unknown=classes_unknown)
+                num_classes=num_classes, classes_unknown=classes_unknown,
+                num_targets=num_targets, data_notes=conversion_note(converted + converted_test))
 
 
 def classes_of_labels(labels: list[torch.Tensor], sparse_ok: bool) -> tuple[int | None, str | None]:
@@ -271,9 +290,10 @@ def check_data(data: Any, where: str, what: str) -> None:
                  "give it samples, or pass None as the test data to train without evaluating")
     if isinstance(data, (tuple, list)):
         if len(data) != 2 or not all(isinstance(t, torch.Tensor) for t in data):
-            raise ConfigError(f"{where}: {what} is a {type(data).__name__} of "
-                              f"{len(data)} item(s); pass a pair (x, y) of tensors, a Dataset "
-                              "or an IterableDataset")
+            kinds = f" ({', '.join(type(t).__name__ for t in data)})" if 0 < len(data) < 4 else ""
+            raise ConfigError(f"{where}: {what} is a {type(data).__name__} of {len(data)} "
+                              f"item(s){kinds}; pass a pair (x, y) of tensors or numpy "
+                              "arrays, a Dataset or an IterableDataset")
         x, y = data
         if x.dim() == 0 or y.dim() == 0:
             raise ConfigError(f"{where}: {what} holds a 0-dimensional tensor; x and y must hold "
@@ -284,8 +304,8 @@ def check_data(data: Any, where: str, what: str) -> None:
         if len(x) == 0:
             raise ConfigError(f"{where}: {what} holds no samples; {empty_fix}")
         return
-    if isinstance(data, torch.Tensor):
-        raise ConfigError(f"{where}: {what} is a single tensor {tuple(data.shape)}; pass a pair "
+    if is_array(data):
+        raise ConfigError(f"{where}: {what} is a single array {tuple(data.shape)}; pass a pair "
                           "(x, y) of tensors (inputs and targets), a Dataset or an "
                           "IterableDataset")
     if isinstance(data, torch.utils.data.DataLoader):
@@ -342,6 +362,7 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
     shape, classes = data["input_shape"], data["num_classes"]
     classes_unknown = data.get("classes_unknown")
     if spec in MODELS:
+        classes = classes or builtin.regression_outputs(cfg.model.loss, data.get("num_targets"))
         if parse_json_args(cfg.model.model_args, "--model-args"):
             raise ConfigError(f"--model-args is for your own --model MODULE:CALLABLE; the "
                               f"built-in {spec} would ignore it. Its sizes are flags (--hidden "
@@ -349,9 +370,8 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
 
         def build_builtin() -> nn.Module:
             if shape is None or classes is None:
-                missing = " and ".join(name for name, value in (
-                    ("the input shape", shape), ("the number of classes", classes))
-                    if value is None)
+                missing = " and ".join(name for name, value in (("the input shape", shape), (
+                    "the number of classes", classes)) if value is None)
                 why = (f"; {classes_unknown}" if classes is None and classes_unknown else
                        " (give it input_shape and num_classes attributes)")
                 raise ConfigError(f"--model {spec}: the built-in models need the input shape and "

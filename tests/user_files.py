@@ -1,9 +1,16 @@
-"""Writing a user's source file for a test."""
+"""Writing a user's source file for a test, and a Config of options as fit() takes them."""
 
 from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+
+
+def config(**options):
+    """A checked Config of these options, as fit() builds one."""
+    from hvdtrain.config import Config
+
+    return Config.from_overrides(options).validate()
 
 
 def write(path: Path, source: str) -> Path:

@@ -24,8 +24,10 @@ class DataConfig:
     data_workers: int = opt(0, "DataLoader processes per worker for Dataset inputs (started "
                             "with forkserver, persistent across epochs); 0 loads in the "
                             "training process. In-memory data never uses a DataLoader")
-    test_fraction: float = opt(0.2, "share of samples held out for testing (stratified), "
-                               "when the dataset has no test split of its own")
+    test_fraction: float = opt(0.2, "share of samples held out for testing, when the dataset "
+                               "has no test split of its own: stratified by label for the "
+                               "built-in datasets, a random split (seeded by --data-seed) of "
+                               "your own --dataset, which 0 trains on whole without a test split")
     data_seed: int = opt(0, "seed of the train/test split and of synthetic data")
     synthetic_samples: int = opt(8192, "number of samples in --dataset synthetic")
     synthetic_shape: tuple[int, ...] = opt((1024,), "shape of one synthetic sample, "
@@ -39,8 +41,9 @@ class DataConfig:
 
     def validate(self) -> None:
         d = self
-        require(0 < d.test_fraction < 1, "--test-fraction", d.test_fraction,
-                "hold out a share strictly between 0 and 1, e.g. 0.2")
+        require(0 <= d.test_fraction < 1, "--test-fraction", d.test_fraction,
+                "hold out a share between 0 and 1, e.g. 0.2, or 0 for none (your own "
+                "--dataset only: the built-in ones need a test split)")
         require(d.synthetic_samples >= 2, "--synthetic-samples", d.synthetic_samples,
                 "use at least 2 samples")
         require(len(d.synthetic_shape) >= 1 and all(n >= 1 for n in d.synthetic_shape),

@@ -32,14 +32,30 @@ class Dataset:
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
-    num_classes: int
+    num_classes: int | None      # None: real-valued targets (a regression loss)
+    num_targets: int | None = None  # values per sample of (N, k) real-valued targets
 
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
 
 
-def load_dataset(cfg: DataConfig) -> Dataset:
+# The built-in losses whose targets are real values shaped like the output (bce_with_logits:
+# probabilities, e.g. multi-label 0/1), not class labels.
+REGRESSION_LOSSES = ("mse", "l1", "bce_with_logits")
+
+
+def regression_outputs(loss_name: str, num_targets: int | None) -> int | None:
+    """The built-in models' output width for real-valued targets: k, for (N, k) targets under a
+    regression loss; None otherwise (a classifier's width is its number of classes)."""
+    return num_targets if loss_name in REGRESSION_LOSSES else None
+
+
+def load_dataset(cfg: DataConfig, regression: bool = False) -> Dataset:
+    """regression: the run's loss is one of REGRESSION_LOSSES, so --dataset npz reads y as
+    real-valued targets, (N,) or (N, k), rather than class labels."""
+    if cfg.dataset == "npz":
+        return _npz(cfg, regression)
     return DATASETS[cfg.dataset](cfg)
 
 
@@ -90,7 +106,7 @@ def _mnist(cfg: DataConfig) -> Dataset:
                  y_test, cfg, str(folder))
 
 
-def _npz(cfg: DataConfig) -> Dataset:
+def _npz(cfg: DataConfig, regression: bool = False) -> Dataset:
     path = Path(cfg.data_path)
     if not path.is_file():
         raise DataError(f"--data-path {path}: no such file; pass a .npz file holding arrays "
@@ -111,8 +127,9 @@ def _npz(cfg: DataConfig) -> Dataset:
         if key not in arrays:
             raise DataError(f"{path}: has arrays {sorted(arrays)} but no {key!r}; save it with "
                             "numpy.savez(path, x=samples, y=labels)")
+    read_y = _as_targets if regression else _as_labels
     x = _as_samples(arrays["x"], path, "x")
-    y = _as_labels(arrays["y"], len(x), path, "y")
+    y = read_y(arrays["y"], len(x), path, "y")
     if "x_test" in arrays or "y_test" in arrays:
         if not ("x_test" in arrays and "y_test" in arrays):
             raise DataError(f"{path}: has only one of x_test / y_test; save both or neither")
@@ -120,9 +137,12 @@ def _npz(cfg: DataConfig) -> Dataset:
         if x_test.shape[1:] != x.shape[1:]:
             raise DataError(f"{path}: x_test samples have shape {x_test.shape[1:]} but x samples "
                             f"{x.shape[1:]}; they must match")
-        y_test = _as_labels(arrays["y_test"], len(x_test), path, "y_test")
-        return _make(path.stem, x, y, x_test, y_test, cfg, str(path))
-    return _split(path.stem, x, y, cfg, where=str(path))
+        y_test = read_y(arrays["y_test"], len(x_test), path, "y_test")
+        if y_test.shape[1:] != y.shape[1:]:
+            raise DataError(f"{path}: y_test has shape {y_test.shape} but y {y.shape}; the "
+                            "targets of a sample must have one shape")
+        return _make(path.stem, x, y, x_test, y_test, cfg, str(path), regression)
+    return _split(path.stem, x, y, cfg, where=str(path), regression=regression)
 
 
 def _as_samples(x: np.ndarray, path: Path, key: str) -> np.ndarray:
@@ -141,20 +161,42 @@ def _as_samples(x: np.ndarray, path: Path, key: str) -> np.ndarray:
     return x
 
 
+_FOR_REGRESSION = ("; for real-valued targets pass a regression loss (--loss mse, l1 or "
+                   "bce_with_logits), which reads them as (N,) or (N, k)")
+
+
 def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> np.ndarray:
     if y.ndim != 1 or len(y) != n:
-        raise DataError(f"{path}: {key} has shape {y.shape}; expected one label per sample, ({n},)")
+        raise DataError(f"{path}: {key} has shape {y.shape}; expected one label per sample, "
+                        f"({n},){_FOR_REGRESSION if y.ndim == 2 and len(y) == n else ''}")
     if not np.issubdtype(y.dtype, np.integer):
         if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
             y = y.astype(np.int64)
         else:
-            raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer class labels")
+            raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer class labels"
+                            + _FOR_REGRESSION)
     return y.astype(np.int64)
 
 
+def _as_targets(y: np.ndarray, n: int, path: Path, key: str) -> np.ndarray:
+    """Real-valued targets for a regression loss: numbers shaped (N,) or (N, k), as float32."""
+    if y.ndim not in (1, 2) or len(y) != n:
+        raise DataError(f"{path}: {key} has shape {y.shape}; expected one target per sample, "
+                        f"({n},) or ({n}, k) for k values per sample")
+    if not (np.issubdtype(y.dtype, np.number) or y.dtype == bool) or \
+            np.issubdtype(y.dtype, np.complexfloating):
+        raise DataError(f"{path}: {key} has dtype {y.dtype}; expected real numbers")
+    y = y.astype(np.float32)
+    if not np.isfinite(y).all():
+        raise DataError(f"{path}: {key} contains NaN or infinite values; clean the data first")
+    return y
+
+
 def _split(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig, where: str,
-           stratify: bool = True) -> Dataset:
-    return _make(name, *_split_arrays(name, x, y, cfg, stratify), cfg, where)
+           stratify: bool = True, regression: bool = False) -> Dataset:
+    """Real-valued targets (``regression``) cannot be stratified: their split is random."""
+    arrays = _split_arrays(name, x, y, cfg, stratify and not regression)
+    return _make(name, *arrays, cfg, where, regression)
 
 
 def _split_arrays(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig,
@@ -162,6 +204,9 @@ def _split_arrays(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig,
     """(x_train, y_train, x_test, y_test): scikit-learn's split, stratified by label."""
     from sklearn.model_selection import train_test_split
 
+    if cfg.test_fraction == 0:
+        raise DataError(f"{name}: --test-fraction 0 holds out nothing, and {name} has no test "
+                        "split of its own to evaluate on; hold out a share, e.g. 0.2")
     try:
         x_tr, x_te, y_tr, y_te = train_test_split(
             x, y, test_size=cfg.test_fraction, random_state=cfg.data_seed,
@@ -172,11 +217,13 @@ def _split_arrays(name: str, x: np.ndarray, y: np.ndarray, cfg: DataConfig,
     return x_tr, y_tr, x_te, y_te
 
 
-def _make(name, x_tr, y_tr, x_te, y_te, cfg: DataConfig, where: str) -> Dataset:
-    num_classes = count_classes(y_tr, y_te, where, cfg.sparse_labels)
-    return Dataset(name, torch.from_numpy(np.ascontiguousarray(x_tr)), torch.from_numpy(y_tr),
-                   torch.from_numpy(np.ascontiguousarray(x_te)), torch.from_numpy(y_te),
-                   num_classes)
+def _make(name, x_tr, y_tr, x_te, y_te, cfg: DataConfig, where: str,
+          regression: bool = False) -> Dataset:
+    num_classes = None if regression else count_classes(y_tr, y_te, where, cfg.sparse_labels)
+    num_targets = y_tr.shape[1] if regression and y_tr.ndim == 2 else None
+    x_tr, y_tr, x_te, y_te = (torch.from_numpy(np.ascontiguousarray(a))
+                              for a in (x_tr, y_tr, x_te, y_te))
+    return Dataset(name, x_tr, y_tr, x_te, y_te, num_classes, num_targets)
 
 
 # A label range this much larger than the labels in use is almost always a labelling mistake

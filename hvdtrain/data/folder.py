@@ -142,6 +142,9 @@ def load_folder(root: str | Path, test_fraction: float,
     if (root / "train").is_dir() and (root / "test").is_dir():
         train = FolderDataset(root / "train")
         return train, FolderDataset(root / "test", classes=train.classes)
+    if test_fraction == 0:
+        raise DataError(f"{root}: --test-fraction 0 holds out nothing, and the folder has no "
+                        "train/ and test/ subfolders to evaluate on; hold out a share, e.g. 0.2")
     full = FolderDataset(root)
     try:
         train_idx, test_idx = train_test_split(np.arange(len(full)), test_size=test_fraction,

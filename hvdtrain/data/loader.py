@@ -56,6 +56,7 @@ from ..errors import ConfigError
 from ..processes import process_alive
 from .batches import BatchSource, PartRows, to_device
 from .builtin import DataError, epoch_batches, eval_shard, share_batches
+from .user_data import HeldOut
 
 
 class LoaderBatches(BatchSource):
@@ -79,7 +80,7 @@ class LoaderBatches(BatchSource):
         self.data_workers = data_workers
         self.seed = seed
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
-        self.name = type(dataset).__name__
+        self.name = dataset.name if isinstance(dataset, HeldOut) else type(dataset).__name__
         try:
             self.num_samples: int | None = len(dataset)
         except TypeError:  # an IterableDataset without __len__

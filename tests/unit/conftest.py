@@ -24,3 +24,10 @@ def isolated_imports(monkeypatch, tmp_path):
         file = getattr(sys.modules[name], "__file__", None) or ""
         if os.path.realpath(file).startswith(user_folder) or name.startswith("hvdtrain.user_code."):
             del sys.modules[name]
+
+
+@pytest.fixture
+def in_user_folder(monkeypatch, tmp_path):
+    """Run in tmp_path, where a test writes the user's files: user specs resolve from the
+    current folder."""
+    monkeypatch.chdir(tmp_path)

@@ -110,8 +110,9 @@ def test_a_target_the_workload_does_not_report_is_refused_before_any_run(
 
 def test_a_workload_without_a_test_split_is_refused_too():
     with pytest.raises(ConfigError, match="no test split"):
-        check_plan_target(LOSS, ["--dataset", f"{LM}:corpus_without_test", "--model",
-                                 f"{LM}:build", "--loss", f"{LM}:token_loss"], {})
+        check_plan_target(LOSS, ["--dataset", f"{LM}:corpus_without_test", "--test-fraction",
+                                 "0", "--model", f"{LM}:build", "--loss", f"{LM}:token_loss"],
+                          {})
 
 
 # --- results, report, plots -----------------------------------------------------------------------

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from user_files import write
+from user_files import config, write
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
@@ -22,16 +22,7 @@ from hvdtrain.workload import Workload, workload_from_config, workload_from_obje
 
 CPU = torch.device("cpu")
 
-
-pytestmark = pytest.mark.usefixtures("isolated_imports")  # see conftest.py
-
-
-@pytest.fixture(autouse=True)
-def in_tmp_path(monkeypatch, tmp_path):
-    monkeypatch.chdir(tmp_path)  # user specs resolve from the current folder
-
-def config(**options) -> Config:
-    return Config.from_overrides(options).validate()
+pytestmark = pytest.mark.usefixtures("isolated_imports", "in_user_folder")  # see conftest.py
 
 
 MODELS = """
@@ -171,7 +162,7 @@ def test_offered_keywords_go_only_where_the_signature_takes_them(user_files, fac
 def test_float_targets_have_no_classes_and_the_shape_is_still_offered(user_files):
     models, data = user_files
     workload = workload_from_config(config(model=f"{models}:regressor", loss="mse",
-                                           dataset=f"{data}:regression"))
+                                           dataset=f"{data}:regression", test_fraction=0))
     assert workload.num_classes is None and workload.input_shape == (5,)
     assert workload.metrics == {} and workload.test_data is None
     workload.build_model()
@@ -186,8 +177,9 @@ def test_a_factory_that_needs_classes_the_data_cannot_tell_names_the_missing_key
         workload.build_model()
     message = str(e.value)
     assert message.startswith(f"--model-args: {models}:needs_classes is needs_classes(")
-    assert "num_classes" in message and "--model-args '{" in message
-    assert "num_classes was not offered because this dataset does not tell it" in message
+    # no example: its only parameters are hvdtrain's, without defaults to show
+    assert "num_classes" in message and "--model-args '{" not in message
+    assert "num_classes was not offered because the targets are float32 values" in message
     assert "input_shape was not offered" not in message  # it was offered
 
 
@@ -418,7 +410,8 @@ def test_fit_unknown_option_lists_the_valid_ones():
     with pytest.raises(ConfigError) as e:
         hvdtrain.fit(torch.nn.Linear(2, 2), DATA_PAIR, epoch=3)
     message = str(e.value)
-    assert message.startswith("unknown option 'epoch'; valid options are: ")
+    assert message.startswith("unknown option 'epoch' (did you mean epochs?); "
+                              "valid options are: ")
     listed = message.split("valid options are: ")[1].split(", ")
     assert {"epochs", "batch_size", "mode", "data_workers", "sync_batchnorm"} <= set(listed)
     assert listed == sorted(listed)

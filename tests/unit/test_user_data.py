@@ -1,0 +1,310 @@
+"""The user's own data made ready to train on (hvdtrain/data/user_data.py): numpy arrays and
+dtypes of (x, y) pairs, what is said about targets that are not class labels, real-valued
+targets of --dataset npz under a regression loss, and the test split held out of data without
+one (--test-fraction). Every user module is written into the test's own tmp_path."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from user_files import config, write
+
+from hvdtrain.config import Config, ConfigError, DataConfig
+from hvdtrain.data import DataError, load_dataset
+from hvdtrain.data.folder import load_folder
+from hvdtrain.data.loader import LoaderBatches
+from hvdtrain.data.user_data import HeldOut, hold_out, split_indices, split_sizes
+from hvdtrain.workload import workload_from_config, workload_from_objects
+
+CPU = torch.device("cpu")
+
+pytestmark = pytest.mark.usefixtures("isolated_imports", "in_user_folder")  # see conftest.py
+
+
+DATA = """
+    import numpy as np
+    import torch
+    from torch.utils.data import Dataset, IterableDataset
+
+    def arrays(n=50, x_dtype="float32", y_dtype="int64"):
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((n, 6)).astype(x_dtype)
+        return x, (np.arange(n) % 3).astype(y_dtype)
+
+    def numpy_pairs(x_dtype="float32", y_dtype="int64"):
+        x, y = arrays(x_dtype=x_dtype, y_dtype=y_dtype)
+        return (x[:40], y[:40]), (x[40:], y[40:])
+
+    def numpy_no_test(x_dtype="float32", y_dtype="int64"):
+        return arrays(x_dtype=x_dtype, y_dtype=y_dtype), None
+
+    def tensors_f64():
+        x, y = arrays()
+        x = torch.from_numpy(x).double()
+        return (x[:40], torch.from_numpy(y[:40])), (x[40:], torch.from_numpy(y[40:]))
+
+    def int32_labels():
+        x, y = arrays()
+        return (torch.from_numpy(x), torch.from_numpy(y).int()), None
+
+    def float_labels():
+        x, y = arrays()
+        return (torch.from_numpy(x), torch.from_numpy(y).float()), None
+
+    def regression_no_test():
+        x, _ = arrays()
+        return (x, np.stack([x[:, 0], x[:, 1] - x[:, 2]], 1).astype("float64")), None
+
+    def strings():
+        x, _ = arrays()
+        return (x, np.array(["a", "b"] * 25)), None
+
+    class Rows(Dataset):
+        num_classes = 3
+        def __init__(self, n): self.n = n
+        def __len__(self): return self.n
+        def __getitem__(self, i): return torch.full((4,), float(i)), i % 3
+
+    class Stream(IterableDataset):
+        def __len__(self): return 30
+        def __iter__(self):
+            for i in range(30):
+                yield torch.full((4,), float(i)), i % 3
+
+    def rows_no_test(n=101):
+        return Rows(n), None
+
+    def rows_with_test():
+        return Rows(20), Rows(7)
+
+    def stream_no_test():
+        return Stream(), None
+
+    def needs_classes(input_shape, num_classes):
+        return torch.nn.Linear(input_shape[0], num_classes)
+"""
+
+
+def data_config(**options) -> Config:
+    """The options, with the DATA module written as data.py in the current folder."""
+    write(Path.cwd() / "data.py", DATA)
+    return config(**options)
+
+
+# --- 1. numpy arrays ------------------------------------------------------------------------
+def test_a_pair_of_numpy_arrays_is_taken_as_tensors():
+    # before: "the training data is a tuple of 2 item(s); pass a pair (x, y) of tensors"
+    w = workload_from_config(data_config(dataset="data.py:numpy_pairs"))
+    for x, y in (w.train_data, w.test_data):
+        assert isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)
+    assert w.train_data[0].shape == (40, 6) and w.test_data[0].shape == (10, 6)
+    assert w.input_shape == (6,) and w.num_classes == 3
+    w.bind(CPU, config())
+    w.check(w.build_model(), CPU)  # the built-in mlp scores a batch of them
+
+
+def test_numpy_arrays_read_only_or_of_another_byte_order_are_copied_and_strings_refused():
+    x = np.arange(12, dtype=">f4").reshape(6, 2)  # big-endian: torch.from_numpy refuses it
+    y = np.arange(6) % 2
+    y.setflags(write=False)  # a memory map, say: torch.from_numpy warns
+    w = workload_from_objects(lambda: torch.nn.Linear(2, 2), (x, y), None, "cross_entropy", None)
+    assert torch.equal(w.train_data[0], torch.arange(12.0).reshape(6, 2))
+    assert w.train_data[1].tolist() == y.tolist()
+    with pytest.raises(DataError, match=r"the training data's y is a numpy array of dtype <U1"):
+        workload_from_config(data_config(dataset="data.py:strings"))
+
+
+def test_a_pair_of_something_else_names_what_it_holds():
+    with pytest.raises(ConfigError, match=r"is a tuple of 2 item\(s\) \(list, list\); pass a "
+                                          r"pair \(x, y\) of tensors or numpy arrays"):
+        workload_from_objects(lambda: torch.nn.Linear(2, 2), ([1.0], [0]), None,
+                              "cross_entropy", None)
+
+
+# --- 2. float64 inputs ------------------------------------------------------------------------
+@pytest.mark.parametrize("dataset", ["tensors_f64", "numpy_pairs"])
+def test_float64_inputs_become_float32_said_once_in_the_data_line(dataset):
+    # before: "--model mlp raised RuntimeError: mat1 and mat2 must have the same dtype"
+    args = {} if dataset == "tensors_f64" else {"dataset_args": '{"x_dtype": "float64"}'}
+    w = workload_from_config(data_config(dataset=f"data.py:{dataset}", **args))
+    assert w.train_data[0].dtype == w.test_data[0].dtype == torch.float32
+    w.bind(CPU, config())
+    w.check(w.build_model(), CPU)
+    line = w.describe()
+    assert line.count("converted x from float64 to float32") == 1, line  # both splits: once
+
+
+def test_float64_stays_where_it_is_the_default_dtype():
+    x, y = torch.randn(8, 2, dtype=torch.float64), torch.arange(8) % 2
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        w = workload_from_objects(lambda: torch.nn.Linear(2, 2), (x, y), None, "cross_entropy",
+                                  None)
+    finally:
+        torch.set_default_dtype(previous)
+    assert w.train_data[0].dtype == torch.float64 and w.data_notes == []
+
+
+# --- 3. integer labels ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["int32", "int16", "int8", "uint8", "uint16"])
+def test_integer_labels_of_any_integer_dtype_become_int64(dtype):
+    # before: the loss failed with "expected target dtype to be Long"
+    w = workload_from_config(data_config(dataset="data.py:numpy_pairs",
+                                         dataset_args=f'{{"y_dtype": "{dtype}"}}'))
+    assert w.train_data[1].dtype == w.test_data[1].dtype == torch.int64
+    assert w.num_classes == 3
+    w.bind(CPU, config())
+    w.check(w.build_model(), CPU)
+    assert f"converted y from {dtype} to int64" in "; ".join(w.data_notes)
+    output = w.build_model()(w.train_data[0][:4])
+    F.cross_entropy(output, w.train_data[1][:4])  # what failed inside the loss
+
+
+def test_int32_labels_of_a_tensor_pair_train_with_cross_entropy():
+    w = workload_from_config(data_config(dataset="data.py:int32_labels"))
+    assert w.train_data[1].dtype == torch.int64 and w.num_classes == 3
+    w.bind(CPU, config())
+    w.check(w.build_model(), CPU)
+
+
+# --- 4. float labels: why num_classes is unknown -------------------------------------------
+def test_float_labels_of_a_tensor_pair_say_why_the_classes_are_unknown():
+    # before: "(give it input_shape and num_classes attributes)", which a pair cannot have
+    w = workload_from_config(data_config(dataset="data.py:float_labels"))
+    with pytest.raises(ConfigError) as e:
+        w.build_model()
+    message = str(e.value)
+    assert "attributes" not in message
+    assert ("the targets are float32 values, not integer class labels, so the number of "
+            "classes cannot be read from them") in message
+    assert "y.long()" in message and "--loss mse or l1" in message
+    user = workload_from_config(data_config(dataset="data.py:float_labels",
+                                            model="data.py:needs_classes"))
+    with pytest.raises(ConfigError, match="num_classes was not offered because the targets are "
+                                          "float32 values"):
+        user.build_model()
+
+
+def test_a_regression_loss_gives_the_builtin_model_one_output_per_target_value():
+    w = workload_from_config(data_config(dataset="data.py:regression_no_test", loss="mse"))
+    assert w.num_classes is None and w.num_targets == 2
+    assert w.train_data[1].dtype == torch.float32  # float64 targets too: mse_loss mixes neither
+    assert "converted y from float64 to float32" in "; ".join(w.data_notes)
+    model = w.build_model()
+    assert model(w.train_data[0][:3]).shape == (3, 2)
+    w.bind(CPU, config(loss="mse"))
+    w.check(model, CPU)
+    assert "2 target values per sample" in w.describe()
+
+
+# --- 5. --dataset npz with a regression loss -----------------------------------------------
+def _npz(tmp_path, **arrays):
+    path = tmp_path / "d.npz"
+    np.savez(path, **arrays)
+    return str(path)
+
+
+@pytest.mark.parametrize("loss", ["mse", "l1", "bce_with_logits"])
+@pytest.mark.parametrize("width", [1, 3])
+def test_npz_takes_real_valued_targets_n_by_k_under_a_regression_loss(tmp_path, loss, width):
+    # before: "y has shape (100, 1); expected one label per sample"
+    rng = np.random.default_rng(0)
+    path = _npz(tmp_path, x=rng.standard_normal((100, 4)),
+                y=rng.random((100, width)).astype(np.float64))
+    w = workload_from_config(config(dataset="npz", data_path=path, loss=loss))
+    assert w.train_data[1].dtype == torch.float32 and w.train_data[1].shape == (80, width)
+    assert w.num_classes is None and w.num_targets == width
+    model = w.build_model()
+    assert model(w.train_data[0][:2]).shape == (2, width)  # the mlp has one output per value
+    w.bind(CPU, config(loss=loss))
+    w.check(model, CPU)
+    assert f"{width} target value{'s' if width > 1 else ''} per sample" in w.describe()
+
+
+def test_npz_regression_targets_are_checked_and_class_labels_unchanged(tmp_path):
+    x = np.zeros((20, 3), np.float32)
+    with pytest.raises(DataError, match=r"y_test has shape \(5, 2\) but y \(20, 1\)"):
+        load_dataset(DataConfig(dataset="npz", data_path=_npz(
+            tmp_path, x=x, y=np.zeros((20, 1)), x_test=x[:5], y_test=np.zeros((5, 2)))),
+            regression=True)
+    with pytest.raises(DataError, match=r"y has shape \(20, 1, 1\); expected one target"):
+        load_dataset(DataConfig(dataset="npz", data_path=_npz(tmp_path, x=x,
+                                                              y=np.zeros((20, 1, 1)))),
+                     regression=True)
+    path = _npz(tmp_path, x=x, y=np.zeros((20, 1)))
+    with pytest.raises(DataError, match=r"expected one label per sample, \(20,\); for "
+                                        r"real-valued targets pass a regression loss"):
+        load_dataset(DataConfig(dataset="npz", data_path=path))
+    labels = _npz(tmp_path, x=x, y=np.arange(20) % 2)
+    ds = load_dataset(DataConfig(dataset="npz", data_path=labels))
+    assert ds.num_classes == 2 and ds.y_train.dtype == torch.int64 and ds.num_targets is None
+
+
+# --- 6. --test-fraction for data without a test split ------------------------------------------
+def test_test_fraction_holds_out_a_seeded_split_of_a_dataset_without_one():
+    # before: "1001 train samples, no test split", whatever --test-fraction said
+    cfg = data_config(dataset="data.py:rows_no_test", test_fraction=0.3, data_seed=5)
+    w = workload_from_config(cfg)
+    assert isinstance(w.train_data, HeldOut) and isinstance(w.test_data, HeldOut)
+    assert (len(w.train_data), len(w.test_data)) == (70, 31)
+    rows = set(w.train_data.indices) | set(w.test_data.indices)
+    assert rows == set(range(101)) and not set(w.train_data.indices) & set(w.test_data.indices)
+    again = workload_from_config(cfg)  # another rank: the same split, no collective needed
+    assert again.test_data.indices == w.test_data.indices
+    other = workload_from_config(data_config(dataset="data.py:rows_no_test", test_fraction=0.3,
+                                             data_seed=6))
+    assert other.test_data.indices != w.test_data.indices
+    assert w.num_classes == 3 and w.input_shape == (4,)  # read from the user's dataset
+    w.bind(CPU, cfg)
+    assert w.train.name == "Rows"  # messages name the user's class, not the wrapper
+    assert ("70 train / 31 test samples, input 4, 3 classes; test split held out of the "
+            "training data (--test-fraction 0.3, --data-seed 5)") in w.describe()
+    assert pickle.loads(pickle.dumps(w.test_data)).indices == w.test_data.indices  # to loaders
+
+
+def test_test_fraction_splits_a_tensor_pair_by_rows():
+    w = workload_from_config(data_config(dataset="data.py:numpy_no_test", test_fraction=0.2))
+    (x, y), (tx, ty) = w.train_data, w.test_data
+    assert (len(x), len(tx)) == (40, 10) and len(y) == 40 and len(ty) == 10
+    whole = sorted(map(tuple, torch.cat([x, tx]).tolist()))
+    original = np.random.default_rng(0).standard_normal((50, 6)).astype("float32")
+    assert whole == sorted(map(tuple, torch.from_numpy(original).tolist()))
+    w.bind(CPU, config())
+    assert "40 train / 10 test samples" in w.describe()
+
+
+def test_data_with_a_test_split_a_stream_and_test_fraction_0_are_not_split():
+    w = workload_from_config(data_config(dataset="data.py:rows_with_test", test_fraction=0.5))
+    assert len(w.train_data) == 20 and len(w.test_data) == 7 and w.data_notes == []
+    whole = workload_from_config(data_config(dataset="data.py:rows_no_test", test_fraction=0))
+    assert whole.test_data is None and len(whole.train_data) == 101
+    stream = workload_from_config(data_config(dataset="data.py:stream_no_test"))
+    assert stream.test_data is None
+    assert "a stream is not split by --test-fraction" in "; ".join(stream.data_notes)
+    alone = workload_from_objects(lambda: torch.nn.Linear(4, 3), (torch.randn(9, 4),
+                                  torch.arange(9) % 3), None, "cross_entropy", None)
+    assert alone.test_data is None  # fit(test_data=None) asks for no test split
+
+
+def test_the_split_arithmetic_and_too_few_samples(tmp_path):
+    assert split_sizes(10, 0.3) == (7, 3)  # not 4: 10 * 0.3 is 3.0000000000000004
+    assert split_sizes(1001, 0.3) == (700, 301)
+    train, test = split_indices(10, 0.3, seed=1)
+    assert sorted(train.tolist() + test.tolist()) == list(range(10))
+    assert train.tolist() == sorted(train.tolist())  # each part keeps the data's order
+    with pytest.raises(DataError, match=r"cannot hold out --test-fraction 0.5 of 1 sample"):
+        hold_out((torch.zeros(1, 2), torch.zeros(1)), 0.5, 0, "--dataset d.py:f")
+    with pytest.raises(DataError, match="--test-fraction 0 holds out nothing"):
+        load_dataset(DataConfig(dataset="synthetic", synthetic_samples=20, test_fraction=0))
+    with pytest.raises(DataError, match="--test-fraction 0 holds out nothing"):
+        load_folder(tmp_path, 0, 0)
+    with pytest.raises(ConfigError, match="between 0 and 1"):
+        config(test_fraction=1.0)
+    assert LoaderBatches(HeldOut(torch.utils.data.TensorDataset(torch.zeros(4, 1)), [0, 1])
+                         ).name == "TensorDataset"
