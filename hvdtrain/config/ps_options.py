@@ -73,8 +73,9 @@ class PSConfig:
     def validate(self) -> None:
         p = self
         require(p.num_servers >= 1, "--num-servers", p.num_servers, "use at least 1 server")
-        require(p.staleness >= 0, "--staleness", p.staleness,
-                "use 0 (lock-step), a positive bound such as 4, or inf (fully asynchronous)")
+        whole = math.isinf(p.staleness) or float(p.staleness).is_integer()
+        require(p.staleness >= 0 and whole, "--staleness", p.staleness, "use 0 (lock-step), a whole number of pushes such "
+                "as 4, or inf (fully asynchronous)")
         require(p.pull_every >= 1, "--pull-every", p.pull_every, "pull every k >= 1 pushes")
         require(p.dc_lambda >= 0, "--dc-lambda", p.dc_lambda, "use 0 (off) or a small positive "
                 "value such as 0.04")

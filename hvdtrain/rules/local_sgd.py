@@ -174,13 +174,16 @@ def check_async_options(cfg: Any) -> None:
         require(s.outer_momentum_every == 0, "--outer-momentum-every", s.outer_momentum_every,
                 "it spaces the outer momentum of async DiLoCo: use it with --mode async "
                 "--local-steps H (e.g. 8), or drop it")
-        require(not s.dynamic_local_steps, "--dynamic-local-steps", s.dynamic_local_steps,
-                "it sets each async DiLoCo worker's H by its speed: use it with --mode async "
-                "--local-steps H (H: the fastest worker's), or drop it")
+        if s.dynamic_local_steps:
+            raise ConfigError("--local-steps auto (--dynamic-local-steps): it sets each async "
+                              "DiLoCo worker's H by its speed: use it with --mode async "
+                              "(--local-steps auto, or auto:H with H the fastest worker's), or "
+                              "drop it")
         return
-    require(not (s.dynamic_local_steps and ps.bsp), "--dynamic-local-steps",
-            s.dynamic_local_steps, "--bsp rounds take one push of every worker in lock-step "
-                                   "and a fixed share of batches; drop one of them")
+    if s.dynamic_local_steps and ps.bsp:  # named as the user may have written it: auto
+        raise ConfigError(f"--local-steps auto (--dynamic-local-steps) with --bsp: --bsp rounds "
+                          "take one push of every worker in lock-step and a fixed share of "
+                          f"batches; drop --bsp, or give a fixed --local-steps {s.local_steps}")
     h = f"--local-steps {s.local_steps}"
     require(ps.pull_every == 1, "--pull-every", ps.pull_every,
             f"with {h} every push (one per round) brings the server's parameters back, "

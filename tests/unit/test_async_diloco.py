@@ -265,9 +265,11 @@ def test_a_worker_whose_h_changes_pushes_at_the_new_h():
     ({"mode": "sync", "local_steps": 8, "outer_lr": 0.7, "outer_momentum_every": 2},
      "use it with --mode async --local-steps H"),
     ({"mode": "async", "outer_momentum_every": 2}, "use it with --mode async --local-steps H"),
-    ({"mode": "async", "dynamic_local_steps": True}, "use it with --mode async --local-steps H"),
-    ({"mode": "async", "local_steps": 8, "dynamic_local_steps": True, "bsp": True},
-     "--bsp rounds take one push of every worker in lock-step"),
+    ({"mode": "sync", "local_steps": "auto"}, "--local-steps auto (--dynamic-local-steps): it "
+     "sets each async DiLoCo worker's H by its speed: use it with --mode async"),
+    ({"mode": "async", "local_steps": "auto", "bsp": True}, "--local-steps auto "
+     "(--dynamic-local-steps) with --bsp: --bsp rounds take one push of every worker in "
+     "lock-step"),
     ({"mode": "async", "local_steps": 8, "outer_lr": 0.7, "outer_momentum_every": -1},
      "use 0 (the default, 4), 1 (plain Nesterov)"),
 ])

@@ -139,6 +139,11 @@ def test_an_unbounded_staleness_stays_the_default():
     assert Config.from_overrides({"staleness": "inf"}).validate().ps.staleness == float("inf")
     with pytest.raises(ConfigError, match="--staleness: invalid value nan"):
         Config.from_overrides({"staleness": "nan"}).validate()
+    # a bound counts pushes: 2.5 was taken, and bounded nothing a 2 would not
+    with pytest.raises(ConfigError, match="--staleness: invalid value 2.5; use 0 .lock-step., "
+                                          "a whole number of pushes"):
+        Config.from_overrides({"staleness": "2.5"}).validate()
+    assert Config.from_overrides({"staleness": 2}).validate().ps.staleness == 2
 
 
 def test_a_run_dir_that_is_a_file_is_refused(tmp_path, capsys, no_training):
