@@ -84,12 +84,13 @@ class Target:
         return f"{self.metric}{self.op}{self.value!r}"
 
     def short(self) -> str:
-        """"95%" for test accuracy (as reports always said it), else "test_loss <= 1.9"."""
-        return f"{self.value:.0%}" if self.is_accuracy else \
+        """"95%" for test accuracy (as reports always said it; "99.9%" for 0.999, which a
+        whole percent would round up to a target never set), else "test_loss <= 1.9"."""
+        return f"{self.value * 100:g}%" if self.is_accuracy else \
             f"{self.metric} {self.op} {self.value:g}"
 
     def describe(self) -> str:
-        return f"{self.value:.0%} test accuracy" if self.is_accuracy else self.short()
+        return f"{self.short()} test accuracy" if self.is_accuracy else self.short()
 
     @property
     def label(self) -> str:

@@ -63,6 +63,9 @@ def test_the_direction_judges_reaching_and_the_best_value():
     assert falling.capped(2.5) == Target("test_loss", "<=", 2.5)  # beyond the best: capped
     assert falling.capped(1.0) == falling
     assert rising.short() == "90%" and falling.short() == "test_loss <= 2"
+    # a whole percent rounded 0.999 up to "100%", a target nobody set and few runs reach
+    assert Target("test_acc", ">=", 0.999).describe() == "99.9% test accuracy"
+    assert Target("test_acc", ">=", 0.57).short() == "57%"
 
 
 # --- the plan and its refusal ---------------------------------------------------------------------
