@@ -215,7 +215,10 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if self.from_run is not None and self.modes is None:  # every scheme, for one run's answer
             self.modes = ",".join(FAMILIES)
-        for key, value in PLANS[self.plan].items():  # fill every option left unset
+        plan = dict(PLANS[self.plan])
+        if self.model is not None and self.model != plan["model"]:
+            plan["train_args"] = ""  # the plan's model's own flags (its --channels) are not yours
+        for key, value in plan.items():  # fill every option left unset
             if getattr(self, key) is None:
                 setattr(self, key, value)
         if self.outer_lr is None:  # the plan's, else the paper's

@@ -9,6 +9,9 @@ from ..errors import require
 from .values import opt
 
 
+DEFAULT_SHAPES = {"hidden": (256, 128), "channels": (32, 64)}
+
+
 @dataclass
 class ModelConfig:
     """Which network to train. Input and output sizes come from the dataset."""
@@ -25,8 +28,8 @@ class ModelConfig:
                     "computing loss(output, target) -> scalar mean; accuracy is reported for "
                     "cross_entropy and nll on (N, C) outputs, and over the tokens for "
                     "token_cross_entropy")
-    hidden: tuple[int, ...] = opt((256, 128), "hidden layer widths of the MLP, e.g. 1024,1024")
-    channels: tuple[int, ...] = opt((32, 64), "convolution channels of the CNN, one per block")
+    hidden: tuple[int, ...] = opt(DEFAULT_SHAPES["hidden"], "hidden layer widths of the MLP, e.g. 1024,1024")
+    channels: tuple[int, ...] = opt(DEFAULT_SHAPES["channels"], "convolution channels of the CNN, one per block")
 
     def validate(self) -> None:
         m = self
@@ -34,6 +37,13 @@ class ModelConfig:
                 "give positive layer widths, e.g. --hidden 256,128")
         require(len(m.channels) >= 1 and all(n >= 1 for n in m.channels), "--channels",
                 m.channels, "give positive channel counts, e.g. --channels 32,64")
+        # Each built-in model reads its own shape flag; another's was ignored without a word.
+        for flag, owner in (("hidden", "mlp"), ("channels", "cnn")):
+            given = getattr(m, flag)
+            require(m.model == owner or given == DEFAULT_SHAPES[flag], f"--{flag}", given,
+                    f"it shapes --model {owner}, not --model {m.model}: drop it"
+                    + (" (your own model takes its sizes in --model-args)"
+                       if ":" in m.model else ""))
 
 
 @dataclass

@@ -139,6 +139,13 @@ def test_an_unbounded_staleness_stays_the_default():
     assert Config.from_overrides({"staleness": "inf"}).validate().ps.staleness == float("inf")
     with pytest.raises(ConfigError, match="--staleness: invalid value nan"):
         Config.from_overrides({"staleness": "nan"}).validate()
+    # another built-in model's shape flag was ignored without a word
+    with pytest.raises(ConfigError, match=r"--channels: invalid value 256,512; it shapes "
+                                          r"--model cnn, not --model mlp: drop it"):
+        Config.from_overrides({"model": "mlp", "channels": "256,512"}).validate()
+    with pytest.raises(ConfigError, match=r"--hidden: .* not --model my.py:build: drop it "
+                                          r"\(your own model takes its sizes in --model-args\)"):
+        Config.from_overrides({"model": "my.py:build", "hidden": "64"}).validate()
     # a bound counts pushes: 2.5 was taken, and bounded nothing a 2 would not
     with pytest.raises(ConfigError, match="--staleness: invalid value 2.5; use 0 .lock-step., "
                                           "a whole number of pushes"):

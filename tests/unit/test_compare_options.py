@@ -30,6 +30,15 @@ def test_the_plan_fills_what_the_flags_leave_unset(tmp_path):
     assert [m.name for m in cfg.planned_modes()][:2] == ["sync", "local4"]
 
 
+def test_the_plans_model_flags_stay_with_its_model(tmp_path):
+    """--model mlp under the demo plan ran every run with the CNN's --channels 256,512, which
+    the MLP ignores, and the report listed them as the runs' extra flags."""
+    assert options(tmp_path).train_args == "--channels 256,512"  # the plan's own CNN
+    assert options(tmp_path, "--model", "mlp").train_args == ""
+    assert options(tmp_path, "--model", "mlp", "--train-args", "--hidden 64").train_args == \
+        "--hidden 64"
+
+
 def _outer_step(mode) -> tuple[str, str]:
     flags = mode.train_flags()
     return (flags[flags.index("--outer-lr") + 1], flags[flags.index("--outer-momentum") + 1])
