@@ -45,6 +45,20 @@ def under_launcher(env: dict[str, str] | None = None) -> bool:
     return any(name in env for name in RANK_VARIABLES)
 
 
+def refuse_program(command: list[str]) -> None:
+    """The launcher line must end before the program: the doctor appends its own probe, and
+    the launcher would have read the job's flags (hvdtrain train --run-dir ...) as the probe's,
+    failing with "unrecognized arguments" blamed on a launcher flag."""
+    for i, word in enumerate(command):
+        if command[i + 1:i + 3] == ["-m", "hvdtrain"] or os.path.basename(word) == "hvdtrain":
+            rest = " ".join(command[i:i + 3])
+            raise DoctorInput(
+                f"the launcher line holds the program ({rest} ...): give the launcher line "
+                f"alone, hvdtrain doctor {' '.join(command[:i]) or 'mpirun -np N ...'}, and the "
+                "job's --run-dir as the doctor's own --run-dir; the doctor starts its probe in "
+                "the program's place")
+
+
 def main(args: argparse.Namespace) -> int:
     from ..exit_codes import EXIT_BAD_INPUT
 
@@ -52,6 +66,7 @@ def main(args: argparse.Namespace) -> int:
         args = checked(args)
         command = list(args.launch_command or [])
         command = command[1:] if command[:1] == ["--"] else command
+        refuse_program(command)
         if command:
             from .launcher import run_doctor
             return run_doctor(command, args)

@@ -15,7 +15,7 @@ import pytest
 
 from hvdtrain.doctor import asked as asking
 from hvdtrain.doctor.asked import Asked, DoctorInput
-from hvdtrain.doctor.doctor_cli import under_launcher
+from hvdtrain.doctor.doctor_cli import refuse_program, under_launcher
 from hvdtrain.doctor.doctor_options import parse_sizes
 from hvdtrain.doctor.facts import environment, fill_in, path_venv, watched
 from hvdtrain.doctor.launcher import probe_command, run_doctor
@@ -70,6 +70,19 @@ def test_bad_input_names_the_fix():
     with pytest.raises(DoctorInput, match="--gloo"):
         probe_command(["horovodrun", "--gloo", "-np", "2"], SimpleNamespace(
             run_dir="runs", sizes="1MiB", env=""), 10)
+
+
+def test_a_launcher_line_with_the_program_is_told_to_leave_it_out():
+    """The launcher read the job's flags as the probe's: 'unrecognized arguments', blamed on
+    a wrong launcher flag."""
+    for command in (["mpirun", "-np", "2", "hvdtrain", "train", "--run-dir", "r"],
+                    ["mpirun", "-np", "2", "/venv/bin/hvdtrain", "train"],
+                    ["mpirun", "-np", "2", "python", "-m", "hvdtrain", "train"]):
+        with pytest.raises(DoctorInput, match=r"the launcher line holds the program .*: give "
+                                              r"the launcher line alone, hvdtrain doctor mpirun "
+                                              r"-np 2, and"):
+            refuse_program(command)
+    refuse_program(["mpirun", "-np", "2", "-H", "a:1,b:1"])  # a launcher line alone is fine
 
 
 def test_horovodrun_is_told_mpi_and_the_probe_is_appended():
