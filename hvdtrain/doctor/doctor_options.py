@@ -4,6 +4,7 @@ their checks: bad input is a DoctorInput that names the option to fix."""
 from __future__ import annotations
 
 import argparse
+import math
 
 from .asked import DoctorInput, parse_host_slots
 
@@ -51,7 +52,7 @@ def parse_sizes(text: str) -> list[int]:
 def checked(args: argparse.Namespace) -> argparse.Namespace:
     """The options, checked: DoctorInput names the one to fix."""
     args.size_list = parse_sizes(args.sizes)
-    if not args.timeout > 0:
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):  # inf: the doctor never ends
         raise DoctorInput(f"--timeout {args.timeout:g}: give a positive number of seconds")
     args.env_names = tuple(n.strip() for n in args.env.split(",") if n.strip())
     if args.expect is not None:

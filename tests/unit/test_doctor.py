@@ -16,7 +16,7 @@ import pytest
 from hvdtrain.doctor import asked as asking
 from hvdtrain.doctor.asked import Asked, DoctorInput
 from hvdtrain.doctor.doctor_cli import refuse_program, under_launcher
-from hvdtrain.doctor.doctor_options import parse_sizes
+from hvdtrain.doctor.doctor_options import checked, parse_sizes
 from hvdtrain.doctor.facts import environment, fill_in, path_venv, watched
 from hvdtrain.doctor.launcher import probe_command, run_doctor
 from hvdtrain.doctor.rank import FACTS, STARTED, STEP
@@ -67,6 +67,9 @@ def test_bad_input_names_the_fix():
     with pytest.raises(DoctorInput, match="is not a size"):
         parse_sizes("64KiB,lots")
     assert parse_sizes("1MiB,64KiB,64k") == [65536, 1048576]
+    for timeout in (0.0, -5.0, float("nan"), float("inf")):  # inf: a doctor that never ends
+        with pytest.raises(DoctorInput, match="give a positive number of seconds"):
+            checked(SimpleNamespace(sizes="1MiB", timeout=timeout, env=""))
     with pytest.raises(DoctorInput, match="--gloo"):
         probe_command(["horovodrun", "--gloo", "-np", "2"], SimpleNamespace(
             run_dir="runs", sizes="1MiB", env=""), 10)
