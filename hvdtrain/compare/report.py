@@ -243,7 +243,9 @@ def write_report(results: list[RunResult], path: Path, target: Target | str | fl
     for (straggler, mode), s in summary.items():
         runs_ok = f"{s['ok']}/{s['runs']}" + (" (failed)" if s["failed"] else "")
         samples = "-" if s["samples_vs_sync"] is None else f"{s['samples_vs_sync']:.2f}x"
-        time_vs_sync = "1" if mode == "sync" else interval_text(s["time_vs_sync"])
+        # sync against itself is 1 only where it has a time to target to compare with
+        time_vs_sync = ("1" if s["reached"] else "-") if mode == "sync" else \
+            interval_text(s["time_vs_sync"])
         lines.append(
             f"| {straggler} | {mode} | {runs_ok} | {s['reached']}/{s['runs']} | "
             f"{interval_text(s['time_ci'])} | {time_vs_sync} | {samples} | "

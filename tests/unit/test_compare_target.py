@@ -162,6 +162,10 @@ def test_the_report_says_the_metric_and_its_direction(tmp_path):
     assert rows["async"]["time to target (s)"] == "2.00 [2.00, 2.00]"
     assert rows["async"]["time to target vs sync"] == "0.67 [0.67, 0.67]"
     assert rows["sync"]["time to target vs sync"] == "1"
+    never = [_loss_result("sync", s, [3.0, 2.5]) for s in range(3)]  # sync never reached it
+    rows = {r["mode"]: r for r in parse_table(write_report(never, tmp_path / "r.md", LOSS, 2,
+                                                            "Plan.", []))}
+    assert rows["sync"]["time to target vs sync"] == "-"
     text = finding(summarize(results, 2, LOSS), "none", LOSS)
     assert "time to test_loss <= 2 (mean [95% interval])" in text and "**async beats sync**" in text
 
