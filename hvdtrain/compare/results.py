@@ -28,7 +28,7 @@ class RunResult:
                                    # evaluations' own time left out), train_loss, test_acc and
                                    # every other test_ metric it reported (test_loss...)
     staleness_histogram: dict[int, int]
-    workers: int | None = None     # simulated runs (compare/sim/): the virtual workers
+    workers: int | None = None     # the workers: a real run's log header, a simulated one's
     simulated: bool = False        # True: on the simulator's virtual clock, not a real launch
     # --faults: launches after the first, and goodput: the final model's samples (its global
     # steps x the global batch) over the whole job's seconds, failed attempts, restarts and
@@ -127,7 +127,7 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict,
     except (OSError, ValueError, StopIteration, KeyError) as e:
         result.status, result.reason = "failed", f"unreadable metrics log: {e}"
         return result
-    result.curve = curve(records)
+    result.curve, result.workers = curve(records), header.get("num_workers")
     result.final_test_acc = final_value(result.curve, "test_acc")
     result.final_value = final_value(result.curve, target.metric)
     result.time_to_target = time_to_target(result.curve, target)

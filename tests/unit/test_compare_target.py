@@ -148,6 +148,7 @@ def test_a_runs_log_of_losses_alone_gives_its_time_and_final_loss(tmp_path):
     result = read_result(run, tmp_path, {"status": "ok"}, LOSS)
     assert result.time_to_target == 1.5 and result.final_value == 1.7
     assert result.final_test_acc is None and result.curve[0]["test_loss"] == 3.1
+    assert result.workers == 2  # summary.csv's workers column, from the log's header
 
 
 def test_the_report_says_the_metric_and_its_direction(tmp_path):
