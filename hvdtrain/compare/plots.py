@@ -149,17 +149,19 @@ def write_plots(results: list[RunResult], out: Path, target: Target | str | floa
     conditions = list(dict.fromkeys(r.straggler for r in results))
     modes = list(dict.fromkeys(r.mode for r in results))
     colors = _colors(modes)
+    # the simulator's clock is virtual, and a real run's is its training time (no evaluations)
+    clock = "virtual training time" if any(r.simulated for r in results) else "training time"
     files = {
         target_plot_name(target): lambda p: _curves(
-            results, conditions, colors, "wall_seconds", target.metric, "training time (s)",
-            target.label, f"{target.label[:1].upper()}{target.label[1:]} against wall time", p,
+            results, conditions, colors, "wall_seconds", target.metric, f"{clock} (s)",
+            target.label, f"{target.label[:1].upper()}{target.label[1:]} against {clock}", p,
             target.value),
         "loss_vs_steps.png": lambda p: _curves(
             results, conditions, colors, "step", "train_loss", "steps (of worker 0)",
             "training loss (epoch mean)", "Training loss against steps", p),
         "loss_vs_time.png": lambda p: _curves(
-            results, conditions, colors, "wall_seconds", "train_loss", "training time (s)",
-            "training loss (epoch mean)", "Training loss against wall time", p),
+            results, conditions, colors, "wall_seconds", "train_loss", f"{clock} (s)",
+            "training loss (epoch mean)", f"Training loss against {clock}", p),
         "throughput.png": lambda p: _throughput(results, conditions, modes, colors, p),
     }
     if any(m != "sync" for m in modes):
