@@ -182,7 +182,7 @@ def test_the_plots_draw_the_targets_metric_falling_to_its_line(monkeypatch, tmp_
     assert names[0] == "test_loss_vs_time.png"
     _, _, _, x_key, y_key, _, ylabel, title, path, line = drawn[0]
     assert (y_key, ylabel, title, line) == ("test_loss", "test loss",
-                                            "Test loss against wall time", 2.0)
+                                            "Test loss against training time", 2.0)
     assert path == tmp_path / "test_loss_vs_time.png"
     assert plots.write_plots(results, tmp_path, 0.9)[0] == "accuracy_vs_time.png"  # as before
 
