@@ -412,9 +412,16 @@ def prediction_table(predictions: list[Prediction], target: Target | str | float
 def _verdict(own: Prediction, real: float | None, ok: bool) -> str:
     if real is None:
         return f"check: the run itself did not reach the target, so {own.mode} cannot be checked"
-    return (f"check: the run ({own.mode}) reached the target at {real:.2f} s of training; "
-            + ("inside the prediction" if ok else "OUTSIDE the prediction: read the figures "
-               "above with care (a loaded host, too few epochs to fit)"))
+    if ok:
+        return (f"check: the run ({own.mode}) reached the target at {real:.2f} s of training; "
+                "inside the prediction")
+    # to four figures: at two, a time just outside read as inside the table's rounded bounds
+    ci, span = own.ci(), own.run_range()
+    bounds = (f" (the interval {ci[1]:.4g}-{ci[2]:.4g} s, one run's range {span[0]:.4g}-"
+              f"{span[1]:.4g} s)" if ci and span else "")
+    return (f"check: the run ({own.mode}) reached the target at {real:.4g} s of training; "
+            f"OUTSIDE the prediction{bounds}: read the figures above with care (a loaded host, "
+            "too few epochs to fit)")
 
 
 def _fit_record(fit: RunFit) -> dict:

@@ -272,6 +272,17 @@ def test_the_recommendation_names_a_winner_only_when_its_interval_is_clear():
     assert recommend([slow, fast, missed]).startswith("backup1")
 
 
+def test_a_check_outside_says_the_bounds_to_four_figures():
+    """0.3377 s against an interval from 0.3424 read as 'OUTSIDE' beside '0.35 (0.34-0.35)'."""
+    from hvdtrain.compare.from_run_replay import _verdict
+
+    own = _prediction("sync", [0.3424, 0.35, 0.3531])
+    told = _verdict(own, 0.3377, ok=False)
+    assert "reached the target at 0.3377 s of training; OUTSIDE the prediction (the interval " \
+           "0.34" in told and "one run's range" in told
+    assert _verdict(own, 0.35, ok=True).endswith("at 0.35 s of training; inside the prediction")
+
+
 def test_the_check_passes_inside_the_interval_or_the_range_of_single_runs():
     p = Prediction("sync", True, [1.0, 1.4, 1.2], singles=[0.9, 1.0, 1.2, 1.4, 1.5])
     assert overlaps(p, 1.45) and overlaps(p, 0.95) and not overlaps(p, 1.6)
