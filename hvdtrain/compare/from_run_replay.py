@@ -417,8 +417,9 @@ def _verdict(own: Prediction, real: float | None, ok: bool) -> str:
                 "inside the prediction")
     # to four figures: at two, a time just outside read as inside the table's rounded bounds
     ci, span = own.ci(), own.run_range()
-    bounds = (f" (the interval {ci[1]:.4g}-{ci[2]:.4g} s, one run's range {span[0]:.4g}-"
-              f"{span[1]:.4g} s)" if ci and span else "")
+    parts = ([f"the interval {ci[1]:.4g}-{ci[2]:.4g} s"] if ci else []) + (
+        [f"one run's range {span[0]:.4g}-{span[1]:.4g} s"] if span else [])
+    bounds = f" ({', '.join(parts)})" if parts else ""
     return (f"check: the run ({own.mode}) reached the target at {real:.4g} s of training; "
             f"OUTSIDE the prediction{bounds}: read the figures above with care (a loaded host, "
             "too few epochs to fit)")
