@@ -649,3 +649,13 @@ def test_a_users_dataset_simulates_as_its_tensors_do(tmp_path, monkeypatch, mode
         assert result.status == "ok", result.reason
         results.append((result.final_test_acc, [p["train_loss"] for p in result.curve]))
     assert results[0] == results[1]
+
+
+def test_a_step_timed_on_a_loaded_host_is_warned_of(capsys):
+    from hvdtrain.compare.sim.timing import _warn_if_loaded
+
+    _warn_if_loaded([0.010, 0.0101, 0.0099, 0.0102, 0.0100, 0.0098])  # a quiet host
+    assert capsys.readouterr().err == ""
+    _warn_if_loaded([0.010, 0.011, 0.040, 0.045, 0.009, 0.050])  # another job took the cores
+    told = capsys.readouterr().err
+    assert "a step's compute time varied from" in told and "--sim-step-ms" in told

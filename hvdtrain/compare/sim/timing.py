@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -149,10 +150,28 @@ def _compute_line(model: _FlatModel, batches: Iterator, warmup: int,
             if i >= warmup:
                 seconds[parts].append(time.perf_counter() - started)
     full = statistics.median(seconds[1])
+    _warn_if_loaded(seconds[1])
     if not seconds[2] or counts[1] <= counts[2]:
         return full, None
     slope = (full - statistics.median(seconds[2])) / (counts[1] - counts[2])
     return full, min(max(slope, 0.0), full / counts[1])
+
+
+# Quartiles of one step's time further apart than this: other work shared the cores while it
+# was timed (on a quiet host they lie within a few percent), and the median may be off by
+# as much, which every simulated run then carries.
+LOADED_SPREAD = 1.5
+
+
+def _warn_if_loaded(seconds: list[float]) -> None:
+    if len(seconds) < 4:
+        return
+    low, _, high = statistics.quantiles(seconds, n=4)
+    if low > 0 and high / low > LOADED_SPREAD:
+        print(f"hvdtrain compare: warning: a step's compute time varied from {low * 1e3:.3g} "
+              f"to {high * 1e3:.3g} ms (quartiles) while it was measured: other work shares "
+              "this host's cores, and the simulated times carry the error; measure on a quiet "
+              "host, or give the step's time with --sim-step-ms", file=sys.stderr, flush=True)
 
 
 def _apply_seconds(flat: torch.Tensor, cfg, warmup: int, repeats: int) -> float:
