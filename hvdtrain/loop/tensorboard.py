@@ -23,7 +23,15 @@ from ..checkpoint import intact_note
 from .hooks import TrainingError
 
 # Positions and counts, not figures worth a curve: the step is the x axis already.
-NOT_PLOTTED = {"epoch", "step", "workers", "samples", "wall_seconds", "train_seconds"}  # clocks
+NOT_PLOTTED = {"epoch", "step", "global_step", "from_step", "workers", "samples",  # positions,
+               "wall_seconds", "train_seconds"}                                  # clocks
+
+
+def line_step(fields: dict[str, Any]) -> int | None:
+    """The global step of a line: a stop line after a preemption has its step in the epoch as
+    ``step`` and the global one as ``global_step``; scheme lines have none."""
+    step = fields.get("global_step", fields.get("step"))
+    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
 
 
 def tag(kind: str, key: str) -> str:
@@ -65,7 +73,8 @@ class TensorBoardSink:
             self._stop(e)
 
     def _record(self, kind: str, fields: dict[str, Any]) -> None:
-        self.step = fields.get("step", self.step)
+        step = line_step(fields)  # the x axis is the global step, a preempted stop line's too
+        self.step = self.step if step is None else step
         for key, value in fields.items():
             if key.endswith("_histogram") and isinstance(value, dict) and value:
                 self.histogram(tag(kind, key), value)

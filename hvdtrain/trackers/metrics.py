@@ -12,20 +12,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..loop.tensorboard import NOT_PLOTTED, tag
+from ..loop.tensorboard import NOT_PLOTTED, line_step, tag
 
-SKIPPED = NOT_PLOTTED | {"global_step"}
+SKIPPED = NOT_PLOTTED
 # Lines that are no figures: the header (parameters), and the note of a resume that some epochs'
 # lines were lost (their numbers, and why: tags; as metrics they would be points at a step)
 WORDS_ONLY = ("header", "missing")
 STEP_TIME_COUNTS = ("steps", "samples")  # counts of the step-time table, not times
-
-
-def line_step(fields: dict[str, Any]) -> int | None:
-    """The global step of a line: a stop line after a preemption has its step in the epoch as
-    ``step`` and the global one as ``global_step``; scheme lines have none."""
-    step = fields.get("global_step", fields.get("step"))
-    return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
 
 
 def metrics_of(kind: str, fields: dict[str, Any]) -> dict[str, float]:

@@ -78,6 +78,19 @@ def test_a_staleness_histogram_keeps_one_bucket_per_value(tmp_path):
     assert list(h.bucket_limit) == [0.5, 1.5, 2.5, 3.5] and list(h.bucket) == [5, 1, 0, 2]
 
 
+def test_a_preempted_stop_line_and_the_scheme_after_it_sit_at_the_global_step(tmp_path):
+    """A preempted stop line's step is its step in the epoch: it put the stop, and the async
+    scheme line after it, at x = 4 where the run had reached global step 818."""
+    sink = TensorBoardSink(tmp_path, first_step=1)
+    sink.record("epoch", {"step": 814, "lr": 0.1})
+    sink.record("stop", {"epoch": 38, "step": 4, "global_step": 818, "reason": "preempted"})
+    sink.record("scheme", {"pushes_applied": 1639})
+    sink.close()
+    acc = events(tmp_path)
+    assert scalars(acc, "scheme/pushes_applied") == {818: 1639}
+    assert "stop/global_step" not in acc.Tags()["scalars"]  # a position, not a figure
+
+
 def test_tensorboard_without_the_package_stops_up_front_with_the_fix(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if it were not installed
     assert main(["train", "--tensorboard"]) == 2
