@@ -34,6 +34,19 @@ def _fmt(mean: float | None, std: float | None, digits: int = 2) -> str:
     return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std is not None else "")
 
 
+def _table_row(straggler: str, mode: str, s: dict) -> str:
+    """One mode's row of the report's table, under one straggler condition."""
+    runs_ok = f"{s['ok']}/{s['runs']}" + (" (failed)" if s["failed"] else "")
+    samples = "-" if s["samples_vs_sync"] is None else f"{s['samples_vs_sync']:.2f}x"
+    # sync against itself is 1 only where it has a time to target to compare with
+    time_vs_sync = ("1" if s["reached"] else "-") if mode == "sync" else \
+        interval_text(s["time_vs_sync"])
+    return (f"| {straggler} | {mode} | {runs_ok} | {s['reached']}/{s['runs']} | "
+            f"{interval_text(s['time_ci'])} | {time_vs_sync} | {samples} | "
+            f"{_fmt(*s['final'], digits=4)} | "
+            f"{_fmt(*s['rate'], digits=0)} | {_vs_sync(s)} | {_fmt(*s['staleness'])} |")
+
+
 def interval_text(ci: tuple[float, float, float] | None, digits: int = 2) -> str:
     if ci is None:
         return "-"
@@ -240,17 +253,7 @@ def write_report(results: list[RunResult], path: Path, target: Target | str | fl
         "samples/s | throughput vs sync | mean staleness |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (straggler, mode), s in summary.items():
-        runs_ok = f"{s['ok']}/{s['runs']}" + (" (failed)" if s["failed"] else "")
-        samples = "-" if s["samples_vs_sync"] is None else f"{s['samples_vs_sync']:.2f}x"
-        # sync against itself is 1 only where it has a time to target to compare with
-        time_vs_sync = ("1" if s["reached"] else "-") if mode == "sync" else \
-            interval_text(s["time_vs_sync"])
-        lines.append(
-            f"| {straggler} | {mode} | {runs_ok} | {s['reached']}/{s['runs']} | "
-            f"{interval_text(s['time_ci'])} | {time_vs_sync} | {samples} | "
-            f"{_fmt(*s['final'], digits=4)} | "
-            f"{_fmt(*s['rate'], digits=0)} | {_vs_sync(s)} | {_fmt(*s['staleness'])} |")
+    lines += [_table_row(straggler, mode, s) for (straggler, mode), s in summary.items()]
     lines += ["", "## Finding", ""] + [finding(summary, c, target) for c in conditions]
     failed = [r for r in results if r.status != "ok"]
     if failed:

@@ -139,6 +139,12 @@ def test_an_unbounded_staleness_stays_the_default():
     assert Config.from_overrides({"staleness": "inf"}).validate().ps.staleness == float("inf")
     with pytest.raises(ConfigError, match="--staleness: invalid value nan"):
         Config.from_overrides({"staleness": "nan"}).validate()
+    # the pipeline's own flags without --stages ran a plain run, the same losses bit for bit
+    with pytest.raises(ConfigError, match=r"--micro-batches 4, --schedule 1f1b: pipeline "
+                                          r"options, for a replica split into stages; add "
+                                          r"--stages K"):
+        Config.from_overrides({"micro_batches": 4, "schedule": "1f1b"}).validate()
+    Config.from_overrides({"stages": 2, "micro_batches": 4}).validate()
     # another built-in model's shape flag was ignored without a word
     with pytest.raises(ConfigError, match=r"--channels: invalid value 256,512; it shapes "
                                           r"--model cnn, not --model mlp: drop it"):
