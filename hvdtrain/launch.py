@@ -100,7 +100,7 @@ def ready_replica(cfg: Config, workload: Workload, replica) -> None:
     workload.bind(replica.device, cfg)  # a pipeline takes its inputs on its first stage's device
     replica.model.eval()  # the check must not move BatchNorm statistics
     with replica.eager():  # --compile compiles at the first step, for the shapes it trains on
-        workload.check(replica.forward, replica.device)
+        workload.check(getattr(replica, "checked_forward", replica.forward), replica.device)
     replica.model.train()
     replica.objective = workload.objective()  # without the metrics the check dropped
 

@@ -31,6 +31,8 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
 import torch
 import torch.nn as nn
 
@@ -178,6 +180,32 @@ class PipelineReplica(Replica):
             with self.precision.autocast(dev):
                 x = stage(to_device(x, dev))
         return x
+
+    def checked_forward(self, x: Any) -> Any:
+        """forward, on the start-up check's sample batch, compared with the model's own
+        forward: the stages run ``layers`` in order and never ``forward``, so what forward does
+        besides (a parameter-free skip connection, a scale, an activation) would silently not
+        be trained (sequential_layers refuses only parameters outside ``layers``). Compared
+        where every stage is on one device, on which the model's forward can run."""
+        out = self.forward(x)
+        if isinstance(self.model, nn.Sequential) or len(set(self.devices)) > 1:
+            return out
+        try:
+            with torch.no_grad(), self.precision.autocast(self.devices[0]):
+                own = self.model(to_device(x, self.devices[0]))
+        except Exception:  # noqa: BLE001  a forward that cannot run here is not compared
+            return out
+        same = (isinstance(own, torch.Tensor) and isinstance(out, torch.Tensor)
+                and own.shape == out.shape and torch.allclose(own.float(), out.float(),
+                                                              rtol=1e-4, atol=1e-5))
+        if not same:
+            raise ConfigError(
+                f"--stages: {type(self.model).__name__}'s forward computes something else than "
+                "its `layers` in order (on a sample batch their outputs differ): the stages run "
+                "`layers` alone, so what forward adds (a skip connection, a scale, an "
+                "activation) would not be trained. Make forward return self.layers(x) and move "
+                "the rest into `layers` as modules, or use --stages 1")
+        return out
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
         run = _Run(self, x, y, grad_scale)

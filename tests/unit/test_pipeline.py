@@ -211,3 +211,25 @@ def test_split_across_gpu_and_cpu_matches_unsplit():
     assert abs(a.loss_sum.item() - b.loss_sum.item()) < 1e-4
     for p, q in zip(whole.parameters(), split.parameters()):
         assert torch.allclose(p.grad, q.grad.cpu(), atol=1e-5)
+
+
+class _Layered(nn.Module):
+    """A model whose forward runs its `layers`, then ``then`` (parameter-free)."""
+
+    def __init__(self, then=lambda out, x: out):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 6))
+        self.then = then
+
+    def forward(self, x):
+        return self.then(self.layers(x), x)
+
+
+@pytest.mark.parametrize("then", [lambda out, x: out + x, lambda out, x: out * 10])
+def test_a_forward_that_does_more_than_its_layers_is_refused_at_the_check(then):
+    """A parameter-free skip or scale passed sequential_layers and was silently not trained."""
+    piped = PipelineReplica(_Layered(then), ["cpu", "cpu"], PipelineConfig(stages=2))
+    with pytest.raises(ConfigError, match="forward computes something else than its `layers`"):
+        piped.checked_forward(torch.randn(4, 6))
+    plain = PipelineReplica(_Layered(), ["cpu", "cpu"], PipelineConfig(stages=2))
+    assert plain.checked_forward(torch.ones(4, 6)).shape == (4, 6)
