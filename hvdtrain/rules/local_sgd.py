@@ -243,7 +243,7 @@ def _check_local_sgd(sync: Any) -> None:
                           "drop --sync-batchnorm (BatchNorm running statistics are averaged "
                           "with the parameters) or use --local-steps 1")
     if sync.compression != "none":
-        raise ConfigError(f"--compression {sync.compression} compresses gradients, and with "
-                          f"{h} only parameters are sent, in full precision (rounded weights "
-                          "would lose the small updates); drop --compression or use "
-                          "--local-steps 1")
+        raise ConfigError(f"--compression {sync.compression} compresses gradients, which "
+                          f"{h} never sends: its rounds travel in --wire-dtype; use --wire-dtype "
+                          f"fp16 (or bf16 with --collective torch) instead, which rounds what a "
+                          "round moved, never the weights")

@@ -29,7 +29,8 @@ def test_the_flag_sets_local_steps_and_defaults_to_1():
      "--local-steps 4 does not work with --elastic"),
     (["--local-steps", "4", "--reduce-op", "adasum"], "drop --reduce-op adasum"),
     (["--local-steps", "2", "--sync-batchnorm"], "drop --sync-batchnorm"),
-    (["--local-steps", "2", "--compression", "fp16"], "--compression fp16 compresses gradients"),
+    (["--local-steps", "2", "--compression", "fp16"], "--compression fp16 compresses gradients, "
+     "which --local-steps 2 never sends: its rounds travel in --wire-dtype; use --wire-dtype fp16"),
 ])
 def test_a_combination_without_meaning_is_refused(flags, message):
     with pytest.raises(ConfigError, match=message.replace("-", r"\-")):
