@@ -166,16 +166,20 @@ def _unguarded_message(cfg: Config, path: str, line: int) -> str:
             "or pass data_workers=0")
 
 
+# The command line's names of what fit() takes as objects: its first arguments and loss=.
+OBJECT_OPTIONS = ("model", "dataset", "loss", "model_args", "dataset_args")
+
+
 def _config(config: Config | None, options: dict[str, Any]) -> Config:
     if config is not None and not isinstance(config, Config):
         raise ConfigError(f"config: got {type(config).__name__}; pass a hvdtrain.config.Config "
                           "or give the options as keyword arguments")
-    for name in ("model", "dataset", "loss", "model_args", "dataset_args"):
+    for name in OBJECT_OPTIONS:
         if name in options:
             raise ConfigError(f"{name}=: fit() takes the model, the data and the loss as "
                               "objects (its first arguments and loss=), not as option names")
     if config is None:
-        return Config.from_overrides(options).validate()
+        return Config.from_overrides(options, unlisted=OBJECT_OPTIONS).validate()
     import copy
     import dataclasses
 
@@ -184,4 +188,4 @@ def _config(config: Config | None, options: dict[str, Any]) -> Config:
               for f in dataclasses.fields(getattr(cfg, section.name))}
     merged = {name: getattr(getattr(cfg, owners[name].name), name) for name in owners}
     merged.update(options)
-    return Config.from_overrides(merged).validate()
+    return Config.from_overrides(merged, unlisted=OBJECT_OPTIONS).validate()

@@ -37,16 +37,19 @@ class Config:
 
     # --- building -----------------------------------------------------------------------------
     @classmethod
-    def from_overrides(cls, values: dict[str, Any]) -> "Config":
-        """Build from flat ``{field_name: value}`` pairs; names are unique across sections."""
+    def from_overrides(cls, values: dict[str, Any], unlisted: tuple[str, ...] = ()) -> "Config":
+        """Build from flat ``{field_name: value}`` pairs; names are unique across sections.
+        ``unlisted``: options the caller takes otherwise (fit's model and data), neither
+        suggested nor listed where a name is unknown."""
         cfg = cls()
         owner = field_owners()
         for name, value in expand_local_steps(values).items():
             if name not in owner:  # fit(learning_rate=...): a keyword of the user's
-                near = near_names(name, owner)
+                listed = sorted(n for n in owner if n not in unlisted)
+                near = near_names(name, listed)
                 hint = f" (did you mean {' or '.join(near)}?)" if near else ""
                 raise ConfigError(f"unknown option {name!r}{hint}; valid options are: "
-                                  f"{', '.join(sorted(owner))}")
+                                  f"{', '.join(listed)}")
             section = getattr(cfg, owner[name])
             setattr(section, name, coerce(section, name, value))
         return cfg

@@ -414,6 +414,7 @@ def test_fit_unknown_option_lists_the_valid_ones():
                               "valid options are: ")
     listed = message.split("valid options are: ")[1].split(", ")
     assert {"epochs", "batch_size", "mode", "data_workers", "sync_batchnorm"} <= set(listed)
+    assert not {"dataset", "dataset_args", "model", "loss"} & set(listed)  # fit refuses them
     assert listed == sorted(listed)
 
 
