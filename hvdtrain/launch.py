@@ -76,7 +76,8 @@ def run(cfg: Config, workload: Workload) -> Finished:
     from .loop.preemption import process_signals
 
     model = build_model(cfg, workload)
-    process_signals.install()  # SIGTERM/SIGUSR1/SIGINT: stop at a step, with a checkpoint
+    # SIGTERM/SIGUSR1/SIGINT: stop at a step, with a checkpoint (fit returns, the CLI exits)
+    process_signals.install(in_fit=not workload.from_command_line)
     try:
         if cfg.run.mode == "async":
             return _run_async(cfg, workload, model)

@@ -34,9 +34,11 @@ class StopSignals:
         # flag, an unreadable checkpoint): "if a rank died, launch with recovery" was wrong
         # advice there, printed after that rank's real error.
         self.started = False
+        self.in_fit = False  # hvdtrain.fit: no exit code, no flags (install)
 
-    def install(self) -> None:
-        self.received, self.started = None, False
+    def install(self, in_fit: bool = False) -> None:
+        """``in_fit``: under hvdtrain.fit, which returns after the stop instead of exiting."""
+        self.received, self.started, self.in_fit = None, False, in_fit
         if threading.current_thread() is not threading.main_thread():
             return  # Python delivers signals to the main thread only: an embedding app's job
         for sig in STOP_SIGNALS:
@@ -53,7 +55,10 @@ class StopSignals:
         first = self.received is None
         self.received = self.received or signal.Signals(signum).name
         if first and self.announce:
-            what = (f"finishing the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
+            what = ("finishing the current step, then a checkpoint; fit() then returns with "
+                    "its preempted field set (call it again with auto_resume=True to continue)"
+                    if self.in_fit else
+                    f"finishing the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
                     f"(resume with --auto-resume){_mpirun_hint(signum)}{_recovery_hint(signum)}"
                     if self.started else
                     f"before training started: {_start_hint()}it stops within its first steps, "

@@ -410,3 +410,9 @@ def test_a_stop_signal_before_training_started_says_so_without_the_recovery_advi
     monkeypatch.delenv("OMPI_COMM_WORLD_RANK")  # no mpirun: no guess at another rank
     StopSignals()._handle(signal.SIGTERM, None)
     assert "before training started: it stops within its first steps" in capfd.readouterr().err
+    in_fit = StopSignals()
+    in_fit.in_fit = True  # hvdtrain.fit returns: no exit code, no --auto-resume flag to give
+    in_fit._handle(signal.SIGUSR1, None)
+    said = capfd.readouterr().err
+    assert "fit() then returns with its preempted field set (call it again with " \
+           "auto_resume=True to continue)" in said and "exit 75" not in said
