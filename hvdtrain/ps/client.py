@@ -252,7 +252,11 @@ class ParameterServerClient(UpdateScheme):
         self.link.tell(kind, self.clock)
 
     def take_epoch_metrics(self) -> dict:
-        return self.copies.take_epoch_metrics()  # a GPU worker's copies: seconds and bytes
+        # A GPU worker's copies (seconds and bytes); and, after a worker was lost, which: the
+        # epoch line's sums are the survivors', so its samples leave out what the lost worker
+        # trained in that epoch and never reported, and "workers" is the job's plan.
+        lost = {"workers_lost": sorted(self.survivors.lost)} if self.survivors.lost else {}
+        return {**self.copies.take_epoch_metrics(), **lost}
 
     def end_of_training(self) -> bool:
         return self.stops.end_of_training()

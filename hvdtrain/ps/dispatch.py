@@ -154,6 +154,7 @@ class BatchDispatcher:
             del self.outstanding[slot]
         self.redo.extendleft(reversed(slots))
         self.handed_back += len(slots)
+        self.handed_to[worker] -= len(slots)  # not its batches: batches_per_worker adds up
         self.waiting.pop(worker, None)  # nothing is sent to it any more
 
     @property

@@ -225,6 +225,9 @@ def test_a_lost_workers_slot_goes_to_a_waiter():
     assert d.answers() == [(1, [NO_SLOT])]
     assert d.finished and d.statistics()["batches_untrained"] == 0
     assert d.statistics()["batches_handed_back"] == 1
+    # each batch counted once, for the worker that trained it: the per-worker counts add up
+    per_worker = d.statistics()["batches_per_worker"]
+    assert sum(per_worker.values()) == d.statistics()["batches_completed"], per_worker
 
 
 def test_a_waiter_lost_itself_is_no_longer_waited_on_nor_answered():
