@@ -101,10 +101,13 @@ def accuracy_applies(output: Any, target: Any) -> bool:
             and target.shape[0] == output.shape[0])
 
 
+def integer_labels(dtype: torch.dtype) -> bool:
+    """An integer dtype (not bool): what class ids are held in (the data's labels too)."""
+    return not dtype.is_floating_point and not dtype.is_complex and dtype is not torch.bool
+
+
 def _class_ids(target: Any) -> bool:
-    """An integer tensor (not bool): class ids."""
-    return (isinstance(target, torch.Tensor) and not target.dtype.is_floating_point
-            and not target.dtype.is_complex and target.dtype is not torch.bool)
+    return isinstance(target, torch.Tensor) and integer_labels(target.dtype)
 
 
 def token_accuracy(output: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, Any]:

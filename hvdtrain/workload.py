@@ -27,8 +27,8 @@ from .data.in_memory import InMemoryBatches
 from .data.loader import LoaderBatches
 from .data.user_data import (conversion_note, hold_out, is_array, ready_pair,
                              targets_without_classes)
-from .losses import (check_loss_accepts, check_metric_returns, default_metrics, metric_applies,
-                     resolve_loss)
+from .losses import (check_loss_accepts, check_metric_returns, default_metrics,
+                     integer_labels, metric_applies, resolve_loss)
 from .models import MODELS, build_model
 from .replica import Metric, Objective
 from .user_code import (UserCodeError, call_user, call_with_known_kwargs, expect_type,
@@ -242,7 +242,7 @@ def describe_data(train: Any, test: Any, name: str, where: str,
     if isinstance(train, (tuple, list)):
         x, y = train
         input_shape = tuple(x.shape[1:])
-        if not y.dtype.is_floating_point and y.dtype != torch.bool and y.dim() == 1 and len(y):
+        if integer_labels(y.dtype) and y.dim() == 1 and len(y):
             ys = [y] + ([test[1]] if isinstance(test, (tuple, list)) else [])
             num_classes, classes_unknown = classes_of_labels(ys, sparse_labels)
         else:

@@ -27,14 +27,19 @@ def launch_env() -> dict[str, str]:
     return env
 
 
-def previous_status(run_dir: Path, command: list[str]) -> dict | None:
-    """The recorded status of a finished run with exactly this command, else None."""
+def _finished_status(run_dir: Path) -> dict | None:
+    """The recorded status of a run that finished (ok), whatever its command, else None."""
     try:
         status = json.loads((run_dir / STATUS).read_text())
     except (OSError, ValueError):
         return None
-    if status.get("status") == "ok" and status.get("command") == command and \
-            (run_dir / "metrics.jsonl").is_file():
+    return status if status.get("status") == "ok" else None
+
+
+def previous_status(run_dir: Path, command: list[str]) -> dict | None:
+    """The recorded status of a finished run with exactly this command, else None."""
+    status = _finished_status(run_dir)
+    if status and status.get("command") == command and (run_dir / "metrics.jsonl").is_file():
         return status
     return None
 
@@ -45,12 +50,9 @@ def check_no_other_plan(runs: list[PlannedRun], out: Path) -> None:
     checkpoints, which --force alone may do."""
     for run in runs:
         run_dir = out / "runs" / run.name
-        try:
-            status = json.loads((run_dir / STATUS).read_text())
-        except (OSError, ValueError):
-            continue
+        status = _finished_status(run_dir)
         command = run.command(sys.executable, str(run_dir))
-        if status.get("status") != "ok" or status.get("command") in (None, command):
+        if status is None or status.get("command") in (None, command):
             continue
         before, now = _flags(status["command"]), _flags(command)
         differ = (f"it had {' '.join(sorted(before - now)) or 'no other flag'} where this plan "

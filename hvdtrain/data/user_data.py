@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, Subset
 
+from ..losses import integer_labels
 from .builtin import DataError
 
 
@@ -46,7 +47,7 @@ def ready_pair(data: Any, where: str, what: str) -> tuple[Any, list[str]]:
     if y.dtype == torch.float64 and floats != torch.float64:
         y = y.to(floats)
         converted.append(f"y from float64 to {_dtype_name(floats)}")
-    elif _is_integer(y.dtype) and y.dtype != torch.int64:
+    elif integer_labels(y.dtype) and y.dtype != torch.int64:
         converted.append(f"y from {_dtype_name(y.dtype)} to int64")
         y = y.long()
     return (x, y), converted
@@ -74,10 +75,6 @@ def _as_tensor(value: Any, where: str, what: str, name: str) -> torch.Tensor:
                         "y.astype(numpy.int64)") from None
 
 
-def _is_integer(dtype: torch.dtype) -> bool:
-    return not dtype.is_floating_point and not dtype.is_complex and dtype != torch.bool
-
-
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
@@ -87,7 +84,7 @@ def targets_without_classes(y: torch.Tensor) -> tuple[int | None, str | None]:
     sample, where they are real values shaped (N, k), which a regression loss takes; why
     num_classes cannot be read from them, as a clause that ends the model factory's message)."""
     own_model = "pass num_classes in --model-args to your own --model"
-    if _is_integer(y.dtype):  # a sequence's token ids, say
+    if integer_labels(y.dtype):  # a sequence's token ids, say
         return None, (f"the targets are integers shaped {tuple(y.shape)}, not one class label "
                       f"per sample (N,), so the number of classes cannot be read from them "
                       f"({own_model})")

@@ -55,17 +55,19 @@ class StopSignals:
         first = self.received is None
         self.received = self.received or signal.Signals(signum).name
         if first and self.announce:
-            what = ("finishing the current step, then a checkpoint; fit() then returns with "
-                    "its preempted field set (call it again with auto_resume=True to continue)"
-                    if self.in_fit else
-                    f"finishing the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
-                    f"(resume with --auto-resume){_mpirun_hint(signum)}{_recovery_hint(signum)}"
-                    if self.started else
-                    f"before training started: {_start_hint()}it stops within its first steps, "
-                    f"with a checkpoint, and exits {EXIT_PREEMPTED}{_mpirun_hint(signum)}")
             # os.write: print() may be inside another print of this thread when the signal lands
             os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: "
-                        f"{what}\n".encode())
+                        f"{self._what_it_does(signum)}\n".encode())
+
+    def _what_it_does(self, signum: int) -> str:
+        if self.in_fit:
+            return ("finishing the current step, then a checkpoint; fit() then returns with "
+                    "its preempted field set (call it again with auto_resume=True to continue)")
+        if self.started:
+            return (f"finishing the current step, then a checkpoint and exit {EXIT_PREEMPTED} "
+                    f"(resume with --auto-resume){_mpirun_hint(signum)}{_recovery_hint(signum)}")
+        return (f"before training started: {_start_hint()}it stops within its first steps, "
+                f"with a checkpoint, and exits {EXIT_PREEMPTED}{_mpirun_hint(signum)}")
 
 
 def _mpirun_hint(signum: int) -> str:
