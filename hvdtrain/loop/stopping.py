@@ -51,6 +51,13 @@ class Verdict:
     # at different steps, so the log writes only the lines every worker added its share to.
     agreed: bool = False
     clock: tuple[float, float] = (0.0, 0.0)  # (wall, training) seconds when a target stopped it
+    last_epoch: bool = False  # a target reached by the last epoch's evaluation: no early stop
+
+    @property
+    def ran_to_end(self) -> bool:
+        """The scheme's end_of_training has run: the workers agreed on this stop through it,
+        or the last epoch's evaluation came after it (Trainer._epochs)."""
+        return self.agreed or self.last_epoch
 
     @property
     def stop(self) -> bool:
@@ -195,13 +202,18 @@ class Stopping(StepHook):
         where every worker scored the evaluation (sync: all received the same sums); where
         worker 0 judged alone (async), it tells the others through the next step's agreement.
         A target or patience reached by the last epoch is no early stop: the run ends there
-        anyway. A target wins over patience that ran out at the same evaluation."""
+        anyway, but a target reached there is still said (the stop line, the checkpoint that
+        a resume with more epochs finds finished), by whoever judged it: after the last epoch
+        no other worker is left to tell. A target wins over patience that ran out at the same
+        evaluation."""
         if self.verdict.stop:
             return self.verdict
         partition = self.scheme.group.eval_partition
-        if (self.target.reached is not None and progress.epoch < self.epochs
-                and partition is not None and partition[1] == num_workers):
-            self.verdict = Verdict(TARGET, self.target.reached, clock=self.clock.now())
+        everyone_judged = partition is not None and partition[1] == num_workers
+        last_epoch = progress.epoch >= self.epochs
+        if self.target.reached is not None and (everyone_judged or last_epoch):
+            self.verdict = Verdict(TARGET, self.target.reached, clock=self.clock.now(),
+                                   last_epoch=last_epoch)
         elif self.best.stop_reason:
             self.verdict = Verdict(EARLY_STOP, self.best.stop_reason)
         return self.verdict

@@ -121,7 +121,7 @@ class Trainer:
             verdict = self._train_epoch()
             if verdict.at_step:
                 break  # _stop_at_step wrote the checkpoint
-            last = verdict.stop and not verdict.agreed  # agreed: end_of_training said so
+            last = verdict.stop and not verdict.ran_to_end  # an early stop: the scheme is told
             if last:
                 self.scheme.end_of_training()  # the final checkpoint sees every worker's update
             self.checkpointer.epoch_done(self.progress, last=last)

@@ -150,14 +150,24 @@ def test_a_target_never_reached_trains_every_epoch(tmp_path):
     assert lines(tmp_path, "stop") == []
 
 
-def test_a_target_reached_by_the_last_evaluation_is_no_early_stop(tmp_path):
+def test_a_target_reached_by_the_last_evaluation_trains_every_epoch_and_is_said(tmp_path, capsys):
+    """No early stop, but the stop line says it was reached, and the checkpoint is finished for
+    a resume with more epochs and the same target (it used to train on, and said nothing)."""
     make_trainer(tmp_path / "reference", epochs=2).fit()
     first, last = lines(tmp_path / "reference", "epoch")
     assert first["test_acc"] < last["test_acc"]
-    trainer = make_trainer(tmp_path / "run", epochs=2, stop_at=f"test_acc>={last['test_acc']}")
+    target = f"test_acc>={last['test_acc']}"
+    trainer = make_trainer(tmp_path / "run", epochs=2, stop_at=target)
     assert [e.epoch for e in trainer.fit()] == [1, 2]
-    assert trainer.stopping.target.reached is not None and trainer.stopping.verdict.target is None
-    assert lines(tmp_path / "run", "stop") == []
+    assert trainer.stopping.verdict.target is not None and not trainer.stopping.verdict.requeue
+    [stop] = lines(tmp_path / "run", "stop")
+    assert stop["target"] == target and stop["epoch"] == 2 and stop["reason"].startswith(
+        "reached the target")
+    assert checkpoint.load(tmp_path / "run")["finished"]["target"] == target
+    capsys.readouterr()
+    again = make_trainer(tmp_path / "run", epochs=4, stop_at=target, auto_resume=True)
+    assert again.fit() == []
+    assert "before this resume; nothing is left to train" in capsys.readouterr().out
 
 
 def test_a_run_that_reached_its_target_is_finished_when_run_again(tmp_path, capsys):

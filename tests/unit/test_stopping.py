@@ -148,10 +148,17 @@ def test_a_target_judged_by_one_worker_waits_for_the_next_steps_agreement(partit
     assert s.decide_at_step().why == (TARGET if partition else None)
 
 
-def test_a_target_at_the_last_epoch_is_no_early_stop():
-    s = stopping(Scheme(partition=(0, 1)), epochs=2)
+@pytest.mark.parametrize("partition", [(0, 1), (0, 2)])
+def test_a_target_at_the_last_epoch_is_said_by_whoever_judged_it(partition):
+    """After the last epoch nobody is left to tell: worker 0 of async says it alone."""
+    s = stopping(Scheme(partition=partition), epochs=2)
     s.evaluated(REACHED, 8)
-    assert not s.decide_at_epoch_end(Progress(epoch=2), num_workers=1).stop
+    verdict = s.decide_at_epoch_end(Progress(epoch=2), num_workers=2)
+    assert (verdict.why, verdict.at_step, verdict.agreed, verdict.ran_to_end) == (
+        TARGET, False, False, True)
+    other = stopping(Scheme(partition=None), epochs=2)  # an async worker that scored nothing
+    other.evaluated(None, 8)
+    assert not other.decide_at_epoch_end(Progress(epoch=2), num_workers=2).stop
 
 
 def test_patience_that_ran_out_stops_after_the_epoch():
