@@ -16,7 +16,6 @@ computes the same one. A stream cannot be split without reading it, and keeps no
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -105,20 +104,16 @@ class HeldOut(Subset):
         return type(self.dataset).__name__
 
 
-def split_sizes(num_samples: int, fraction: float) -> tuple[int, int]:
-    """(train, test) sample counts: the test split takes ``fraction``, rounded up (as
-    scikit-learn's train_test_split, which splits the built-in datasets)."""
-    test = math.ceil(round(num_samples * fraction, 9))  # 10 * 0.3 is 3.0000000000000004
-    return num_samples - test, test
-
-
 def split_indices(num_samples: int, fraction: float,
                   seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(train rows, test rows), each in the data's order: a permutation seeded with ``seed``
-    chooses the test rows. The same on every rank (no collective needed)."""
-    _, test = split_sizes(num_samples, fraction)
-    order = torch.randperm(num_samples, generator=torch.Generator().manual_seed(seed))
-    return order[test:].sort().values, order[:test].sort().values
+    """(train rows, test rows), each in the data's order: scikit-learn's train_test_split, as
+    for an image folder (folder.py), seeded with ``seed``, chooses the test rows; the same on
+    every rank (no collective needed). ValueError where a part would be empty."""
+    from sklearn.model_selection import train_test_split
+
+    train, test = train_test_split(np.arange(num_samples), test_size=fraction,
+                                   random_state=seed)
+    return torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(test))
 
 
 def hold_out(train: Any, fraction: float, seed: int,
@@ -132,13 +127,13 @@ def hold_out(train: Any, fraction: float, seed: int,
         return train, None, ["a stream is not split by --test-fraction (return a test split "
                              "of your own to evaluate)"]
     num_samples = len(train[0]) if isinstance(train, (tuple, list)) else len(train)
-    kept, held = split_sizes(num_samples, fraction)
-    if held < 1 or kept < 1:
+    try:
+        rows, test_rows = split_indices(num_samples, fraction, seed)
+    except ValueError as e:
         raise DataError(f"{where}: cannot hold out --test-fraction {fraction} of {num_samples} "
-                        f"sample(s) as a test split ({held} would be held out, {kept} left to "
-                        "train on); add samples, change --test-fraction, return a test split of "
-                        "your own, or pass --test-fraction 0 to train without one")
-    rows, test_rows = split_indices(num_samples, fraction, seed)
+                        f"sample(s) as a test split ({e}); add samples, change --test-fraction, "
+                        "return a test split of your own, or pass --test-fraction 0 to train "
+                        "without one") from None
     note = f"test split held out of the training data (--test-fraction {fraction}, " \
            f"--data-seed {seed})"
     if isinstance(train, (tuple, list)):

@@ -18,7 +18,7 @@ from hvdtrain.config import Config, ConfigError, DataConfig
 from hvdtrain.data import DataError, load_dataset
 from hvdtrain.data.folder import load_folder
 from hvdtrain.data.loader import LoaderBatches
-from hvdtrain.data.user_data import HeldOut, hold_out, split_indices, split_sizes
+from hvdtrain.data.user_data import HeldOut, hold_out, split_indices
 from hvdtrain.workload import workload_from_config, workload_from_objects
 
 CPU = torch.device("cpu")
@@ -293,12 +293,15 @@ def test_data_with_a_test_split_a_stream_and_test_fraction_0_are_not_split():
 
 
 def test_the_split_arithmetic_and_too_few_samples(tmp_path):
-    assert split_sizes(10, 0.3) == (7, 3)  # not 4: 10 * 0.3 is 3.0000000000000004
-    assert split_sizes(1001, 0.3) == (700, 301)
     train, test = split_indices(10, 0.3, seed=1)
+    assert (len(train), len(test)) == (7, 3)  # not 4: 10 * 0.3 is 3.0000000000000004
     assert sorted(train.tolist() + test.tolist()) == list(range(10))
     assert train.tolist() == sorted(train.tolist())  # each part keeps the data's order
-    with pytest.raises(DataError, match=r"cannot hold out --test-fraction 0.5 of 1 sample"):
+    assert [len(part) for part in split_indices(1001, 0.3, seed=1)] == [700, 301]
+    assert torch.equal(split_indices(50, 0.2, seed=3)[1], split_indices(50, 0.2, seed=3)[1])
+    assert not torch.equal(split_indices(50, 0.2, seed=3)[1], split_indices(50, 0.2, seed=4)[1])
+    with pytest.raises(DataError, match=r"cannot hold out --test-fraction 0.5 of 1 sample.*"
+                                        r"train set will be empty"):
         hold_out((torch.zeros(1, 2), torch.zeros(1)), 0.5, 0, "--dataset d.py:f")
     with pytest.raises(DataError, match="--test-fraction 0 holds out nothing"):
         load_dataset(DataConfig(dataset="synthetic", synthetic_samples=20, test_fraction=0))
