@@ -31,7 +31,10 @@ while time.monotonic() < deadline:
         sys.exit(0)
     time.sleep(0.01)
 time.sleep(seconds)
-os.kill(pid, signal.SIGCONT)
+try:
+    os.kill(pid, signal.SIGCONT)
+except ProcessLookupError:
+    pass
 """
 
 
@@ -58,9 +61,12 @@ def fire(fault: Fault) -> None:
 def freeze(seconds: float) -> None:
     """Stop the whole process, every thread (Horovod's background thread, MPI's progress)
     included, as a node's hiccup or a ``kill -STOP`` does; a sleep in the loop would leave those
-    threads answering. A helper process wakes it after ``seconds``."""
+    threads answering. A helper process wakes it after ``seconds``: in a session of its own,
+    so that a stop signal sent to the job's process group meanwhile (a terminal's Ctrl-C, a
+    scheduler's SIGTERM) does not end the helper too and leave this process stopped for good;
+    the signal is handled once it wakes."""
     subprocess.Popen([sys.executable, "-c", _WAKER, str(os.getpid()), str(seconds)],
-                     stdin=subprocess.DEVNULL, close_fds=True)
+                     stdin=subprocess.DEVNULL, close_fds=True, start_new_session=True)
     os.kill(os.getpid(), signal.SIGSTOP)
 
 

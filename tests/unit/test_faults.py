@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from hvdtrain.config import ConfigError, check_faults
@@ -133,3 +140,22 @@ def test_a_fault_that_fired_does_not_fire_again_after_a_resume_into_another_fold
                          resume=str(tmp_path / "new"))
     assert actions.fired_lines(tmp_path / "third") == [] and again.fit()
     assert actions.fired_lines(tmp_path / "third") == [schedule]
+
+
+def test_a_stopped_rank_still_wakes_when_its_process_group_is_signalled():
+    """A `stop` fault freezes the process; a SIGTERM to its process group meanwhile (Ctrl-C, a
+    scheduler) must not end the helper that wakes it, or the process stays stopped for good."""
+    script = "from hvdtrain.faults.actions import freeze; freeze(1.0); print('woke', flush=True)"
+    frozen = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{frozen.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline, "the fault never stopped the process"
+            time.sleep(0.01)
+        os.killpg(frozen.pid, signal.SIGTERM)
+        assert frozen.wait(timeout=20) == -signal.SIGTERM  # woken, then ended by the signal
+    finally:
+        if frozen.poll() is None:
+            os.killpg(frozen.pid, signal.SIGKILL)
+            frozen.wait()
