@@ -41,9 +41,14 @@ class EpochPlan:
         return self.steps_per_epoch * self.run.epochs
 
     def learning_rate(self, progress: Progress, optim: OptimConfig, lr_scale: float) -> float:
-        """--lr's schedule (warm-up, decay; optim.learning_rate) at ``progress``'s global step."""
-        return learning_rate(progress.global_step, self.total_steps, self.steps_per_epoch, optim,
-                             lr_scale)
+        """--lr's schedule (warm-up, decay; optim.learning_rate) at ``progress``'s place in
+        this world's plan: its epoch and step in it. Not the global step, which counts the
+        steps taken: after a resume (or an elastic reset) with another number of sync workers
+        it counts the earlier epochs in the old world's steps, and a cosine schedule reached 0
+        epochs before the end (2 -> 3 ranks of 6 epochs trained the last two at lr 0). With a
+        feed the two are the same: the job's position."""
+        place = progress.epoch * self.steps_per_epoch + progress.step
+        return learning_rate(place, self.total_steps, self.steps_per_epoch, optim, lr_scale)
 
     def rescale(self, progress: Progress) -> None:
         """A position inside an epoch counted by a different number of workers (an elastic reset,
@@ -55,9 +60,17 @@ class EpochPlan:
         progress.workers = self.num_workers
 
     def seed_epoch(self, epoch: int) -> None:
-        # Seeded per (epoch, worker) so that dropout-like randomness replays exactly on a resume
-        # from an epoch's end (from inside one, the replay starts at the epoch's first step).
+        # Seeded per (epoch, worker) before the epoch's batches are read, so that the data's
+        # randomness (a loader's worker seeds) replays on a resume from the epoch's end.
         torch.manual_seed(self.run.seed * 100_003 + epoch * 1009 + self.worker)
+
+    def seed_step(self, epoch: int, step: int) -> None:
+        """Seeded per (epoch, step, worker) once the step's batch is read, before it trains:
+        the model's randomness (dropout) replays exactly on a resume from inside an epoch too.
+        Seeded per epoch only, the resumed steps drew the epoch's first steps' dropout masks,
+        and the run ended with other weights than an uninterrupted one."""
+        torch.manual_seed((((self.run.seed * 100_003 + epoch) * 1_000_003 + step) * 1009
+                           + self.worker) % 2**63)
 
     def use_feed(self, feed: BatchFeed | None) -> None:
         self.feed = feed
@@ -82,10 +95,16 @@ class EpochPlan:
                                             self.feed.num_parts, self.run.batch_size,
                                             self.run.seed)
         shares = self.scheme.batches.batch_shares() if self.scheme is not None else None
-        return self.source.train_batches(progress.epoch, self.worker, self.num_workers,
-                                         self.run.batch_size, self.run.seed,
-                                         first_step=progress.step, steps=self.steps_per_epoch,
-                                         shares=shares)
+        return self._seeded_steps(self.source.train_batches(
+            progress.epoch, self.worker, self.num_workers, self.run.batch_size, self.run.seed,
+            first_step=progress.step, steps=self.steps_per_epoch, shares=shares),
+            progress.epoch, progress.step)
+
+    def _seeded_steps(self, batches: Iterator[tuple[Any, Any]], epoch: int,
+                      first_step: int) -> Iterator[tuple[Any, Any]]:
+        for step, batch in enumerate(batches, first_step):
+            self.seed_step(epoch, step)  # after the read: the data's randomness is the epoch's
+            yield batch
 
     @staticmethod
     def _pieces(feed: BatchFeed, epoch: int) -> Iterator[tuple[int, int, int]]:

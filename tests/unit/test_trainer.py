@@ -60,15 +60,15 @@ def data(n=256, seed=0):
     return x, (x[:, :3].sum(1) > 0).long()
 
 
-def make_trainer(tmp_path, hooks=(), x=None, scheme=None, **options):
+def make_trainer(tmp_path, hooks=(), x=None, scheme=None, dropout=0.0, **options):
     opts = {"epochs": 2, "batch_size": 16, "progress": False, "warmup_epochs": 0,
             "run_dir": str(tmp_path), "seed": 4, **options}
     cfg = Config.from_overrides(opts).validate()
     x, y = data() if x is None else x
     torch.manual_seed(cfg.run.seed)
-    # No dropout: inside an epoch, a resume replays the data exactly but not the random state.
     workload = workload_from_objects(lambda: torch.nn.Sequential(
-        torch.nn.Linear(12, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)),
+        torch.nn.Linear(12, 16), torch.nn.ReLU(),
+        *([torch.nn.Dropout(dropout)] if dropout else []), torch.nn.Linear(16, 2)),
         (x[:200], y[:200]), (x[200:], y[200:]), "cross_entropy", None)
     workload.bind(CPU, cfg)
     model = workload.build_model()
@@ -92,21 +92,23 @@ class CrashAt(StepHook):
             raise KeyboardInterrupt
 
 
-def test_a_step_checkpoint_resumes_at_its_step_with_the_same_weights(tmp_path):
-    straight = make_trainer(tmp_path / "straight")
+@pytest.mark.parametrize("dropout", [0.0, 0.3])  # the dropout masks replay too (seed_step)
+def test_a_step_checkpoint_resumes_at_its_step_with_the_same_weights(tmp_path, dropout):
+    straight = make_trainer(tmp_path / "straight", dropout=dropout)
     straight.fit()
     steps = straight.plan.steps_per_epoch
     assert steps == 200 // 16
     # 12 steps an epoch: a checkpoint every 5 steps leaves (epoch 1, step 3) at global step 15
     crash = CrashAt(17)
-    first = make_trainer(tmp_path / "crashed", hooks=[crash], checkpoint_steps=5)
+    first = make_trainer(tmp_path / "crashed", hooks=[crash], checkpoint_steps=5,
+                         dropout=dropout)
     with pytest.raises(KeyboardInterrupt):
         first.fit()
     saved = checkpoint.load(tmp_path / "crashed")
     assert (saved["epoch"], saved["step"], saved["global_step"]) == (1, 3, 15)
     hook = CrashAt(-1)
     resumed = make_trainer(tmp_path / "crashed", hooks=[hook], checkpoint_steps=5,
-                           auto_resume=True)
+                           auto_resume=True, dropout=dropout)
     resumed.fit()
     assert resumed.scheme.started_with[1] is True
     assert hook.seen[0] == (1, 3) and len(hook.seen) == steps - 3  # only the rest of epoch 2
@@ -175,6 +177,26 @@ def test_a_position_inside_an_epoch_rescales_to_another_number_of_workers(step, 
     plan.rescale(progress)
     assert progress.step == min(expected, plan.steps_per_epoch)
     assert progress.workers == now
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "constant"])
+def test_the_schedule_follows_the_epochs_in_this_worlds_steps_after_a_change_of_workers(schedule):
+    """A resume from 2 sync workers onto 3: the global step counts the earlier epochs in the
+    old world's (more) steps. The rate is the plan's at this world's epoch and step, so cosine
+    reaches 0 at the end and not epochs before it (it trained the last two of 6 at lr 0)."""
+    x, y = data(960)
+    run_config = Config.from_overrides({"batch_size": 16, "epochs": 6, "lr": 0.1,
+                                        "lr_schedule": schedule}).validate()
+    plan = EpochPlan(run_config.run, InMemoryBatches(x, y))
+    plan.bind_world(0, 3)  # 20 steps an epoch; with 2 workers 30
+    resumed = Progress(epoch=4, step=0, global_step=4 * 30, workers=2)
+    plan.rescale(resumed)
+    fresh = Progress(epoch=4, step=0, global_step=4 * 20, workers=3)
+    rate = plan.learning_rate(resumed, run_config.optim, 3.0)
+    assert rate == plan.learning_rate(fresh, run_config.optim, 3.0)
+    assert rate > 0.05 if schedule == "cosine" else rate == pytest.approx(0.3)
+    last = Progress(epoch=5, step=19, global_step=4 * 30 + 39, workers=3)
+    assert 0 < plan.learning_rate(last, run_config.optim, 3.0) < 0.01 or schedule == "constant"
 
 
 def test_a_nan_loss_stops_training_and_keeps_the_last_checkpoint(tmp_path):

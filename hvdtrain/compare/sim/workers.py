@@ -45,8 +45,9 @@ class _Worker:
             self.batches = self.plan.batches(Progress(epoch=self.steps // per_epoch,
                                                       global_step=self.steps,
                                                       workers=self.plan.num_workers))
-            self.rng = torch.get_rng_state()
-        return next(self.batches)
+        batch = next(self.batches)
+        self.rng = torch.get_rng_state()  # the plan seeded the step (EpochPlan.seed_step)
+        return batch
 
     def _piece_batch(self):
         epoch, step, _ = self.piece
