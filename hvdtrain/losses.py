@@ -32,19 +32,37 @@ Metric = Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]]
 IGNORE_INDEX = -100  # torch's cross_entropy default: a target of padding, not scored
 
 
+def _as_class_ids(target: torch.Tensor) -> torch.Tensor:
+    """Class ids of any integer dtype as the int64 that torch's class losses take (they refuse
+    int32, which labels read from files often are); int64 and uint8 pass as they are, without a
+    copy. (x, y) pairs were converted when loaded (data/user_data.py); a Dataset's are here."""
+    if target.dtype in (torch.int64, torch.uint8) or not integer_labels(target.dtype):
+        return target
+    return target.long()
+
+
+def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(output, _as_class_ids(target))
+
+
+def nll(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return F.nll_loss(output, _as_class_ids(target))
+
+
 def token_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy with the classes on the last axis: (N, ..., V) logits against (N, ...)
     class ids, the mean over every position whose target is not IGNORE_INDEX."""
-    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]),
+                           _as_class_ids(target).reshape(-1))
 
 
 LOSSES: dict[str, Loss] = {  # torch's defaults are reduction="mean"
-    "cross_entropy": F.cross_entropy,
+    "cross_entropy": cross_entropy,
     "token_cross_entropy": token_cross_entropy,
     "mse": F.mse_loss,
     "l1": F.l1_loss,
     "bce_with_logits": F.binary_cross_entropy_with_logits,
-    "nll": F.nll_loss,
+    "nll": nll,
 }
 CLASSIFICATION_LOSSES = {"cross_entropy", "nll"}
 _ELEMENTWISE_LOSSES = {"mse", "l1", "bce_with_logits"}  # output and target of one shape
@@ -179,6 +197,12 @@ def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
     builtin = is_builtin_loss(loss_fn, loss_name)
     shapes = f"the model's output is {describe(output)} and the target {describe(target)}"
     fix = _FIX.get(loss_name, "")
+    if builtin and not isinstance(output, torch.Tensor):  # a dict, a tuple, a ModelOutput
+        raise ConfigError(f"--loss {loss_name}: the model's output is {describe(output)}, not "
+                          "a tensor; a built-in loss scores the tensor that forward returns: "
+                          "return the logits from forward (e.g. out.logits or out['logits']), "
+                          "or pass your own --loss MODULE:CALLABLE that reads them from the "
+                          "output")
     if builtin:
         _refuse_silent_mismatches(loss_name, output, target, shapes, fix)
     try:
@@ -222,6 +246,14 @@ def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: 
                               "loss)" if loss_name == "nll" else "") +
                           ". For classes on axis 1 (segmentation) whose sizes happen to agree, "
                           "pass your own --loss MODULE:CALLABLE")
+    if (loss_name in {*CLASSIFICATION_LOSSES, "token_cross_entropy"}
+            and isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
+            and target.is_floating_point() and target.dim() == output.dim() - 1
+            and bool(torch.equal(target, target.round()))):
+        # torch's message ("expected scalar type Long") reads as if the loss were wrong
+        raise ConfigError(f"--loss {loss_name}: {shapes}: the targets are whole numbers held as "
+                          "floats; class ids must be integers: convert them with .long() where "
+                          "your data makes them. For real-valued targets pass --loss mse or l1")
     if (loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
             and output.dim() >= 2 and output.shape[1] == 1):
         # One class: every softmax is 1 and the loss 0 for any weights, so nothing would train.

@@ -201,6 +201,28 @@ def test_float_targets_for_cross_entropy():
     assert "--loss mse" in message
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
+@pytest.mark.parametrize("name", ["cross_entropy", "nll", "token_cross_entropy"])
+def test_class_ids_of_any_integer_dtype_score_as_int64_ones(name, dtype):
+    """A Dataset's int32 labels (numpy's default on some systems) were refused with torch's
+    "expected target dtype to be Long or Byte"; (x, y) pairs were converted when loaded."""
+    output = torch.randn(6, 4, 5) if name == "token_cross_entropy" else torch.randn(6, 5)
+    target = torch.randint(0, 5, output.shape[:-1])
+    check_loss_accepts(LOSSES[name], name, output.requires_grad_(), target.to(dtype))
+    torch.testing.assert_close(LOSSES[name](output, target.to(dtype)),
+                               LOSSES[name](output, target))
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "nll", "token_cross_entropy"])
+def test_whole_number_float_class_ids_are_told_to_become_integers(name):
+    output = torch.randn(6, 4, 5) if name == "token_cross_entropy" else torch.randn(6, 5)
+    target = torch.randint(0, 5, output.shape[:-1]).float()
+    with pytest.raises(ConfigError, match=rf"--loss {name}: .*whole numbers held as floats; "
+                                          r"class ids must be integers: convert them with "
+                                          r"\.long\(\)"):
+        check_loss_accepts(LOSSES[name], name, output, target)
+
+
 @pytest.mark.parametrize("name", ["cross_entropy", "nll"])
 @pytest.mark.parametrize("steps", [7, 5])  # T == V: torch would train the wrong axis silently
 def test_a_language_models_logits_are_refused_for_the_classes_on_axis_1(name, steps):
@@ -298,3 +320,18 @@ def test_loss_must_keep_the_gradient():
     with pytest.raises(ConfigError, match="no gradient"):
         check_loss_accepts(lambda o, t: ((o.detach() - t) ** 2).mean(), "my.py:f", output,
                            torch.randn(8))
+
+
+class ModelOutput:  # a Hugging Face-style output object
+    def __init__(self, logits):
+        self.logits = logits
+
+
+@pytest.mark.parametrize("output", [{"logits": torch.randn(4, 3)}, (torch.randn(4, 3),),
+                                    ModelOutput(torch.randn(4, 3))])
+@pytest.mark.parametrize("name", ["cross_entropy", "token_cross_entropy", "mse"])
+def test_an_output_that_is_no_tensor_is_told_to_return_the_logits(name, output):
+    with pytest.raises(ConfigError, match=rf"--loss {name}: the model's output is of type "
+                                          rf"{type(output).__name__}, not a tensor; .*return the "
+                                          r"logits from forward .* --loss MODULE:CALLABLE"):
+        check_loss_accepts(LOSSES[name], name, output, torch.zeros(4, dtype=torch.long))

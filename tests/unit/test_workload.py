@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import hvdtrain
 from hvdtrain.cli import build_parser, config_from_args
 from hvdtrain.config import Config, ConfigError
-from hvdtrain.losses import accuracy
+from hvdtrain.losses import LOSSES, accuracy
 from hvdtrain.workload import Workload, workload_from_config, workload_from_objects
 
 CPU = torch.device("cpu")
@@ -132,7 +132,7 @@ def test_user_model_is_offered_the_shape_and_classes_of_the_users_data(user_file
 
     assert workload.input_shape == (1, 4, 4) and workload.num_classes == 5
     assert workload.name == f"{models}:build"
-    assert workload.loss is F.cross_entropy and workload.loss_name == "cross_entropy"
+    assert workload.loss is LOSSES["cross_entropy"] and workload.loss_name == "cross_entropy"
     assert set(workload.metrics) == {"acc"}
     assert len(workload.train_data[0]) == 20 and len(workload.test_data[0]) == 20
     model = workload.build_model()
