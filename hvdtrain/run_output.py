@@ -186,15 +186,21 @@ class ProgressBar:
     prefixes every write with the rank, so the finished line is printed once instead.
     """
 
-    def __init__(self, enabled: bool, stream: TextIO = sys.stderr):
+    def __init__(self, enabled: bool, stream: TextIO | None = None):
         self.enabled = enabled
-        self.stream = stream
-        self.live = enabled and stream.isatty()
+        self._stream = stream
+        self.live = enabled and self.stream.isatty()
         self._bar: tqdm | None = None
         self._steps = 0
         self._started = 0.0
         self._shown = 0.0  # when the bar's figures were last read
         self._latest: tuple[float, Callable[[], dict[str, float]]] | None = None
+
+    @property
+    def stream(self) -> TextIO:
+        """The one given, else sys.stderr as it is now: after a stop signal, one whose writes
+        no longer fail once mpirun closed it (preemption.OutputThatMayBeGone)."""
+        return self._stream if self._stream is not None else sys.stderr
 
     def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
         if not self.enabled:

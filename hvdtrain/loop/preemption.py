@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+from typing import Any, TextIO
 
 from ..exit_codes import EXIT_PREEMPTED, STOP_SIGNALS
 
@@ -39,6 +41,7 @@ class StopSignals:
     def install(self, in_fit: bool = False) -> None:
         """``in_fit``: under hvdtrain.fit, which returns after the stop instead of exiting."""
         self.received, self.started, self.in_fit = None, False, in_fit
+        sys.stdout, sys.stderr = OutputThatMayBeGone.wrap(sys.stdout, sys.stderr)
         if threading.current_thread() is not threading.main_thread():
             return  # Python delivers signals to the main thread only: an embedding app's job
         for sig in STOP_SIGNALS:
@@ -48,6 +51,7 @@ class StopSignals:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        sys.stdout, sys.stderr = OutputThatMayBeGone.unwrap(sys.stdout, sys.stderr)
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None and signum == signal.SIGINT:
@@ -55,9 +59,11 @@ class StopSignals:
         first = self.received is None
         self.received = self.received or signal.Signals(signum).name
         if first and self.announce:
-            # os.write: print() may be inside another print of this thread when the signal lands
-            os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: "
-                        f"{self._what_it_does(signum)}\n".encode())
+            try:  # os.write: print() may be inside another print of this thread when it lands
+                os.write(2, f"hvdtrain: {self.received} received by PID {os.getpid()}: "
+                            f"{self._what_it_does(signum)}\n".encode())
+            except OSError:
+                pass  # the reader of this output is gone (OutputThatMayBeGone)
 
     def _what_it_does(self, signum: int) -> str:
         if self.in_fit:
@@ -68,6 +74,41 @@ class StopSignals:
                     f"(resume with --auto-resume){_mpirun_hint(signum)}{_recovery_hint(signum)}")
         return (f"before training started: {_start_hint()}it stops within its first steps, "
                 f"with a checkpoint, and exits {EXIT_PREEMPTED}{_mpirun_hint(signum)}")
+
+
+class OutputThatMayBeGone:
+    """A training process's output, for as long as its stop signals are handled (install to
+    restore): mpirun, told to stop, closes the ranks' output before its SIGTERM reaches them,
+    and a write then fails (EIO, EPIPE). Where that error reached the training loop, a
+    preempted run's stop line read "failed: [Errno 32] Broken pipe", with no checkpoint,
+    instead of "preempted: SIGTERM". What is written to nobody is dropped; the run's log and
+    checkpoints are files, and the stop signal that follows is handled as any other."""
+
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+
+    @classmethod
+    def wrap(cls, *streams: Any) -> list[Any]:
+        return [s if isinstance(s, cls) or s is None else cls(s) for s in streams]
+
+    @classmethod
+    def unwrap(cls, *streams: Any) -> list[Any]:
+        return [s._stream if isinstance(s, cls) else s for s in streams]
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _mpirun_hint(signum: int) -> str:

@@ -4,8 +4,11 @@ that answers the stop agreement as told."""
 
 from __future__ import annotations
 
+import errno
+import io
 import pickle
 import signal
+import sys
 
 import pytest
 
@@ -14,7 +17,9 @@ from hvdtrain.loop import TrainingError
 from hvdtrain.loop.clock import TrainingClock
 from hvdtrain.loop.divergence import RISE, DivergenceWatch
 from hvdtrain.loop.hooks import StepResult
+from hvdtrain.loop import preemption
 from hvdtrain.loop.preemption import StopSignals
+from hvdtrain.run_output import ProgressBar
 from hvdtrain.loop.stopping import (EARLY_STOP, NON_FINITE_LOSS, SIGNAL, TARGET, Stopping,
                                     Verdict)
 from hvdtrain.loop.target import TargetStop
@@ -423,3 +428,44 @@ def test_a_stop_signal_before_training_started_says_so_without_the_recovery_advi
     said = capfd.readouterr().err
     assert "fit() then returns with its preempted field set (call it again with " \
            "auto_resume=True to continue)" in said and "exit 75" not in said
+
+
+@pytest.fixture(autouse=True)
+def _output_unwrapped():
+    """A stop signal handled here wraps the test's output (OutputThatMayBeGone): unwrapped after."""
+    yield
+    sys.stdout, sys.stderr = preemption.OutputThatMayBeGone.unwrap(sys.stdout, sys.stderr)
+
+
+class GoneTerminal(io.StringIO):
+    """A rank's output once mpirun closed it: every write fails."""
+
+    def write(self, text):
+        raise OSError(errno.EIO, "Input/output error")
+
+    def flush(self):
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_output_to_a_closed_terminal_no_longer_fails_a_run_that_handles_stop_signals(
+        monkeypatch):
+    """mpirun told to stop closes the ranks' output before its SIGTERM reaches them: a print
+    raised EPIPE in the training loop, and the async run's stop line read "failed: [Errno 32]
+    Broken pipe", with no checkpoint."""
+    gone = GoneTerminal()
+    monkeypatch.setattr(sys, "stdout", gone)
+    monkeypatch.setattr(sys, "stderr", gone)
+    with pytest.raises(OSError):
+        print("outside a run", flush=True)  # not hidden where no run handles the signals
+    signals = StopSignals()
+    monkeypatch.setattr(signals, "_previous", {})
+    monkeypatch.setattr(preemption.signal, "signal", lambda sig, handler: None)
+    signals.install()
+    print("an epoch line", flush=True)
+    ProgressBar(enabled=True).start_epoch(2, 3, 10)  # the epoch bar writes to sys.stderr now
+    monkeypatch.setattr(preemption.os, "write", lambda fd, data: gone.write(data))
+    signals._handle(signal.SIGTERM, None)  # its own line fails too, and is dropped
+    assert signals.received == "SIGTERM"
+    print("the stop's message", flush=True)
+    signals.restore()
+    assert sys.stdout is gone and sys.stderr is gone
