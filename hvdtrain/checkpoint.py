@@ -183,7 +183,9 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"--resume: no checkpoint at {path}; pass a checkpoint file or a "
                               f"run folder that holds {CHECKPOINT_NAME}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = load_checked(path)
+    except DamagedFile as e:
+        raise CheckpointError(f"--resume: {path} is damaged ({e}). {_instead(path)}") from None
     except Exception as e:  # truncated zip, pickle errors, unsupported globals...
         raise CheckpointError(f"--resume: {path} is not a readable checkpoint "
                               f"({unreadable_reason(path, e)}); it may be truncated or from "
@@ -205,11 +207,34 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     return state
 
 
+class DamagedFile(ValueError):
+    """A file whose bytes changed after it was written (load_checked)."""
+
+
+def load_checked(path: Path) -> Any:
+    """torch.load(weights_only=True) of a file whose zip records match the CRC-32 checksum that
+    torch stored with each. torch reads a record without checking it, so damaged tensor bytes
+    (a failing disk, a copy cut short over an older file) loaded as weights: a resume trained on
+    from garbage (a loss of 348,636) and overwrote the file with its own checkpoint. Reading
+    the file once more costs about a second per GB, on a resume."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        damaged = None  # not a whole zip: torch.load says why
+    if damaged is not None:
+        raise DamagedFile(f"its record {damaged} does not match the checksum written with it: "
+                          "its bytes changed after it was written")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def unreadable_reason(path: Path, error: Exception) -> str:
     """Why torch.load refused a file, without torch's advice to pass weights_only=False: hvdtrain
     writes only tensors and plain values, so a file that needs it is not an hvdtrain checkpoint,
     and loading it so would run code stored in the file."""
     text = str(error)
+    if isinstance(error, DamagedFile):
+        return str(error)
     if not zipfile.is_zipfile(path):
         return "not a torch zip archive"
     unsupported = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)

@@ -21,7 +21,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from .. import checkpoint
 
@@ -101,7 +100,7 @@ def _read_tagged(path: Path, beside: Path, tag: dict[str, Any]
     if not path.is_file():
         return None, f"no {path.name} beside {beside}"
     try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
+        saved = checkpoint.load_checked(path)
     except Exception as e:  # noqa: BLE001 - truncated, foreign: any unreadable file falls back
         return None, f"{path} is unreadable ({checkpoint.unreadable_reason(path, e)})"
     if not isinstance(saved, dict) or not isinstance(saved.get("state"), dict):

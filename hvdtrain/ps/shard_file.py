@@ -92,7 +92,7 @@ def read_all(path: str | Path) -> dict[str, Any]:
     """The whole flattened parameters and optimizer vectors that the servers wrote beside the
     checkpoint ``path`` (for inspection and tests)."""
     path = checkpoint.checkpoint_path(path)
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = checkpoint.load_checked(path)
     server = state["server_state"]
     total = max(entry["bounds"][1] for entry in server["shards"])
     found, why = read((0, total), server["shards"], (str(path), _position(state)))

@@ -332,6 +332,25 @@ def test_an_unreadable_checkpoint_does_not_advise_weights_only_false(tmp_path):
         assert reason in str(error.value) and "weights_only" not in str(error.value)
 
 
+def test_a_checkpoint_whose_tensor_bytes_changed_is_refused_as_damaged(tmp_path):
+    """torch.load reads a zip record without its CRC-32: a resume trained on from the damaged
+    weights (a loss of 348,636) and overwrote the file."""
+    import torch
+    weights = torch.arange(50_000, dtype=torch.float32)
+    path = checkpoint.save_atomic({"format_version": checkpoint.FORMAT_VERSION,
+                                   "model": {"w": weights}}, tmp_path / "checkpoint.pt")
+    assert torch.equal(checkpoint.load(path)["model"]["w"], weights)
+    data = bytearray(path.read_bytes())
+    at = data.find(weights[1000:1004].numpy().tobytes())
+    assert at > 0
+    data[at:at + 40] = bytes(b ^ 0x5A for b in data[at:at + 40])
+    path.write_bytes(bytes(data))
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint\.pt is damaged \(its "
+                                                         r"record .* does not match the checksum "
+                                                         r"written with it"):
+        checkpoint.load(path)
+
+
 def test_elastic_without_a_launcher_is_refused(monkeypatch):
     from hvdtrain import runtime
 
