@@ -17,6 +17,7 @@ def check_combinations(cfg: Any) -> None:
     from ..rules import backup, balance, dc_asgd, staleness_lr, wire_dtype
 
     r, s, pl = cfg.run, cfg.sync, cfg.pipeline
+    _check_async_only(cfg)
     k = s.backward_passes_per_step
     require(r.batch_size % k == 0, "--backward-passes-per-step", k,
             f"it must divide --batch-size {r.batch_size} evenly "
@@ -31,6 +32,11 @@ def check_combinations(cfg: Any) -> None:
         check_async_options(cfg)
     _check_restarts(cfg)
     _check_elastic(cfg)
+    o = cfg.optim  # the cosine decay starts once the warm-up ends: a run that ends first is flat
+    require(o.lr_schedule != "cosine" or o.warmup_epochs < r.epochs, "--warmup-epochs",
+            o.warmup_epochs, f"--lr-schedule cosine decays after the warm-up, which would last "
+            f"all of --epochs {r.epochs}, so the rate would never decay; use --warmup-epochs "
+            f"below {r.epochs} (0: none), or more --epochs")
     balance.check_room(cfg)
     _check_adasum(cfg)
     if r.mode == "async":
@@ -48,6 +54,29 @@ def check_combinations(cfg: Any) -> None:
             f"each backward pass sees --batch-size {r.batch_size} / "
             f"--backward-passes-per-step {k} = {per_pass} "
             f"samples, too few for {pl.micro_batches} micro-batches; use at most {per_pass}")
+
+
+# The parameter server's rules: what a sync run would ignore without a word, leaving its user
+# to believe it ran SSP or BSP (mpirun -np 3 --staleness 0, --mode async forgotten, trained
+# three sync workers). --backup-workers, --max-restarts and --server-device have checks of
+# their own; the transport's tuning (--chunk-mb, --timeout-s, shared memory) changes no result.
+_ASYNC_RULES = ("num_servers", "staleness", "pull_every", "bsp", "dc_lambda", "staleness_lr",
+                "round_staleness_weight", "eval_pauses_workers")
+
+
+def _check_async_only(cfg: Any) -> None:
+    if cfg.run.mode == "async":
+        return
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg.ps)}
+    for name in _ASYNC_RULES:
+        value = getattr(cfg.ps, name)
+        if value != defaults[name]:
+            flag = "--" + ("no-" if value is False else "") + name.replace("_", "-")
+            raise ConfigError(f"{flag}: an option of the parameter server (--mode async); this "
+                              f"run is --mode {cfg.run.mode} and would ignore it: add --mode "
+                              f"async, or drop {flag}")
 
 
 def _check_adasum(cfg: Any) -> None:

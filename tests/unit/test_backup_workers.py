@@ -51,8 +51,10 @@ def test_config_refuses_backup_workers_outside_bsp_and_with_sparse_pulls():
     validate(mode="async", bsp=True, backup_workers=1)
     with pytest.raises(ConfigError, match="--backup-workers.*--mode async --bsp"):
         validate(mode="async", backup_workers=1)
-    with pytest.raises(ConfigError, match="--backup-workers.*--mode async --bsp"):
+    with pytest.raises(ConfigError, match="--bsp: an option of the parameter server"):
         validate(mode="sync", bsp=True, backup_workers=1)
+    with pytest.raises(ConfigError, match="--backup-workers.*--mode async --bsp"):
+        validate(mode="sync", backup_workers=1)
     with pytest.raises(ConfigError, match="--pull-every.*--pull-every 1"):
         validate(mode="async", bsp=True, backup_workers=1, pull_every=2)
     with pytest.raises(ConfigError, match="--backup-workers: invalid value -1"):

@@ -156,7 +156,26 @@ def test_an_unbounded_staleness_stays_the_default():
     with pytest.raises(ConfigError, match="--staleness: invalid value 2.5; use 0 .lock-step., "
                                           "a whole number of pushes"):
         Config.from_overrides({"staleness": "2.5"}).validate()
-    assert Config.from_overrides({"staleness": 2}).validate().ps.staleness == 2
+    assert Config.from_overrides({"staleness": 2, "mode": "async"}).validate().ps.staleness == 2
+    # a rule of the server in a sync run was ignored: three sync workers, not SSP
+    for flag, values in (("--staleness", {"staleness": 0}), ("--bsp", {"bsp": True}),
+                         ("--no-round-staleness-weight", {"round_staleness_weight": False}),
+                         ("--eval-pauses-workers", {"eval_pauses_workers": True})):
+        with pytest.raises(ConfigError, match=f"{flag}: an option of the parameter server "
+                                              f"\\(--mode async\\); this run is --mode sync and "
+                                              f"would ignore it: add --mode async, or drop {flag}"):
+            Config.from_overrides(values).validate()
+    Config.from_overrides({"chunk_mb": 4, "timeout_s": 30}).validate()  # transport: no result
+    # --data-path without a dataset that reads it: the built-in digits trained instead
+    with pytest.raises(ConfigError, match=r"--data-path: .*only --dataset mnist, npz or folder "
+                                          r"read it, and --dataset digits would ignore it"):
+        Config.from_overrides({"data_path": "mine.npz"}).validate()
+    # a cosine schedule whose warm-up lasts the whole run never decays
+    with pytest.raises(ConfigError, match=r"--warmup-epochs: .*--lr-schedule cosine decays after "
+                                          r"the warm-up, which would last all of --epochs 4"):
+        Config.from_overrides({"lr_schedule": "cosine", "epochs": 4,
+                               "warmup_epochs": 5}).validate()
+    Config.from_overrides({"lr_schedule": "cosine", "epochs": 2}).validate()
 
 
 def test_a_run_dir_that_is_a_file_is_refused(tmp_path, capsys, no_training):
