@@ -255,6 +255,13 @@ def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: 
                           "floats; class ids must be integers: convert them with .long() where "
                           "your data makes them. For real-valued targets pass --loss mse or l1")
     if (loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
+            and isinstance(target, torch.Tensor) and output.dim() > 2
+            and not target.is_floating_point() and target.dim() < output.dim() - 1):
+        # (N, 1, C) against (N,): read as one class on axis 1 ("one output column")
+        raise ConfigError(f"--loss {loss_name}: {shapes}: the output has more axes than class "
+                          "scores for the target's labels need, (N, C) for (N,) labels; drop "
+                          "the extra axes in forward (e.g. .squeeze(1) or .flatten(1))")
+    if (loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
             and output.dim() >= 2 and output.shape[1] == 1):
         # One class: every softmax is 1 and the loss 0 for any weights, so nothing would train.
         raise ConfigError(f"--loss {loss_name}: {shapes}, one output column, i.e. one class; "

@@ -335,3 +335,12 @@ def test_an_output_that_is_no_tensor_is_told_to_return_the_logits(name, output):
                                           rf"{type(output).__name__}, not a tensor; .*return the "
                                           r"logits from forward .* --loss MODULE:CALLABLE"):
         check_loss_accepts(LOSSES[name], name, output, torch.zeros(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "nll"])
+def test_an_output_with_an_extra_axis_is_told_to_drop_it_not_that_it_has_one_class(name):
+    with pytest.raises(ConfigError, match=rf"--loss {name}: .*\(4, 1, 10\).*more axes than class "
+                                          r"scores .* drop the extra axes"):
+        check_loss_accepts(LOSSES[name], name, torch.randn(4, 1, 10), torch.zeros(4).long())
+    with pytest.raises(ConfigError, match="one output column"):  # (N, 1) still is one class
+        check_loss_accepts(LOSSES[name], name, torch.randn(4, 1), torch.zeros(4).long())
