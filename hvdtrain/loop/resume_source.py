@@ -64,6 +64,12 @@ def _check_resume_is_latest(run: RunConfig, run_dir: Path, scheme: UpdateScheme)
                     "worker": "a worker's own state"}[checkpoint.file_owner(source)]
             return {"error": f"--resume {run.resume}: {source.name} is "
                              f"{checkpoint.not_a_checkpoint(what, beside)}"}
+        if not source.exists():  # a best.pt that --keep-best never wrote: no branch either
+            kept = sorted(p.name for p in run_dir.glob("*.pt")
+                          if checkpoint.file_owner(p) is None)
+            return {"error": f"--resume {run.resume}: there is no {source.name} in {run_dir} "
+                             f"(its checkpoints: {', '.join(kept)}); continue the run with "
+                             f"--resume {run_dir}"}
         if source.is_file() and not zipfile.is_zipfile(source):  # the log, a note: no branch
             return {"error": f"--resume {run.resume}: {source.name} is not a checkpoint (not a "
                              f"torch zip archive); continue the run with --resume {run_dir}"}

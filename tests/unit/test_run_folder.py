@@ -215,6 +215,19 @@ def test_resume_of_a_file_beside_the_checkpoint_that_is_none_names_the_run_to_co
                                   f"torch zip archive); continue the run with --resume {run_dir}")
 
 
+def test_resume_of_a_best_pt_never_written_says_it_is_not_there(tmp_path):
+    """It was told to branch from best.pt into a new folder, a command that then failed with
+    'no checkpoint at'."""
+    run_dir = tmp_path / "run"
+    make_trainer(run_dir, epochs=1).fit()  # no --keep-best: no best.pt
+    best = str(run_dir / "best.pt")
+    with pytest.raises(checkpoint.CheckpointError) as refused:
+        make_trainer(run_dir, run_dir=None, epochs=2, resume=best).fit()
+    assert str(refused.value) == (f"--resume {best}: there is no best.pt in {run_dir} (its "
+                                  f"checkpoints: checkpoint.pt); continue the run with --resume "
+                                  f"{run_dir}")
+
+
 def test_resume_of_best_pt_leaves_the_runs_checkpoint_and_log_alone(tmp_path):
     """--resume RUN/best.pt wrote into RUN: its checkpoint.pt replaced, a second branch in its
     log. It is refused, and the command it suggests branches into a new folder."""
