@@ -222,7 +222,8 @@ class Checkpointer:
         self.scheme.group.checkpoint_place = self._place(checkpoint.checkpoint_path(source),
                                                          progress)
         self._restore_own_state(checkpoint.checkpoint_path(source), progress)
-        if progress.workers != num_workers and self._is_main():
+        if progress.workers != num_workers and self._is_main() and \
+                (progress.epoch, progress.step) < (self.run.epochs, 0):  # something left to train
             print(f"hvdtrain: warning: checkpoint was written with {progress.workers} workers, "
                   f"this run has {num_workers}; the data order differs from an uninterrupted "
                   "run", flush=True)

@@ -162,8 +162,8 @@ class RunLog:
     def follow_main(self, is_main: bool, run_dir: Path, global_step: int | None = None) -> None:
         """After an elastic reset that lost rank 0, the new rank 0 continues the log (elastic
         requires a shared --run-dir), and a process that is no longer rank 0 stops writing."""
-        self.is_main = is_main
-        if is_main and not self.sinks:
+        was_main, self.is_main = self.is_main, is_main  # not a finished run resumed (open)
+        if is_main and not (was_main or self.sinks):
             self.sinks = self.make_sinks(run_dir, True,
                                          None if global_step is None else global_step + 1)
             print(f"hvdtrain: this process is rank 0 now; it continues the log and the "

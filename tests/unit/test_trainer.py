@@ -390,3 +390,4 @@ def test_a_finished_run_resumed_with_nothing_left_leaves_its_log_as_it_was(tmp_p
     out = capsys.readouterr().out
     assert "has finished all 2 epoch(s); nothing is left to train" in out
     assert "training of" not in out  # the opening line of a run that does not train
+    assert "is rank 0 now" not in out  # an elastic hand-over's line: nothing was handed over
