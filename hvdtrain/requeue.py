@@ -37,9 +37,11 @@ the scheduler and the launcher:
 - the ranks on this host write their exit codes to that file too, and this process exits with
   the first non-zero one when there is one: mpirun under its recovery settings exits 0 or 1,
   and horovodrun 1, whatever code its ranks returned (2: bad input). A rank that refused its
-  input (2) ends the job: LINGER_S later, or at once on a stop, the launcher and its processes
-  are ended, rather than waiting out mpirun's abort under the sigkill timeout above, and the
-  job exits 2, not 75: a requeue would only be refused again.
+  input (2) or failed (1) ends the job, and so does one that died without a code (killed,
+  137) where the launcher does not survive it: LINGER_S later, or at once on a stop, the
+  launcher and its processes are ended, rather than waiting out mpirun's abort under the
+  sigkill timeout above (about 120 s), and the job exits with that code, not 75: a requeue
+  of bad input would only be refused again.
 
 This module imports nothing heavy (no torch): the wrapper must install its handler at once.
 """
@@ -153,7 +155,8 @@ def _job_code(code: int, ranks: Path, stopped: bool) -> int:
     """The launcher's code, or the first non-zero code that a rank on this host returned where
     the launcher's says something else (mpirun's recovery settings: 0 or 1; horovodrun: 1)."""
     failed = [c for c in rank_lines(ranks, "exit").values() if c not in (0, EXIT_PREEMPTED)]
-    if failed and failed[0] != code:
+    # 137: a rank was killed, and the others' codes (1: Horovod shut down) followed from it
+    if failed and failed[0] != code and code != 128 + signal.SIGKILL:
         print(f"hvdtrain run: exit {failed[0]}, the ranks' own code (the launcher's: {code})",
               file=sys.stderr, flush=True)
         return failed[0]
@@ -185,7 +188,7 @@ def ranks_ready(path: Path) -> bool:
     return bool(ready) and len(ready) >= max(ready.values())
 
 
-def rank_started() -> None:
+def rank_started(survivable: bool = False) -> None:
     """In a rank: tell `hvdtrain run` that this rank has started, its stop handler in place and
     its start-up over (MPI, the model, the checkpoint, the first broadcast: the trainer's first
     epoch, or a server's loop), so that a stop now costs a step and a checkpoint. A stop that
@@ -193,8 +196,14 @@ def rank_started() -> None:
     a rank would first have to finish its start-up, which can take longer than a grace
     period, and a rank without a handler yet would die of it."""
     from .core_binding import local_size_hint
+    from .loop.preemption import process_signals
+    from .ps.membership import recovery_enabled
 
     tell_wrapper("ready", local_size_hint())
+    # Its exit is recorded (cli.ended), and the job does not go on without it (no --elastic,
+    # no mpirun recovery): gone without an exit line, it died, and so did the job (job_failed).
+    if not (survivable or recovery_enabled() or process_signals.in_fit):
+        tell_wrapper("watched", 1)
 
 
 def tell_wrapper(kind: str, value: int) -> None:
@@ -215,7 +224,8 @@ def _supervise(relay: StopRelay, record: Path, ranks: Path) -> int | None:
     the launcher's processes were ended."""
     launcher = relay.launcher
     lingering_since: float | None = None  # the ranks here have ended after their checkpoint
-    refused_since: float | None = None  # a rank here refused its input (exit 2)
+    failed_since: float | None = None  # a rank here failed, or died (job_failed)
+    died: int | None = None  # ... the PID of one that died without an exit code
     stopped: set[int] = set()  # processes sent the stop, so each gets it once
     started = False  # every rank here had started at some point: the stop is passed on
     while True:
@@ -225,14 +235,14 @@ def _supervise(relay: StopRelay, record: Path, ranks: Path) -> int | None:
         except subprocess.TimeoutExpired:
             pass
         started = started or ranks_ready(ranks)
-        if refused_since is None and EXIT_BAD_INPUT in rank_lines(ranks, "exit").values():
-            refused_since = time.monotonic()
-        if refused_since is not None and (relay.received or
-                                          time.monotonic() - refused_since > LINGER_S):
+        if failed_since is None and job_failed(ranks):
+            failed_since, died = time.monotonic(), rank_died(ranks)
+        if failed_since is not None and (relay.received or
+                                         time.monotonic() - failed_since > LINGER_S):
             # The job is over: mpirun's abort of the other ranks waits out the sigkill timeout
             # set above, twice (about 120 s), and a stop meanwhile is no preemption to requeue.
             end_session(launcher)
-            code = launcher.returncode
+            code = launcher.returncode if died is None else _died(died)
             break
         if relay.received and not started:
             end_session(launcher)
@@ -248,6 +258,42 @@ def _supervise(relay: StopRelay, record: Path, ranks: Path) -> int | None:
             code = _end_lingering(launcher)
             break
     return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+
+def job_failed(ranks: Path) -> bool:
+    """Whether a rank on this host ended the job: it recorded an error's exit code (2: it
+    refused its input; 1: an error in training, which ends the others too, Horovod's shutdown
+    or MPI_Abort), or a rank watched for it died without a word (killed: 137, an out-of-memory
+    kill; rank_started)."""
+    exits = rank_lines(ranks, "exit")
+    return any(code not in (0, EXIT_PREEMPTED) for code in exits.values()) or \
+        rank_died(ranks) is not None
+
+
+def rank_died(ranks: Path) -> int | None:
+    """A watched rank (rank_started) that is gone without recording its exit code."""
+    exits = rank_lines(ranks, "exit")
+    return next((pid for pid in rank_lines(ranks, "watched")
+                 if pid not in exits and not _alive(pid)), None)
+
+
+def _died(pid: int) -> int:
+    """The job's code where a rank died of a signal, which its launcher can no longer say once
+    it is ended (it waited out its sigkill timeout twice to say so): 137, SIGKILL's, the
+    kernel's out-of-memory killer's and kill -9's."""
+    code = 128 + signal.SIGKILL
+    print(f"hvdtrain run: rank PID {pid} on this host ended without an exit code (killed, most "
+          f"often by the kernel's out-of-memory killer or kill -9); the launcher and the other "
+          f"ranks were ended; exit {code}", file=sys.stderr, flush=True)
+    return code
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has ended: its parent has not reaped it yet
 
 
 def _end_lingering(launcher: subprocess.Popen) -> int:

@@ -45,7 +45,7 @@ class ElasticHorovodSync(HorovodSync):
                                             workers=progress.workers,
                                             grad_scaler=self.replica.precision.state_dict())
         self.state.register_reset_callbacks([self._on_reset])
-        rank_started()  # as UpdateScheme.run
+        rank_started(survivable=True)  # as UpdateScheme.run; a lost host's rank is survived
 
         @hvd.elastic.run
         def elastic_loop(state):

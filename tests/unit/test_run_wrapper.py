@@ -37,6 +37,48 @@ def test_the_wrapper_exits_with_the_ranks_own_code_where_the_launcher_says_other
     assert requeue._job_code(0, tmp_path / "no-lines", stopped=False) == 0
 
 
+def test_the_job_has_failed_once_a_rank_here_failed_or_a_watched_one_died(tmp_path):
+    """Each ended the job; the wrapper waited out mpirun's abort under its 60 s sigkill timeout,
+    twice (about 2 minutes), where a failed rank's own code was known after 6 s."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a PID that has ended (and been reaped)
+    assert not requeue.job_failed(_lines(tmp_path, "ready 11 2", "exit 11 0", "exit 12 75"))
+    assert requeue.job_failed(_lines(tmp_path, "exit 11 0", "exit 12 1"))
+    assert requeue.job_failed(_lines(tmp_path, "exit 12 2"))
+    died = _lines(tmp_path, f"ready {gone.pid} 2", f"watched {gone.pid} 1")
+    assert requeue.job_failed(died) and requeue.rank_died(died) == gone.pid
+    # not watched (mpirun's recovery or --elastic survives it, or fit() records no code), or
+    # its exit recorded, or alive: the job goes on
+    assert not requeue.job_failed(_lines(tmp_path, f"ready {gone.pid} 2"))
+    assert not requeue.job_failed(_lines(tmp_path, f"watched {gone.pid} 1", f"exit {gone.pid} 0"))
+    import os
+    assert not requeue.job_failed(_lines(tmp_path, f"watched {os.getpid()} 1"))
+    # a rank killed: 137 wins over the code of the rank that failed after it
+    assert requeue._job_code(137, _lines(tmp_path, "exit 11 1"), stopped=False) == 137
+
+
+def test_a_rank_is_watched_only_where_the_job_cannot_go_on_without_it(tmp_path, monkeypatch):
+    from hvdtrain.loop.preemption import process_signals
+
+    path = tmp_path / "ranks"
+    monkeypatch.setenv(requeue.RANKS_FILE_ENV, str(path))
+    monkeypatch.delenv("OMPI_MCA_orte_enable_recovery", raising=False)
+    monkeypatch.setattr(process_signals, "in_fit", False)
+
+    def watched(**options):
+        path.write_text("")
+        requeue.rank_started(**options)
+        assert requeue.rank_lines(path, "ready")
+        return bool(requeue.rank_lines(path, "watched"))
+    assert watched()
+    assert not watched(survivable=True)  # --elastic
+    monkeypatch.setattr(process_signals, "in_fit", True)
+    assert not watched()  # fit() records no exit code
+    monkeypatch.setattr(process_signals, "in_fit", False)
+    monkeypatch.setenv("OMPI_MCA_orte_enable_recovery", "1")
+    assert not watched()  # mpirun survives a lost async worker
+
+
 def test_tell_wrapper_writes_only_under_the_wrapper(tmp_path, monkeypatch):
     monkeypatch.delenv(requeue.RANKS_FILE_ENV, raising=False)
     requeue.tell_wrapper("exit", 2)  # no file named: nothing to do
