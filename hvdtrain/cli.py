@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from . import __version__
 from .core_binding import local_size_hint, release_default_binding
-from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED
+from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED, record_early_stops
 
 if TYPE_CHECKING:
     from .config import Config
@@ -123,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     release_default_binding(local_size_hint())
     if argv[:1] != ["train"]:
         return _other_command(build_parser(train_flags=False).parse_args(argv))
+    if exiting:
+        record_early_stops()  # a stop while it starts: the trainer's handlers take it over
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # argparse: a wrong flag (2) on every rank alike, or --help (0)

@@ -16,3 +16,17 @@ EXIT_PREEMPTED = 75
 # The signals that stop a job after a checkpoint, with EXIT_PREEMPTED. Here rather than in
 # loop/preemption.py, whose package imports torch: `hvdtrain run` (requeue.py) needs them at once.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+# A stop signal that comes while a rank starts (its imports take seconds), before the trainer
+# installs its handlers (loop/preemption.py): recorded here, so that the rank stops after its
+# first step with a checkpoint and exits 75, rather than dying of it (143, or 138 for SIGUSR1:
+# a job that is not requeued).
+early_stops: list[str] = []
+
+
+def record_early_stops() -> None:
+    """The command line's first handlers, installed before anything heavy is imported."""
+    def record(signum, frame):
+        early_stops.append(signal.Signals(signum).name)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, record)

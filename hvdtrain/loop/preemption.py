@@ -17,7 +17,7 @@ import sys
 import threading
 from typing import Any, TextIO
 
-from ..exit_codes import EXIT_PREEMPTED, STOP_SIGNALS
+from ..exit_codes import EXIT_PREEMPTED, STOP_SIGNALS, early_stops
 
 
 class StopSignals:
@@ -46,6 +46,9 @@ class StopSignals:
             return  # Python delivers signals to the main thread only: an embedding app's job
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        if early_stops:  # while the process started (the command line's first handlers)
+            self._handle(getattr(signal, early_stops.pop(0)), None)
+            early_stops.clear()
 
     def restore(self) -> None:
         for sig, handler in self._previous.items():

@@ -469,3 +469,24 @@ def test_output_to_a_closed_terminal_no_longer_fails_a_run_that_handles_stop_sig
     print("the stop's message", flush=True)
     signals.restore()
     assert sys.stdout is gone and sys.stderr is gone
+
+
+def test_a_stop_signal_while_the_process_starts_is_taken_over_by_the_trainer(capfd):
+    """It killed the rank while torch loaded (exit 143, or 138 for SIGUSR1): no requeue."""
+    import os
+
+    from hvdtrain import exit_codes
+    before = {sig: signal.getsignal(sig) for sig in exit_codes.STOP_SIGNALS}
+    try:
+        exit_codes.record_early_stops()
+        os.kill(os.getpid(), signal.SIGUSR1)  # the process lives on: recorded
+        assert exit_codes.early_stops == ["SIGUSR1"]
+        signals = StopSignals()
+        signals.install()
+        assert signals.received == "SIGUSR1" and exit_codes.early_stops == []
+        assert "SIGUSR1 received by PID" in capfd.readouterr().err
+        signals.restore()
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        exit_codes.early_stops.clear()
