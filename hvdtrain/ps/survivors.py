@@ -80,8 +80,11 @@ def wait_surviving(request: Callable[[], object], regroup: Callable[[], bool], t
     """Wait for ``request()`` (the current request: a regroup may post it again elsewhere),
     regrouping whenever a worker is lost; StuckError after --timeout-s without progress. Under
     recovery the wait is longer: server 0 needs --timeout-s of silence to tell a lost worker."""
+    waited = f"{timeout_s:g} s, --timeout-s"
     if timeout_s and recovery_enabled():
         timeout_s = 2 * timeout_s + 5
+        waited = (f"{timeout_s:g} s, 2 x --timeout-s + 5 s: under mpirun's recovery a lost "
+                  "worker takes --timeout-s to tell")
     deadline = time.monotonic() + timeout_s if timeout_s else None
     polls = 0
     while not request().Test():
@@ -91,8 +94,8 @@ def wait_surviving(request: Callable[[], object], regroup: Callable[[], bool], t
         if regroup():
             deadline = time.monotonic() + timeout_s if timeout_s else None
         elif deadline is not None and time.monotonic() > deadline:
-            raise StuckError(f"{explain()} (waited {timeout_s:g} s, --timeout-s); a process "
-                             "has stopped or hangs. Raise --timeout-s if it may pause this long.")
+            raise StuckError(f"{explain()} (waited {waited}); a process has stopped or "
+                             "hangs. Raise --timeout-s if it may pause this long.")
 
 
 def on_current(comm: Callable[[], Any], post: Callable[[Any], Any]) -> Callable[[], Any]:

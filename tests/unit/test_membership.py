@@ -2,6 +2,7 @@
 and what the others are told; without it, the message says how to launch for recovery."""
 
 import os
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -419,3 +420,22 @@ def test_a_servers_wait_names_lost_workers_lost_not_done(monkeypatch):
     server.membership.drop(server, 1, time.perf_counter())
     server.engine.clocks.done(2)  # finished its epochs
     assert "worker 0: 0, worker 1: lost, worker 2: done" in server._describe_wait()
+
+
+@pytest.mark.parametrize("recovery, said", [
+    (False, "waited 30 s, --timeout-s"),
+    (True, "waited 65 s, 2 x --timeout-s + 5 s: under mpirun's recovery a lost worker takes "
+           "--timeout-s to tell")])
+def test_a_survivors_wait_says_how_long_it_waited_and_why(monkeypatch, recovery, said):
+    """Under recovery it said "waited 60 s, --timeout-s" of a --timeout-s 30."""
+    from hvdtrain.ps import survivors as module
+    if recovery:
+        monkeypatch.setenv("OMPI_MCA_orte_enable_recovery", "1")
+    else:
+        monkeypatch.delenv("OMPI_MCA_orte_enable_recovery", raising=False)
+    clock = iter(range(0, 10_000, 10))
+    monkeypatch.setattr(module.time, "monotonic", lambda: next(clock))
+    never = SimpleNamespace(Test=lambda: False)
+    with pytest.raises(StuckError, match=re.escape(f"no reply from server 0 ({said}); a process "
+                                                   "has stopped or hangs")):
+        module.wait_surviving(lambda: never, lambda: False, 30.0, lambda: "no reply from server 0")
