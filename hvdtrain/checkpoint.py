@@ -252,11 +252,21 @@ def check_compatible(state: dict[str, Any], expected: dict[str, Any], path: Any)
     """Compare the identity a checkpoint was written with (model, input shape...) to this run's."""
     saved = state.get("identity", {})
     diffs = [f"{k}: checkpoint has {saved.get(k)!r}, this run has {v!r}"
-             for k, v in expected.items() if saved.get(k) != v]
+             for k, v in expected.items() if _spec(saved.get(k)) != _spec(v)]
     if diffs:
         raise CheckpointError(f"--resume: {path} was written for a different setup ("
                               + "; ".join(diffs) + "). Resume with the flags it was trained "
                               "with, or start without --resume")
+
+
+def _spec(value: Any) -> Any:
+    """A MODULE:CALLABLE given as a file by another path (relative, absolute, from another
+    folder: a scheduler's restart) is the same model: its file's name and its callable. What
+    the file holds is checked tensor by tensor (check_model_state)."""
+    if isinstance(value, str) and ".py:" in value:
+        file, _, name = value.rpartition(":")
+        return Path(file).name, name
+    return value
 
 
 def check_model_state(saved: dict[str, Any], expected: dict[str, Any], path: Any) -> None:

@@ -576,3 +576,13 @@ def test_nan_in_the_test_data_reports_no_accuracy():
     assert math.isnan(stats.loss_sum) and stats.count == 16
     correct, count = stats.metrics["acc"]
     assert math.isnan(correct) and count == 16  # argmax over NaN gave a count of "correct" ones
+
+
+def test_a_model_file_named_by_another_path_is_the_same_setup():
+    """A restart from another folder spelled --model by its absolute path, and was refused."""
+    saved = {"identity": {"model": "model.py:build", "mode": "sync"}}
+    checkpoint.check_compatible(saved, {"model": "/jobs/w/model.py:build", "mode": "sync"}, "c")
+    checkpoint.check_compatible(saved, {"model": "./model.py:build", "mode": "sync"}, "c")
+    for other in ("other.py:build", "model.py:make", "pkg.model:build"):
+        with pytest.raises(checkpoint.CheckpointError, match="was written for a different setup"):
+            checkpoint.check_compatible(saved, {"model": other, "mode": "sync"}, "c")
