@@ -143,8 +143,9 @@ def call_with_known_kwargs(fn: Callable, flag: str, spec: str, explicit: dict[st
             signature.bind(**kwargs)
         except TypeError as e:
             shown = ", ".join(kwargs) or "no arguments"
-            raise ConfigError(
-                f"{args_flag}: {spec} is {_callable_name(fn)}{signature}, which cannot be called "
+            raise ConfigError(  # named after the flag the user gave: --model-args, or --model
+                f"{args_flag if explicit else flag}: {spec} is {_callable_name(fn)}{signature}, "
+                f"which cannot be called "
                 f"with {shown} ({e}){_near_parameters(signature, explicit)}; in {args_flag} give "
                 f"only parameters it names, and every one without a default"
                 + _args_example(signature, offered, args_flag)

@@ -371,7 +371,7 @@ def test_missing_required_keyword():
     def build(depth):
         pass
 
-    with pytest.raises(ConfigError, match=r"--dataset-args: .*missing a required argument: "
+    with pytest.raises(ConfigError, match=r"--dataset: .*missing a required argument: "
                                           r"'depth'"):
         call_with_known_kwargs(build, "--dataset", "d:build", {}, OFFERED)
 

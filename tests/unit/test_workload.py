@@ -176,7 +176,7 @@ def test_a_factory_that_needs_classes_the_data_cannot_tell_names_the_missing_key
     with pytest.raises(ConfigError) as e:
         workload.build_model()
     message = str(e.value)
-    assert message.startswith(f"--model-args: {models}:needs_classes is needs_classes(")
+    assert message.startswith(f"--model: {models}:needs_classes is needs_classes(")  # not given
     # no example: its only parameters are hvdtrain's, without defaults to show
     assert "num_classes" in message and "--model-args '{" not in message
     assert "num_classes was not offered because the targets are float32 values" in message
@@ -199,7 +199,7 @@ def test_a_dataset_without_classes_says_how_to_make_num_classes_known(user_files
     with pytest.raises(ConfigError) as e:
         workload.build_model()
     message = str(e.value)
-    assert message.startswith(f"--model-args: {models}:needs_classes is needs_classes(")
+    assert message.startswith(f"--model: {models}:needs_classes is needs_classes(")  # not given
     assert ("num_classes was not offered because this dataset does not tell it (give the "
             "training dataset a num_classes or classes attribute, or pass it in --model-args)"
             ) in message
