@@ -21,7 +21,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-
 from .. import checkpoint
 
 BASE_KEYS = ("identity", "epoch", "step")
