@@ -60,7 +60,7 @@ def check_combinations(cfg: Any) -> None:
 # to believe it ran SSP or BSP (mpirun -np 3 --staleness 0, --mode async forgotten, trained
 # three sync workers). --backup-workers, --max-restarts and --server-device have checks of
 # their own; the transport's tuning (--chunk-mb, --timeout-s, shared memory) changes no result.
-_ASYNC_RULES = ("num_servers", "staleness", "pull_every", "bsp", "dc_lambda", "staleness_lr",
+ASYNC_RULES = ("num_servers", "staleness", "pull_every", "bsp", "dc_lambda", "staleness_lr",
                 "round_staleness_weight", "eval_pauses_workers")
 
 
@@ -70,7 +70,7 @@ def _check_async_only(cfg: Any) -> None:
     import dataclasses
 
     defaults = {f.name: f.default for f in dataclasses.fields(cfg.ps)}
-    for name in _ASYNC_RULES:
+    for name in ASYNC_RULES:
         value = getattr(cfg.ps, name)
         if value != defaults[name]:
             flag = "--" + ("no-" if value is False else "") + name.replace("_", "-")

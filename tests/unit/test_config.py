@@ -74,6 +74,24 @@ def test_toml_and_yaml_files_and_flags_win(tmp_path):
     assert cfg.optim.lr == 0.3 and cfg.data.synthetic_shape == (1, 4, 4)
 
 
+@pytest.mark.parametrize("name, text", [
+    ("both.toml", "epochs = 1\n[sync]\nfusion_threshold_mb = 32\n[ps]\nstaleness = 2\n"
+                  "dc_lambda = 0.04\nchunk_mb = 2.0\n"),
+    ("both.yaml", "epochs: 1\nsync:\n  fusion_threshold_mb: 32\nps:\n  staleness: 2\n"
+                  "  dc_lambda: 0.04\n  chunk_mb: 2.0\n")])
+def test_one_file_holds_both_modes_options_each_read_under_its_mode(tmp_path, name, text):
+    """A [ps] section was refused in a sync run, as if the user had given --staleness."""
+    path = tmp_path / name
+    path.write_text(text)
+    sync = parse("--config", str(path))
+    assert (sync.run.mode, sync.ps.staleness, sync.ps.dc_lambda) == ("sync", float("inf"), 0.0)
+    assert sync.ps.chunk_mb == 2.0 and sync.sync.fusion_threshold_mb == 32
+    asynchronous = parse("--config", str(path), "--mode", "async")
+    assert (asynchronous.ps.staleness, asynchronous.ps.dc_lambda) == (2.0, 0.04)
+    with pytest.raises(ConfigError, match="--staleness: an option of the parameter server"):
+        parse("--config", str(path), "--staleness", "0")  # given on the command line
+
+
 def test_an_option_given_twice_in_a_file_is_refused_and_a_near_name_is_suggested(tmp_path):
     twice = tmp_path / "twice.toml"  # the section's 0.2 had won in silence
     twice.write_text("lr = 0.1\n[optim]\nlr = 0.2\n")
