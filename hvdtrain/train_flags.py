@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from .config import SECTIONS, Config, ConfigError, load_config_file
-from .config.cross_checks import ASYNC_RULES
+from .config.cross_checks import MODE_ONLY
 from .config.values import did_you_mean
 
 
@@ -105,8 +105,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
     values = load_config_file(args.config) if getattr(args, "config", None) else {}
     given = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     values.update(given)
-    if str(values.get("mode", "sync")) != "async":
-        # One file may hold both modes' options, each read under its mode (a [ps] section in a
-        # sync run); given on the command line, a parameter server's rule is refused instead.
-        values = {k: v for k, v in values.items() if k in given or k not in ASYNC_RULES}
+    # One file may hold both modes' options, each read under its mode (a [ps] section in a sync
+    # run); given on the command line, the other mode's are refused instead (cross_checks.py).
+    other = MODE_ONLY["sync" if str(values.get("mode", "sync")) == "async" else "async"]
+    values = {k: v for k, v in values.items() if k in given or k not in other}
     return Config.from_overrides(values).validate()

@@ -5,6 +5,7 @@ replacement and what async mode cannot run."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..errors import ConfigError, require
@@ -40,12 +41,7 @@ def check_combinations(cfg: Any) -> None:
     balance.check_room(cfg)
     _check_adasum(cfg)
     if r.mode == "async":
-        require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
-                "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
-                "every worker keeps its own BatchNorm statistics")
-        require(s.collective == "horovod", "--collective", s.collective,
-                "the parameter server talks MPI itself, with no collective backend; drop "
-                "--collective (it is for --mode sync)")
+        _check_what_async_cannot_run(cfg)
     require(r.mode == "async" or cfg.ps.server_device == "cpu", "--server-device",
             cfg.ps.server_device, "only --mode async has parameter servers; drop "
             "--server-device (sync training computes on --device)")
@@ -56,12 +52,35 @@ def check_combinations(cfg: Any) -> None:
             f"samples, too few for {pl.micro_batches} micro-batches; use at most {per_pass}")
 
 
+def _check_what_async_cannot_run(cfg: Any) -> None:
+    s, p = cfg.sync, cfg.ps
+    require(not s.sync_batchnorm, "--sync-batchnorm", s.sync_batchnorm,
+            "SyncBatchNorm is a Horovod collective, for --mode sync; in async mode "
+            "every worker keeps its own BatchNorm statistics")
+    require(s.collective == "horovod", "--collective", s.collective,
+            "the parameter server talks MPI itself, with no collective backend; drop "
+            "--collective (it is for --mode sync)")
+    # What the server would ignore without a word: it pushes float32 unless --wire-dtype, and
+    # lock-step rounds have no staleness to bound; the round weight is DiLoCo's.
+    require(s.compression == "none", "--compression", s.compression,
+            "it compresses sync's gradient allreduce; the parameter server's messages take "
+            "--wire-dtype fp16 (or bf16) instead")
+    require(not p.bsp or math.isinf(p.staleness), "--staleness", p.staleness,
+            "--bsp rounds are lock-step, with no staleness to bound; drop one of them")
+    if not p.round_staleness_weight and s.local_steps == 1:
+        raise ConfigError("--no-round-staleness-weight: the round weight is asynchronous "
+                          "DiLoCo's (--local-steps H); drop it")
+
+
 # The parameter server's rules: what a sync run would ignore without a word, leaving its user
 # to believe it ran SSP or BSP (mpirun -np 3 --staleness 0, --mode async forgotten, trained
 # three sync workers). --backup-workers, --max-restarts and --server-device have checks of
 # their own; the transport's tuning (--chunk-mb, --timeout-s, shared memory) changes no result.
 ASYNC_RULES = ("num_servers", "staleness", "pull_every", "bsp", "dc_lambda", "staleness_lr",
-                "round_staleness_weight", "eval_pauses_workers")
+               "round_staleness_weight", "eval_pauses_workers")
+# The options that only one mode reads, and that a config file may hold for both (train_flags
+# drops the other mode's; given as flags, the other mode refuses them).
+MODE_ONLY = {"async": ASYNC_RULES, "sync": ("compression",)}
 
 
 def _check_async_only(cfg: Any) -> None:

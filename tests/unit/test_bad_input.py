@@ -166,6 +166,14 @@ def test_an_unbounded_staleness_stays_the_default():
                                               f"would ignore it: add --mode async, or drop {flag}"):
             Config.from_overrides(values).validate()
     Config.from_overrides({"chunk_mb": 4, "timeout_s": 30}).validate()  # transport: no result
+    # ... and what the server would ignore: sync's compression, a bound on lock-step rounds,
+    # DiLoCo's round weight without local steps
+    for values, told in (({"compression": "fp16"}, "take --wire-dtype fp16"),
+                         ({"bsp": True, "staleness": 2}, "--bsp rounds are lock-step"),
+                         ({"round_staleness_weight": False}, "the round weight is asynchronous "
+                                                             "DiLoCo's")):
+        with pytest.raises(ConfigError, match=told):
+            Config.from_overrides({"mode": "async", **values}).validate()
     # --data-path without a dataset that reads it: the built-in digits trained instead
     with pytest.raises(ConfigError, match=r"--data-path: .*only --dataset mnist, npz or folder "
                                           r"read it, and --dataset digits would ignore it"):

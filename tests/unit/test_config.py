@@ -75,10 +75,10 @@ def test_toml_and_yaml_files_and_flags_win(tmp_path):
 
 
 @pytest.mark.parametrize("name, text", [
-    ("both.toml", "epochs = 1\n[sync]\nfusion_threshold_mb = 32\n[ps]\nstaleness = 2\n"
-                  "dc_lambda = 0.04\nchunk_mb = 2.0\n"),
-    ("both.yaml", "epochs: 1\nsync:\n  fusion_threshold_mb: 32\nps:\n  staleness: 2\n"
-                  "  dc_lambda: 0.04\n  chunk_mb: 2.0\n")])
+    ("both.toml", "epochs = 1\n[sync]\nfusion_threshold_mb = 32\ncompression = 'fp16'\n"
+                  "[ps]\nstaleness = 2\ndc_lambda = 0.04\nchunk_mb = 2.0\n"),
+    ("both.yaml", "epochs: 1\nsync:\n  fusion_threshold_mb: 32\n  compression: fp16\nps:\n"
+                  "  staleness: 2\n  dc_lambda: 0.04\n  chunk_mb: 2.0\n")])
 def test_one_file_holds_both_modes_options_each_read_under_its_mode(tmp_path, name, text):
     """A [ps] section was refused in a sync run, as if the user had given --staleness."""
     path = tmp_path / name
@@ -86,8 +86,12 @@ def test_one_file_holds_both_modes_options_each_read_under_its_mode(tmp_path, na
     sync = parse("--config", str(path))
     assert (sync.run.mode, sync.ps.staleness, sync.ps.dc_lambda) == ("sync", float("inf"), 0.0)
     assert sync.ps.chunk_mb == 2.0 and sync.sync.fusion_threshold_mb == 32
+    assert sync.sync.compression == "fp16"
     asynchronous = parse("--config", str(path), "--mode", "async")
     assert (asynchronous.ps.staleness, asynchronous.ps.dc_lambda) == (2.0, 0.04)
+    assert asynchronous.sync.compression == "none"  # sync's allreduce: the server has none
+    with pytest.raises(ConfigError, match="--compression: .*take --wire-dtype fp16"):
+        parse("--config", str(path), "--mode", "async", "--compression", "fp16")
     with pytest.raises(ConfigError, match="--staleness: an option of the parameter server"):
         parse("--config", str(path), "--staleness", "0")  # given on the command line
 
