@@ -203,10 +203,10 @@ class Checkpointer:
                 checkpoint.check_compatible(state, identity, source)
             except checkpoint.CheckpointError as e:
                 return {"error": str(e)}
-            planned = ((state.get("config") or {}).get("run") or {}).get("epochs")
+            planned = ((state.get("config") or {}).get("run") or {})
             return {"progress": Progress(state["epoch"], state.get("step", 0),
                                          state["global_step"], state["num_workers"]),
-                    "finished": state.get("finished"), "planned_epochs": planned}
+                    "finished": state.get("finished"), "planned": planned}
 
         answer = self.scheme.group.main_decides(read)
         if "error" in answer:
@@ -214,8 +214,8 @@ class Checkpointer:
         progress = answer["progress"]
         self.finished_target = self._target_reached(answer.get("finished"))
         self._check_branch_has_work(progress, checkpoint.checkpoint_path(source))
-        self._check_epochs_left(progress, source)
-        self._note_schedule(answer.get("planned_epochs"), progress)
+        self._check_epochs_left(progress, source, answer.get("planned", {}))
+        self._note_schedule(answer.get("planned", {}).get("epochs"), progress)
         if state is not None:
             for name, component in self.components.items():
                 component.load_state_dict(state.get(name))
@@ -271,14 +271,24 @@ class Checkpointer:
                           f"{why}; nothing is left to train into {run.run_dir}. Pass "
                           f"{further} to train further from it")
 
-    def _check_epochs_left(self, progress: Progress, source: str) -> None:
-        epochs = self.run.epochs
-        if progress.epoch > epochs or (progress.epoch == epochs and progress.step):
+    def _check_epochs_left(self, progress: Progress, source: str, planned: dict) -> None:
+        epochs, step = self.run.epochs, progress.step
+        trained = f"{progress.epoch} epoch(s)" + (
+            f" and {step} step(s) of epoch {progress.epoch + 1}" if step else "")
+        if progress.epoch > epochs or (progress.epoch == epochs and step):
             raise ConfigError(
-                f"--epochs {epochs}: the checkpoint {source} has trained {progress.epoch} "
-                f"epoch(s) already, more than this run asks for; to train further pass "
-                f"--epochs {progress.epoch + 1} or more (the learning-rate schedule follows "
-                "--epochs)")
+                f"--epochs {epochs}: the checkpoint {source} has trained {trained} already, "
+                f"more than this run asks for; to train further pass --epochs "
+                f"{progress.epoch + 1} or more (the learning-rate schedule follows --epochs)")
+        batch = planned.get("batch_size")
+        if step and isinstance(batch, int) and batch != self.run.batch_size:
+            # its steps count batches of the old size: the rest of the epoch would train some
+            # samples twice (a smaller batch) or skip some (a larger one), without a word
+            raise ConfigError(
+                f"--batch-size {self.run.batch_size}: the checkpoint {source} stopped inside "
+                f"an epoch ({trained}) trained with --batch-size {batch}; finish that epoch "
+                f"with --batch-size {batch} (and --epochs {progress.epoch + 1}), then go on "
+                "with the new size")
         if progress.epoch == epochs and self._is_main():
             print(f"hvdtrain: the checkpoint {source} has finished all {epochs} epoch(s); "
                   f"nothing is left to train (pass --epochs {epochs + 1} or more to train "

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hvdtrain import checkpoint
-from hvdtrain.config import Config
+from hvdtrain.config import Config, ConfigError
 from hvdtrain.loop import StepHook, Trainer, TrainingError
 from hvdtrain.loop.epoch_plan import EpochPlan
 from hvdtrain.loop.preemption import StopSignals
@@ -118,6 +118,23 @@ def test_a_step_checkpoint_resumes_at_its_step_with_the_same_weights(tmp_path, d
     header = [r for r in read_jsonl(tmp_path / "crashed" / "metrics.jsonl")
               if r["type"] == "header"][-1]
     assert (header["resumed_from_epoch"], header["resumed_from_step"]) == (1, 3)
+
+
+def test_a_resume_inside_an_epoch_with_another_batch_size_is_refused(tmp_path):
+    """Its steps count batches of the old size: the rest of the epoch trained samples twice
+    (a smaller batch) or skipped some (a larger one), without a word."""
+    crashed = make_trainer(tmp_path, hooks=[CrashAt(17)], checkpoint_steps=5)
+    with pytest.raises(KeyboardInterrupt):
+        crashed.fit()  # a checkpoint at epoch 1, step 3 (global step 15)
+    with pytest.raises(ConfigError, match=r"--batch-size 8: the checkpoint .* stopped inside an "
+                                          r"epoch \(1 epoch\(s\) and 3 step\(s\) of epoch 2\) "
+                                          r"trained with --batch-size 16; finish that epoch with "
+                                          r"--batch-size 16 \(and --epochs 2\)"):
+        make_trainer(tmp_path, batch_size=8, auto_resume=True).fit()
+    with pytest.raises(ConfigError, match=r"has trained 1 epoch\(s\) and 3 step\(s\) of "
+                                          r"epoch 2 already"):
+        make_trainer(tmp_path, epochs=1, auto_resume=True).fit()
+    make_trainer(tmp_path, auto_resume=True).fit()  # the same size: it goes on
 
 
 class SignalAt(StepHook):
