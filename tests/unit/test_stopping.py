@@ -13,16 +13,15 @@ import sys
 import pytest
 
 from hvdtrain.config import RunConfig
-from hvdtrain.loop import TrainingError
+from hvdtrain.loop import TrainingError, preemption
 from hvdtrain.loop.clock import TrainingClock
 from hvdtrain.loop.divergence import RISE, DivergenceWatch
 from hvdtrain.loop.hooks import StepResult
-from hvdtrain.loop import preemption
 from hvdtrain.loop.preemption import StopSignals
-from hvdtrain.run_output import ProgressBar
 from hvdtrain.loop.stopping import (EARLY_STOP, NON_FINITE_LOSS, SIGNAL, TARGET, Stopping,
                                     Verdict)
 from hvdtrain.loop.target import TargetStop
+from hvdtrain.run_output import ProgressBar
 from hvdtrain.scheme import Progress
 
 from fake_group import OwnGroup
