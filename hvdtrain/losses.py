@@ -197,12 +197,6 @@ def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
     builtin = is_builtin_loss(loss_fn, loss_name)
     shapes = f"the model's output is {describe(output)} and the target {describe(target)}"
     fix = _FIX.get(loss_name, "")
-    if builtin and not isinstance(output, torch.Tensor):  # a dict, a tuple, a ModelOutput
-        raise ConfigError(f"--loss {loss_name}: the model's output is {describe(output)}, not "
-                          "a tensor; a built-in loss scores the tensor that forward returns: "
-                          "return the logits from forward (e.g. out.logits or out['logits']), "
-                          "or pass your own --loss MODULE:CALLABLE that reads them from the "
-                          "output")
     if builtin:
         _refuse_silent_mismatches(loss_name, output, target, shapes, fix)
     try:
@@ -229,9 +223,16 @@ def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
 
 def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: str,
                               fix: str) -> None:
-    """The mismatches a built-in loss would train on without an error, or without learning."""
-    if (loss_name in _ELEMENTWISE_LOSSES and isinstance(output, torch.Tensor)
-            and isinstance(target, torch.Tensor) and output.shape != target.shape):
+    """The mismatches a built-in loss would train on without an error, or without learning,
+    or refuse with torch's own words, which do not say what to change."""
+    if not isinstance(output, torch.Tensor):  # a dict, a tuple, a ModelOutput
+        raise ConfigError(f"--loss {loss_name}: the model's output is {describe(output)}, not "
+                          "a tensor; a built-in loss scores the tensor that forward returns: "
+                          "return the logits from forward (e.g. out.logits or out['logits']), "
+                          "or pass your own --loss MODULE:CALLABLE that reads them from the "
+                          "output")
+    if (loss_name in _ELEMENTWISE_LOSSES and isinstance(target, torch.Tensor)
+            and output.shape != target.shape):
         # mse and l1 only warn, then broadcast (N, 1) against (N,) into an (N, N) loss
         raise ConfigError(f"--loss {loss_name}: {shapes}, shapes that differ; {fix}")
     if (loss_name in CLASSIFICATION_LOSSES and token_accuracy_applies(output, target)
@@ -247,22 +248,21 @@ def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: 
                           ". For classes on axis 1 (segmentation) whose sizes happen to agree, "
                           "pass your own --loss MODULE:CALLABLE")
     if (loss_name in {*CLASSIFICATION_LOSSES, "token_cross_entropy"}
-            and isinstance(output, torch.Tensor) and isinstance(target, torch.Tensor)
+            and isinstance(target, torch.Tensor)
             and target.is_floating_point() and target.dim() == output.dim() - 1
             and bool(torch.equal(target, target.round()))):
         # torch's message ("expected scalar type Long") reads as if the loss were wrong
         raise ConfigError(f"--loss {loss_name}: {shapes}: the targets are whole numbers held as "
                           "floats; class ids must be integers: convert them with .long() where "
                           "your data makes them. For real-valued targets pass --loss mse or l1")
-    if (loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
-            and isinstance(target, torch.Tensor) and output.dim() > 2
+    if (loss_name in CLASSIFICATION_LOSSES and isinstance(target, torch.Tensor)
+            and output.dim() > 2
             and not target.is_floating_point() and target.dim() < output.dim() - 1):
         # (N, 1, C) against (N,): read as one class on axis 1 ("one output column")
         raise ConfigError(f"--loss {loss_name}: {shapes}: the output has more axes than class "
                           "scores for the target's labels need, (N, C) for (N,) labels; drop "
                           "the extra axes in forward (e.g. .squeeze(1) or .flatten(1))")
-    if (loss_name in CLASSIFICATION_LOSSES and isinstance(output, torch.Tensor)
-            and output.dim() >= 2 and output.shape[1] == 1):
+    if loss_name in CLASSIFICATION_LOSSES and output.dim() >= 2 and output.shape[1] == 1:
         # One class: every softmax is 1 and the loss 0 for any weights, so nothing would train.
         raise ConfigError(f"--loss {loss_name}: {shapes}, one output column, i.e. one class; "
                           "a classifier needs a column per class. For a single output use "

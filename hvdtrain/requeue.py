@@ -267,12 +267,13 @@ def job_failed(ranks: Path) -> bool:
     kill; rank_started)."""
     exits = rank_lines(ranks, "exit")
     return any(code not in (0, EXIT_PREEMPTED) for code in exits.values()) or \
-        rank_died(ranks) is not None
+        rank_died(ranks, exits) is not None
 
 
-def rank_died(ranks: Path) -> int | None:
-    """A watched rank (rank_started) that is gone without recording its exit code."""
-    exits = rank_lines(ranks, "exit")
+def rank_died(ranks: Path, exits: dict[int, int] | None = None) -> int | None:
+    """A watched rank (rank_started) that is gone without recording its exit code (``exits``:
+    the exit lines, where the caller has read them already)."""
+    exits = rank_lines(ranks, "exit") if exits is None else exits
     return next((pid for pid in rank_lines(ranks, "watched")
                  if pid not in exits and not _alive(pid)), None)
 

@@ -5,6 +5,7 @@ replacement and what async mode cannot run."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -86,8 +87,6 @@ MODE_ONLY = {"async": ASYNC_RULES, "sync": ("compression",)}
 def _check_async_only(cfg: Any) -> None:
     if cfg.run.mode == "async":
         return
-    import dataclasses
-
     defaults = {f.name: f.default for f in dataclasses.fields(cfg.ps)}
     for name in ASYNC_RULES:
         value = getattr(cfg.ps, name)

@@ -47,7 +47,7 @@ class StopSignals:
         for sig in STOP_SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
         if early_stops:  # while the process started (the command line's first handlers)
-            self._handle(getattr(signal, early_stops.pop(0)), None)
+            self._handle(getattr(signal, early_stops[0]), None)
             early_stops.clear()
 
     def restore(self) -> None:
