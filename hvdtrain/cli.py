@@ -37,7 +37,15 @@ class CommandParser(argparse.ArgumentParser):
     top-level parser, whose usage (hvdtrain [-h] [--version] COMMAND ...) names no command and
     whose message suggests nothing. Exit code 2, as for every bad flag."""
 
+    # compare's flags whose value is itself flags: argparse takes a lone "--bsp" after them for
+    # a flag of its own ("expected one argument"), so the value is joined on as --flag=value.
+    VALUES_ARE_FLAGS = ("--train-args", "--launcher-args")
+
     def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        for i in reversed(range(len(args) - 1)):
+            if args[i] in self.VALUES_ARE_FLAGS and args[i + 1].startswith("-"):
+                args[i:i + 2] = [f"{args[i]}={args[i + 1]}"]
         parsed, unknown = super().parse_known_args(args, namespace)
         if unknown:
             from .train_flags import near_flags

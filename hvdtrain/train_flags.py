@@ -9,8 +9,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from .config import SECTIONS, Config, ConfigError, load_config_file
-from .config.cross_checks import MODE_ONLY
-from .config.values import did_you_mean
+from .config.values import UnreadOption, did_you_mean
 
 
 def _builtin_models():
@@ -106,7 +105,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
     given = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     values.update(given)
     # One file may hold both modes' options, each read under its mode (a [ps] section in a sync
-    # run); given on the command line, the other mode's are refused instead (cross_checks.py).
-    other = MODE_ONLY["sync" if str(values.get("mode", "sync")) == "async" else "async"]
-    values = {k: v for k, v in values.items() if k in given or k not in other}
-    return Config.from_overrides(values).validate()
+    # run), and options that only another setting reads (a synthetic shape, a tracker project);
+    # given on the command line, an option the run would not read is refused (UnreadOption).
+    while True:
+        try:
+            return Config.from_overrides(values).validate()
+        except UnreadOption as e:
+            if e.option in given or e.option not in values:
+                raise
+            del values[e.option]

@@ -25,7 +25,7 @@ from .data import DataError, builtin
 from .data.batches import BatchSource, to_device
 from .data.in_memory import InMemoryBatches
 from .data.loader import LoaderBatches
-from .data.user_data import (conversion_note, hold_out, is_array, ready_pair,
+from .data.user_data import (conversion_note, hold_out, is_array, own_split_note, ready_pair,
                              targets_without_classes)
 from .losses import (check_loss_accepts, check_metric_returns, default_metrics,
                      integer_labels, metric_applies, resolve_loss)
@@ -196,13 +196,16 @@ def load_training_data(cfg: Config) -> dict[str, Any]:
         ds = builtin.load_dataset(d, regression=cfg.model.loss in builtin.REGRESSION_LOSSES)
         return dict(train_data=(ds.x_train, ds.y_train), test_data=(ds.x_test, ds.y_test),
                     data_name=ds.name, input_shape=ds.input_shape, num_classes=ds.num_classes,
-                    num_targets=ds.num_targets)
+                    num_targets=ds.num_targets,
+                    data_notes=own_split_note(d.test_fraction) if ds.own_test_split else [])
     if d.dataset == "folder":
-        from .data.folder import load_folder
+        from .data.folder import FolderSubset, load_folder
 
         train, test = load_folder(d.data_path, d.test_fraction, d.data_seed)
+        own = not isinstance(test, FolderSubset)  # test/ beside train/, not held out
         return dict(train_data=train, test_data=test, data_name=f"folder {d.data_path}",
-                    input_shape=tuple(train.input_shape), num_classes=train.num_classes)
+                    input_shape=tuple(train.input_shape), num_classes=train.num_classes,
+                    data_notes=own_split_note(d.test_fraction) if own else [])
     fn = resolve_callable(d.dataset, "--dataset", builtins=BUILTIN_DATASETS)
     result = call_with_known_kwargs(fn, "--dataset", d.dataset,
                                     parse_json_args(d.dataset_args, "--dataset-args"), {})
@@ -223,6 +226,8 @@ def load_training_data(cfg: Config) -> dict[str, Any]:
         data["train_data"], data["test_data"], held = hold_out(
             data["train_data"], d.test_fraction, d.data_seed, f"--dataset {d.dataset}")
         data["data_notes"] += held
+    else:
+        data["data_notes"] += own_split_note(d.test_fraction)
     return dict(data, origin=f"--dataset {d.dataset}")
 
 

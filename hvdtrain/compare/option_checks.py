@@ -14,6 +14,8 @@ import shlex
 from pathlib import Path
 
 from ..config import ConfigError
+from ..config.cross_checks import ASYNC_RULES
+from ..config.values import UnreadOption
 from ..train_flags import config_from_args, parse_train_flags
 from .measured_links import links_flag
 from .sim.link import check_link_flags
@@ -111,6 +113,8 @@ def check_train_args(cfg) -> None:
             raise ConfigError(f"--train-args: --{name.replace('_', '-')} is set by the plan for "
                               f"each run; use {instead}")
     given.dataset, given.model, given.epochs = cfg.dataset, cfg.model, cfg.epochs
+    if cfg.tracker and not cfg.simulate:  # what command.py adds to each run's flags
+        given.tracker = cfg.tracker
     # Each planned mode's own options over the flags: a flag can suit some modes and not others
     # (--wire-dtype bf16 suits async and DiLoCo, not plain sync), and the message names the
     # modes it does not suit rather than letting their runs fail one by one.
@@ -119,6 +123,10 @@ def check_train_args(cfg) -> None:
     for mode in modes:
         try:
             config_from_args(argparse.Namespace(**{**vars(given), **mode.config_options()}))
+        except UnreadOption as e:  # the plan sets the mode: its "add --mode async" is no fix
+            refused[mode.name] = (f"{str(e).split(':', 1)[0]}: an option of the parameter "
+                                  "server, which this mode has not: drop it"
+                                  if e.option in ASYNC_RULES else str(e))
         except ConfigError as e:
             refused[mode.name] = str(e)
     if len(set(refused.values())) == 1 and len(refused) == len(modes):  # wrong under any mode

@@ -135,9 +135,8 @@ class CompareConfig:
     out: str = _opt("runs/compare", "folder for the runs, report and plots")
     hostfile: str | None = _opt(None, "run every run across the hosts of this mpirun hostfile",
                                 type=str)
-    launcher_args: str = _opt("", "more mpirun flags for every run, given with '=' since they "
-                              "start with a dash: --launcher-args='--mca btl_tcp_if_include eth0 "
-                              "-x LD_LIBRARY_PATH'")
+    launcher_args: str = _opt("", "more mpirun flags for every run, e.g. --launcher-args "
+                              "'--mca btl_tcp_if_include eth0 -x LD_LIBRARY_PATH'")
     run_timeout: float = _opt(300, "seconds before a run is stopped and recorded as failed",
                               type=float)
     force: bool = _opt(False, "run again even the finished runs")

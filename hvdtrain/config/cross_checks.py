@@ -5,11 +5,11 @@ replacement and what async mode cannot run."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
 from ..errors import ConfigError, require
+from .values import refuse_unread
 
 
 def check_combinations(cfg: Any) -> None:
@@ -63,9 +63,8 @@ def _check_what_async_cannot_run(cfg: Any) -> None:
             "--collective (it is for --mode sync)")
     # What the server would ignore without a word: it pushes float32 unless --wire-dtype, and
     # lock-step rounds have no staleness to bound; the round weight is DiLoCo's.
-    require(s.compression == "none", "--compression", s.compression,
-            "it compresses sync's gradient allreduce; the parameter server's messages take "
-            "--wire-dtype fp16 (or bf16) instead")
+    refuse_unread(s, ("compression",), False, "it compresses sync's gradient allreduce; the "
+                  "parameter server's messages take --wire-dtype fp16 (or bf16) instead")
     require(not p.bsp or math.isinf(p.staleness), "--staleness", p.staleness,
             "--bsp rounds are lock-step, with no staleness to bound; drop one of them")
     if not p.round_staleness_weight and s.local_steps == 1:
@@ -79,22 +78,13 @@ def _check_what_async_cannot_run(cfg: Any) -> None:
 # their own; the transport's tuning (--chunk-mb, --timeout-s, shared memory) changes no result.
 ASYNC_RULES = ("num_servers", "staleness", "pull_every", "bsp", "dc_lambda", "staleness_lr",
                "round_staleness_weight", "eval_pauses_workers")
-# The options that only one mode reads, and that a config file may hold for both (train_flags
-# drops the other mode's; given as flags, the other mode refuses them).
-MODE_ONLY = {"async": ASYNC_RULES, "sync": ("compression",)}
 
 
 def _check_async_only(cfg: Any) -> None:
-    if cfg.run.mode == "async":
-        return
-    defaults = {f.name: f.default for f in dataclasses.fields(cfg.ps)}
-    for name in ASYNC_RULES:
-        value = getattr(cfg.ps, name)
-        if value != defaults[name]:
-            flag = "--" + ("no-" if value is False else "") + name.replace("_", "-")
-            raise ConfigError(f"{flag}: an option of the parameter server (--mode async); this "
-                              f"run is --mode {cfg.run.mode} and would ignore it: add --mode "
-                              f"async, or drop {flag}")
+    mode = cfg.run.mode
+    refuse_unread(cfg.ps, ASYNC_RULES, mode == "async",
+                  f"an option of the parameter server (--mode async); this run is --mode {mode} "
+                  "and would ignore it: add --mode async, or drop {flag}")
 
 
 def _check_adasum(cfg: Any) -> None:

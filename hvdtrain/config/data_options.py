@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import require
-from .values import MAX_SEED, SEED_RANGE, opt
+from .values import MAX_SEED, SEED_RANGE, opt, refuse_unread
 
 
 @dataclass
@@ -50,6 +50,9 @@ class DataConfig:
                 "--synthetic-shape", d.synthetic_shape, "give positive sizes such as 1024 or 1x28x28")
         require(d.synthetic_classes >= 2, "--synthetic-classes", d.synthetic_classes,
                 "use at least 2 classes")
+        refuse_unread(d, ("synthetic_samples", "synthetic_shape", "synthetic_classes"),
+                      d.dataset == "synthetic", f"it shapes --dataset synthetic, and --dataset "
+                      f"{d.dataset} would ignore it: add --dataset synthetic, or drop " "{flag}")
         if d.dataset in ("mnist", "npz", "folder"):
             require(bool(d.data_path), "--data-path", d.data_path,
                     f"--dataset {d.dataset} reads local files: pass --data-path "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .values import check_tracker, opt, parse_profile_steps
+from .values import check_tracker, opt, parse_profile_steps, refuse_unread
 
 
 @dataclass
@@ -47,3 +47,6 @@ class LogOptions:
                                   "installed: pip install tensorboard (or leave out --tensorboard)")
         if self.tracker:
             check_tracker(self.tracker, self.tracker_project)
+        refuse_unread(self, ("tracker_project", "tracker_artifacts"), bool(self.tracker),
+                      "it is read with --tracker, and this run logs to no tracker: add "
+                      "--tracker mlflow (or wandb), or drop {flag}")

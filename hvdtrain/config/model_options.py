@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import require
-from .values import opt
+from .values import opt, refuse_unread
 
 
 DEFAULT_SHAPES = {"hidden": (256, 128), "channels": (32, 64)}
@@ -72,6 +72,9 @@ class OptimConfig:
         require(math.isfinite(o.lr) and o.lr > 0, "--lr", o.lr,
                 "pass a positive learning rate, e.g. --lr 0.05")
         require(0 <= o.momentum < 1, "--momentum", o.momentum, "use a value in [0, 1), e.g. 0.9")
+        refuse_unread(o, ("momentum",), o.optimizer == "sgd",
+                      f"SGD's momentum; --optimizer {o.optimizer} keeps its own running averages "
+                      "(torch's betas) and would ignore it: drop {flag}, or use --optimizer sgd")
         require(o.weight_decay >= 0, "--weight-decay", o.weight_decay, "use 0 or a positive value")
         require(o.warmup_epochs >= 0, "--warmup-epochs", o.warmup_epochs,
                 "use 0 (no warmup) or a positive number of epochs")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError, require
-from .values import MAX_CYCLE_TIME_MS, opt
+from .values import MAX_CYCLE_TIME_MS, opt, refuse_unread
 
 AUTO_LOCAL_STEPS = 8  # --local-steps auto: the fastest worker's H, as in the adiloco8 mode
 
@@ -132,6 +132,8 @@ class SyncConfig:
                 f"use 0 (chosen for you) or a time in ms, at most {MAX_CYCLE_TIME_MS:g}, e.g. 1")
         require(s.elastic_commit_steps >= 1, "--elastic-commit-steps", s.elastic_commit_steps,
                 "commit every N >= 1 steps, e.g. 50")
+        refuse_unread(s, ("elastic_commit_steps",), s.elastic, "it paces --elastic's commits, "
+                      "and this run is not elastic: add --elastic, or drop {flag}")
         require(s.stall_timeout_s >= 0, "--stall-timeout-s", s.stall_timeout_s,
                 "use 0 (no stall check) or seconds, e.g. 300")
         require(s.local_steps >= 1, "--local-steps", s.local_steps,

@@ -46,6 +46,32 @@ def require_finite(section: Any) -> None:
                     f"use a finite number, e.g. the default {f.default:g}")
 
 
+def default_of(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+class UnreadOption(ConfigError):
+    """An option that this run would not read; ``option`` is its name (train_flags.py drops it
+    where it came from a config file, which may serve runs that do read it)."""
+
+    def __init__(self, message: str, option: str):
+        super().__init__(message)
+        self.option = option
+
+
+def refuse_unread(section: Any, names: Iterable[str], read: bool, why: str) -> None:
+    """Refuse an option that only another setting reads, given where that setting is not: it
+    would be ignored without a word (--synthetic-shape on digits, --momentum with adam). Given
+    means different from its default; ``why`` may name the option as {flag}."""
+    if read:
+        return
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if f.name in names and value != default_of(f):
+            flag = "--" + ("no-" if value is False else "") + f.name.replace("_", "-")
+            raise UnreadOption(f"{flag}: " + why.format(flag=flag), f.name)
+
+
 def check_writable_folder(path: str, flag: str) -> None:
     """Fail at start-up, not at the first write, when ``path`` cannot become a folder that this
     process writes into: it (or what exists of it) is a regular file, or a folder without write

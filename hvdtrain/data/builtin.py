@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,6 +34,7 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int | None      # None: real-valued targets (a regression loss)
     num_targets: int | None = None  # values per sample of (N, k) real-valued targets
+    own_test_split: bool = False  # the files brought it (else --test-fraction held it out)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -102,8 +103,9 @@ def _mnist(cfg: DataConfig) -> Dataset:
     def prep(images: np.ndarray) -> np.ndarray:
         return ((images.astype(np.float32) / 255.0 - mean) / std)[:, None, :, :]
     y_train, y_test = arrays["train-labels"].astype(np.int64), arrays["t10k-labels"].astype(np.int64)
-    return _make("mnist", prep(arrays["train-images"]), y_train, prep(arrays["t10k-images"]),
-                 y_test, cfg, str(folder))
+    return replace(_make("mnist", prep(arrays["train-images"]), y_train,
+                         prep(arrays["t10k-images"]), y_test, cfg, str(folder)),
+                   own_test_split=True)
 
 
 def _npz(cfg: DataConfig, regression: bool = False) -> Dataset:
@@ -141,7 +143,8 @@ def _npz(cfg: DataConfig, regression: bool = False) -> Dataset:
         if y_test.shape[1:] != y.shape[1:]:
             raise DataError(f"{path}: y_test has shape {y_test.shape} but y {y.shape}; the "
                             "targets of a sample must have one shape")
-        return _make(path.stem, x, y, x_test, y_test, cfg, str(path), regression)
+        return replace(_make(path.stem, x, y, x_test, y_test, cfg, str(path), regression),
+                       own_test_split=True)
     return _split(path.stem, x, y, cfg, where=str(path), regression=regression)
 
 

@@ -116,6 +116,17 @@ def split_indices(num_samples: int, fraction: float,
     return torch.from_numpy(np.sort(train)), torch.from_numpy(np.sort(test))
 
 
+def own_split_note(fraction: float) -> list[str]:
+    """The data line's word that --test-fraction went unused: data with a test split of its own
+    (MNIST's t10k files, an npz's x_test, a folder's test/, a --dataset's test) is evaluated on
+    that split. Said only where the flag was changed from its default."""
+    from ..config.data_options import DataConfig
+
+    if fraction == DataConfig.test_fraction:
+        return []
+    return [f"--test-fraction {fraction} unused: the data brings its own test split"]
+
+
 def hold_out(train: Any, fraction: float, seed: int,
              where: str) -> tuple[Any, Any, list[str]]:
     """(train, test, notes for the data line) for data without a test split: ``fraction`` of

@@ -184,6 +184,22 @@ def test_an_unbounded_staleness_stays_the_default():
         Config.from_overrides({"lr_schedule": "cosine", "epochs": 4,
                                "warmup_epochs": 5}).validate()
     Config.from_overrides({"lr_schedule": "cosine", "epochs": 2}).validate()
+    # an option that only another setting reads, given without it, was ignored without a word
+    for values, told in (
+            ({"optimizer": "adam", "momentum": 0.5}, r"--momentum: SGD's momentum; --optimizer "
+                                                     r"adam .* drop --momentum, or use "
+                                                     r"--optimizer sgd"),
+            ({"synthetic_shape": "64"}, r"--synthetic-shape: it shapes --dataset synthetic, and "
+                                        r"--dataset digits would ignore it"),
+            ({"tracker_project": "mine"}, r"--tracker-project: .* add --tracker mlflow"),
+            ({"tracker_artifacts": True}, r"--tracker-artifacts: .* no tracker"),
+            ({"elastic_commit_steps": 5}, r"--elastic-commit-steps: .* add --elastic")):
+        with pytest.raises(ConfigError, match=told):
+            Config.from_overrides(values).validate()
+    Config.from_overrides({"optimizer": "adam"}).validate()  # the default momentum: not given
+    Config.from_overrides({"dataset": "synthetic", "synthetic_shape": "64"}).validate()
+    Config.from_overrides({"run_dir": "r", "elastic": True,
+                           "elastic_commit_steps": 5}).validate()
 
 
 def test_a_run_dir_that_is_a_file_is_refused(tmp_path, capsys, no_training):

@@ -157,6 +157,16 @@ def test_train_args_are_checked_under_each_planned_mode_and_name_the_modes_they_
     # A flag wrong under every mode is one message, as before.
     with pytest.raises(ConfigError, match=r"^--train-args: --lr: invalid value -1.0"):
         options(tmp_path, "--modes", "sync,async", "--train-args", "--lr -1")
+    # a server's option is no sync run's; the plan sets the mode, so "add --mode async" is no
+    # fix (and a lone flag after --train-args is its value, not "expected one argument")
+    with pytest.raises(ConfigError, match=r"^--train-args under mode sync: --eval-pauses-workers: "
+                                          r"an option of the parameter server, which this mode "
+                                          r"has not: drop it; or leave sync out of --modes$"):
+        options(tmp_path, "--modes", "sync,async", "--train-args", "--eval-pauses-workers")
+    # compare's own --tracker reaches every run, so the runs read a --tracker-project
+    options(tmp_path, "--tracker", "mlflow", "--train-args", "--tracker-project mine")
+    with pytest.raises(ConfigError, match=r"^--train-args: --tracker-project: .*no tracker"):
+        options(tmp_path, "--train-args", "--tracker-project mine")
 
 
 def test_backup_workers_are_checked_only_where_the_plan_has_the_backup_mode(tmp_path):

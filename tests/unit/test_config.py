@@ -70,8 +70,13 @@ def test_toml_and_yaml_files_and_flags_win(tmp_path):
     assert cfg.run.epochs == 5  # the flag overrides the file
     yaml = tmp_path / "run.yaml"
     yaml.write_text("lr: 0.3\nsynthetic_shape: 1x4x4\n")
-    cfg = parse("--config", str(yaml))
+    cfg = parse("--config", str(yaml), "--dataset", "synthetic")
     assert cfg.optim.lr == 0.3 and cfg.data.synthetic_shape == (1, 4, 4)
+    # a file's option that this run does not read is left for the runs that do (its flag is
+    # refused: test_bad_input.py)
+    assert parse("--config", str(yaml)).data.synthetic_shape == (1024,)
+    with pytest.raises(ConfigError, match="--synthetic-shape: it shapes --dataset synthetic"):
+        parse("--config", str(yaml), "--synthetic-shape", "8")
 
 
 @pytest.mark.parametrize("name, text", [

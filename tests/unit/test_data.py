@@ -141,11 +141,13 @@ def test_npz_files(tmp_path):
     np.savez(path, x=rng.standard_normal((50, 6)).astype(np.float32), y=np.arange(50) % 5)
     ds = load_dataset(DataConfig(dataset="npz", data_path=str(path)))
     assert ds.input_shape == (6,) and ds.num_classes == 5 and len(ds.x_test) == 10
+    assert not ds.own_test_split  # held out by --test-fraction
     with_test = tmp_path / "split.npz"
     np.savez(with_test, x=rng.integers(0, 255, (30, 5, 5), dtype=np.uint8), y=np.arange(30) % 3,
              x_test=rng.integers(0, 255, (9, 5, 5), dtype=np.uint8), y_test=np.arange(9) % 3)
     ds = load_dataset(DataConfig(dataset="npz", data_path=str(with_test)))
     assert ds.input_shape == (1, 5, 5) and len(ds.x_test) == 9 and float(ds.x_train.max()) <= 1
+    assert ds.own_test_split  # so a --test-fraction goes unused, and the data line says so
 
 
 @pytest.mark.parametrize("arrays, message", [

@@ -210,7 +210,8 @@ def test_a_tracker_project_the_tracker_would_refuse_is_refused_before_training()
                                           r".*; 'a:b' has :"):
         make_trainer_config(tracker="mlflow,wandb", tracker_project="a:b")
     make_trainer_config(tracker="mlflow", tracker_project="a:b")  # an MLflow experiment may
-    make_trainer_config(tracker_project="")  # without --tracker it names nothing
+    with pytest.raises(ConfigError, match="--tracker-project: .*add --tracker mlflow"):
+        make_trainer_config(tracker_project="")  # without --tracker it would name nothing
 
 
 @pytest.mark.parametrize("log,args,words", [

@@ -281,7 +281,9 @@ def test_test_fraction_splits_a_tensor_pair_by_rows():
 
 def test_data_with_a_test_split_a_stream_and_test_fraction_0_are_not_split():
     w = workload_from_config(data_config(dataset="data.py:rows_with_test", test_fraction=0.5))
-    assert len(w.train_data) == 20 and len(w.test_data) == 7 and w.data_notes == []
+    assert len(w.train_data) == 20 and len(w.test_data) == 7
+    assert w.data_notes == ["--test-fraction 0.5 unused: the data brings its own test split"]
+    assert workload_from_config(data_config(dataset="data.py:rows_with_test")).data_notes == []
     whole = workload_from_config(data_config(dataset="data.py:rows_no_test", test_fraction=0))
     assert whole.test_data is None and len(whole.train_data) == 101
     stream = workload_from_config(data_config(dataset="data.py:stream_no_test"))
