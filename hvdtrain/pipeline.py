@@ -113,8 +113,12 @@ def sequential_layers(model: nn.Module) -> nn.Sequential:
                 "would take no part in training. Put every layer of the computation into "
                 "`layers` in order, or use --stages 1")
         return layers
+    hint = ("; its `layers` is a ModuleList: make it nn.Sequential(*layers) and call it in "
+            "forward" if isinstance(layers, nn.ModuleList) else
+            "; give it a `layers` nn.Sequential of every layer in order, which forward calls")
     raise ConfigError(f"--stages: {type(model).__name__} is not an nn.Sequential and has no "
-                      "`layers` Sequential, so it cannot be split by layers; use --stages 1")
+                      f"`layers` Sequential, so it cannot be split by layers{hint}, or use "
+                      "--stages 1")
 
 
 def gpipe_bubble(stages: int, micro_batches: int) -> float:
@@ -132,6 +136,21 @@ def stage_program(schedule: str, stage: int, stages: int, micro_batches: int) ->
             ops += [("F", warmup + i), ("B", i)]
         return ops + [("B", i) for i in range(m - warmup, m)]
     return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+
+
+# --- random numbers: each device has one generator ----------------------------------------------
+def _generator(device: torch.device) -> torch.Generator:
+    """The default generator that layers on ``device`` draw from (dropout's masks)."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    return torch.default_generator
+
+
+def _forked_rng(device: torch.device):
+    """Every generator ``device``'s layers use, put back as it was at the end."""
+    cuda = [_generator(device).device.index] if device.type == "cuda" else []
+    return torch.random.fork_rng(devices=cuda)
 
 
 # --- the replica ------------------------------------------------------------------------------
@@ -163,6 +182,12 @@ class PipelineReplica(Replica):
                       if cfg.schedule != "sequential" and stages > 1 else None)
         self._busy = [0.0] * stages
         self._wall = 0.0
+        # Stages that share a device (every CPU stage) share its generator, and their threads
+        # would draw dropout's masks from it in whatever order they run: a run could not be
+        # repeated or resumed exactly. A stage that draws (learned at its first forward) seeds
+        # the generator for each micro-batch and holds the device's lock while it draws.
+        self._rng_locks = {d: threading.Lock() for d in set(self.devices)}
+        self._draws: list[bool | None] = [None] * stages
 
     @contextlib.contextmanager
     def eager(self):
@@ -171,6 +196,21 @@ class PipelineReplica(Replica):
             yield self
         finally:
             self.run_stages = compiled
+
+    @contextlib.contextmanager
+    def seeded(self, k: int, seed: int):
+        """Stage k's forward, its random numbers drawn from ``seed`` whatever the other stages'
+        threads draw meanwhile."""
+        if self._draws[k] is False:
+            yield
+            return
+        generator = _generator(self.devices[k])
+        with self._rng_locks[self.devices[k]]:
+            generator.manual_seed(seed)
+            before = generator.get_state() if self._draws[k] is None else None
+            yield
+            if before is not None:
+                self._draws[k] = not torch.equal(before, generator.get_state())
 
     def describe(self) -> str:
         return " | ".join(f"layers {a}-{b - 1} on {d}" for (a, b), d in zip(self.bounds, self.devices))
@@ -182,30 +222,69 @@ class PipelineReplica(Replica):
         return x
 
     def checked_forward(self, x: Any) -> Any:
-        """forward, on the start-up check's sample batch, compared with the model's own
-        forward: the stages run ``layers`` in order and never ``forward``, so what forward does
-        besides (a parameter-free skip connection, a scale, an activation) would silently not
-        be trained (sequential_layers refuses only parameters outside ``layers``). Compared
-        where every stage is on one device, on which the model's forward can run."""
-        out = self.forward(x)
-        if isinstance(self.model, nn.Sequential) or len(set(self.devices)) > 1:
-            return out
-        try:
-            with torch.no_grad(), self.precision.autocast(self.devices[0]):
-                own = self.model(to_device(x, self.devices[0]))
-        except Exception:  # noqa: BLE001  a forward that cannot run here is not compared
-            return out
-        same = (isinstance(own, torch.Tensor) and isinstance(out, torch.Tensor)
-                and own.shape == out.shape and torch.allclose(own.float(), out.float(),
-                                                              rtol=1e-4, atol=1e-5))
-        if not same:
+        """forward on the start-up check's sample batch, refusing what a split cannot run: an
+        input that is not one tensor (the first stage takes it whole, where the model's own
+        forward would unpack a dict or a tuple), a stage that would hand the next one something
+        else than a tensor, and a forward that computes more than ``layers`` in order."""
+        if not isinstance(x, torch.Tensor):
             raise ConfigError(
-                f"--stages: {type(self.model).__name__}'s forward computes something else than "
-                "its `layers` in order (on a sample batch their outputs differ): the stages run "
-                "`layers` alone, so what forward adds (a skip connection, a scale, an "
-                "activation) would not be trained. Make forward return self.layers(x) and move "
-                "the rest into `layers` as modules, or use --stages 1")
-        return out
+                f"--stages: the samples' inputs are a {type(x).__name__}, and a split model's "
+                "first stage takes one tensor (the stages call `layers`, not the model's "
+                "forward, which would unpack it): return one input tensor per sample from the "
+                "data, or use --stages 1")
+        sample = x
+        for k, (stage, dev) in enumerate(zip(self.run_stages, self.devices)):
+            with self.precision.autocast(dev):
+                x = stage(to_device(x, dev))
+            if k < len(self.stages) - 1 and not isinstance(x, torch.Tensor):
+                a, b = self.bounds[k]
+                raise ConfigError(
+                    f"--stages: stage {k + 1} (layers {a}-{b - 1}) ends with layer {b - 1}, a "
+                    f"{type(self.stages[k][-1]).__name__}, which returns a {type(x).__name__}; "
+                    f"a stage hands the next one a single tensor: choose --split-points so "
+                    f"that no stage ends there (stage {k + 2} begins at layer {b}), or use "
+                    "--stages 1")
+        for training in (False, True):
+            self._check_same_as_forward(sample, training)
+        return x
+
+    def _check_same_as_forward(self, sample: Any, training: bool) -> None:
+        """The stages run ``layers`` alone and never the model's forward, so what forward does
+        besides (a parameter-free skip connection, a scale, dropout of its own) would silently
+        not be trained (sequential_layers refuses only parameters outside ``layers``). Compared
+        where every stage is on one device, on which the model's forward can run: in eval mode,
+        and in training mode from one seed with the BatchNorm statistics put back after."""
+        if isinstance(self.model, nn.Sequential) or len(set(self.devices)) > 1:
+            return
+        model, dev = self.model, self.devices[0]
+        was_training, saved = model.training, [b.clone() for b in model.buffers()]
+        try:
+            model.train(training)
+            with torch.no_grad(), self.precision.autocast(dev), _forked_rng(dev):
+                outputs = []
+                for run in (self.forward, model):
+                    torch.default_generator.manual_seed(0)
+                    _generator(dev).manual_seed(0)
+                    outputs.append(run(to_device(sample, dev)))
+        except Exception:  # noqa: BLE001  a forward that cannot run here is not compared
+            return
+        finally:
+            model.train(was_training)
+            with torch.no_grad():
+                for buffer, value in zip(model.buffers(), saved):
+                    buffer.copy_(value)
+        out, own = outputs
+        if (isinstance(own, torch.Tensor) and isinstance(out, torch.Tensor)
+                and own.shape == out.shape
+                and torch.allclose(own.float(), out.float(), rtol=1e-4, atol=1e-5)):
+            return
+        raise ConfigError(
+            f"--stages: {type(self.model).__name__}'s forward computes something else than "
+            f"its `layers` in order (on a sample batch in {'training' if training else 'eval'} "
+            "mode their outputs differ): the stages run `layers` alone, so what forward adds "
+            "(a skip connection, a scale, an activation, dropout) would not be trained. Make "
+            "forward return self.layers(x) and move the rest into `layers` as modules, or use "
+            "--stages 1")
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor, grad_scale: float) -> BatchStats:
         run = _Run(self, x, y, grad_scale)
@@ -267,13 +346,16 @@ class _Run:
         self.grads = [queue.Queue() for _ in range(k)]
         self.busy = [0.0] * k
         self.failed = threading.Event()
+        # drawn before the stages' threads start, so it follows the step's seed (epoch_plan.py)
+        self.seed = int(torch.randint(2**62, (1,)).item())
 
     # --- one unit of work each ---
     def forward(self, k: int, i: int) -> None:
         dev = self.r.devices[k]
         inp = to_device(self.xs[i], dev) if k == 0 else self._take(self.activations[k])
         t0 = time.perf_counter()
-        with self.r.precision.autocast(dev):  # per thread: every stage enters it
+        # per thread: every stage enters autocast, and seeds its dropout per micro-batch
+        with self.r.precision.autocast(dev), self.r.seeded(k, hash((self.seed, k, i)) % 2**62):
             out = self.r.run_stages[k](inp)
             if k == len(self.r.stages) - 1:
                 self.losses[i], self.sums[i] = self.r.objective.score(
@@ -352,6 +434,7 @@ def build_replica(model: nn.Module, cfg: Config, runtime: Runtime, layout: Layou
         replica = Replica(model, runtime.device, objective,
                           Precision(cfg.run.precision, [runtime.device], cfg.optim.clip_grad_norm))
         return compile_replica(replica) if cfg.run.compile else replica
+    _check_batchnorm_micro_batches(model, cfg)
     devices = list(layout.stage_devices)
     if devices[0].startswith("cuda"):
         torch.cuda.set_device(torch.device(devices[0]))
@@ -362,6 +445,20 @@ def build_replica(model: nn.Module, cfg: Config, runtime: Runtime, layout: Layou
                               Precision(cfg.run.precision, [torch.device(d) for d in devices],
                                         cfg.optim.clip_grad_norm))
     return compile_replica(replica) if cfg.run.compile else replica
+
+
+def _check_batchnorm_micro_batches(model: nn.Module, cfg: Config) -> None:
+    """BatchNorm cannot take a micro-batch of one sample in training (torch raises at the first
+    step, after the start-up check in eval mode passed)."""
+    per_pass = cfg.run.batch_size // cfg.sync.backward_passes_per_step
+    norm = next((m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)),
+                None)
+    if norm is not None and per_pass // cfg.pipeline.micro_batches < 2:
+        raise ConfigError(
+            f"--micro-batches {cfg.pipeline.micro_batches}: a backward pass of {per_pass} "
+            f"samples would be cut into micro-batches of a single sample, and the model's "
+            f"{type(norm).__name__} needs 2 or more in training; use at most {per_pass // 2} "
+            "micro-batches, or a larger --batch-size")
 
 
 def compile_replica(replica: Replica) -> Replica:

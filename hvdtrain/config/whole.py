@@ -100,12 +100,12 @@ def coerce(section: Any, name: str, value: Any) -> Any:
     f = {f.name: f for f in dataclasses.fields(section)}[name]
     flag = "--" + name.replace("_", "-")
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    kind = {bool: "True or False", int: "a whole number", float: "a number",
+            tuple: "a list of whole numbers"}.get(type(default), "a string")
     if value is None and default is not None:
         # fit(epochs=None), or a YAML null: the checks after this one compare numbers and would
         # raise a bare TypeError. None is a value only where it is the default (--run-dir).
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        kind = {bool: "True or False", int: "a whole number", float: "a number",
-                tuple: "a list of whole numbers"}.get(type(default), "a string")
         raise ConfigError(f"{flag}: got None; give {kind} (the default is {shown!r}), or "
                           "leave the option out for its default")
     try:
@@ -128,8 +128,8 @@ def coerce(section: Any, name: str, value: Any) -> Any:
     except RecursionError:  # json.dumps of a table nested thousands deep; its repr would too
         raise ConfigError(too_deep(flag)) from None
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{flag}: cannot read {value!r} ({e}); "
-                          f"expected {type(default).__name__}") from None
+        raise ConfigError(f"{flag}: cannot read {value!r} ({e}); expected {kind}"
+                          + (", e.g. 3 or 2,5" if isinstance(default, tuple) else "")) from None
     choices = f.metadata.get("choices")
     if choices and out not in choices:
         raise ConfigError(f"{flag}: invalid choice {out!r}; choose one of {', '.join(choices)}")

@@ -233,3 +233,94 @@ def test_a_forward_that_does_more_than_its_layers_is_refused_at_the_check(then):
         piped.checked_forward(torch.randn(4, 6))
     plain = PipelineReplica(_Layered(), ["cpu", "cpu"], PipelineConfig(stages=2))
     assert plain.checked_forward(torch.ones(4, 6)).shape == (4, 6)
+
+
+class _InputDropout(_Layered):
+    """Dropout of the input in forward alone: applied only in training, so an eval-mode check
+    passed it and the split trained without it."""
+
+    def forward(self, x):
+        return self.layers(nn.functional.dropout(x, 0.5, self.training))
+
+
+def test_what_forward_does_only_in_training_is_refused_and_the_check_moves_no_statistics():
+    piped = PipelineReplica(_InputDropout(), ["cpu", "cpu"], PipelineConfig(stages=2))
+    piped.model.eval()
+    with pytest.raises(ConfigError, match="in training mode their outputs differ"):
+        piped.checked_forward(torch.randn(4, 6))
+    assert not piped.model.training  # the check puts the mode back
+    # dropout inside `layers` draws the same masks either way: not refused
+    model = _Layered()
+    model.layers.insert(1, nn.Dropout(0.5))
+    model.layers.append(nn.BatchNorm1d(6))
+    model.eval()  # as launch.py checks it
+    before = model.layers[-1].running_mean.clone()
+    PipelineReplica(model, ["cpu", "cpu"], PipelineConfig(stages=2)).checked_forward(
+        torch.randn(8, 6))
+    assert torch.equal(model.layers[-1].running_mean, before)
+
+
+class _Pair(nn.Module):
+    def forward(self, x):
+        return x, x
+
+
+class _Sum(nn.Module):
+    def forward(self, pair):
+        return pair[0] + pair[1]
+
+
+def test_inputs_and_stage_outputs_that_are_not_one_tensor_are_refused_at_the_check():
+    """A tuple between stages crashed the first step (AttributeError: 'tuple' object has no
+    attribute 'detach'); a dict input was called on the first layer and blamed the model."""
+    model = nn.Sequential(nn.Linear(6, 6), _Pair(), _Sum(), nn.Linear(6, 3))
+    split_at_pair = PipelineReplica(model, ["cpu", "cpu"],
+                                    PipelineConfig(stages=2, split_points=(2,)))
+    with pytest.raises(ConfigError, match=r"stage 1 \(layers 0-1\) ends with layer 1, a _Pair, "
+                                          r"which returns a tuple; .* \(stage 2 begins at layer 2\)"):
+        split_at_pair.checked_forward(torch.randn(4, 6))
+    fine = PipelineReplica(model, ["cpu", "cpu"], PipelineConfig(stages=2, split_points=(3,)))
+    assert fine.checked_forward(torch.randn(4, 6)).shape == (4, 3)
+    with pytest.raises(ConfigError, match="the samples' inputs are a dict, and a split model's "
+                                          "first stage takes one tensor"):
+        fine.checked_forward({"x": torch.randn(4, 6)})
+
+
+def test_dropout_in_stages_that_share_a_device_draws_the_same_masks_in_any_order():
+    """Threads of CPU stages drew from one generator in whatever order they ran: the same
+    flags gave another result each run, and a resume could not be exact. Each micro-batch's
+    masks now come from the step's seed, so every schedule draws the same ones."""
+    def grads(schedule):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.5), nn.Linear(32, 32),
+                              nn.Dropout(0.5), nn.Linear(32, 3))
+        piped = PipelineReplica(model, ["cpu", "cpu"],
+                                PipelineConfig(stages=2, micro_batches=4, schedule=schedule))
+        for step in range(3):  # the first step learns which stages draw
+            torch.manual_seed(step)
+            piped.forward_backward(torch.randn(16, 8), torch.arange(16) % 3, 1.0)
+        return [p.grad.clone() for p in model.parameters()]
+
+    gpipe = grads("gpipe")
+    for other in ("sequential", "1f1b", "gpipe"):
+        assert all(torch.equal(a, b) for a, b in zip(gpipe, grads(other))), other
+
+
+def test_a_split_refuses_batchnorm_micro_batches_of_one_sample_and_a_module_list():
+    from hvdtrain.pipeline import _check_batchnorm_micro_batches
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    cfg = Config.from_overrides({"stages": 2, "micro_batches": 20}).validate()
+    with pytest.raises(ConfigError, match="--micro-batches 20: a backward pass of 32 samples "
+                                          ".*BatchNorm1d needs 2 or more .* at most 16"):
+        _check_batchnorm_micro_batches(model, cfg)
+    _check_batchnorm_micro_batches(nn.Sequential(nn.Linear(4, 2)), cfg)  # nothing to refuse
+
+    class Listed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 2)])
+
+    with pytest.raises(ConfigError, match=r"its `layers` is a ModuleList: make it "
+                                          r"nn.Sequential\(\*layers\)"):
+        PipelineReplica(Listed(), ["cpu", "cpu"], PipelineConfig(stages=2))
