@@ -21,6 +21,7 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset
 
 from .config import Config, ConfigError
+from .config.model_options import metric_specs
 from .data import DataError, builtin
 from .data.batches import BatchSource, to_device
 from .data.in_memory import InMemoryBatches
@@ -179,8 +180,10 @@ def workload_from_config(cfg: Config) -> Workload:
     data = {"origin": f"--dataset {cfg.data.dataset}", **load_training_data(cfg)}
     loss, loss_name = resolve_loss(cfg.model.loss)
     model_spec = cfg.model.model
+    own = {name: resolve_callable(spec, "--metrics")
+           for name, spec in metric_specs(cfg.model.metrics).items()}
     return Workload(name=model_spec, build_model=model_factory(cfg, data), loss=loss,
-                    loss_name=loss_name, metrics=default_metrics(loss_name),
+                    loss_name=loss_name, metrics={**default_metrics(loss_name), **own},
                     from_command_line=True, **data)
 
 

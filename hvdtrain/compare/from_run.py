@@ -256,6 +256,7 @@ class RunLog:
     header: dict
     epochs: list[EpochTimes]
     curve: list[dict]
+    cut_short: str = ""  # how a run that did not finish ended ("" for one that did)
 
     @property
     def config(self) -> dict:
@@ -294,6 +295,10 @@ def read_run(folder: str | Path) -> RunLog:
         raise ConfigError(f"--from-run: {e}; give the folder of a finished run") from None
     if cut:  # a killed run's log: its whole lines are the run
         print(f"hvdtrain compare: warning: {cut}", file=sys.stderr, flush=True)
+    if not any(isinstance(r, dict) and r.get("type") == "header" for r in records):
+        raise ConfigError(f"--from-run: {path} has no header line: the run ended before it "
+                          "began to train, or the file is not an hvdtrain log; give the folder "
+                          "of a finished run")
     try:
         header = next(r for r in records if r.get("type") == "header")
         epochs = [_epoch_times(r, i, records) for i, r in enumerate(records)
@@ -314,12 +319,28 @@ def read_run(folder: str | Path) -> RunLog:
                           "or compare at the size you plan with hvdtrain compare --simulate "
                           "--workers N")
     _check_rebuildable(folder, header)
-    run = RunLog(folder, header, epochs, curve(records))
+    run = RunLog(folder, header, epochs, curve(records), _cut_short(records, header))
     if not run.metrics():  # a language model's run has a test_loss and no test_acc
         raise ConfigError(f"--from-run: {path} has no test figures: the run never evaluated "
                           "(a dataset without a test split, or --eval-every 0); train it again "
                           "with evaluations (--eval-every 1)")
     return run
+
+
+def _cut_short(records: list[dict], header: dict) -> str:
+    """How the run ended where it did not finish: a failure its log recorded, or a log that
+    stops before its last epoch with no stop line (a killed run); "" for a run that trained
+    all its epochs or stopped as asked (--stop-at, a stop signal)."""
+    stops = [r for r in records if r.get("type") == "stop"]
+    reason = str(stops[-1].get("reason", "")) if stops else ""
+    if reason.startswith("failed"):
+        return f"the run ended in failure ({reason[:120]}{'...' if len(reason) > 120 else ''})"
+    planned = header.get("config", {}).get("run", {}).get("epochs")
+    last = max((r.get("epoch", 0) for r in records if r.get("type") == "epoch"), default=0)
+    if not stops and isinstance(planned, int) and last < planned:
+        return (f"the run's log ends after epoch {last} of {planned} with no stop line (the "
+                "run was killed, or is still running)")
+    return ""
 
 
 def _check_rebuildable(folder: Path, header: dict) -> None:

@@ -137,6 +137,45 @@ def check_train_args(cfg) -> None:
                           f"{', '.join(refused)} out of --modes")
 
 
+# What --from-run would not read: the run fixes its workers, model, data, flags and launch, and
+# its replay is the simulator's at the run's own figures.
+NOT_FROM_RUN = ("plan", "stragglers", "epochs", "eval_every_steps", "dataset", "model",
+                "train_args", "workers", "hostfile", "launcher_args", "run_timeout", "force",
+                "global_batch", "sim_allreduce_ms", "sim_push_ms", "sweep_seeds", "max_restarts",
+                "link_mbit")
+# What only simulated runs (--simulate, --sweep-workers) read.
+SIMULATED_ONLY = ("global_batch", "sim_allreduce_ms", "sim_push_ms")
+
+
+def check_unread(cfg, given: set[str]) -> None:
+    """Refuse a compare flag, given (set away from its default), that this invocation would
+    ignore: --workers 8 with --from-run answered for the run's 2 workers, and --global-batch
+    64 on a real plan ran at --batch-size x --workers, each without a word."""
+    def flag(name: str) -> str:
+        return "--" + name.replace("_", "-")
+
+    if cfg.from_run is not None:
+        unread = [flag(name) for name in NOT_FROM_RUN if name in given]
+        if unread:
+            raise ConfigError(f"{', '.join(unread)}: --from-run answers for the run as it ran "
+                              "(its workers, model, data, flags and stragglers), so this would "
+                              "be ignored; drop it, or run a plan (--simulate with the run's "
+                              "flags, to try others)")
+        return
+    simulated = cfg.simulate or bool(cfg.sweep_workers.strip())
+    unread = [flag(name) for name in SIMULATED_ONLY if name in given and not simulated]
+    if "sweep_seeds" in given and not cfg.sweep_workers.strip():
+        unread.append("--sweep-seeds")
+    if "link_mbit" in given and cfg.plan != "links":
+        unread.append("--link-mbit")
+    if unread:
+        raise ConfigError(f"{', '.join(unread)}: read only by "
+                          + ("--plan links" if unread == ["--link-mbit"] else
+                             "--sweep-workers" if unread == ["--sweep-seeds"] else
+                             "simulated runs (--simulate, --sweep-workers)")
+                          + ", which this invocation has not; drop it, or add what reads it")
+
+
 def check_simulation(cfg) -> None:
     """The simulator's flags (--simulate, --sweep-*, --global-batch, --sim-*, --links); sets
     cfg.measured to --links' doctor.json, read and checked."""
@@ -151,6 +190,9 @@ def check_simulation(cfg) -> None:
             raise ConfigError(f"--global-batch {cfg.global_batch} cannot be split evenly "
                               f"over --workers {cfg.workers}; use a multiple of "
                               f"{cfg.workers}")
+    if cfg.sim_step_ms == 0:  # every run would reach its target at 0 s, and no ratio exists
+        raise ConfigError("--sim-step-ms: a step takes time; give the milliseconds of one "
+                          "worker's forward and backward pass, above 0, or drop it to measure")
     figures = [getattr(cfg, name) for name in SIM_FIGURES]
     # nan fails every comparison, so "value < 0" would let it through
     if not all(x >= 0 and math.isfinite(x) for x in figures if x is not None):

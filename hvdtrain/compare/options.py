@@ -21,7 +21,8 @@ from ..faults.schedule import parse_faults
 from ..rules.registry import DILOCO_OUTER_LR, DILOCO_OUTER_MOMENTUM, FAMILIES
 from ..stragglers import parse_straggler
 from . import plan as planning
-from .option_checks import check_processes_fit, check_simulation, check_train_args, ints
+from .option_checks import (check_processes_fit, check_simulation, check_train_args, check_unread,
+                            ints)
 from .sim.link import Link
 from .target_metric import Target
 
@@ -212,6 +213,7 @@ class CompareConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
 
     def __post_init__(self) -> None:
+        check_unread(self, {f.name for f in fields(self) if getattr(self, f.name) != f.default})
         if self.from_run is not None and self.modes is None:  # every scheme, for one run's answer
             self.modes = ",".join(FAMILIES)
         plan = dict(PLANS[self.plan])

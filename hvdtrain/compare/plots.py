@@ -157,7 +157,7 @@ def write_plots(results: list[RunResult], out: Path, target: Target | str | floa
             target.label, f"{target.label[:1].upper()}{target.label[1:]} against {clock}", p,
             target.value),
         "loss_vs_steps.png": lambda p: _curves(
-            results, conditions, colors, "step", "train_loss", "steps (of worker 0)",
+            results, conditions, colors, "step", "train_loss", "steps of the job",
             "training loss (epoch mean)", "Training loss against steps", p),
         "loss_vs_time.png": lambda p: _curves(
             results, conditions, colors, "wall_seconds", "train_loss", f"{clock} (s)",
@@ -166,6 +166,11 @@ def write_plots(results: list[RunResult], out: Path, target: Target | str | floa
     }
     if any(m != "sync" for m in modes):
         files["staleness.png"] = lambda p: _staleness(results, conditions, modes, colors, p)
+    # An earlier plan's figures in this --out (another target's curve, the staleness of modes
+    # this plan has not) would sit beside this report's as if they were its own.
+    for stale in [*out.glob("*_vs_time.png"), out / "staleness.png"]:
+        if stale.name not in files:
+            stale.unlink(missing_ok=True)
     for name, draw in files.items():
         draw(out / name)
     return list(files)

@@ -162,8 +162,8 @@ def finding(summary: dict[tuple[str, str], dict], straggler: str,
                  f" {best} needs {share} of sync's time on average, but "
                  f"{_unsettled(first, complete['sync'])}, so **whether it beats sync is not "
                  "settled** by these runs.")
-    elif best == "sync":
-        ratio = complete[runner_up]["time_ci"][0] / complete["sync"]["time_ci"][0]
+    elif best == "sync":  # (a target reached at 0 s has no ratio: "inf"x)
+        ratio = complete[runner_up]["time_ci"][0] / max(complete["sync"]["time_ci"][0], 1e-12)
         text += (f" **sync is fastest**; {runner_up} took {ratio:.2f}x as long." if settled else
                  f" sync is fastest on average ({runner_up} took {ratio:.2f}x as long), but "
                  f"{_unsettled(first, second)}, so **the ranking is not settled** by these runs.")

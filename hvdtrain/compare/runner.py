@@ -5,6 +5,7 @@ tried again next time."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -36,10 +37,24 @@ def _finished_status(run_dir: Path) -> dict | None:
     return status if status.get("status") == "ok" else None
 
 
+def user_code(command: list[str]) -> dict[str, str]:
+    """The SHA-256 of each .py file the command's --model, --dataset or --loss names: an edited
+    model file leaves the command as it was, and its finished runs were of another model."""
+    digests = {}
+    for flag, value in zip(command, command[1:]):
+        module = value.rpartition(":")[0]
+        if flag in ("--model", "--dataset", "--loss") and module.endswith(".py"):
+            with contextlib.suppress(OSError):
+                digests[module] = hashlib.sha256(Path(module).read_bytes()).hexdigest()
+    return digests
+
+
 def previous_status(run_dir: Path, command: list[str]) -> dict | None:
-    """The recorded status of a finished run with exactly this command, else None."""
+    """The recorded status of a finished run with exactly this command and user code, else
+    None."""
     status = _finished_status(run_dir)
-    if status and status.get("command") == command and (run_dir / "metrics.jsonl").is_file():
+    if (status and status.get("command") == command and (run_dir / "metrics.jsonl").is_file()
+            and _code_as_recorded(status, command)):
         return status
     return None
 
@@ -52,7 +67,16 @@ def check_no_other_plan(runs: list[PlannedRun], out: Path) -> None:
         run_dir = out / "runs" / run.name
         status = _finished_status(run_dir)
         command = run.command(sys.executable, str(run_dir))
-        if status is None or status.get("command") in (None, command):
+        if status is None or status.get("command") is None:
+            continue
+        if status["command"] == command:
+            if not _code_as_recorded(status, command):
+                now = user_code(command)
+                edited = sorted(name for name in {**status["user_code"], **now}
+                                if status["user_code"].get(name) != now.get(name))
+                raise ConfigError(f"--out {out}: {run_dir} holds a finished run of "
+                                  f"{', '.join(edited)} as it was before an edit; pass another "
+                                  "--out to keep it, or --force to run the plan again")
             continue
         before, now = _flags(status["command"]), _flags(command)
         differ = (f"it had {' '.join(sorted(before - now)) or 'no other flag'} where this plan "
@@ -60,6 +84,12 @@ def check_no_other_plan(runs: list[PlannedRun], out: Path) -> None:
         raise ConfigError(f"--out {out}: {run_dir} holds a finished run of another plan "
                           f"({differ}); pass another --out to keep it, or --force to replace "
                           "the runs of that plan")
+
+
+def _code_as_recorded(status: dict, command: list[str]) -> bool:
+    """Whether the user's files are as the finished run recorded them (a run recorded before
+    hvdtrain kept their digests is taken as it is)."""
+    return "user_code" not in status or status["user_code"] == user_code(command)
 
 
 def _flags(command: list[str]) -> set[str]:
@@ -97,6 +127,7 @@ def run_one(run: PlannedRun, out: Path, timeout: float, force: bool,
             code, reason = _attempt(command, log, timeout)
     status = {"status": "ok" if code == 0 else "failed", "reason": reason, "returncode": code,
               "seconds": round(time.perf_counter() - started, 2), "command": command,
+              "user_code": user_code(command),
               **({"restarts": restarts} if run.faults else {})}
     (run_dir / STATUS).write_text(json.dumps(status, indent=1))
     return {**status, "skipped": False}

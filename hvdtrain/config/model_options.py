@@ -5,11 +5,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import require
+from ..errors import ConfigError, require
 from .values import opt, refuse_unread
 
 
 DEFAULT_SHAPES = {"hidden": (256, 128), "channels": (32, 64)}
+
+
+def metric_specs(text: str) -> dict[str, str]:
+    """``"top3=m.py:top3,f1=m.py:f1"`` -> {"top3": "m.py:top3", "f1": "m.py:f1"}; ValueError
+    saying the format for anything else."""
+    specs: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, eq, spec = (s.strip() for s in part.partition("="))
+        if not eq or not name.isidentifier() or ":" not in spec:
+            raise ValueError(f"{part!r} is not NAME=MODULE:CALLABLE; e.g. top3=metrics.py:top3")
+        if name == "loss" or name in specs:
+            taken = "the loss's" if name == "loss" else "given twice"
+            raise ValueError(f"the name {name!r} is {taken}; give each metric a name of its own")
+        specs[name] = spec
+    return specs
 
 
 @dataclass
@@ -28,11 +43,20 @@ class ModelConfig:
                     "computing loss(output, target) -> scalar mean; accuracy is reported for "
                     "cross_entropy and nll on (N, C) outputs, and over the tokens for "
                     "token_cross_entropy")
+    metrics: str = opt("", "your own metrics besides the loss, as NAME=MODULE:CALLABLE, "
+                       "comma-separated, e.g. top3=metrics.py:top3: each metric(output, target) "
+                       "returns (sum, count), summed over batches and workers, and is logged as "
+                       "NAME (training) and test_NAME (evaluation), which --stop-at and "
+                       "hvdtrain compare --target can name")
     hidden: tuple[int, ...] = opt(DEFAULT_SHAPES["hidden"], "hidden layer widths of the MLP, e.g. 1024,1024")
     channels: tuple[int, ...] = opt(DEFAULT_SHAPES["channels"], "convolution channels of the CNN, one per block")
 
     def validate(self) -> None:
         m = self
+        try:
+            metric_specs(m.metrics)
+        except ValueError as e:
+            raise ConfigError(f"--metrics: invalid value {m.metrics!r}; {e}") from None
         require(len(m.hidden) >= 1 and all(n >= 1 for n in m.hidden), "--hidden", m.hidden,
                 "give positive layer widths, e.g. --hidden 256,128")
         require(len(m.channels) >= 1 and all(n >= 1 for n in m.channels), "--channels",

@@ -200,6 +200,9 @@ def parse_stop_at(text: str) -> tuple[str, str, float] | None:
         raise ValueError(f"{name} {'falls' if falls else 'rises'} as a model learns, so "
                          f"{name}{op}{value.strip()} would be reached by an untrained one; "
                          f"write {name}{better}{value.strip()}")
+    if name == "test_acc" and target <= 0:  # reached at the first evaluation, whatever trains
+        raise ValueError(f"every model reaches test_acc>={value.strip()}, an accuracy of 0 or "
+                         "less; give a fraction above 0, e.g. test_acc>=0.95")
     return name, op, target
 
 

@@ -324,3 +324,32 @@ def test_a_finished_run_of_another_plan_in_out_is_refused_before_anything_starts
     assert "pass another --out to keep it, or --force to replace the runs" in told
     main([*argv, "--target", "0.8", "--force"])
     assert launched == ["sync-seed0"] * 2
+
+
+def test_runs_of_a_model_file_edited_since_are_neither_reused_nor_replaced_silently(tmp_path):
+    """An edited --model FILE.py left the command as it was, so the finished runs of the old
+    model were skipped and reported as the new one's."""
+    import json
+    import sys
+
+    from hvdtrain.compare import runner
+    from hvdtrain.compare.plan import modes, plan
+    from hvdtrain.config import ConfigError
+
+    model = tmp_path / "net.py"
+    model.write_text("def build(): ...\n")
+    [run] = plan(modes(["sync"], bounds=[]), [0], ["none"], 2, ["--model", f"{model}:build"])
+    out = tmp_path / "out"
+    run_dir = out / "runs" / run.name
+    run_dir.mkdir(parents=True)
+    command = run.command(sys.executable, str(run_dir))
+    (run_dir / "metrics.jsonl").write_text("")
+    (run_dir / runner.STATUS).write_text(json.dumps(
+        {"status": "ok", "command": command, "user_code": runner.user_code(command)}))
+    assert runner.previous_status(run_dir, command) is not None  # as it was: skipped
+    runner.check_no_other_plan([run], out)
+    model.write_text("def build(): return None\n")
+    assert runner.previous_status(run_dir, command) is None
+    with pytest.raises(ConfigError, match=f"holds a finished run of {model} as it was before an "
+                                          "edit; pass another --out to keep it, or --force"):
+        runner.check_no_other_plan([run], out)

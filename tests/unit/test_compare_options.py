@@ -179,3 +179,19 @@ def test_backup_workers_are_checked_only_where_the_plan_has_the_backup_mode(tmp_
     with pytest.raises(ConfigError, match="--backup-workers: each number must be 0 to 2"):
         options(tmp_path, "--simulate", "--workers", "3", "--modes", "backup",
                 "--backup-workers", "3")
+
+
+def test_flags_only_simulated_runs_or_another_plan_read_are_refused_where_nothing_reads_them(
+        tmp_path):
+    """--global-batch 64 on a real plan ran at --batch-size x --workers without a word."""
+    for flags, words in ((["--global-batch", "64"], "--global-batch: read only by simulated "
+                                                    "runs"),
+                         (["--sim-push-ms", "3"], "--sim-push-ms: read only by simulated runs"),
+                         (["--sweep-seeds", "3"], "--sweep-seeds: read only by --sweep-workers"),
+                         (["--link-mbit", "50"], "--link-mbit: read only by --plan links"),
+                         (["--simulate", "--sim-step-ms", "0"], "--sim-step-ms: a step takes "
+                                                                "time")):
+        with pytest.raises(ConfigError, match=words):
+            options(tmp_path, *flags)
+    assert options(tmp_path, "--simulate", "--global-batch", "64").global_batch == 64
+    assert options(tmp_path, "--sweep-workers", "2,4", "--sweep-seeds", "3").sweep_seeds == 3

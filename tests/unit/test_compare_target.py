@@ -184,7 +184,13 @@ def test_the_plots_draw_the_targets_metric_falling_to_its_line(monkeypatch, tmp_
     assert (y_key, ylabel, title, line) == ("test_loss", "test loss",
                                             "Test loss against training time", 2.0)
     assert path == tmp_path / "test_loss_vs_time.png"
+    # the loss target's figure, a file written by no one here (the curves are stubbed), and
+    # another plan's staleness: the accuracy plan leaves only its own figures beside its report
+    for name in ("test_loss_vs_time.png", "staleness.png"):
+        (tmp_path / name).write_bytes(b"")
     assert plots.write_plots(results, tmp_path, 0.9)[0] == "accuracy_vs_time.png"  # as before
+    assert not (tmp_path / "test_loss_vs_time.png").exists()
+    assert not (tmp_path / "staleness.png").exists()  # a sync-only plan draws none
 
 
 # --- the simulator --------------------------------------------------------------------------------

@@ -198,12 +198,27 @@ def _append(text):
      "line 5: not a JSON object with a 'type'"),
     (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_bytes(b"\x80\x00" * 50)),
      "is not a text file"),
+    # an empty log said "cannot be read (StopIteration: )"
+    (lambda p: (p.mkdir(), (p / "metrics.jsonl").write_text("")), "has no header line"),
 ])
 def test_a_log_that_is_not_one_is_a_one_line_config_error(tmp_path, make, words):
     make(tmp_path / "r")
     with pytest.raises(ConfigError, match=words) as e:
         read_run(tmp_path / "r")
     assert str(e.value).startswith("--from-run: ") and "\n" not in str(e.value)
+
+
+def test_a_run_that_failed_or_was_killed_is_told_from_one_that_finished(tmp_path):
+    """A crashed run was answered for as if it had finished, without a word."""
+    assert read_run(_write_log(tmp_path / "done")).cut_short == ""
+    failed = _append('{"type": "stop", "reason": "failed: RuntimeError: boom"}\n')
+    failed(tmp_path / "failed")
+    assert read_run(tmp_path / "failed").cut_short == \
+        "the run ended in failure (failed: RuntimeError: boom)"
+    _write_log(tmp_path / "killed", epochs=2)  # of --epochs 3, and no stop line
+    assert "ends after epoch 2 of 3 with no stop line" in read_run(tmp_path / "killed").cut_short
+    _append('{"type": "stop", "reason": "reached test_acc >= 0.9"}\n')(tmp_path / "target")
+    assert read_run(tmp_path / "target").cut_short == ""
 
 
 def test_a_killed_runs_cut_last_line_is_named_and_its_whole_lines_read(tmp_path, capsys):
@@ -270,6 +285,9 @@ def test_the_recommendation_names_a_winner_only_when_its_interval_is_clear():
     assert recommend([slow, fast, close]).startswith("no clear winner")
     missed = _prediction("local4", [0.5, None, 0.6])  # not every seed reached: not a winner
     assert recommend([slow, fast, missed]).startswith("backup1")
+    # a replay that missed the run's own time settles nothing, however clear its intervals
+    assert recommend([slow, fast], checked=False).startswith(
+        "not settled: backup1 was fastest in the replay")
 
 
 def test_a_check_outside_says_the_bounds_to_four_figures():
@@ -350,6 +368,9 @@ def test_from_run_replays_one_mode_of_each_family_unless_modes_says(tmp_path):
 @pytest.mark.parametrize("flags,words", [
     (["--from-run", "no-such-folder"], "is not a folder"),
     (["--from-run", "{run}", "--simulate"], "drop --simulate"),
+    # the run fixes these: --workers 8 was answered for the run's 2, without a word
+    (["--from-run", "{run}", "--workers", "8", "--stragglers", "3x"],
+     "--stragglers, --workers: --from-run answers for the run as it ran"),
 ])
 def test_from_run_flag_errors_say_what_to_do(tmp_path, flags, words):
     run = _write_log(tmp_path / "r")

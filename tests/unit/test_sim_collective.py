@@ -65,6 +65,22 @@ def test_every_collective_of_the_port():
         assert gathered == [0, 1, 4] and agreed == (0, 2) and summed == [3, 3]
 
 
+def test_a_compressed_allreduce_rounds_the_gradients_as_fp16_carries_them():
+    """The simulator priced --compression fp16's bytes but trained on float32 averages."""
+    def work(port):
+        p = torch.zeros(1, requires_grad=True)
+        p.grad = torch.tensor([1.0 + 2.0 ** -13])  # below fp16's resolution at 1: rounds to 1
+        port.average_gradients([p])
+        return p.grad.item()
+
+    cluster = VirtualCluster(2, torch.float16)
+    try:
+        assert cluster.run(lambda rank: work(cluster.port(rank))) == [1.0, 1.0]
+    finally:
+        cluster.close()
+    assert on_cluster(2, work) == [1.0 + 2.0 ** -13] * 2  # uncompressed: exact
+
+
 def test_one_worker_needs_no_other_thread():
     assert on_cluster(1, lambda port: port.agree(7)) == [(7, 7)]
 

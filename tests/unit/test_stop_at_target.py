@@ -49,6 +49,9 @@ def test_a_built_in_metric_the_wrong_way_round_is_refused_with_the_right_one(tex
     with pytest.raises(ConfigError, match=f"would be reached by an untrained one; write {fix}"):
         Config.from_overrides({"stop_at": text}).validate()
     assert parse_stop_at("test_mae>=2.5") == ("test_mae", ">=", 2.5)  # a user's: either way
+    # compare called test_acc>=0 reached by every run at its first evaluation
+    with pytest.raises(ConfigError, match="every model reaches test_acc>=0, an accuracy of 0"):
+        Config.from_overrides({"stop_at": "test_acc>=0"}).validate()
 
 
 def test_the_flag_reaches_the_run_config():

@@ -313,3 +313,24 @@ def test_the_split_arithmetic_and_too_few_samples(tmp_path):
         config(test_fraction=1.0)
     assert LoaderBatches(HeldOut(torch.utils.data.TensorDataset(torch.zeros(4, 1)), [0, 1])
                          ).name == "TensorDataset"
+
+
+def test_metrics_of_the_users_own_are_taken_from_files_and_reported_beside_the_builtin_ones():
+    """hvdtrain train had no way to a metric of the user's own, which compare's --target and
+    --stop-at offered to name (only hvdtrain.fit took metrics)."""
+    write(Path.cwd() / "mine.py", """
+        def top2(output, target):
+            hit = (output.topk(2, dim=1).indices == target[:, None]).any(1)
+            return hit.sum(), hit.numel()
+    """)
+    w = workload_from_config(data_config(dataset="data.py:numpy_pairs",
+                                         metrics="top2=mine.py:top2"))
+    assert sorted(w.metrics) == ["acc", "top2"]  # the loss's accuracy stays
+    w.bind(CPU, config())
+    w.check(lambda x: torch.eye(3)[torch.arange(len(x)) % 3] * 5, CPU)
+    assert "top2" in w.objective().metrics
+    for text, words in (("top2", "'top2' is not NAME=MODULE:CALLABLE"),
+                        ("loss=mine.py:top2", "the name 'loss' is the loss's"),
+                        ("a=mine.py:top2,a=mine.py:top2", "the name 'a' is given twice")):
+        with pytest.raises(ConfigError, match=f"--metrics: invalid value .*{words}"):
+            Config.from_overrides({"metrics": text}).validate()

@@ -73,7 +73,10 @@ class SyncRun:
     def __init__(self, sim):
         self.sim = sim
         cfg = sim.setup.cfg
-        self.cluster = VirtualCluster(sim.num_workers)
+        # Horovod's --compression fp16 rounds what the allreduce carries (each gradient, each
+        # sum); the link model prices its bytes (link.py), and this its effect on training
+        self.cluster = VirtualCluster(sim.num_workers, torch.float16
+                                      if cfg.sync.compression == "fp16" else None)
         self.learners = [FlatLearner(sim, w) for w in sim.workers]
         for w, learner in zip(sim.workers, self.learners):
             w.engine = SyncStep(self.cluster.port(w.rank), learner,

@@ -46,10 +46,11 @@ class VirtualCluster:
     worker's CollectivePort is :meth:`port`; :meth:`run` runs a piece of work on every worker
     and returns once all have done it."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, wire: torch.dtype | None = None):
         if size < 1:
             raise ValueError(f"a virtual cluster needs 1 or more workers, not {size}")
         self.size = size
+        self.wire = wire  # the gradients' dtype in the allreduce: --compression fp16's
         self.ports = [VirtualPort(self, rank) for rank in range(size)]
         self._batons = [threading.Semaphore(0) for _ in range(size + 1)]  # the last: run()'s
         self._threads: list[threading.Thread] = []
@@ -195,8 +196,10 @@ class VirtualPort:
         for p in params:  # a parameter without a gradient counts as a zero one
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        wire = self.cluster.wire
         self._meet("average_gradients", "gradients", [p.grad for p in params],
-                   _sum_then_divide)
+                   _sum_then_divide if wire is None else
+                   lambda parts: _sum_then_divide(parts, wire))
 
     def broadcast_(self, tensors: Sequence[tuple[str, torch.Tensor]]) -> None:
         self._meet("broadcast_", ",".join(n for n, _ in tensors), [t for _, t in tensors],
@@ -232,15 +235,20 @@ def _average_in_place(parts: list[list[torch.Tensor]]) -> None:
                 t.copy_(mean)
 
 
-def _sum_then_divide(parts: list[list[torch.Tensor]]) -> None:
-    """Every worker's i-th gradient becomes the sum of the workers' i-th, in rank order, over N."""
+def _sum_then_divide(parts: list[list[torch.Tensor]], wire: torch.dtype | None = None) -> None:
+    """Every worker's i-th gradient becomes the sum of the workers' i-th, in rank order, over N;
+    with a ``wire`` dtype (Horovod's fp16 compression) each gradient, each partial sum and the
+    mean are rounded to it, as the compressed allreduce holds them."""
+    def wired(t: torch.Tensor) -> torch.Tensor:
+        return t if wire is None else t.to(wire).to(t.dtype)
+
     with torch.no_grad():
         means = []
         for column in zip(*parts):
-            total = column[0].clone()
+            total = wired(column[0].clone())
             for g in column[1:]:
-                total += g
-            means.append(total / len(column))
+                total = wired(total + wired(g))
+            means.append(wired(total / len(column)))
         for own in parts:
             for g, mean in zip(own, means):
                 g.copy_(mean)
