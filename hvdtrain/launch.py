@@ -275,8 +275,28 @@ def _end_async_job(e: BaseException, world, rank: int, trainer) -> None:
         from .ps.membership import lost_server_note
 
         message += f"; {lost_server_note(trainer.run_dir)}"
+    if trainer is not None and not trainer.is_main and code != EXIT_BAD_INPUT:
+        _log_failure(trainer.run_dir, f"rank {rank}: {message}")
     abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
           collective=code == EXIT_BAD_INPUT)
+
+
+def _log_failure(run_dir: Path, why: str) -> None:
+    """The log's last line says why the run ended, where a rank other than the lead failed:
+    the abort kills the lead before it could write it (its log ended at an epoch line, as if
+    the run had been killed). Appended whole, as the lead appends its own lines."""
+    from .loop.sinks import LOG_NAME
+    from .run_output import JsonlLog, LogWriteError
+
+    path = Path(run_dir) / LOG_NAME
+    if not path.is_file():
+        return
+    try:
+        log = JsonlLog(path, append=True)
+        log.write("stop", reason=f"failed: {why.splitlines()[0]}")
+        log.close()
+    except (OSError, LogWriteError):  # the folder is gone or full: stderr still says why
+        pass
 
 
 def _build_trainer(cfg: Config, runtime, layout: Layout, scheme, workload: Workload, model):

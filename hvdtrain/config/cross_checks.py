@@ -67,6 +67,12 @@ def _check_what_async_cannot_run(cfg: Any) -> None:
                   "parameter server's messages take --wire-dtype fp16 (or bf16) instead")
     require(not p.bsp or math.isinf(p.staleness), "--staleness", p.staleness,
             "--bsp rounds are lock-step, with no staleness to bound; drop one of them")
+    # A lock-step round replies with its new parameters, which a worker skipping pulls would
+    # not take: it trained on parameters k rounds old while its log counted them fresh.
+    require(not p.bsp or p.pull_every == 1, "--pull-every", p.pull_every,
+            "--bsp rounds are lock-step: every worker takes each round's parameters with its "
+            "reply, and pulling every k rounds would train on stale ones; use --pull-every 1, "
+            "or drop --bsp")
     if not p.round_staleness_weight and s.local_steps == 1:
         raise ConfigError("--no-round-staleness-weight: the round weight is asynchronous "
                           "DiLoCo's (--local-steps H); drop it")

@@ -130,7 +130,7 @@ def restore(component: Any, beside: Path, tag: dict[str, Any]) -> bool:
             return True
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
             why = f"it does not fit this run ({type(e).__name__}: {e})"
-    print(f"hvdtrain: worker {tag[checkpoint.WORKER_FILE_KEY]} starts from worker 0's "
-          f"{getattr(component, 'name', 'state')} in the checkpoint, not its own: {why}",
-          flush=True)
+    print(f"hvdtrain: worker {tag[checkpoint.WORKER_FILE_KEY]} starts from the checkpoint's "
+          f"{getattr(component, 'name', 'state')} (worker 0's, or a fresh one where it holds "
+          f"none), not its own: {why}", flush=True)
     return False

@@ -158,6 +158,11 @@ class ParameterServerClient(UpdateScheme):
             if self.feed is not None:
                 self.link.send_plan(plan_message(self.feed.queue.plan, state))
         self.pull()
+        if resuming and not self.is_main and self.cfg.ps.bsp and self.link.round_as_replies():
+            # At a checkpoint the lead's SAVE brought it the float32 master, and every other
+            # worker held its round's reply, rounded to a 16-bit --wire-dtype: so it starts
+            # again, or a resumed run would not end with the uninterrupted one's weights.
+            self.flat.copy_out()
         self.started = True
 
     # --- the hot path --------------------------------------------------------------------------

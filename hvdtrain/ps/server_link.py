@@ -162,6 +162,18 @@ class ServerLink:
             self.copies.parameters_done()
         return fastest
 
+    def round_as_replies(self) -> bool:
+        """Round the parameters as a push's reply in the wire dtype brings them (only the
+        routes that travel as messages: a shared window is read in float32); False where
+        nothing changes."""
+        if self.wire.exact_dtype:
+            return False
+        for server, chunks in self.routes:
+            if server not in self.shared_params:
+                for a, b in chunks:
+                    self.params_flat[a:b] = self.params_flat[a:b].to(self.wire.dtype).float()
+        return True
+
     def _post_replies(self, want_params: bool, kind: Kind) -> tuple[list, list]:
         """The receives of every server's reply: its ACK, or its parameter chunks (READY words
         from a server on this host; a push's in --wire-dtype); (requests, the parameters each

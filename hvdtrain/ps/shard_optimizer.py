@@ -101,14 +101,35 @@ class ShardOptimizer:
             return {"outer_pushes": float(self.pushes[0])}
         return {"step": float(self.steps[0])} if self.steps else {}
 
+    def misfit(self, vectors: dict[str, torch.Tensor], scalars: dict[str, float]) -> str:
+        """Why a checkpoint's optimizer state cannot continue this server's step ("" where it
+        can): it was another step's (async DiLoCo's outer step against --optimizer's, whose
+        momentum_buffer means another thing), or holds state this step does not keep. Where
+        this step keeps state that the checkpoint lacks, fresh zeros are that state."""
+        was_outer, outer = "outer_pushes" in scalars, self.outer is not None
+        if vectors and was_outer != outer:
+            steps = ["async DiLoCo's outer step (--local-steps)",
+                     f"--optimizer {self.cfg.optimizer} on every push"]
+            then, now = (steps if was_outer else steps[::-1])
+            return f"the checkpoint's server ran {then}, and this run's runs {now}"
+        unused = [name for name in vectors if name not in self.vectors]
+        if unused:
+            uses = (f"--optimizer {self.cfg.optimizer} with --momentum {self.cfg.momentum:g}"
+                    if not outer else f"the outer step with --outer-momentum "
+                    f"{self.outer.momentum:g}, --outer-momentum-every {self.outer.every}")
+            return (f"the checkpoint holds {', '.join(unused)}, which {uses} does not keep "
+                    "(a setting changed since)")
+        return ""
+
     def load(self, vectors: dict[str, torch.Tensor], scalars: dict[str, float]) -> None:
+        """The checkpoint's state, where it fits (misfit); else the fresh state stays, and one
+        line says why."""
+        why = self.misfit(vectors, scalars)
+        if why:
+            print(f"hvdtrain: a parameter server keeps the checkpoint's parameters with fresh "
+                  f"optimizer state: {why}", flush=True)
+            return
         for name, value in vectors.items():
-            if name not in self.vectors:
-                uses = (f"--optimizer {self.cfg.optimizer}" if self.outer is None else
-                        "async DiLoCo's outer step (--outer-momentum "
-                        f"{self.outer.momentum:g}, --outer-momentum-every {self.outer.every})")
-                raise ValueError(f"checkpoint has optimizer state {name!r}, which {uses} does "
-                                 "not use")
             self.vectors[name].copy_(value)
         if "outer_pushes" in scalars:
             self.pushes = [int(scalars["outer_pushes"])] * len(self.chunks)

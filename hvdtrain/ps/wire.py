@@ -51,6 +51,10 @@ class WorkerWire:
         # a checkpoint's model is the last reply's where it is (ParameterServerClient.state_dict)
         self.exact = True
 
+    @property
+    def exact_dtype(self) -> bool:
+        return self.dtype == torch.float32
+
     def reply_kind(self, kind: Kind) -> None:
         """The request about to go: only a push's reply travels in the wire dtype."""
         self.exact = kind != Kind.PUSH or self.dtype == torch.float32

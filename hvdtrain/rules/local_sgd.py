@@ -175,10 +175,10 @@ def check_async_options(cfg: Any) -> None:
                 "it spaces the outer momentum of async DiLoCo: use it with --mode async "
                 "--local-steps H (e.g. 8), or drop it")
         if s.dynamic_local_steps:
+            need = ("--local-steps" if cfg.run.mode == "async" else "--mode async --local-steps")
             raise ConfigError("--local-steps auto (--dynamic-local-steps): it sets each async "
-                              "DiLoCo worker's H by its speed: use it with --mode async "
-                              "(--local-steps auto, or auto:H with H the fastest worker's), or "
-                              "drop it")
+                              f"DiLoCo worker's H by its speed: use it with {need} auto (or "
+                              "auto:H, H the fastest worker's), or drop it")
         return
     if s.dynamic_local_steps and ps.bsp:  # named as the user may have written it: auto
         raise ConfigError(f"--local-steps auto (--dynamic-local-steps) with --bsp: --bsp rounds "

@@ -52,6 +52,10 @@ def divergence_hint(cfg: Any, num_workers: int) -> str:
     ps = cfg.ps
     if cfg.run.mode != "async":
         return LOWER_LR
+    if ps.wire_dtype == "fp16":  # a gradient over 65504 becomes inf on the wire, whatever --lr
+        return ("use --wire-dtype bf16: fp16 messages hold values up to 65504 only, and a "
+                "larger gradient becomes inf on the wire (bf16 has float32's range); or lower "
+                "--lr, or check the data")
     if cfg.sync.local_steps > 1:  # async DiLoCo: an outer step on each pushed round
         unweighted = not (ps.round_staleness_weight or ps.staleness_lr or ps.bsp)
         return ("lower --lr (the inner rate) or --outer-lr"

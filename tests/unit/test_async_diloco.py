@@ -104,11 +104,27 @@ def test_delayed_nesterov_state_round_trips_through_a_checkpoint():
     assert torch.equal(straight.params, resumed.params)
 
 
-def test_a_checkpoint_of_another_outer_step_is_refused_with_what_differs():
+def test_a_checkpoint_of_another_step_resumes_with_fresh_optimizer_state_and_says_why(capsys):
+    """A changed setting crashed the server's resume with a traceback (ValueError), and plain
+    async's momentum resumed as DiLoCo's outer momentum, another quantity, without a word."""
     delayed = outer_optimizer(torch.zeros(3), 0.9, every=4)
+    push(delayed, PUSHES[0], 0.7)
     plain = outer_optimizer(torch.zeros(3), 0.9, every=1)
-    with pytest.raises(ValueError, match=re.escape("--outer-momentum-every 1")):
-        plain.load({k: v.clone() for k, v in delayed.vectors.items()}, delayed.scalars())
+    plain.load({k: v.clone() for k, v in delayed.vectors.items()}, delayed.scalars())
+    assert "delayed_sum, which the outer step with --outer-momentum 0.9, " \
+           "--outer-momentum-every 1 does not keep" in capsys.readouterr().out
+    assert not plain.vectors["momentum_buffer"].any()  # fresh
+    sgd = ShardOptimizer(torch.zeros(3), [(0, 3)], OptimConfig(momentum=0.9))
+    sgd.apply(0, PUSHES[1].clone(), 0.1)
+    outer = outer_optimizer(torch.zeros(3), 0.9, every=1)
+    outer.load({k: v.clone() for k, v in sgd.vectors.items()}, sgd.scalars())
+    assert "the checkpoint's server ran --optimizer sgd on every push, and this run's runs " \
+           "async DiLoCo's outer step" in capsys.readouterr().out
+    assert not outer.vectors["momentum_buffer"].any()
+    same = outer_optimizer(torch.zeros(3), 0.9, every=4)
+    same.load({k: v.clone() for k, v in delayed.vectors.items()}, delayed.scalars())
+    assert torch.equal(same.vectors["delayed_sum"], delayed.vectors["delayed_sum"])
+    assert capsys.readouterr().out == ""
 
 
 class FakeServer:
@@ -266,7 +282,10 @@ def test_a_worker_whose_h_changes_pushes_at_the_new_h():
      "use it with --mode async --local-steps H"),
     ({"mode": "async", "outer_momentum_every": 2}, "use it with --mode async --local-steps H"),
     ({"mode": "sync", "local_steps": "auto"}, "--local-steps auto (--dynamic-local-steps): it "
-     "sets each async DiLoCo worker's H by its speed: use it with --mode async"),
+     "sets each async DiLoCo worker's H by its speed: use it with --mode async --local-steps "
+     "auto"),
+    # an async run was told to add the --mode async it had
+    ({"mode": "async", "dynamic_local_steps": True}, "use it with --local-steps auto (or"),
     ({"mode": "async", "local_steps": "auto", "bsp": True}, "--local-steps auto "
      "(--dynamic-local-steps) with --bsp: --bsp rounds take one push of every worker in "
      "lock-step"),
@@ -403,6 +422,8 @@ def test_simulated_async_diloco_on_8_workers_trains_with_its_rounds_weighted():
     ({"local_steps": 8, "outer_lr": 0.7}, 8, "lower --lr (the inner rate) or --outer-lr, or"),
     ({"local_steps": 8, "outer_lr": 0.7, "round_staleness_weight": False}, 8,
      "or --outer-lr, drop --no-round-staleness-weight, or check the data"),
+    # an fp16 wire's overflow (a gradient over 65504) was told to lower --lr, which bf16 cures
+    ({"wire_dtype": "fp16"}, 2, "use --wire-dtype bf16: fp16 messages hold values up to 65504"),
 ])
 def test_an_async_runs_nan_names_the_weight_on_stale_updates_it_lacks(options, workers, advice):
     """The loss guard's message (loop/stopping.py) takes the run's advice: plain async with

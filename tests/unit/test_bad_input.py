@@ -170,6 +170,8 @@ def test_an_unbounded_staleness_stays_the_default():
     # DiLoCo's round weight without local steps
     for values, told in (({"compression": "fp16"}, "take --wire-dtype fp16"),
                          ({"bsp": True, "staleness": 2}, "--bsp rounds are lock-step"),
+                         ({"bsp": True, "pull_every": 3}, "--pull-every: .*pulling every k "
+                                                          "rounds would train on stale ones"),
                          ({"round_staleness_weight": False}, "the round weight is asynchronous "
                                                              "DiLoCo's")):
         with pytest.raises(ConfigError, match=told):

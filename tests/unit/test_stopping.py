@@ -489,3 +489,26 @@ def test_a_stop_signal_while_the_process_starts_is_taken_over_by_the_trainer(cap
         for sig, handler in before.items():
             signal.signal(sig, handler)
         exit_codes.early_stops.clear()
+
+
+def test_a_worker_that_fails_in_async_ends_the_log_with_why(tmp_path, monkeypatch):
+    """A worker other than the lead aborted the job, which killed the lead before it wrote a
+    stop line: the log ended at an epoch line, as a killed run's does."""
+    import json
+    from types import SimpleNamespace
+
+    from hvdtrain import launch
+
+    (tmp_path / "metrics.jsonl").write_text('{"type": "epoch", "epoch": 2}\n')
+    aborted = []
+    monkeypatch.setattr(launch, "abort", lambda world, message, code, collective=False:
+                        aborted.append((message, code)))
+    worker = SimpleNamespace(is_main=False, run_dir=tmp_path)
+    launch._end_async_job(RuntimeError("boom\nsecond line"), None, 1, worker)
+    last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["type"] == "stop" and last["reason"].startswith("failed: rank 1: RuntimeError: "
+                                                                "boom")
+    assert aborted and aborted[0][1] == 1
+    lead = SimpleNamespace(is_main=True, run_dir=tmp_path)  # the lead writes its own
+    launch._end_async_job(RuntimeError("again"), None, 0, lead)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2

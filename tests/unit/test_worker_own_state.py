@@ -118,7 +118,7 @@ def test_each_worker_resumes_its_own_inner_state_and_writes_it_into_a_new_folder
     own = other.scheme.group.own_state
     assert own.loaded
     assert torch.equal(momentum(own.optimizer), momentum(saved))
-    assert "starts from worker 0's" not in capsys.readouterr().out
+    assert "starts from the checkpoint's" not in capsys.readouterr().out
     other.save(AT_EPOCH_1)  # --resume A --run-dir B: its next file goes into B
     assert (tmp_path / "b" / "checkpoint.worker-1.pt").is_file()
 
@@ -140,8 +140,9 @@ def test_a_file_of_another_position_or_none_falls_back_to_worker_0s_with_why(
     assert other.scheme.group.own_state.optimizer.state_dict()["state"] == {}
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1, out
-    assert out[0].startswith("hvdtrain: worker 1 starts from worker 0's inner optimizer state "
-                             "in the checkpoint, not its own: "), out
+    assert out[0].startswith("hvdtrain: worker 1 starts from the checkpoint's inner optimizer "
+                             "state (worker 0's, or a fresh one where it holds none), not its "
+                             "own: "), out
     assert re.search(why, out[0]), out
 
 
@@ -166,7 +167,7 @@ def test_a_corrupt_file_falls_back_with_a_message_and_never_fails_the_resume(
     other = resume(tmp_path)
     assert not other.scheme.group.own_state.loaded
     out = capsys.readouterr().out
-    assert "worker 1 starts from worker 0's inner optimizer state" in out
+    assert "worker 1 starts from the checkpoint's inner optimizer state" in out
     assert "checkpoint.worker-1.pt is unreadable (" in out, out
 
 
