@@ -112,18 +112,25 @@ def parse_hostfile(path: str) -> dict[str, int]:
 
 
 def expand_nodelist(text: str) -> list[str]:
-    """Slurm's compressed node list: "n[01-03,07],gpu1" -> n01 n02 n03 n07 gpu1."""
+    """Slurm's compressed node list: "n[01-03,07],gpu1" -> n01 n02 n03 n07 gpu1; text after a
+    bracket, and more brackets, as Slurm writes them: "rack1-n[01-02]-ib" -> rack1-n01-ib
+    rack1-n02-ib."""
     names: list[str] = []
-    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\](?:,|$)|([^,\[\]]+)(?:,|$)",
-                                            text):
-        if plain:
-            names.append(plain)
-            continue
-        for part in ranges.split(","):
-            low, _, high = part.partition("-")
-            width = len(low)
-            for i in range(int(low), int(high or low) + 1):
-                names.append(f"{prefix}{i:0{width}d}")
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text):  # commas outside brackets
+        names += _expand_brackets(item)
+    return names
+
+
+def _expand_brackets(item: str) -> list[str]:
+    found = re.search(r"\[([^\]]*)\]", item)
+    if not found:
+        return [item]
+    head, tails = item[:found.start()], _expand_brackets(item[found.end():])
+    names = []
+    for part in found.group(1).split(","):
+        low, _, high = part.partition("-")
+        for i in range(int(low), int(high or low) + 1):
+            names += [f"{head}{i:0{len(low)}d}{tail}" for tail in tails]
     return names
 
 

@@ -40,9 +40,10 @@ def under_launcher(env: dict[str, str] | None = None) -> bool:
         raise DoctorInput("the doctor's ranks talk over MPI, which horovodrun --gloo does not "
                           "start: run horovodrun --mpi ... hvdtrain doctor, or hvdtrain doctor "
                           "horovodrun -np N -H ...")
-    if "SLURM_PROCID" in env and not ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
-        return False  # a batch script's own shell, not a task that srun started
-    return any(name in env for name in RANK_VARIABLES)
+    if any(name in env for name in RANK_VARIABLES if name != "SLURM_PROCID"):
+        return True  # an MPI or Horovod rank, even where it inherited a batch shell's Slurm
+    # SLURM_PROCID without a step: a batch script's own shell, not a task that srun started
+    return "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env)
 
 
 def refuse_program(command: list[str]) -> None:

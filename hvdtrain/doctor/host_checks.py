@@ -85,10 +85,18 @@ def _host_problems(name: str, slots: int, placed: int, host: str | None,
 
 
 def never_started(asked: Asked | None, started: dict[int, dict], total: int | None,
-                  timeout_s: float, resolved: dict[str, str] | None = None) -> list[Problem]:
+                  timeout_s: float, resolved: dict[str, str] | None = None,
+                  unreachable: dict[str, str] | None = None) -> list[Problem]:
     """The launcher did not finish within the timeout: which hosts never answered, or how many
-    ranks never started. ``started``: rank -> {"host", "addresses"} of the ranks that did."""
+    ranks never started. ``started``: rank -> {"host", "addresses"} of the ranks that did;
+    ``unreachable``: host -> why ssh from here could not reach it."""
     answered = sorted({f["host"] for f in started.values()})
+    if unreachable:  # Open MPI starts no rank until it reaches every host: none answers
+        why = "; ".join(f"{host}: {reason}" for host, reason in unreachable.items())
+        return [Problem("hosts", f"no rank started within {timeout_s:g} s, and ssh from here "
+                        f"cannot reach {names(list(unreachable))} ({why})",
+                        f"make {names(list(unreachable))} reachable by ssh from this host "
+                        "(ssh HOST true), or correct the host names in the launcher line")]
     if asked is not None and asked.hosts:
         silent = [name for name in asked.hosts if not any(
             matches(name, f, resolved or {}) for f in started.values())]
@@ -97,6 +105,12 @@ def never_started(asked: Asked | None, started: dict[int, dict], total: int | No
                             f"({len(started)} rank(s) on {names(answered)} did)",
                             f"check that {names(silent)} can be reached (ssh, the launcher's "
                             "network) and have hvdtrain's venv; or raise --timeout")]
+        if silent and len(asked.hosts) > 1:
+            return [Problem("hosts", f"no rank started within {timeout_s:g} s on any of "
+                            f"{names(silent)} (the launcher starts its ranks once it reaches "
+                            "every host, so one that cannot be reached holds them all)",
+                            f"check that each of {names(silent)} can be reached by ssh from "
+                            "here (ssh HOST true) and has hvdtrain's venv; or raise --timeout")]
     count = f"{len(started)} of {total}" if total else f"only {len(started)}"
     return [Problem("hosts", f"{count} rank(s) started within {timeout_s:g} s (answered: "
                     f"{names(answered) or 'none'}); the launcher was ended",

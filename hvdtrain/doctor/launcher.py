@@ -149,8 +149,12 @@ def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) ->
     from .host_checks import never_started
 
     if code is None:
+        resolved = resolve(list(asked.hosts))
+        unreachable = (ssh_unreachable(list(asked.hosts), resolved)
+                       if not output.started and (asked.source == "-H" or
+                                                  asked.source.startswith("hostfile ")) else {})
         return never_started(asked, output.started, asked.np or asked.slots or None, timeout,
-                             resolve(list(asked.hosts)))
+                             resolved, unreachable)
     missing = next((line.strip() for line in output.other if "No module named" in line), None)
     if missing:
         return [Problem("versions", "a rank cannot import what the doctor needs "
@@ -162,6 +166,38 @@ def _no_facts(code: int | None, output: Output, asked: Asked, timeout: float) ->
                     f"({len(output.started)} rank(s) started){': ' + tail if tail else ''}",
                     "read the launcher's output above: a host it cannot reach, a rank that "
                     "cannot import hvdtrain there, or a wrong launcher flag")]
+
+
+def ssh_unreachable(hosts: list[str], resolved: dict[str, str],
+                    timeout_s: float = 5.0) -> dict[str, str]:
+    """Host -> why ssh from here fails, for the hosts of an mpirun or horovodrun line other than
+    this one (they start their remote ranks over ssh), each tried at once with a timeout:
+    where no rank started, the launcher's own wait names none of them."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .host_checks import short
+
+    here = {"localhost", socket.gethostname(), short(socket.gethostname())}
+    remote = [h for h in dict.fromkeys(hosts)
+              if h not in here and not resolved.get(h, "").startswith("127.")]
+
+    def attempt(host: str) -> str | None:
+        try:
+            done = subprocess.run(["ssh", "-o", "BatchMode=yes", "-o",
+                                   f"ConnectTimeout={timeout_s:g}", host, "true"],
+                                  capture_output=True, text=True, timeout=timeout_s + 3)
+        except FileNotFoundError:
+            return None  # no ssh here to ask with
+        except subprocess.TimeoutExpired:
+            return f"no answer within {timeout_s:g} s"
+        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        return None if done.returncode == 0 else (said[-1][:160] if said else
+                                                  f"ssh exited {done.returncode}")
+
+    with ThreadPoolExecutor(max(1, min(16, len(remote)))) as pool:
+        reasons = dict(zip(remote, pool.map(attempt, remote)))
+    return {host: why for host, why in reasons.items() if why}
 
 
 def _launcher_says(lines: list[str]) -> list[str]:

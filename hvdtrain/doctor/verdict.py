@@ -100,14 +100,22 @@ def conclude(facts: dict, asked: Asked | None, run_dir: str, json_path: str,
         print(problem.line(), file=out)
     for line in link_table(document):
         print(line, file=out)
-    write_and_judge(json_path, document, len(problems), out)
-    return 0 if not problems else EXIT_BAD_INPUT
+    return 0 if not write_and_judge(json_path, document, len(problems), out) else EXIT_BAD_INPUT
 
 
-def write_and_judge(json_path: str, document: dict, problems: int, out) -> None:
+def write_and_judge(json_path: str, document: dict, problems: int, out) -> int:
     """doctor.json, the line that says where it is, then the verdict: the same three ends for
-    a finished doctor and for one its deadline stopped."""
-    write_json(json_path, document)
-    print(f"doctor: measurements and problems written to {json_path}", file=out)
+    a finished doctor and for one its deadline stopped. A report that cannot be written (the
+    run folder it goes into is not writable, which the problems above may say) is one more
+    problem, and the verdict still comes; returns the problems counted."""
+    try:
+        write_json(json_path, document)
+        print(f"doctor: measurements and problems written to {json_path}", file=out)
+    except OSError as e:
+        problems += 1
+        print(Problem("report", f"--json {json_path} cannot be written ({e.strerror or e})",
+                      "give --json a file in a writable folder (the problems above may say "
+                      "why this one is not)").line(), file=out)
     print("doctor: fit" if not problems else f"doctor: NOT fit ({problems} problem"
           f"{'s' if problems != 1 else ''})", file=out, flush=True)
+    return problems

@@ -231,6 +231,14 @@ fi
 exit "${{FAKE_EXIT:-0}}"
 """)
     (fake / "scontrol").write_text(f'#!/bin/sh\necho scontrol "$@" >> "{tmp_path}/requeued"\n')
+    # `hvdtrain run LAUNCHER ...` (the mpirun branch's wrapper) records itself and becomes the
+    # launcher, so the signals reach the stand-in as they would reach the wrapper
+    (fake / "hvdtrain").write_text(f"""#!/bin/sh
+[ "$1" = run ] || exit 99
+echo "$2" >> "{tmp_path}/wrapped"
+shift
+exec "$@"
+""")
     for tool in fake.iterdir():
         tool.chmod(0o755)
     environment = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}",
@@ -269,6 +277,10 @@ def test_slurm_script_launches_hvdtrain(tmp_path, env, expect):
     if env.get("MODE") == "async":
         assert "--device" in launched and "async" in launched
     assert not (tmp_path / "requeued").exists()
+    # mpirun trains under hvdtrain run: after the USR1 its ranks end in seconds, and mpirun
+    # itself waited out its sigkill timeout twice (120 s, the whole --signal margin)
+    wrapped = (tmp_path / "wrapped").read_text().split() if (tmp_path / "wrapped").exists() else []
+    assert wrapped == (["mpirun"] if env.get("LAUNCHER") == "mpirun" else [])
 
 
 def test_slurm_script_asks_for_a_warning_signal_and_a_requeue():
@@ -343,7 +355,7 @@ def test_each_deploy_file_runs_the_doctor_before_training(name):
                for i, args in stages()["cpu"])
     text = SBATCH.read_text()
     doctor = text.index('"${launch[@]}" hvdtrain doctor')
-    assert doctor < text.index('"${launch[@]}" "${train[@]}" &')
+    assert doctor < text.index('"${train_launch[@]}" "${train[@]}" &')
 
 
 def run_first_launch(tmp_path, command: list[str], env: dict) -> subprocess.CompletedProcess:

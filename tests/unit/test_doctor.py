@@ -54,6 +54,9 @@ def test_slurm_s_variables():
            "SLURM_NTASKS": "7"}
     a = asking.from_probe_options(None, None, env)
     assert a.hosts == {"n01": 2, "n02": 2, "n03": 2, "gpu7": 1} and a.np == 7
+    # text after the brackets was lost: rack1-n[01-02]-ib read as one host "-ib"
+    assert asking.expand_nodelist("rack1-n[01-02]-ib,x[1-2]y[3-4]") == [
+        "rack1-n01-ib", "rack1-n02-ib", "x1y3", "x1y4", "x2y3", "x2y4"]
     s = asking.from_launcher(["srun", "-n", "4", "--ntasks-per-node", "2", "-w", "n[01-02]"], env)
     assert (s.hosts, s.np) == ({"n01": 2, "n02": 2}, 4)
 
@@ -151,6 +154,11 @@ def test_the_verdict_prints_one_line_per_problem_and_writes_doctor_json(tmp_path
     ranks[3]["run_dir"]["sees_rank0"] = True
     assert conclude(facts, None, "runs", str(tmp_path / "d.json")) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "doctor: fit"
+    # a report that cannot be written (a run folder that is a file) crashed with a traceback
+    (tmp_path / "file").write_text("")
+    assert conclude(facts, None, "runs", str(tmp_path / "file" / "d.json")) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("doctor: report: --json ") and out[-1] == "doctor: NOT fit (1 problem)"
 
 
 def test_doctor_help_imports_no_torch_and_bad_input_exits_2():
@@ -231,6 +239,9 @@ def test_under_which_launcher():
     assert not under_launcher({}) and under_launcher({"OMPI_COMM_WORLD_RANK": "0"})
     assert under_launcher({"SLURM_PROCID": "3", "SLURM_STEP_ID": "0"})
     assert not under_launcher({"SLURM_PROCID": "0"})  # sbatch's script: srun starts the tasks
+    # mpirun inside that script: its ranks inherit the shell's SLURM_PROCID, and each ran its
+    # own srun over the allocation instead of probing
+    assert under_launcher({"SLURM_PROCID": "0", "OMPI_COMM_WORLD_RANK": "1"})
     assert under_launcher({"PMIX_RANK": "1"})
     with pytest.raises(DoctorInput, match="horovodrun --gloo does not start"):
         under_launcher({"HOROVOD_RANK": "0", "HOROVOD_CONTROLLER": "gloo"})

@@ -96,6 +96,11 @@ def test_ranks_that_never_started_name_the_silent_host():
     assert "2 of 4 rank(s) started" in lines(never_started(None, {0: on_a, 1: on_a}, 4, 60))[0]
     by_address = Asked({"10.0.0.1": 2, "10.0.0.2": 2}, 4, "-H")  # -H by address, named hosts
     assert "no rank on 10.0.0.2 answered" in lines(never_started(by_address, {0: on_a}, 4, 60))[0]
+    # Open MPI starts no rank until it reaches every host: none answered, and none was named
+    assert "on any of a, b (the launcher starts its ranks once it reaches every host" in \
+        lines(never_started(asked, {}, 4, 60))[0]
+    told = lines(never_started(asked, {}, 4, 60, unreachable={"b": "Connection timed out"}))[0]
+    assert "ssh from here cannot reach b (b: Connection timed out)" in told
 
 
 def test_a_host_with_another_torch_and_venv_is_named_with_its_executable():
