@@ -201,9 +201,26 @@ def ssh_unreachable(hosts: list[str], resolved: dict[str, str],
 
 
 def _launcher_says(lines: list[str]) -> list[str]:
-    """The lines of a launcher's failure worth quoting: its error lines (ssh's, srun's), else
-    the first two of its message. Open MPI boxes its message in rules of dashes and ends it with
-    generic advice, so the last lines say the least."""
+    """The lines of a launcher's failure worth quoting: ssh's or srun's error lines, else the
+    first sentence of Open MPI's first message (it boxes each in rules of dashes and ends with
+    generic advice; a second box, "An internal error has occurred in ORTE", only follows the
+    first), else its error lines, else the first two lines."""
     text = [line.strip() for line in lines if line.strip().strip("-")]
     errors = [line for line in text if "error" in line.lower()]
-    return (errors or text)[:2]
+    remote = [line for line in text if line.lower().startswith(("ssh:", "srun:"))]
+    return (remote or _first_boxed(lines) or errors or text)[:2]
+
+
+def _first_boxed(lines: list[str]) -> list[str]:
+    """The first paragraph of Open MPI's first boxed message, as one line; [] without one."""
+    inside, paragraph = False, []
+    for line in (line.strip() for line in lines):
+        if line and not line.strip("-"):  # a rule of dashes: the box opens, or closes
+            if inside:
+                break
+            inside = True
+        elif inside and line:
+            paragraph.append(line)
+        elif inside and paragraph:  # the blank line that ends the first paragraph
+            break
+    return [" ".join(paragraph)] if paragraph else []

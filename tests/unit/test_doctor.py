@@ -322,3 +322,12 @@ def test_a_launcher_that_fails_before_the_ranks_is_quoted_by_its_message_not_its
                     "ORTE was unable to reliably start one or more daemons.", *box]
     [problem] = _no_facts(255, output, Asked(), 30)
     assert "ssh: Could not resolve hostname b" in problem.message
+    # a hostfile Open MPI refuses: its own sentence, not the ORTE internal error that follows
+    output.other = ["-" * 74, "A hostfile was provided that contains multiple definitions",
+                    "of the slot count for at least one node:", "", "  hostfile:  h", "-" * 74,
+                    "-" * 74, "An internal error has occurred in ORTE:", "",
+                    "[[5303,0],0] FORCE-TERMINATE AT (null):1 - error ras_base_allocate.c",
+                    "-" * 74]
+    [problem] = _no_facts(1, output, Asked(), 30)
+    assert problem.message.endswith("started): A hostfile was provided that contains multiple "
+                                    "definitions of the slot count for at least one node:")
