@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from typing import Iterable, NamedTuple
 
 import torch
 
@@ -21,17 +21,28 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: OptimConfig) -> t
     raise ValueError(f"unknown optimizer {cfg.optimizer!r}")  # config validation prevents this
 
 
+class LrScale(NamedTuple):
+    """A scheme's learning-rate scale where the combined update multiplies its workers' own
+    steps: ``workers``, the times one worker's rate it can take (--lr-scaling linear's), and
+    ``gain``, DiLoCo's outer step's (lr / (1 - m) once its momentum has built up), which divides
+    the rate whatever --lr-scaling says: under none it ran at 7 times the rate meant."""
+
+    workers: float
+    gain: float = 1.0
+
+
 def learning_rate(step: int, total_steps: int, steps_per_epoch: int, cfg: OptimConfig,
-                  lr_scale: float) -> float:
+                  lr_scale: float | LrScale) -> float:
     """The learning rate at optimizer step ``step`` (0-based).
 
     The target rate is ``cfg.lr * lr_scale`` where lr_scale is the number of workers under linear
-    scaling (Goyal et al. 2017, "Accurate, Large Minibatch SGD"). During warmup the rate ramps
-    linearly from ``cfg.lr`` (one worker's rate) to the target, so large effective batches do not
-    diverge early. After warmup it stays constant or follows a cosine decay to zero.
+    scaling (Goyal et al. 2017, "Accurate, Large Minibatch SGD"), over an LrScale's gain. During
+    warmup the rate ramps linearly from ``cfg.lr`` (one worker's rate) to the target, so large
+    effective batches do not diverge early. After warmup it stays constant or follows a cosine
+    decay to zero.
     """
-    scale = lr_scale if cfg.lr_scaling == "linear" else 1.0
-    target = cfg.lr * scale
+    workers, gain = lr_scale if isinstance(lr_scale, LrScale) else (lr_scale, 1.0)
+    target = cfg.lr * (workers if cfg.lr_scaling == "linear" else 1.0) / gain
     warmup = int(round(cfg.warmup_epochs * steps_per_epoch))
     if step < warmup:
         return cfg.lr + (target - cfg.lr) * step / warmup

@@ -101,6 +101,12 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
         raise ConfigError(f"--elastic needs horovodrun's elastic mode, and this job was started "
                           f"{started}: launch with horovodrun -np N --gloo --min-np/--max-np "
                           "--host-discovery-script, or drop --elastic")
+    if sync.reduce_op == "adasum" and os.environ.get("HOROVOD_CONTROLLER") == "gloo":
+        # Horovod's Gloo controller has no Adasum: the first step failed with "No Adasum
+        # operation enabled", blamed on another rank or a stall
+        raise ConfigError("--reduce-op adasum needs Horovod's MPI controller, and this job "
+                          "runs on Gloo (horovodrun --gloo): launch with mpirun or horovodrun "
+                          "--mpi, or use --reduce-op average")
     on_host = local_size_hint()
     # Done already where the command line started this process (cli.main); here for fit().
     release_default_binding(on_host)

@@ -99,6 +99,9 @@ def _check_adasum(cfg: Any) -> None:
     gradient instead of the combined one (Horovod itself stopped such a run at its first step)."""
     if cfg.sync.reduce_op != "adasum" or cfg.run.mode != "sync":
         return
+    require(not cfg.sync.elastic, "--reduce-op", "adasum", "Horovod's elastic mode runs on "
+            "Gloo, which has no Adasum (its first step failed); use --reduce-op average with "
+            "--elastic, or drop --elastic")
     require(cfg.optim.clip_grad_norm <= 0, "--clip-grad-norm", cfg.optim.clip_grad_norm,
             "Adasum combines the gradients inside its optimizer step, so there is no combined "
             "gradient to clip; drop --clip-grad-norm or use --reduce-op average")

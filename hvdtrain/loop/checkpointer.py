@@ -214,7 +214,8 @@ class Checkpointer:
         progress = answer["progress"]
         self.finished_target = self._target_reached(answer.get("finished"))
         self._check_branch_has_work(progress, checkpoint.checkpoint_path(source))
-        self._check_epochs_left(progress, source, answer.get("planned", {}))
+        written = self._global_batch(answer.get("planned", {}), progress)
+        self._check_epochs_left(progress, source, answer.get("planned", {}), num_workers)
         self._note_schedule(answer.get("planned", {}).get("epochs"), progress)
         if state is not None:
             for name, component in self.components.items():
@@ -222,12 +223,18 @@ class Checkpointer:
         self.scheme.group.checkpoint_place = self._place(checkpoint.checkpoint_path(source),
                                                          progress)
         self._restore_own_state(checkpoint.checkpoint_path(source), progress)
-        if progress.workers != num_workers and self._is_main() and \
+        if written != self.run.batch_size * num_workers and self._is_main() and \
                 (progress.epoch, progress.step) < (self.run.epochs, 0):  # something left to train
-            print(f"hvdtrain: warning: checkpoint was written with {progress.workers} workers, "
-                  f"this run has {num_workers}; the data order differs from an uninterrupted "
-                  "run", flush=True)
+            print(f"hvdtrain: warning: checkpoint was written with a global batch of {written} "
+                  f"samples, this run's is {self.run.batch_size} x {num_workers} workers; the "
+                  "data order differs from an uninterrupted run", flush=True)
         return state, progress
+
+    def _global_batch(self, planned: dict, progress: Progress) -> int:
+        """The checkpoint's. An epoch is one order of global batches: with the same global
+        batch, however split, the order is the uninterrupted run's (2 x 32 onto 1 x 64)."""
+        batch = planned.get("batch_size")
+        return (batch if isinstance(batch, int) else self.run.batch_size) * progress.workers
 
     def _own_tag(self, progress: Progress) -> dict[str, Any]:
         return own_state.position(self.identity(), progress.epoch, progress.step,
@@ -271,7 +278,8 @@ class Checkpointer:
                           f"{why}; nothing is left to train into {run.run_dir}. Pass "
                           f"{further} to train further from it")
 
-    def _check_epochs_left(self, progress: Progress, source: str, planned: dict) -> None:
+    def _check_epochs_left(self, progress: Progress, source: str, planned: dict,
+                           num_workers: int) -> None:
         epochs, step = self.run.epochs, progress.step
         trained = f"{progress.epoch} epoch(s)" + (
             f" and {step} step(s) of epoch {progress.epoch + 1}" if step else "")
@@ -282,13 +290,21 @@ class Checkpointer:
                 f"{progress.epoch + 1} or more (the learning-rate schedule follows --epochs)")
         batch = planned.get("batch_size")
         if step and isinstance(batch, int) and batch != self.run.batch_size:
-            # its steps count batches of the old size: the rest of the epoch would train some
-            # samples twice (a smaller batch) or skip some (a larger one), without a word
-            raise ConfigError(
-                f"--batch-size {self.run.batch_size}: the checkpoint {source} stopped inside "
-                f"an epoch ({trained}) trained with --batch-size {batch}; finish that epoch "
-                f"with --batch-size {batch} (and --epochs {progress.epoch + 1}), then go on "
-                "with the new size")
+            # Its steps count global batches of the old size: the position is the samples they
+            # took, a whole number of this run's global batches (sync's epoch is one order of
+            # global batches); else the rest of the epoch would train some samples twice or
+            # skip some, without a word. Async's plan is the job's, and is not converted.
+            samples, ours = step * batch * progress.workers, self.run.batch_size * num_workers
+            if self.run.mode != "sync" or samples % ours:
+                raise ConfigError(
+                    f"--batch-size {self.run.batch_size}: the checkpoint {source} stopped inside "
+                    f"an epoch ({trained}) trained with --batch-size {batch} x "
+                    f"{progress.workers} workers, {samples} samples"
+                    + (f", no whole number of this run's global batches of {ours}"
+                       if self.run.mode == "sync" else "")
+                    + f"; finish that epoch with --batch-size {batch} (and --epochs "
+                    f"{progress.epoch + 1}), then go on with the new size")
+            progress.step, progress.workers = samples // ours, num_workers
         if progress.epoch == epochs and self._is_main():
             print(f"hvdtrain: the checkpoint {source} has finished all {epochs} epoch(s); "
                   f"nothing is left to train (pass --epochs {epochs + 1} or more to train "

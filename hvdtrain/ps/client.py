@@ -28,7 +28,7 @@ from .async_group import AsyncGroup, JobBatches
 from .device_copies import copies_for
 from .flat_parameters import FlatParameters
 from .protocol import Kind
-from .server_link import ServerLink
+from .server_link import ServerLink, round_as_replies
 from .slot_feed import SlotFeed, plan_message
 from .stop_votes import StopVotes
 from .survivors import Survivors
@@ -158,7 +158,7 @@ class ParameterServerClient(UpdateScheme):
             if self.feed is not None:
                 self.link.send_plan(plan_message(self.feed.queue.plan, state))
         self.pull()
-        if resuming and not self.is_main and self.cfg.ps.bsp and self.link.round_as_replies():
+        if resuming and not self.is_main and self.cfg.ps.bsp and round_as_replies(self.link):
             # At a checkpoint the lead's SAVE brought it the float32 master, and every other
             # worker held its round's reply, rounded to a 16-bit --wire-dtype: so it starts
             # again, or a resumed run would not end with the uninterrupted one's weights.

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from ..engines.async_rounds import AsyncRounds
-from ..optim import build_optimizer
+from ..optim import LrScale, build_optimizer
 from ..replica import BatchStats, Replica, ScoredWith
 from ..rules.local_sgd import dynamic_local_steps, outer_step_of
 from ..rules.registry import server_rules
@@ -59,7 +59,7 @@ class DiLoCoClient(ParameterServerClient):
     def lr_scale(self) -> float:
         """The server's scale over the outer step's gain, as sync DiLoCo's inner rate
         (sync/local_rounds_scheme.py): the combined update moves at plain async's rate."""
-        return super().lr_scale / self.gain
+        return LrScale(super().lr_scale, self.gain)
 
     def attach(self, replica: Replica) -> None:
         super().attach(replica)

@@ -162,18 +162,6 @@ class ServerLink:
             self.copies.parameters_done()
         return fastest
 
-    def round_as_replies(self) -> bool:
-        """Round the parameters as a push's reply in the wire dtype brings them (only the
-        routes that travel as messages: a shared window is read in float32); False where
-        nothing changes."""
-        if self.wire.exact_dtype:
-            return False
-        for server, chunks in self.routes:
-            if server not in self.shared_params:
-                for a, b in chunks:
-                    self.params_flat[a:b] = self.params_flat[a:b].to(self.wire.dtype).float()
-        return True
-
     def _post_replies(self, want_params: bool, kind: Kind) -> tuple[list, list]:
         """The receives of every server's reply: its ACK, or its parameter chunks (READY words
         from a server on this host; a push's in --wire-dtype); (requests, the parameters each
@@ -331,3 +319,16 @@ class ServerLink:
             self.comm.Send(make_header(Kind.DONE, clock=clock), dest=server, tag=Tag.REQUEST)
         return [self.comm.recv(source=server, tag=Tag.INFO) for server, _ in self.routes] \
             if collect else []
+
+
+def round_as_replies(link: ServerLink) -> bool:
+    """Round ``link``'s parameters as a push's reply in the wire dtype brings them (only the
+    routes that travel as messages: a shared window is read in float32); False where nothing
+    changes."""
+    if link.wire.exact_dtype:
+        return False
+    for server, chunks in link.routes:
+        if server not in link.shared_params:
+            for a, b in chunks:
+                link.params_flat[a:b] = link.params_flat[a:b].to(link.wire.dtype).float()
+    return True

@@ -28,11 +28,6 @@ class RoundRule:
     #: any momentum has built up: 1 for plain averaging.
     gain = 1.0
 
-    def inner_lr_scale(self, sync_scale: float) -> float:
-        """The workers' learning-rate scale, given sync's (N): divided by the gain, so that the
-        combined update moves at sync's rate (see LocalSGDSync.lr_scale)."""
-        return sync_scale / self.gain
-
     def sent(self, local: list[torch.Tensor]) -> list[torch.Tensor]:
         """The tensors a round averages across workers: the parameters themselves, averaged in
         place (so the result is bit for bit the allreduce of the parameters)."""

@@ -14,7 +14,7 @@ from ..config import Config
 from ..engines.local_rounds import LocalRounds, optimizer_tensors, rule_for_wire
 from ..engines.ports import CollectivePort
 from ..engines.sync_step import ReplicaLearner, SyncStep
-from ..optim import build_optimizer
+from ..optim import LrScale, build_optimizer
 from ..replica import Replica, ScoredWith
 from ..rules.wire_dtype import narrow_dtype
 from ..runtime import Runtime
@@ -68,7 +68,7 @@ class LocalSGDSync(CollectiveSync):
         by that, and the combined update again moves at sync's rate: at outer lr 1 and momentum
         0, where DiLoCo is plain averaging, both agree. (Unscaled, --lr 0.05 with momentum
         0.9 inner steps diverges on digits.)"""
-        return self.rule.inner_lr_scale(super().lr_scale)
+        return LrScale(super().lr_scale, self.rule.gain)
 
     def attach(self, replica: Replica) -> None:
         self.replica = replica

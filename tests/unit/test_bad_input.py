@@ -309,6 +309,10 @@ def test_elastic_under_mpirun_is_refused_before_horovod_starts(monkeypatch):
     monkeypatch.delenv("HOROVOD_GLOO_RENDEZVOUS_ADDR", raising=False)
     with pytest.raises(ConfigError, match="--elastic needs horovodrun.*horovodrun -np N --gloo"):
         runtime.start_horovod(RunConfig(run_dir="r"), SyncConfig(elastic=True))
+    # horovodrun --gloo: Adasum failed at the first step, blamed on another rank or a stall
+    monkeypatch.setenv("HOROVOD_CONTROLLER", "gloo")
+    with pytest.raises(ConfigError, match="--reduce-op adasum needs Horovod's MPI controller"):
+        runtime.start_horovod(RunConfig(), SyncConfig(reduce_op="adasum"))
 
 
 # --- issue 24: bad input that ended in a traceback ------------------------------------------------

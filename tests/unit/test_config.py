@@ -43,6 +43,8 @@ def test_defaults_are_valid_and_flags_override():
     # Adasum combines inside its optimizer step: no combined gradient to clip or unscale
     (["--reduce-op", "adasum", "--clip-grad-norm", "1"], "--clip-grad-norm", "no combined"),
     (["--reduce-op", "adasum", "--precision", "fp16"], "--precision", "--reduce-op average"),
+    # elastic runs on Gloo, which has no Adasum: tracebacks at the first step
+    (["--reduce-op", "adasum", "--elastic", "--run-dir", "r"], "--reduce-op", "no Adasum"),
 ])
 def test_invalid_values_name_the_flag_and_the_fix(argv, flag, hint):
     with pytest.raises(ConfigError) as err:

@@ -136,3 +136,16 @@ def test_a_checkpoint_of_another_model_names_the_first_tensor_that_differs():
     with pytest.raises(checkpoint.CheckpointError, match="this run's model has 'body.0.weight', "
                        "which the checkpoint lacks"):
         checkpoint.check_model_state(saved, renamed, "ckpt")
+
+
+def test_diloco_s_gain_divides_the_rate_whatever_the_scaling():
+    """--lr-scaling none dropped the gain with the workers' N: DiLoCo's inner rate ran at 7
+    times the one meant (0.05 where linear gave 0.1 / 7)."""
+    from hvdtrain.optim import LrScale
+
+    cfg = OptimConfig(lr=0.05, warmup_epochs=0)
+    scale = LrScale(2, 7.0)
+    assert learning_rate(5, 100, 10, cfg, scale) == pytest.approx(0.1 / 7)
+    cfg.lr_scaling = "none"
+    assert learning_rate(5, 100, 10, cfg, scale) == pytest.approx(0.05 / 7)
+    assert learning_rate(5, 100, 10, cfg, 2.0) == pytest.approx(0.05)  # plain sync: no gain

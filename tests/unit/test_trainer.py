@@ -120,21 +120,27 @@ def test_a_step_checkpoint_resumes_at_its_step_with_the_same_weights(tmp_path, d
     assert (header["resumed_from_epoch"], header["resumed_from_step"]) == (1, 3)
 
 
-def test_a_resume_inside_an_epoch_with_another_batch_size_is_refused(tmp_path):
-    """Its steps count batches of the old size: the rest of the epoch trained samples twice
-    (a smaller batch) or skipped some (a larger one), without a word."""
+def test_a_resume_inside_an_epoch_with_another_batch_size_goes_on_where_its_samples_end(
+        tmp_path):
+    """Its steps count global batches of the old size, so the position is the samples they
+    took: converted where they are a whole number of the new global batches (the rest of the
+    epoch had trained samples twice, or skipped some, without a word), else refused."""
     crashed = make_trainer(tmp_path, hooks=[CrashAt(17)], checkpoint_steps=5)
     with pytest.raises(KeyboardInterrupt):
-        crashed.fit()  # a checkpoint at epoch 1, step 3 (global step 15)
-    with pytest.raises(ConfigError, match=r"--batch-size 8: the checkpoint .* stopped inside an "
+        crashed.fit()  # a checkpoint at epoch 1, step 3 (global step 15): 48 samples of epoch 2
+    with pytest.raises(ConfigError, match=r"--batch-size 32: the checkpoint .* stopped inside an "
                                           r"epoch \(1 epoch\(s\) and 3 step\(s\) of epoch 2\) "
-                                          r"trained with --batch-size 16; finish that epoch with "
-                                          r"--batch-size 16 \(and --epochs 2\)"):
-        make_trainer(tmp_path, batch_size=8, auto_resume=True).fit()
+                                          r"trained with --batch-size 16 x 1 workers, 48 samples, "
+                                          r"no whole number of this run's global batches of 32; "
+                                          r"finish that epoch with --batch-size 16 \(and --epochs "
+                                          r"2\)"):
+        make_trainer(tmp_path, batch_size=32, auto_resume=True).fit()
     with pytest.raises(ConfigError, match=r"has trained 1 epoch\(s\) and 3 step\(s\) of "
                                           r"epoch 2 already"):
         make_trainer(tmp_path, epochs=1, auto_resume=True).fit()
-    make_trainer(tmp_path, auto_resume=True).fit()  # the same size: it goes on
+    hook = CrashAt(-1)
+    make_trainer(tmp_path, batch_size=8, hooks=[hook], auto_resume=True).fit()
+    assert hook.seen[0] == (1, 6) and len(hook.seen) == 25 - 6  # 48 of 200 samples: 6 of 25
 
 
 class SignalAt(StepHook):

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ...optim import LrScale
 from ...ps.dispatch import NO_SLOT
 from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.local_sgd import dynamic_local_steps, outer_step_of
@@ -45,7 +46,7 @@ class DiLoCoRun(ServerRun):
         self.dynamic = cfg.sync.dynamic_local_steps
         self.step_times: dict[int, float] = {}  # as server 0's: each worker's time per step
         # As DiLoCoClient.lr_scale: the inner rate over the outer step's gain.
-        self.lr_scale = self.lr_scale / outer.gain
+        self.lr_scale = LrScale(self.lr_scale, outer.gain)
         for w in sim.workers:
             w.params = self.params.clone()
             w.optimizer = ShardOptimizer(w.params, sim.chunks, cfg.optim)  # the inner one

@@ -2,7 +2,7 @@
 rounds, engines/local_rounds.py LocalRounds, the class the Horovod and torch.distributed schemes
 run, on the virtual collective (collective.py). Each worker steps its own weights with its own
 optimizer (the server's ShardOptimizer, the same arithmetic as torch's), at sync's rate over the
-rule's gain (rules/local_sgd.py inner_lr_scale); the engine decides when a round averages them
+rule's gain (optim.py LrScale); the engine decides when a round averages them
 (every H steps) and what it averages (the parameters, or DiLoCo's pseudo-gradients and outer
 step). As a real run's loop does, the simulator asks for a round at an epoch's end (the model and
 the optimizer state) and, under plain averaging, wherever an evaluation reads the model; DiLoCo's
@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ...engines.local_rounds import LocalRounds, rule_for_wire
+from ...optim import LrScale
 from ...ps.shard_optimizer import ShardOptimizer
 from ...rules.wire_dtype import narrow_dtype
 from .virtual_collective import VirtualCluster
@@ -43,7 +44,7 @@ class LocalRun:
                                    optimizer_state=lambda w=w: list(w.optimizer.vectors.items()),
                                    wire=wire)
             w.engine.start()
-        self.lr_scale = rule.inner_lr_scale(sim.num_workers)
+        self.lr_scale = LrScale(sim.num_workers, rule.gain)
         self.busy = [0.0] * sim.num_workers  # each worker's seconds since the last round
 
     def run(self) -> None:
