@@ -30,3 +30,17 @@ def too_deep(flag: str) -> str:
     return (f"{flag}: the value is nested too deeply to read (more than about "
             f"{sys.getrecursionlimit()} levels of tables or brackets); pass a flat object of "
             "keyword arguments, e.g. {\"width\": 64}, and build deep structures in your own code")
+
+
+def plain_message(error: BaseException) -> str:
+    """``error``'s message, without the wrapper of torch's DataLoader: an error in a loader
+    process comes back as "Caught DataError in DataLoader worker process 0." with the real
+    message at the end of its traceback, and the one-line error (and the log's stop line) said
+    only that first line."""
+    text = str(error)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("Caught ") and "DataLoader worker" in lines[0]:
+        worker = lines[0].rstrip(".").rsplit(" ", 1)[-1]
+        message = lines[-1].partition(": ")[2] or lines[-1]
+        return f"{message} (in DataLoader worker process {worker})"
+    return text

@@ -25,6 +25,7 @@ import torch
 from .checkpoint import CheckpointError, intact_note
 from .config import Config, ConfigError
 from .data import DataError
+from .errors import plain_message
 from .exit_codes import EXIT_BAD_INPUT, EXIT_FAILED
 from .layout import Layout
 from .requeue import rank_started, tell_wrapper
@@ -57,7 +58,7 @@ def describe_failure(error: BaseException) -> str:
     if _horovod_gave_up(error):
         return (f"Horovod shut down: another rank failed, or a collective waited longer than "
                 f"--stall-timeout-s for ranks that never joined it ({error})")
-    return str(error)
+    return plain_message(error)
 
 
 @dataclass

@@ -61,6 +61,7 @@ class Precision:
         self.skipped = 0
         self.norm_sum: torch.Tensor | float = 0.0  # summed on the device: read once an epoch
         self.clipped: torch.Tensor | float = 0.0
+        self.normed: torch.Tensor | float = 0.0  # steps whose norm was finite (fp16 skips)
 
     @property
     def needs_synchronized_gradients(self) -> bool:
@@ -87,9 +88,12 @@ class Precision:
         if scaler is not None:
             scaler.unscale_(optimizer)
         if self.clip_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm)
-            self.norm_sum = self.norm_sum + norm.detach()
-            self.clipped = self.clipped + (norm.detach() > self.clip_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.clip_grad_norm).detach()
+            # an fp16 step skipped for an overflow has no norm: one made the epoch's mean NaN
+            finite = torch.isfinite(norm)
+            self.norm_sum = self.norm_sum + torch.where(finite, norm, 0.0)
+            self.clipped = self.clipped + (finite & (norm > self.clip_grad_norm))
+            self.normed = self.normed + finite
         if scaler is None:
             optimizer.step()
             return True
@@ -108,9 +112,10 @@ class Precision:
         if self.scaler is not None:
             out["loss_scale"] = self.scaler.get_scale()
             out["skipped_steps"] = self.skipped
-        if self.clip_grad_norm > 0 and self.steps:
-            out["grad_norm_mean"] = round(float(self.norm_sum) / self.steps, 6)
-            out["clipped_fraction"] = round(float(self.clipped) / self.steps, 4)
+        normed = float(self.normed)
+        if self.clip_grad_norm > 0 and normed:
+            out["grad_norm_mean"] = round(float(self.norm_sum) / normed, 6)
+            out["clipped_fraction"] = round(float(self.clipped) / normed, 4)
         self._reset_counts()
         return out
 

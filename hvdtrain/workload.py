@@ -28,8 +28,8 @@ from .data.in_memory import InMemoryBatches
 from .data.loader import LoaderBatches
 from .data.user_data import (conversion_note, hold_out, is_array, own_split_note, ready_pair,
                              targets_without_classes)
-from .losses import (check_loss_accepts, check_metric_returns, default_metrics,
-                     integer_labels, metric_applies, resolve_loss)
+from .losses import (CLASSIFICATION_LOSSES, check_loss_accepts, check_metric_returns,
+                     default_metrics, integer_labels, metric_applies, resolve_loss)
 from .models import MODELS, build_model
 from .replica import Metric, Objective
 from .user_code import (UserCodeError, call_user, call_with_known_kwargs, expect_type,
@@ -104,12 +104,29 @@ class Workload:
         output = call_user(forward, flag, self.name, to_device(x, device))
         y = to_device(y, output.device if isinstance(output, torch.Tensor) else device)
         check_loss_accepts(self.loss, self.loss_name, output, y)
+        self._check_scores_cover_labels(output)
         self.metrics = {name: m for name, m in self.metrics.items()
                         if metric_applies(m, output, y)}
         for name, metric in self.metrics.items():
             check_metric_returns(name, metric, output, y)
         if self.test is not None:  # else a whole epoch trains before the evaluation crashes
             self._check_test_batch(forward, device, flag, (x, y))
+
+    def _check_scores_cover_labels(self, output: Any) -> None:
+        """Labels past the model's scores failed at the first step that drew one (torch's
+        "Target 7 is out of bounds"), a test label only after a whole epoch: the sample batch
+        holds a few labels, and the data's range (training and test) is known."""
+        if not (self.num_classes and self.loss_name in CLASSIFICATION_LOSSES
+                and isinstance(output, torch.Tensor) and output.dim() >= 2):
+            return
+        width, loss = output.shape[1], ("--loss " if self.from_command_line else "loss=") + \
+            self.loss_name
+        if width < self.num_classes:
+            raise ConfigError(
+                f"{loss}: the labels run to {self.num_classes - 1} ({self.num_classes} classes "
+                f"in the training and test data), and the model gives {width} scores per "
+                f"sample; build it with {self.num_classes} outputs (a model factory that names "
+                f"num_classes is given it), or renumber the labels 0..{width - 1}")
 
     def _sample(self, source: BatchSource, split: str) -> tuple[Any, Any]:
         try:
@@ -455,7 +472,18 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
     else:
         raise ConfigError(f"model: got {type(model).__name__}; pass an nn.Module, or a "
                           "function with no arguments that returns one")
-    chosen = dict(default_metrics(loss_name)) if metrics is None else dict(metrics)
+    if isinstance(metrics, str):  # the command line's "top3=metrics.py:top3,..."
+        try:
+            metrics = {**default_metrics(loss_name), **{
+                name: resolve_callable(spec, "metrics")
+                for name, spec in metric_specs(metrics).items()}}
+        except ValueError as e:
+            raise ConfigError(f"metrics: invalid value {metrics!r}; {e}") from None
+    try:
+        chosen = dict(default_metrics(loss_name)) if metrics is None else dict(metrics)
+    except (TypeError, ValueError):
+        raise ConfigError(f"metrics: got {type(metrics).__name__}; pass a dict {{name: "
+                          "metric(output, target) -> (sum, count)}, or 'NAME=MODULE:CALLABLE'")
     for metric_name, metric in chosen.items():
         if not callable(metric):
             raise ConfigError(f"metrics: {metric_name!r} is {type(metric).__name__}; pass "

@@ -13,8 +13,9 @@ from .values import check_tracker, opt, parse_profile_steps, refuse_unread
 class LogOptions:
     """What the run logs besides its metrics.jsonl, and where."""
 
-    log_steps: bool = opt(False, "also log one line per step (loss averaged across workers; "
-                          "costs one small allreduce per step)")
+    log_steps: bool = opt(False, "also log one line per step: sync, the loss averaged across "
+                          "workers (one small allreduce per step); async, worker 0's own, at "
+                          "each global step it reaches")
     progress: bool = opt(True, "show the progress bar on the main process")
     tensorboard: bool = opt(False, "also write TensorBoard event files to the run folder: losses, "
                             "metrics, learning rate, samples per second, the async staleness "

@@ -135,6 +135,12 @@ def _npz(cfg: DataConfig, regression: bool = False) -> Dataset:
     if "x_test" in arrays or "y_test" in arrays:
         if not ("x_test" in arrays and "y_test" in arrays):
             raise DataError(f"{path}: has only one of x_test / y_test; save both or neither")
+        if (arrays["x"].dtype == np.uint8) != (arrays["x_test"].dtype == np.uint8):
+            # 8-bit images are scaled to [0, 1]: one split scaled and the other not trained on
+            # one scale and tested on another (a test loss of 23, "diverging")
+            raise DataError(f"{path}: x is {arrays['x'].dtype} and x_test "
+                            f"{arrays['x_test'].dtype}, and uint8 images are scaled by 1/255 "
+                            "while other dtypes are kept as they are; save both with one dtype")
         x_test = _as_samples(arrays["x_test"], path, "x_test")
         if x_test.shape[1:] != x.shape[1:]:
             raise DataError(f"{path}: x_test samples have shape {x_test.shape[1:]} but x samples "
@@ -178,6 +184,9 @@ def _as_labels(y: np.ndarray, n: int, path: Path, key: str) -> np.ndarray:
         else:
             raise DataError(f"{path}: {key} has dtype {y.dtype}; expected integer class labels"
                             + _FOR_REGRESSION)
+    if len(y) and y.min() < 0:  # else the stratified split blamed the split and its fraction
+        raise DataError(f"{path}: {key} has negative labels (the smallest is {y.min()}); class "
+                        "labels must be 0..K-1: renumber them")
     return y.astype(np.int64)
 
 

@@ -25,9 +25,13 @@ class EpochPlan:
         self.feed: BatchFeed | None = None
         self.scheme: UpdateScheme | None = None  # asked for each epoch's shares (--balance)
 
-    def bind_world(self, worker: int, num_workers: int) -> None:
+    def bind_world(self, worker: int, num_workers: int, group: Any = None) -> None:
+        """This worker's place; with its ``group`` (scheme.Group) of 2 or more workers, a check
+        that every worker holds as many training samples as the lead (collective)."""
         run = self.run
         self.worker, self.num_workers = worker, num_workers
+        if group is not None and num_workers > 1:
+            self._check_same_samples(group)
         full = self.source.steps_per_epoch(run.batch_size, num_workers)
         if full == 0:
             raise ConfigError(
@@ -35,6 +39,21 @@ class EpochPlan:
                 f"than one global batch of {run.batch_size} x {num_workers} workers; lower "
                 "--batch-size")
         self.steps_per_epoch = min(full, run.max_steps_per_epoch or full)
+
+    def _check_same_samples(self, group: Any) -> None:
+        """Ranks that each passed their own data (hvdtrain.fit under mpirun, a file sharded by
+        hand) run different numbers of steps, and a sync job hung in its first collective past
+        the shorter one's end, until the stall timeout blamed a stall."""
+        own = self.source.num_samples
+        lead = group.broadcast_object(own)
+        differ = int(group.sum_across_workers([float(own != lead)])[0])
+        if differ:
+            raise ConfigError(
+                f"the training data: {differ} worker(s) hold another number of samples than "
+                f"worker 0's {lead}" + (f" (this one, worker {self.worker}, {own})"
+                                        if own != lead else "")
+                + "; every worker must pass the same whole dataset, which hvdtrain shards among "
+                "them itself: load all of it on every rank, with the same seed")
 
     @property
     def total_steps(self) -> int:

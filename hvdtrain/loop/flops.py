@@ -109,7 +109,8 @@ def throughput_header(cfg, workload, replica, num_workers: int,
         per_sample, why = None, f"{NO_COUNT} is set"
     else:
         per_sample, why = flops_per_sample(replica, workload.train.sample())
-    devices = num_workers * len(replica.devices)
+    # distinct devices: pipeline stages that share one (cpu,cpu) halved the MFU
+    devices = num_workers * len(set(replica.devices))
     peak = device_peak(cfg.run.peak_tflops, replica.device, cfg.run.precision)
     if announce:
         print(count_line(per_sample, why, peak, devices), flush=True)

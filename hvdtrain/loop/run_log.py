@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from ..config import Config
+from ..errors import plain_message
 from ..run_output import ProgressBar, cut_partial_line, package_versions
 from ..models import count_parameters
 from ..replica import BatchStats
@@ -204,7 +205,7 @@ class RunLog:
     def close(self) -> None:
         error = sys.exc_info()[1]
         if error is not None:  # closed on the way out of an error (trainer._fit)
-            self.failed(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            self.failed((plain_message(error).splitlines() or [type(error).__name__])[0])
         sinks, self.sinks = self.sinks, []
         close_all(sinks)
 

@@ -72,7 +72,7 @@ class Trainer:
         """What depends on this worker's rank and the number of workers; again after a reset."""
         self.worker_rank, self.num_workers = self.scheme.group.workers()
         self.is_main = self.scheme.group.leads()  # elastic: another process, after rank 0 died
-        self.plan.bind_world(self.worker_rank, self.num_workers)
+        self.plan.bind_world(self.worker_rank, self.num_workers, self.scheme.group)
         for hook in self.hooks:
             hook.bind_world(self.worker_rank, self.num_workers)
         self.step_hooks = acting(self.hooks)  # those called after each step (hooks may be added)

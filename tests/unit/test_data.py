@@ -156,6 +156,13 @@ def test_npz_files(tmp_path):
     ({"x": np.zeros(10), "y": np.zeros(10, dtype=int)}, "expected \\(samples, features"),
     ({"x": np.zeros((10, 3)), "y": np.full(10, 0.5)}, "integer class labels"),
     ({"x": np.full((10, 3), np.nan), "y": np.zeros(10, dtype=int)}, "NaN"),
+    # a negative label was blamed on the split ("cannot split ... change --test-fraction")
+    ({"x": np.zeros((10, 3)), "y": np.array([-1] + [0, 1] * 4 + [1])}, "y has negative labels "
+                                                                        "\\(the smallest is -1\\)"),
+    # uint8 x is scaled by 1/255, a float x_test was not: a test loss of 23, "diverging"
+    ({"x": np.zeros((10, 3), np.uint8), "y": np.arange(10) % 2,
+      "x_test": np.zeros((4, 3), np.float32), "y_test": np.arange(4) % 2},
+     "x is uint8 and x_test float32, and uint8 images are scaled by 1/255"),
 ])
 def test_npz_wrong_shapes(tmp_path, arrays, message):
     path = tmp_path / "bad.npz"

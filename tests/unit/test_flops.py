@@ -97,3 +97,18 @@ def test_the_count_leaves_the_random_stream_alone(tmp_path):
     torch.manual_seed(3)
     assert flops.flops_per_sample(trainer.replica, trainer.workload.train.sample())[0] > 0
     assert torch.equal(torch.rand(4), expected)
+
+
+def test_stages_that_share_a_device_count_it_once_in_the_peak():
+    """--stages 2 on one CPU (cpu,cpu) counted two devices and halved the MFU."""
+    from types import SimpleNamespace
+
+    from hvdtrain.pipeline import PipelineReplica
+    from hvdtrain.config import PipelineConfig
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    replica = PipelineReplica(model, ["cpu", "cpu"], PipelineConfig(stages=2))
+    cfg = Config.from_overrides({"peak_tflops": 1.0}).validate()
+    sample = SimpleNamespace(train=SimpleNamespace(sample=lambda: (torch.randn(2, 4), None)))
+    header = flops.throughput_header(cfg, sample, replica, 3, announce=False)
+    assert header["devices"] == 3  # 3 workers of one CPU each

@@ -156,6 +156,11 @@ def test_epoch_figures_average_the_norm_and_count_the_clipped_steps():
     assert torch.allclose(params[0].grad, torch.tensor([0.3, 0.4]))
     assert precision.take_epoch_metrics() == {"grad_norm_mean": 2.75, "clipped_fraction": 0.5}
     assert precision.take_epoch_metrics() == {}  # no steps since the reset
+    # a step whose gradient overflowed (fp16 skips it) has no norm: it made the mean NaN
+    for grad in ([3.0, 4.0], [float("inf"), 0.0]):
+        params[0].grad = torch.tensor(grad)
+        precision.update(gate, params)
+    assert precision.take_epoch_metrics() == {"grad_norm_mean": 5.0, "clipped_fraction": 1.0}
 
 
 def test_clipping_off_leaves_the_gradient_alone():

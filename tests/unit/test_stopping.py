@@ -512,3 +512,15 @@ def test_a_worker_that_fails_in_async_ends_the_log_with_why(tmp_path, monkeypatc
     lead = SimpleNamespace(is_main=True, run_dir=tmp_path)  # the lead writes its own
     launch._end_async_job(RuntimeError("again"), None, 0, lead)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_an_error_in_a_loader_process_is_told_by_its_own_message():
+    """The one-line error said "Caught DataError in DataLoader worker process 0." alone."""
+    from hvdtrain.errors import plain_message
+
+    wrapped = ValueError("Caught DataError in DataLoader worker process 1.\nOriginal Traceback "
+                         "(most recent call last):\n  File \"x.py\", line 3, in f\n"
+                         "hvdtrain.data.DataError: emu/007.png: cannot read this image\n")
+    assert plain_message(wrapped) == "emu/007.png: cannot read this image (in DataLoader " \
+                                     "worker process 1)"
+    assert plain_message(ValueError("corrupt record 17")) == "corrupt record 17"

@@ -202,6 +202,28 @@ def test_a_position_inside_an_epoch_rescales_to_another_number_of_workers(step, 
     assert progress.workers == now
 
 
+def test_workers_that_hold_different_numbers_of_samples_are_refused_before_training():
+    """Ranks that each passed their own data (hvdtrain.fit under mpirun, 100 and 200 samples)
+    ran different numbers of steps, and the sync job hung until the stall timeout."""
+    class TwoWorkers(OneProcess):  # this worker is worker 1; worker 0's count is ``lead``
+        def __init__(self, lead):
+            self.lead = lead
+
+        def workers(self):
+            return 1, 2
+
+        def broadcast_object(self, obj):
+            return self.lead  # the sum is this worker's alone: worker 0 agrees with itself
+
+    run = Config.from_overrides({"batch_size": 16}).validate().run
+    x, y = data(200)
+    with pytest.raises(ConfigError, match=r"the training data: 1 worker\(s\) hold another number "
+                                          r"of samples than worker 0's 100 \(this one, worker 1, "
+                                          r"200\); every worker must pass the same whole dataset"):
+        EpochPlan(run, InMemoryBatches(x, y)).bind_world(1, 2, TwoWorkers(100))
+    EpochPlan(run, InMemoryBatches(x, y)).bind_world(1, 2, TwoWorkers(200))  # the same: on
+
+
 @pytest.mark.parametrize("schedule", ["cosine", "constant"])
 def test_the_schedule_follows_the_epochs_in_this_worlds_steps_after_a_change_of_workers(schedule):
     """A resume from 2 sync workers onto 3: the global step counts the earlier epochs in the

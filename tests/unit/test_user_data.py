@@ -334,3 +334,37 @@ def test_metrics_of_the_users_own_are_taken_from_files_and_reported_beside_the_b
                         ("a=mine.py:top2,a=mine.py:top2", "the name 'a' is given twice")):
         with pytest.raises(ConfigError, match=f"--metrics: invalid value .*{words}"):
             Config.from_overrides({"metrics": text}).validate()
+
+
+def test_labels_past_the_models_scores_are_refused_before_training():
+    """torch's "Target 7 is out of bounds" came at the first step that drew the label, and a
+    test label's only after a whole epoch."""
+    x, y = torch.randn(40, 5), torch.arange(40) % 3
+    test_y = torch.tensor([0, 1, 5, 2])
+    w = workload_from_objects(lambda: torch.nn.Linear(5, 3), (x, y), (torch.randn(4, 5), test_y),
+                              "cross_entropy", None)
+    w.bind(CPU, config())
+    with pytest.raises(ConfigError, match=r"^loss=cross_entropy: the labels run to 5 \(6 classes "
+                                          r"in the training and test data\), and the model gives 3 "
+                                          r"scores per sample; build it with 6 outputs"):
+        w.check(torch.nn.Linear(5, 3), CPU)
+    fits = workload_from_objects(lambda: torch.nn.Linear(5, 3), (x, y), None, "cross_entropy",
+                                 None)
+    fits.bind(CPU, config())
+    fits.check(torch.nn.Linear(5, 3), CPU)
+
+
+def test_fit_takes_metrics_as_the_command_line_writes_them():
+    """fit(metrics="top2=mine.py:top2") raised a raw ValueError from dict()."""
+    write(Path.cwd() / "mine.py", """
+        def top2(output, target):
+            hit = (output.topk(2, dim=1).indices == target[:, None]).any(1)
+            return hit.sum(), hit.numel()
+    """)
+    pair = (torch.randn(8, 5), torch.arange(8) % 3)
+    w = workload_from_objects(lambda: torch.nn.Linear(5, 3), pair, None, "cross_entropy",
+                              "top2=mine.py:top2")
+    assert sorted(w.metrics) == ["acc", "top2"]
+    for bad, words in (("top2", "is not NAME=MODULE:CALLABLE"), ([1], "got list; pass a dict")):
+        with pytest.raises(ConfigError, match=f"^metrics: .*{words}"):
+            workload_from_objects(lambda: torch.nn.Linear(5, 3), pair, None, "cross_entropy", bad)
