@@ -154,6 +154,24 @@ def default_metrics(loss_name: str) -> dict[str, Metric]:
     return {"acc": accuracy} if loss_name in CLASSIFICATION_LOSSES else {}
 
 
+def check_scores_cover_labels(num_classes: int | None, loss_name: str, output: Any,
+                              from_command_line: bool) -> None:
+    """Labels past the model's scores failed at the first step that drew one (torch's "Target
+    7 is out of bounds"), a test label only after a whole epoch: the start-up check's sample
+    batch holds a few labels, and the data's range (training and test) is known."""
+    if not (num_classes and loss_name in CLASSIFICATION_LOSSES
+            and isinstance(output, torch.Tensor) and output.dim() >= 2):
+        return
+    width = output.shape[1]
+    loss = ("--loss " if from_command_line else "loss=") + loss_name
+    if width < num_classes:
+        raise ConfigError(
+            f"{loss}: the labels run to {num_classes - 1} ({num_classes} classes in the "
+            f"training and test data), and the model gives {width} scores per sample; build it "
+            f"with {num_classes} outputs (a model factory that names num_classes is given it), "
+            f"or renumber the labels 0..{width - 1}")
+
+
 def check_metric_returns(name: str, metric: Metric, output: Any, target: Any) -> None:
     """Run a metric once on the sample batch, before training: one that raises or returns
     anything but (sum, count) fails here, named, not in the middle of the first epoch."""

@@ -28,7 +28,7 @@ from .data.in_memory import InMemoryBatches
 from .data.loader import LoaderBatches
 from .data.user_data import (conversion_note, hold_out, is_array, own_split_note, ready_pair,
                              targets_without_classes)
-from .losses import (CLASSIFICATION_LOSSES, check_loss_accepts, check_metric_returns,
+from .losses import (check_loss_accepts, check_metric_returns, check_scores_cover_labels,
                      default_metrics, integer_labels, metric_applies, resolve_loss)
 from .models import MODELS, build_model
 from .replica import Metric, Objective
@@ -104,29 +104,14 @@ class Workload:
         output = call_user(forward, flag, self.name, to_device(x, device))
         y = to_device(y, output.device if isinstance(output, torch.Tensor) else device)
         check_loss_accepts(self.loss, self.loss_name, output, y)
-        self._check_scores_cover_labels(output)
+        check_scores_cover_labels(self.num_classes, self.loss_name, output,
+                                  self.from_command_line)
         self.metrics = {name: m for name, m in self.metrics.items()
                         if metric_applies(m, output, y)}
         for name, metric in self.metrics.items():
             check_metric_returns(name, metric, output, y)
         if self.test is not None:  # else a whole epoch trains before the evaluation crashes
             self._check_test_batch(forward, device, flag, (x, y))
-
-    def _check_scores_cover_labels(self, output: Any) -> None:
-        """Labels past the model's scores failed at the first step that drew one (torch's
-        "Target 7 is out of bounds"), a test label only after a whole epoch: the sample batch
-        holds a few labels, and the data's range (training and test) is known."""
-        if not (self.num_classes and self.loss_name in CLASSIFICATION_LOSSES
-                and isinstance(output, torch.Tensor) and output.dim() >= 2):
-            return
-        width, loss = output.shape[1], ("--loss " if self.from_command_line else "loss=") + \
-            self.loss_name
-        if width < self.num_classes:
-            raise ConfigError(
-                f"{loss}: the labels run to {self.num_classes - 1} ({self.num_classes} classes "
-                f"in the training and test data), and the model gives {width} scores per "
-                f"sample; build it with {self.num_classes} outputs (a model factory that names "
-                f"num_classes is given it), or renumber the labels 0..{width - 1}")
 
     def _sample(self, source: BatchSource, split: str) -> tuple[Any, Any]:
         try:
