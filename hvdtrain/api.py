@@ -28,10 +28,12 @@ class FitResult:
     """What ``fit`` returns, the same on every rank (parameter servers included)."""
 
     history: list[dict[str, Any]] = field(default_factory=list)
-    """One entry per epoch: epoch, train_loss, test_loss (None when not evaluated), train_<metric>
-    and test_<metric> for each metric, samples_per_sec (all workers), epoch_seconds (the
-    epoch's training time: an evaluation inside it is left out, as from samples_per_sec),
-    wall_seconds (since training started) and lr."""
+    """One entry per epoch this call trained: epoch, train_loss, test_loss (None when not
+    evaluated), train_<metric> and test_<metric> for each metric, samples_per_sec (all
+    workers), epoch_seconds (the epoch's training time: an evaluation inside it is left out, as
+    from samples_per_sec), wall_seconds (since training started) and lr. A resumed call holds
+    the epochs it trained (the earlier ones are in log_path), and one that found nothing left
+    to train holds none (``final`` is then None)."""
     run_dir: Path | None = None
     log_path: Path | None = None         # the JSONL log: a header, then a line per epoch
     checkpoint_path: Path | None = None  # the last checkpoint (resume with resume=run_dir)
