@@ -6,6 +6,7 @@ when its batches are used up, whoever trained them, and the position is the job'
 
 from __future__ import annotations
 
+import os
 from typing import Any, Iterator
 
 import torch
@@ -30,7 +31,9 @@ class EpochPlan:
         that every worker holds as many training samples as the lead (collective)."""
         run = self.run
         self.worker, self.num_workers = worker, num_workers
-        if group is not None and num_workers > 1:
+        # Not under horovodrun's elastic mode: a process that joins there binds in its start,
+        # while the others bind in their reset, and the collectives would not pair (a hang).
+        if group is not None and num_workers > 1 and os.environ.get("HOROVOD_ELASTIC") != "1":
             self._check_same_samples(group)
         full = self.source.steps_per_epoch(run.batch_size, num_workers)
         if full == 0:
