@@ -100,6 +100,18 @@ def resolve_loss(spec: str | Callable) -> tuple[Loss, str]:
     return _instantiate_if_class(found, spec), spec
 
 
+def resolve_metrics(text: str, flag: str) -> dict[str, Metric]:
+    """The metrics "NAME=MODULE:CALLABLE,..." names (--metrics, or fit's metrics= as text),
+    each callable imported; ConfigError for text that is not that."""
+    from .config.model_options import metric_specs
+
+    try:
+        specs = metric_specs(text)
+    except ValueError as e:
+        raise ConfigError(f"{flag}: invalid value {text!r}; {e}") from None
+    return {name: resolve_callable(spec, flag) for name, spec in specs.items()}
+
+
 def is_builtin_loss(loss_fn: Callable, loss_name: str) -> bool:
     return LOSSES.get(loss_name) is loss_fn
 

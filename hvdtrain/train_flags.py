@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Sequence
 
 from .config import SECTIONS, Config, ConfigError, load_config_file
-from .config.values import UnreadOption, did_you_mean
+from .config.values import UnreadOption, default_of, did_you_mean
 
 
 def _builtin_models():
@@ -52,7 +52,7 @@ def add_train_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field) -> None:
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    default = default_of(f)
     flag = "--" + f.name.replace("_", "-")
     # SUPPRESS keeps unset flags out of the namespace, so a config file's values are not
     # overwritten by defaults; the dataclass holds the defaults.

@@ -21,7 +21,6 @@ from torch.utils.data import Dataset as TorchDataset
 from torch.utils.data import IterableDataset
 
 from .config import Config, ConfigError
-from .config.model_options import metric_specs
 from .data import DataError, builtin
 from .data.batches import BatchSource, to_device
 from .data.in_memory import InMemoryBatches
@@ -29,7 +28,8 @@ from .data.loader import LoaderBatches
 from .data.user_data import (conversion_note, hold_out, is_array, own_split_note, ready_pair,
                              targets_without_classes)
 from .losses import (check_loss_accepts, check_metric_returns, check_scores_cover_labels,
-                     default_metrics, integer_labels, metric_applies, resolve_loss)
+                     default_metrics, integer_labels, metric_applies, resolve_loss,
+                     resolve_metrics)
 from .models import MODELS, build_model
 from .replica import Metric, Objective
 from .user_code import (UserCodeError, call_user, call_with_known_kwargs, expect_type,
@@ -182,8 +182,7 @@ def workload_from_config(cfg: Config) -> Workload:
     data = {"origin": f"--dataset {cfg.data.dataset}", **load_training_data(cfg)}
     loss, loss_name = resolve_loss(cfg.model.loss)
     model_spec = cfg.model.model
-    own = {name: resolve_callable(spec, "--metrics")
-           for name, spec in metric_specs(cfg.model.metrics).items()}
+    own = resolve_metrics(cfg.model.metrics, "--metrics")
     return Workload(name=model_spec, build_model=model_factory(cfg, data), loss=loss,
                     loss_name=loss_name, metrics={**default_metrics(loss_name), **own},
                     from_command_line=True, **data)
@@ -458,12 +457,7 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
         raise ConfigError(f"model: got {type(model).__name__}; pass an nn.Module, or a "
                           "function with no arguments that returns one")
     if isinstance(metrics, str):  # the command line's "top3=metrics.py:top3,..."
-        try:
-            metrics = {**default_metrics(loss_name), **{
-                name: resolve_callable(spec, "metrics")
-                for name, spec in metric_specs(metrics).items()}}
-        except ValueError as e:
-            raise ConfigError(f"metrics: invalid value {metrics!r}; {e}") from None
+        metrics = {**default_metrics(loss_name), **resolve_metrics(metrics, "metrics")}
     try:
         chosen = dict(default_metrics(loss_name)) if metrics is None else dict(metrics)
     except (TypeError, ValueError):

@@ -47,6 +47,7 @@ def require_finite(section: Any) -> None:
 
 
 def default_of(f: dataclasses.Field) -> Any:
+    """A field's default, made by its factory where it has one (a tuple's)."""
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 

@@ -17,7 +17,7 @@ from .ps_options import PSConfig
 from .run_options import RunConfig
 from .sync_options import SyncConfig, expand_local_steps
 from .cross_checks import check_combinations
-from .values import near_names, parse_bool, parse_int_tuple, require_finite
+from .values import default_of, near_names, parse_bool, parse_int_tuple, require_finite
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig,
@@ -99,7 +99,7 @@ def coerce(section: Any, name: str, value: Any) -> Any:
     """Turn a value from the command line or a config file into the field's type."""
     f = {f.name: f for f in dataclasses.fields(section)}[name]
     flag = "--" + name.replace("_", "-")
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    default = default_of(f)
     kind = {bool: "True or False", int: "a whole number", float: "a number",
             tuple: "a list of whole numbers"}.get(type(default), "a string")
     if value is None and default is not None:

@@ -25,6 +25,7 @@ class EpochPlan:
         self.steps_per_epoch = 0
         self.feed: BatchFeed | None = None
         self.scheme: UpdateScheme | None = None  # asked for each epoch's shares (--balance)
+        self.samples_agreed = False  # the workers' sample counts were compared (once a run)
 
     def bind_world(self, worker: int, num_workers: int, group: Any = None) -> None:
         """This worker's place; with its ``group`` (scheme.Group) of 2 or more workers, a check
@@ -33,8 +34,11 @@ class EpochPlan:
         self.worker, self.num_workers = worker, num_workers
         # Not under horovodrun's elastic mode: a process that joins there binds in its start,
         # while the others bind in their reset, and the collectives would not pair (a hang).
-        if group is not None and num_workers > 1 and os.environ.get("HOROVOD_ELASTIC") != "1":
+        # Once: the trainer binds again as its epochs start, and the data has not changed.
+        if group is not None and num_workers > 1 and not self.samples_agreed and \
+                os.environ.get("HOROVOD_ELASTIC") != "1":
             self._check_same_samples(group)
+            self.samples_agreed = True
         full = self.source.steps_per_epoch(run.batch_size, num_workers)
         if full == 0:
             raise ConfigError(
