@@ -16,7 +16,9 @@ Streams (``IterableDataset``): the split rule
     iteration yields) with j % P == p; the DataLoader takes batches from its processes
     round-robin, so the order is the same as with P = 1. Every process therefore reads the whole
     stream and skips the samples of other workers and processes: the dataset must yield the same
-    stream in every process (do not split it yourself with get_worker_info; this module does).
+    stream in every process. A dataset that splits itself by get_worker_info (as torch's docs
+    teach) would give each process a part, so its iteration runs with the worker info hidden
+    (_as_one_process) and it yields the whole stream as it would outside a DataLoader.
     A dataset with ``set_epoch(epoch)`` has it called at the start of each training epoch, in
     every process, so it can shuffle per epoch. Resuming at first_step reads and skips the first
     first_step batches. An epoch has len(dataset) // (B*W) steps, or ``stream_steps`` (the
@@ -296,10 +298,12 @@ class _StreamShard(IterableDataset):
         procs, proc = (info.num_workers, info.id) if info is not None else (1, 0)
         if train and hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)  # in every process: each has its own copy
+        stream = _as_one_process(self.dataset)
         if share:
-            yield from self._shares(workers, batch_size, first, stop, offset, share, procs, proc)
+            yield from self._shares(stream, workers, batch_size, first, stop, offset, share,
+                                    procs, proc)
             return
-        mine = itertools.islice(iter(self.dataset), worker, None, workers)  # round-robin
+        mine = itertools.islice(stream, worker, None, workers)  # round-robin
         mine = itertools.islice(mine, first * batch_size, None)  # resume: skip whole batches
         step = first
         while stop < 0 or step < stop:
@@ -311,12 +315,13 @@ class _StreamShard(IterableDataset):
             step += 1
 
 
-    def _shares(self, workers: int, batch_size: int, first: int, stop: int, offset: int,
-                share: int, procs: int, proc: int) -> Iterator[tuple[int, Any]]:
+    @staticmethod
+    def _shares(stream: Iterator[Any], workers: int, batch_size: int, first: int, stop: int,
+                offset: int, share: int, procs: int, proc: int) -> Iterator[tuple[int, Any]]:
         """Training batches of unequal shares: a span of each global batch, laid out by the
         equal split (sample i of the global batch is worker i % workers's)."""
         size = batch_size * workers
-        stream = itertools.islice(iter(self.dataset), first * size, None)  # resume: skip steps
+        stream = itertools.islice(stream, first * size, None)  # resume: skip steps
         step = first
         while stop < 0 or step < stop:
             batch = list(itertools.islice(stream, size))
@@ -328,11 +333,38 @@ class _StreamShard(IterableDataset):
             step += 1
 
 
+def _as_one_process(dataset: IterableDataset) -> Iterator[Any]:
+    """The dataset's samples with get_worker_info() answering None while its own code runs, so a
+    stream that splits itself among loader processes yields all of it here, where the split
+    rule needs the whole stream in each process. torch keeps the answer in a module global of
+    its worker loop; where a torch version keeps it elsewhere, the stream is read as it is and
+    _check_order still stops a split that leaves processes unequal."""
+    from torch.utils.data._utils import worker as torch_worker
+    info = getattr(torch_worker, "_worker_info", None)
+    if info is None:  # not in a loader process, or a torch without that global
+        yield from dataset
+        return
+
+    def hidden(call):
+        torch_worker._worker_info = None
+        try:
+            return call()
+        finally:
+            torch_worker._worker_info = info
+
+    samples = hidden(lambda: iter(dataset))
+    while True:
+        try:
+            yield hidden(lambda: next(samples))
+        except StopIteration:
+            return
+
+
 def _check_order(got: int, expected: int, name: str) -> None:
     if got != expected:
         raise DataError(f"{name}: the loader processes gave batch {got} where {expected} was "
                         "due; the dataset must yield the same stream in every loader process "
-                        "(do not split it with get_worker_info: the split is done for you)")
+                        "(seed any shuffle from the epoch that set_epoch(epoch) is given)")
 
 
 def _pair(batch: Any, name: str) -> tuple[Any, Any]:

@@ -8,7 +8,7 @@ from collections import namedtuple
 
 import pytest
 import torch
-from torch.utils.data import Dataset, IterableDataset, TensorDataset
+from torch.utils.data import Dataset, IterableDataset, TensorDataset, get_worker_info
 
 from hvdtrain.config import ConfigError
 from hvdtrain.data.batches import to_device
@@ -208,6 +208,23 @@ def test_stream_with_loader_processes():
     with LoaderBatches(Stream(N, shuffle=True), "cpu", data_workers=2) as source:
         stream_steps_match(source, 2, range(2), 0, shuffle=True)  # set_epoch reaches both
         stream_steps_match(source, 3, range(3, 4), 1, shuffle=True)
+        parts = [torch.cat([b[1] for b in source.eval_batches(p, 2, 5)]) for p in range(2)]
+        assert sorted(torch.cat(parts).tolist()) == list(range(N))
+
+
+class SelfSplitting(Stream):
+    """Gives each loader process its part by get_worker_info, as torch's docs teach."""
+
+    def __iter__(self):
+        info = get_worker_info()
+        parts, part = (1, 0) if info is None else (info.num_workers, info.id)
+        for i in self.order()[part::parts]:
+            yield torch.tensor([float(i)]), torch.tensor(i)
+
+
+def test_a_stream_that_splits_itself_is_still_read_whole():
+    with LoaderBatches(SelfSplitting(N, shuffle=True), "cpu", data_workers=2) as source:
+        stream_steps_match(source, 2, range(2), 0, shuffle=True)
         parts = [torch.cat([b[1] for b in source.eval_batches(p, 2, 5)]) for p in range(2)]
         assert sorted(torch.cat(parts).tolist()) == list(range(N))
 
