@@ -37,6 +37,12 @@ class PushGate(torch.optim.Optimizer):
         self.passed = True
 
 
+# A loss scale below fp16's smallest step (2^-24) shrinks any finite gradient out of overflow
+# range, so a step skipped there has a gradient that is NaN or infinite at any scale. From the
+# default scale 2^16 it takes 40 skipped steps in a row to get there.
+SCALE_FLOOR = 2.0 ** -24
+
+
 class Precision:
     """--precision and --clip-grad-norm for one replica, whose parameters live on ``devices``."""
 
@@ -54,6 +60,7 @@ class Precision:
         # scales on CPUs too, so fp16 runs there (slowly; see check_devices).
         self.scaler = (torch.amp.GradScaler("cuda" if "cuda" in kinds else "cpu")
                        if mode == "fp16" else None)
+        self.skipped_in_a_row = 0
         self._reset_counts()
 
     def _reset_counts(self) -> None:
@@ -103,7 +110,23 @@ class Precision:
         # The scale backs off exactly when the step found an inf or NaN and was skipped.
         stepped = scaler.get_scale() >= before
         self.skipped += not stepped
+        self.skipped_in_a_row = 0 if stepped else self.skipped_in_a_row + 1
+        if not stepped and scaler.get_scale() < SCALE_FLOOR:
+            self._never_finite()
         return stepped
+
+    def _never_finite(self) -> None:
+        """The end of a run whose gradient is NaN or infinite at any loss scale: its steps were
+        all skipped, its loss never moved, and it ran to the end with exit 0, where a float32
+        run of the same model stops at its first NaN loss."""
+        from .loop.hooks import TrainingError  # the loop imports this module
+        raise TrainingError(
+            f"--precision fp16: {self.skipped_in_a_row} steps in a row were skipped because the "
+            f"gradient was not finite, with the loss scale down to {self.scaler.get_scale():.3g}; "
+            "the backward pass gives NaN or infinite gradients at any scale, so the model does "
+            "not train. Look for an operation whose gradient is undefined where it is used (a "
+            "sqrt or log at 0, a division by 0); --precision 32 stops at the step where the "
+            "loss first becomes NaN")
 
     def take_epoch_metrics(self) -> dict:
         """The epoch's loss scale, skipped steps and clipping figures for its log line; then

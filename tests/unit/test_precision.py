@@ -13,6 +13,7 @@ import torch.nn as nn
 from hvdtrain.cli import build_parser, config_from_args, main
 from hvdtrain.config import ConfigError, ModelConfig, PipelineConfig
 from hvdtrain.models import build_model
+from hvdtrain.loop import TrainingError
 from hvdtrain.pipeline import PipelineReplica
 from hvdtrain.precision import Precision, PushGate
 from hvdtrain.replica import Replica
@@ -106,6 +107,23 @@ def test_a_nan_gradient_is_skipped_too():
     before = _params(replica.model)
     assert replica.update(torch.optim.SGD(replica.parameters(), lr=0.1)) is False
     assert all(torch.equal(a, b) for a, b in zip(before, replica.parameters()))
+
+
+def test_a_gradient_that_is_never_finite_ends_the_run_once_no_scale_could_save_it():
+    precision = Precision("fp16", [CPU])
+    replica = Replica(_linear(), CPU, precision=precision)
+    optimizer = torch.optim.SGD(replica.parameters(), lr=0.1)
+    x, y = _batch()
+    skips = 0
+    with pytest.raises(TrainingError, match=r"fp16: 41 steps in a row were skipped.*NaN or inf"):
+        while True:  # the scale halves from 2^16 at each skip; below 2^-24 the run ends
+            _backward(replica, x, y)
+            replica.model.bias.grad[0] = float("nan")
+            assert replica.update(optimizer) is False
+            skips += 1
+    assert skips == 40 and precision.scaler.get_scale() < 2.0 ** -24
+    _backward(replica, x, y)  # a finite step in between starts the count again
+    assert replica.update(optimizer) is True and precision.skipped_in_a_row == 0
 
 
 def test_without_a_loss_scale_the_metrics_carry_no_scale_figures():
