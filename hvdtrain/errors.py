@@ -1,7 +1,7 @@
-"""The error that every layer raises for input that cannot work, and the checks that build its
-messages. It lives apart from the config package so that low-level modules (data, losses, the
-wire protocol, the run lock, user code) and the rules can raise it without importing every
-option of a run."""
+"""The errors that every layer raises, for input that cannot work and for training that cannot
+go on, and the checks that build their messages. They live apart from the config package and
+the loop so that low-level modules (data, losses, the wire protocol, the run lock, user code,
+the loss scale) and the rules can raise them without importing every option of a run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ from typing import Any
 
 class ConfigError(ValueError):
     """An option has a value that cannot work. The message names the flag and the fix."""
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (for example the loss became NaN). The message says where and why."""
 
 
 def require(ok: bool, flag: str, got: Any, fix: str) -> None:

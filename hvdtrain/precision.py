@@ -20,7 +20,7 @@ from typing import Iterable
 
 import torch
 
-from .errors import ConfigError
+from .errors import ConfigError, TrainingError
 
 DTYPES = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -119,7 +119,6 @@ class Precision:
         """The end of a run whose gradient is NaN or infinite at any loss scale: its steps were
         all skipped, its loss never moved, and it ran to the end with exit 0, where a float32
         run of the same model stops at its first NaN loss."""
-        from .loop.hooks import TrainingError  # the loop imports this module
         raise TrainingError(
             f"--precision fp16: {self.skipped_in_a_row} steps in a row were skipped because the "
             f"gradient was not finite, with the loss scale down to {self.scaler.get_scale():.3g}; "

@@ -81,7 +81,8 @@ def _check_what_async_cannot_run(cfg: Any) -> None:
 # The parameter server's rules: what a sync run would ignore without a word, leaving its user
 # to believe it ran SSP or BSP (mpirun -np 3 --staleness 0, --mode async forgotten, trained
 # three sync workers). --backup-workers, --max-restarts and --server-device have checks of
-# their own; the transport's tuning (--chunk-mb, --timeout-s, shared memory) changes no result.
+# their own; the transport's tuning (--chunk-mb, shared memory) changes no result. Each mode has
+# its own timeout for a hang, and a user who set the other mode's would believe a hang bounded.
 ASYNC_RULES = ("num_servers", "staleness", "pull_every", "bsp", "dc_lambda", "staleness_lr",
                "round_staleness_weight", "eval_pauses_workers")
 
@@ -91,6 +92,12 @@ def _check_async_only(cfg: Any) -> None:
     refuse_unread(cfg.ps, ASYNC_RULES, mode == "async",
                   f"an option of the parameter server (--mode async); this run is --mode {mode} "
                   "and would ignore it: add --mode async, or drop {flag}")
+    refuse_unread(cfg.ps, ("timeout_s",), mode == "async",
+                  "the parameter server's limit on silence (--mode async); a sync run's hangs "
+                  "are ended by --stall-timeout-s instead: use that")
+    refuse_unread(cfg.sync, ("stall_timeout_s",), mode == "sync",
+                  "sync's limit on a rank without progress; an async job's hangs are ended by "
+                  "--timeout-s (seconds of silence from a process) instead: use that")
 
 
 def _check_adasum(cfg: Any) -> None:

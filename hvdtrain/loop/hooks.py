@@ -12,14 +12,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..config import RunConfig
+from ..errors import TrainingError  # noqa: F401 (the loop's error, raised by its hooks)
 from ..faults.inject import FaultInjector, record_folder
 from ..stragglers import parse_straggler
 from ..scheme import Progress
 from .step_times import FIELDS as STEP_TIME_FIELDS
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (for example the loss became NaN). The message says where and why."""
 
 
 @dataclass

@@ -165,7 +165,16 @@ def test_an_unbounded_staleness_stays_the_default():
                                               f"\\(--mode async\\); this run is --mode sync and "
                                               f"would ignore it: add --mode async, or drop {flag}"):
             Config.from_overrides(values).validate()
-    Config.from_overrides({"chunk_mb": 4, "timeout_s": 30}).validate()  # transport: no result
+    Config.from_overrides({"chunk_mb": 4}).validate()  # transport: no result
+    # each mode's limit on a hang, set in the other mode, bounded nothing
+    with pytest.raises(ConfigError, match=r"--timeout-s: .*a sync run's hangs are ended by "
+                                          r"--stall-timeout-s instead"):
+        Config.from_overrides({"timeout_s": 30}).validate()
+    with pytest.raises(ConfigError, match=r"--stall-timeout-s: .*an async job's hangs are "
+                                          r"ended by --timeout-s"):
+        Config.from_overrides({"mode": "async", "stall_timeout_s": 30}).validate()
+    Config.from_overrides({"mode": "async", "timeout_s": 30}).validate()
+    Config.from_overrides({"stall_timeout_s": 30}).validate()
     # ... and what the server would ignore: sync's compression, a bound on lock-step rounds,
     # DiLoCo's round weight without local steps
     for values, told in (({"compression": "fp16"}, "take --wire-dtype fp16"),

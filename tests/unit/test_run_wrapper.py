@@ -128,12 +128,13 @@ def test_a_stop_before_the_launcher_starts_starts_nothing(capsys):
     assert "SIGTERM while the job started" in err and "the launcher was not started" in err
 
 
-def _refusing_launcher(tmp_path):
+def _refusing_launcher(tmp_path, then=""):
     """A launcher whose rank refuses its input (exit 2 in the ranks' file) while the launcher
     itself lingers, as mpirun does when it aborts the other ranks under the wrapper's sigkill
-    timeout (about 120 s)."""
+    timeout (about 120 s); ``then``: a shell line it runs after the refusal."""
     script = tmp_path / "launcher.sh"
-    script.write_text(f'#!/bin/sh\necho "exit $$ 2" >> "${requeue.RANKS_FILE_ENV}"\nsleep 60\n')
+    script.write_text(f'#!/bin/sh\necho "exit $$ 2" >> "${requeue.RANKS_FILE_ENV}"\n{then}\n'
+                      'sleep 60\n')
     script.chmod(0o755)
     return [str(script)]
 
@@ -153,15 +154,15 @@ def test_a_rank_that_refused_its_input_ends_the_job_with_2_soon(tmp_path, capsys
 
 
 def test_a_stop_after_a_refusal_is_no_requeue(tmp_path, capsys):
-    import signal
-    import threading
     from types import SimpleNamespace
 
     relay = requeue.StopRelay()
-    threading.Timer(1.5, relay._handle, (signal.SIGTERM, None)).start()  # a scheduler's stop
+    # a scheduler's stop, to the wrapper, once the refusal is recorded (a timer raced it)
+    launcher = _refusing_launcher(tmp_path, then="kill -TERM $PPID")
     try:
-        code = requeue.main(SimpleNamespace(launch_command=_refusing_launcher(tmp_path)), relay)
+        code = requeue.main(SimpleNamespace(launch_command=launcher), relay)
     finally:
         relay.restore()
+    assert relay.received == [15]  # the stop did land
     assert code == 2, capsys.readouterr().err  # was 75: "requeue", to be refused again
     assert "SIGTERM while the job started" not in capsys.readouterr().err
