@@ -154,15 +154,28 @@ def _ended_before_training(relay: StopRelay) -> int:
 def _job_code(code: int, ranks: Path, stopped: bool) -> int:
     """The launcher's code, or the first non-zero code that a rank on this host returned where
     the launcher's says something else (mpirun's recovery settings: 0 or 1; horovodrun: 1)."""
-    failed = [c for c in rank_lines(ranks, "exit").values() if c not in (0, EXIT_PREEMPTED)]
+    failed = _first_failure(ranks)
     # 137: a rank was killed, and the others' codes (1: Horovod shut down) followed from it
-    if failed and failed[0] != code and code != 128 + signal.SIGKILL:
-        print(f"hvdtrain run: exit {failed[0]}, the ranks' own code (the launcher's: {code})",
+    if failed and failed != code and code != 128 + signal.SIGKILL:
+        print(f"hvdtrain run: exit {failed}, the ranks' own code (the launcher's: {code})",
               file=sys.stderr, flush=True)
-        return failed[0]
-    if stopped and code not in (0, EXIT_PREEMPTED):
+        return failed
+    if stopped and code not in (0, EXIT_PREEMPTED) and not failed:
         print(f"hvdtrain run: the launcher exited {code} after the stop, and no rank recorded "
               "a checkpoint of it", file=sys.stderr, flush=True)
+    return code
+
+
+def _first_failure(ranks: Path) -> int:
+    """The first error code a rank on this host recorded (0: none)."""
+    return next((c for c in rank_lines(ranks, "exit").values() if c not in (0, EXIT_PREEMPTED)),
+                0)
+
+
+def _failed(ranks: Path) -> int:
+    code = _first_failure(ranks)
+    print(f"hvdtrain run: exit {code}, the ranks' own code; the launcher and the other ranks "
+          "were ended", file=sys.stderr, flush=True)
     return code
 
 
@@ -242,7 +255,9 @@ def _supervise(relay: StopRelay, record: Path, ranks: Path) -> int | None:
             # The job is over: mpirun's abort of the other ranks waits out the sigkill timeout
             # set above, twice (about 120 s), and a stop meanwhile is no preemption to requeue.
             end_session(launcher)
-            code = launcher.returncode if died is None else _died(died)
+            # The launcher's code now tells of that end (137 where its child's SIGKILL came
+            # first, which read as a killed rank), so the code is the ranks' own.
+            code = _died(died) if died is not None else _failed(ranks)
             break
         if relay.received and not started:
             end_session(launcher)
