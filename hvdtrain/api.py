@@ -74,7 +74,9 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
     options: the command line's options with underscores: ``mode="async"``, ``epochs=8``,
         ``batch_size=16``, ``optimizer="adam"``, ``lr=3e-3``, ``run_dir=...``, ``staleness=2``,
         ``stages=2``, ``data_workers=2``... (``hvdtrain train --help`` lists them all). A bad
-        value raises the same ConfigError, with the same message, as the flag would. With
+        value raises the same ConfigError, with the same message, as the flag would. What
+        shapes only the command line's built-in models and datasets (hidden, channels,
+        data_path, test_fraction...) is refused: fit trains the objects it is given. With
         ``data_workers`` above 0 and a Dataset, call fit under ``if __name__ == "__main__":``:
         the loader processes import the script again, and fit refuses an unguarded call.
 
@@ -89,6 +91,7 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
     _check_main_guard(cfg, train_data, test_data)
     workload = workload_from_objects(model, train_data, test_data, loss, metrics,
                                      cfg.data.sparse_labels)
+    _record_objects(cfg, workload)
     finished = launch.run(cfg, workload)
     run_dir = Path(finished.run_dir) if finished.run_dir is not None else None
     return FitResult(
@@ -99,6 +102,13 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
             run_dir / "checkpoint.pt" if run_dir else None),
         model=finished.trainer.replica.model if finished.trainer else None,
         preempted=finished.verdict.preempted)
+
+
+def _record_objects(cfg: Config, workload: Any) -> None:
+    """Record fit's own model, data and loss in the run's config, which had carried the command
+    line's defaults (digits, mlp, cross_entropy) into the log's header and the checkpoints."""
+    cfg.model.model, cfg.data.dataset = FIT_MODEL, FIT_DATA
+    cfg.model.loss = workload.loss_name
 
 
 def _check_main_guard(cfg: Config, *datasets: Any) -> None:
@@ -170,6 +180,14 @@ def _unguarded_message(cfg: Config, path: str, line: int) -> str:
 
 # The command line's names of what fit() takes as objects: its first arguments and loss=.
 OBJECT_OPTIONS = ("model", "dataset", "loss", "model_args", "dataset_args")
+# What shapes the command line's built-in models and datasets, and the split it holds out: fit()
+# trains the objects it is given, so these were ignored (hidden=) or refused as if the model
+# were the built-in mlp (channels=).
+BUILT_IN_ONLY = ("hidden", "channels", "data_path", "test_fraction", "data_seed",
+                 "synthetic_samples", "synthetic_shape", "synthetic_classes")
+# What a fit() run records for its objects (the log's header, checkpoints, trackers), where the
+# command line's defaults (digits, mlp) had stood.
+FIT_MODEL, FIT_DATA = "(the model passed to fit)", "(the data passed to fit)"
 
 
 def _config(config: Config | None, options: dict[str, Any]) -> Config:
@@ -180,6 +198,13 @@ def _config(config: Config | None, options: dict[str, Any]) -> Config:
         if name in options:
             raise ConfigError(f"{name}=: fit() takes the model, the data and the loss as "
                               "objects (its first arguments and loss=), not as option names")
+    for name in BUILT_IN_ONLY:
+        if name in options:
+            raise ConfigError(
+                f"{name}=: it shapes the command line's built-in models and datasets, and fit() "
+                "trains the model and data you pass: drop it"
+                + (" (split the data yourself and pass test_data)"
+                   if name in ("test_fraction", "data_seed") else ""))
     if config is None:
         return Config.from_overrides(options, unlisted=OBJECT_OPTIONS).validate()
     import copy

@@ -525,7 +525,8 @@ def test_fit_refuses_a_model_with_nothing_to_train():
     ("max_restarts", r"--max-restarts: got None; give a whole number \(the default is 0\)"),
     ("balance_floor", r"--balance-floor: got None; give a number \(the default is 0.25\)"),
     ("slow_rank_factor", r"--slow-rank-factor: got None"),
-    ("hidden", r"--hidden: got None; give a list of whole numbers \(the default is '256,128'"),
+    ("split_points", r"--split-points: got None; give a list of whole numbers \(the default "
+                     r"is ''"),
     ("balance", r"--balance: got None; give True or False")])
 def test_fit_names_an_option_given_as_none(name, message):
     # These raised a bare TypeError from the range checks ('>=' between NoneType and int).

@@ -5,6 +5,7 @@ one (--test-fraction). Every user module is written into the test's own tmp_path
 
 from __future__ import annotations
 
+import json
 import pickle
 from pathlib import Path
 
@@ -368,3 +369,28 @@ def test_fit_takes_metrics_as_the_command_line_writes_them():
     for bad, words in (("top2", "is not NAME=MODULE:CALLABLE"), ([1], "got list; pass a dict")):
         with pytest.raises(ConfigError, match=f"^metrics: .*{words}"):
             workload_from_objects(lambda: torch.nn.Linear(5, 3), pair, None, "cross_entropy", bad)
+
+
+def test_a_fit_run_records_its_own_objects_and_refuses_the_built_in_shapes(tmp_path):
+    """fit's header and checkpoint carried the command line's defaults (digits, mlp,
+    cross_entropy) for the user's own model, data and loss; hidden= was ignored without a word
+    and channels= refused as if the model were the built-in mlp."""
+    import hvdtrain
+    from hvdtrain.api import FIT_DATA, FIT_MODEL
+
+    def squared(output, target):
+        return ((output - target) ** 2).mean()
+
+    x = torch.randn(32, 4)
+    result = hvdtrain.fit(torch.nn.Linear(4, 1), (x, x.sum(1, keepdim=True)), epochs=1,
+                          loss=squared, run_dir=str(tmp_path / "run"), progress=False)
+    header = json.loads(result.log_path.read_text().splitlines()[0])
+    assert header["config"]["model"]["model"] == FIT_MODEL
+    assert header["config"]["data"]["dataset"] == FIT_DATA
+    assert header["config"]["model"]["loss"].endswith("<locals>.squared")  # its qualified name
+    saved = torch.load(result.checkpoint_path, weights_only=False)["config"]
+    assert saved["model"]["model"] == FIT_MODEL and saved["model"]["loss"].endswith("squared")
+    for name, value in (("hidden", "32"), ("channels", "8,8"), ("test_fraction", 0.1),
+                        ("data_path", "x.npz")):
+        with pytest.raises(ConfigError, match=f"^{name}=: it shapes the command line's built-in"):
+            hvdtrain.fit(torch.nn.Linear(4, 1), (x, x), epochs=1, **{name: value})
