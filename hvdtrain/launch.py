@@ -225,10 +225,16 @@ def _run_async(cfg: Config, workload: Workload, model):
     try:
         if is_server:
             server = ParameterServer(comm, cfg, topology, runtime.device)
+            _agree_on_input(world, None)
             lost = _serve(server)
         else:
-            scheme = _client_class(cfg)(cfg, runtime, comm, worker_comm, topology)
-            trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
+            refused = None
+            try:
+                scheme = _client_class(cfg)(cfg, runtime, comm, worker_comm, topology)
+                trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
+            except BAD_INPUT as e:  # the model and data checks: only workers hold a model
+                refused = e
+            _agree_on_input(world, refused)
             trainer.fit()
             workload.close()
             lost = scheme.survivors.lost
@@ -239,8 +245,27 @@ def _run_async(cfg: Config, workload: Workload, model):
             server.membership.job_ended(server)
         return Finished(history, run_dir, trainer, verdict)
     except BaseException as e:  # never leave the other ranks waiting for this one
+        if getattr(e, "raised_on_every_rank", False):
+            raise
         _leave_if_lost(e)
         _end_async_job(e, world, runtime.rank, trainer)
+
+
+def _agree_on_input(world, refused: BaseException | None) -> None:
+    """Every rank learns whether a worker refused its input as it built its trainer (the model
+    and data checks), and raises that error too, before anything trains: fit() then raises it
+    and the command line exits 2 on every rank, as in sync, where it had aborted the MPI job."""
+    told = None if refused is None else (
+        next(i for i, kind in enumerate(BAD_INPUT) if isinstance(refused, kind)), str(refused),
+        getattr(refused, "user_traceback", None))
+    first = next((t for t in world.allgather(told) if t is not None), None)
+    if first is None:
+        return
+    error = refused if refused is not None else BAD_INPUT[first[0]](first[1])
+    if error.__traceback__ is None:  # another rank's: its user's traceback where it had one
+        error.user_traceback = first[2]
+    error.raised_on_every_rank = True
+    raise error
 
 
 def _serve(server) -> list[int]:

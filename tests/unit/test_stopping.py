@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hvdtrain.config import RunConfig
+from hvdtrain.config import ConfigError, RunConfig
 from hvdtrain.loop import TrainingError, preemption
 from hvdtrain.loop.clock import TrainingClock
 from hvdtrain.loop.divergence import RISE, DivergenceWatch
@@ -512,6 +512,30 @@ def test_a_worker_that_fails_in_async_ends_the_log_with_why(tmp_path, monkeypatc
     lead = SimpleNamespace(is_main=True, run_dir=tmp_path)  # the lead writes its own
     launch._end_async_job(RuntimeError("again"), None, 0, lead)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_an_async_workers_refusal_at_start_up_is_raised_on_every_rank():
+    """The workers' model and data checks run after MPI started; a refusal there aborted the
+    job (fit() could not catch it, the servers died of the abort). Every rank now raises it."""
+    from hvdtrain import launch
+    from hvdtrain.data import DataError
+
+    class World:  # allgather over this rank and one other
+        def __init__(self, other):
+            self.other = other
+
+        def allgather(self, mine):
+            return [mine, self.other]
+
+    launch._agree_on_input(World(None), None)  # nobody refused: nothing is raised
+    told = (launch.BAD_INPUT.index(DataError), "the labels go up to 9", "Traceback: yours\n")
+    with pytest.raises(DataError, match="the labels go up to 9") as raised:  # a server
+        launch._agree_on_input(World(told), None)
+    assert raised.value.raised_on_every_rank and raised.value.user_traceback.startswith("Trace")
+    own = ConfigError("--model mine: shapes")
+    with pytest.raises(ConfigError) as raised:  # the worker that refused: its own error
+        launch._agree_on_input(World(None), own)
+    assert raised.value is own and own.raised_on_every_rank
 
 
 def test_an_error_in_a_loader_process_is_told_by_its_own_message():
