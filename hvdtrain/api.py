@@ -52,37 +52,35 @@ class FitResult:
 
 def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: Any = None, *,
         loss: str | Callable = "cross_entropy",
-        metrics: dict[str, Callable] | None = None, config: Config | None = None,
-        **options: Any) -> FitResult:
+        metrics: dict[str, Callable] | None = None, collate: Callable | str | None = None,
+        config: Config | None = None, **options: Any) -> FitResult:
     """Train ``model`` on ``train_data`` with hvdtrain's sync or async schemes. Every rank calls it.
 
-    model: an ``nn.Module``, or a callable with no arguments that returns one. A callable is
-        called on every rank after seeding with ``seed``, so every replica starts from the same
-        weights (sync mode also broadcasts rank 0's weights and buffers).
+    model: an ``nn.Module``, or a callable with no arguments that returns one, called on every
+        rank after seeding with ``seed`` (sync also broadcasts rank 0's weights and buffers).
     train_data, test_data: a map-style ``torch.utils.data.Dataset`` (read through a DataLoader,
         each worker a disjoint shard of every epoch), an ``IterableDataset`` (split round-robin,
         see hvdtrain/data/loader.py; without ``__len__`` pass ``max_steps_per_epoch``), or a pair
         of tensors ``(x, y)`` (kept in memory, no DataLoader). A sample is ``(input, target)``;
         either may be a tensor, or a tuple or dict of tensors (the model then gets ``model(*x)``
         or ``model(**x)``). ``test_data`` may be None.
-    loss: ``cross_entropy``, ``nll``, ``mse``, ``l1``, ``bce_with_logits``, ``"MODULE:CALLABLE"``
-        or a callable ``loss(output, target) -> scalar mean``.
-    metrics: ``{name: metric(output, target) -> (sum, count)}``; sums and counts add across
-        micro-batches and workers. By default, accuracy ("acc") for cross_entropy and nll on
-        (N, C) outputs, and nothing else.
+    loss: a built-in's name (``cross_entropy``, ``mse``...), ``"MODULE:CALLABLE"`` or a callable
+        ``loss(output, target) -> scalar mean``.
+    metrics: ``{name: metric(output, target) -> (sum, count)}``, summed over micro-batches and
+        workers; by default accuracy ("acc") for cross_entropy and nll on (N, C) outputs.
+    collate: ``collate(samples) -> (inputs, targets)`` for a Dataset's samples (padding them
+        to one length, say), or ``"MODULE:CALLABLE"``; torch's ``default_collate`` by default.
     config: a ``hvdtrain.config.Config``; ``options`` override its fields.
     options: the command line's options with underscores: ``mode="async"``, ``epochs=8``,
         ``batch_size=16``, ``optimizer="adam"``, ``lr=3e-3``, ``run_dir=...``, ``staleness=2``,
         ``stages=2``, ``data_workers=2``... (``hvdtrain train --help`` lists them all). A bad
-        value raises the same ConfigError, with the same message, as the flag would. What
-        shapes only the command line's built-in models and datasets (hidden, channels,
-        data_path, test_fraction...) is refused: fit trains the objects it is given. With
+        value raises the same ConfigError, with the same message, as the flag would; those of
+        the built-in models and datasets (hidden, data_path, test_fraction...) are refused. With
         ``data_workers`` above 0 and a Dataset, call fit under ``if __name__ == "__main__":``:
         the loader processes import the script again, and fit refuses an unguarded call.
 
     Errors: bad input raises ConfigError (or DataError, CheckpointError) on every rank before
-    training. A failure during async training ends the whole MPI job (MPI_Abort, with the
-    message printed), because the other ranks would otherwise wait for this one.
+    training. A failure during async training ends the whole MPI job (MPI_Abort).
     """
     from . import launch
     from .workload import workload_from_objects
@@ -90,7 +88,7 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
     cfg = _config(config, options)
     _check_main_guard(cfg, train_data, test_data)
     workload = workload_from_objects(model, train_data, test_data, loss, metrics,
-                                     cfg.data.sparse_labels)
+                                     cfg.data.sparse_labels, collate or cfg.data.collate)
     _record_objects(cfg, workload)
     finished = launch.run(cfg, workload)
     run_dir = Path(finished.run_dir) if finished.run_dir is not None else None
@@ -109,6 +107,8 @@ def _record_objects(cfg: Config, workload: Any) -> None:
     line's defaults (digits, mlp, cross_entropy) into the log's header and the checkpoints."""
     cfg.model.model, cfg.data.dataset = FIT_MODEL, FIT_DATA
     cfg.model.loss = workload.loss_name
+    if workload.collate is not None and not cfg.data.collate:
+        cfg.data.collate = getattr(workload.collate, "__qualname__", "(a callable)")
 
 
 def _check_main_guard(cfg: Config, *datasets: Any) -> None:

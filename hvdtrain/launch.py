@@ -216,28 +216,20 @@ def _run_async(cfg: Config, workload: Workload, model):
 
     world = MPI.COMM_WORLD
     is_server = topology.is_server(runtime.rank)
-    comm = world.Dup()  # the parameter server's private channel
-    if cfg.ps.max_restarts:  # ... which reaches a replacement too (ps/routes.py)
-        from .ps.routes import Routes
-        comm = Routes(comm, MPI.ANY_SOURCE)
-    worker_comm = world.Split(1 if is_server else 0, runtime.rank)
+    comm, worker_comm = _async_channels(cfg, world, runtime.rank, is_server)
     trainer = None
     try:
         if is_server:
-            server = ParameterServer(comm, cfg, topology, runtime.device)
-            _agree_on_input(world, None)
+            server = _built_on_every_rank(
+                world, lambda: ParameterServer(comm, cfg, topology, runtime.device))
             lost = _serve(server)
         else:
-            refused = None
-            try:
-                scheme = _client_class(cfg)(cfg, runtime, comm, worker_comm, topology)
-                trainer = _build_trainer(cfg, runtime, layout, scheme, workload, model)
-            except BAD_INPUT as e:  # the model and data checks: only workers hold a model
-                refused = e
-            _agree_on_input(world, refused)
+            trainer = _built_on_every_rank(world, lambda: _build_trainer(
+                cfg, runtime, layout, _client_class(cfg)(cfg, runtime, comm, worker_comm, topology),
+                workload, model))
             trainer.fit()
             workload.close()
-            lost = scheme.survivors.lost
+            lost = trainer.scheme.survivors.lost
         history, run_dir, verdict = survivors_of(world, lost).bcast(
             (trainer.history, trainer.run_dir, trainer.stopping.verdict)
             if trainer is not None and trainer.is_main else None, root=0)  # root 0: the lead
@@ -251,10 +243,34 @@ def _run_async(cfg: Config, workload: Workload, model):
         _end_async_job(e, world, runtime.rank, trainer)
 
 
+def _async_channels(cfg: Config, world, rank: int, is_server: bool):
+    """The parameter server's private channel (which reaches a replacement too under
+    --max-restarts: ps/routes.py), and the workers' own."""
+    from mpi4py import MPI
+
+    comm = world.Dup()
+    if cfg.ps.max_restarts:
+        from .ps.routes import Routes
+        comm = Routes(comm, MPI.ANY_SOURCE)
+    return comm, world.Split(1 if is_server else 0, rank)
+
+
+def _built_on_every_rank(world, build: Callable[[], Any]) -> Any:
+    """What build() makes on this rank (its server, or its trainer, whose model and data are
+    checked then), once every rank has built its own: bad input refused on any rank is raised
+    on all of them, before anything trains. fit() then raises it and the command line exits 2 on
+    every rank, as in sync, where a worker's refusal had aborted the MPI job."""
+    refused = built = None
+    try:
+        built = build()
+    except BAD_INPUT as e:
+        refused = e
+    _agree_on_input(world, refused)
+    return built
+
+
 def _agree_on_input(world, refused: BaseException | None) -> None:
-    """Every rank learns whether a worker refused its input as it built its trainer (the model
-    and data checks), and raises that error too, before anything trains: fit() then raises it
-    and the command line exits 2 on every rank, as in sync, where it had aborted the MPI job."""
+    """Raise ``refused``, or the bad input another rank refused, on every rank."""
     told = None if refused is None else (
         next(i for i, kind in enumerate(BAD_INPUT) if isinstance(refused, kind)), str(refused),
         getattr(refused, "user_traceback", None))

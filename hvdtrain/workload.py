@@ -10,8 +10,6 @@ A piece named on the command line is a built-in name (``--model mlp``, ``--datas
 from __future__ import annotations
 
 import itertools
-import os
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,7 +22,7 @@ from .config import Config, ConfigError
 from .data import DataError, builtin
 from .data.batches import BatchSource, to_device
 from .data.in_memory import InMemoryBatches
-from .data.loader import LoaderBatches
+from .data.loader import LoaderBatches, UnstackableSamples
 from .data.user_data import (conversion_note, hold_out, is_array, own_split_note, ready_pair,
                              targets_without_classes)
 from .losses import (check_loss_accepts, check_metric_returns, check_scores_cover_labels,
@@ -56,14 +54,15 @@ class Workload:
     data_notes: list[str] = field(default_factory=list)  # conversions, a held-out test split
     origin: str = "train_data"             # where the data came from, for error messages
     from_command_line: bool = False
+    collate: Callable[[list], Any] | None = None  # a batch of Dataset samples (--collate)
     train: BatchSource | None = None       # set by bind(), once the device is known
     test: BatchSource | None = None
 
     def bind(self, device: torch.device, cfg: Config) -> None:
         """Make the batch sources that feed ``device``."""
         try:
-            self.train = batch_source(self.train_data, device, cfg)
-            self.test = (batch_source(self.test_data, device, cfg)
+            self.train = batch_source(self.train_data, device, cfg, self.collate)
+            self.test = (batch_source(self.test_data, device, cfg, self.collate)
                          if self.test_data is not None else None)
         except ConfigError as e:  # name the data's origin: the user's --dataset, say
             raise ConfigError(f"{self.origin}: {e}") from None
@@ -116,13 +115,8 @@ class Workload:
     def _sample(self, source: BatchSource, split: str) -> tuple[Any, Any]:
         try:
             return source.sample()
-        except (RuntimeError, TypeError) as e:
-            if not raised_in_collate(e):
-                raise
-            raise DataError(f"{self.origin}: the first samples of the {split} data cannot be "
-                            f"stacked into a batch ({str(e).splitlines()[0]}); every sample must "
-                            "hold tensors, numbers or arrays of one shape: pad or crop them to "
-                            "one size where the dataset makes them") from None
+        except UnstackableSamples as e:  # the first batch already: say which split
+            raise DataError(f"{self.origin}, the {split} data: {e}") from None
 
     def _check_test_batch(self, forward: Callable[[Any], Any], device: torch.device, flag: str,
                           train_batch: tuple[Any, Any]) -> None:
@@ -145,16 +139,6 @@ class Workload:
                 "split samples like the training split's (shapes, dtypes, label range)")
             error.user_traceback = getattr(e, "user_traceback", None)
             raise error from e
-
-
-def raised_in_collate(error: BaseException) -> bool:
-    """Whether torch's default_collate raised ``error`` (samples of different shapes or of a type
-    it cannot batch), rather than the user's __getitem__."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and frames[-1].filename.endswith(COLLATE_FILE)
-
-
-COLLATE_FILE = os.path.join("torch", "utils", "data", "_utils", "collate.py")
 
 
 def sample_shapes(batch: Any) -> Any:
@@ -183,9 +167,10 @@ def workload_from_config(cfg: Config) -> Workload:
     loss, loss_name = resolve_loss(cfg.model.loss)
     model_spec = cfg.model.model
     own = resolve_metrics(cfg.model.metrics, "--metrics")
+    collate = resolve_callable(cfg.data.collate, "--collate") if cfg.data.collate else None
     return Workload(name=model_spec, build_model=model_factory(cfg, data), loss=loss,
                     loss_name=loss_name, metrics={**default_metrics(loss_name), **own},
-                    from_command_line=True, **data)
+                    from_command_line=True, collate=collate, **data)
 
 
 def load_training_data(cfg: Config) -> dict[str, Any]:
@@ -435,8 +420,8 @@ def checked_trainable(model: nn.Module, flag: str, spec: str) -> nn.Module:
 
 # --- from the Python API -----------------------------------------------------------------------
 def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any,
-                          metrics: dict[str, Metric] | None,
-                          sparse_labels: bool = False) -> Workload:
+                          metrics: dict[str, Metric] | None, sparse_labels: bool = False,
+                          collate: Callable[[list], Any] | str | None = None) -> Workload:
     label = "tensors" if isinstance(train_data, (tuple, list)) else type(train_data).__name__
     data = describe_data(train_data, test_data, label, "train_data", sparse_labels)
     loss_fn, loss_name = resolve_loss(loss)
@@ -467,15 +452,24 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
         if not callable(metric):
             raise ConfigError(f"metrics: {metric_name!r} is {type(metric).__name__}; pass "
                               "callables metric(output, target) -> (sum, count)")
+    if isinstance(collate, str):
+        collate = resolve_callable(collate, "collate") if collate else None
+    elif collate is not None and not callable(collate):
+        raise ConfigError(f"collate: got {type(collate).__name__}; pass a function that makes "
+                          "a batch of a list of (input, target) samples, or 'MODULE:CALLABLE'")
     return Workload(name=name, build_model=build, loss=loss_fn, loss_name=loss_name,
-                    metrics=chosen, **data)
+                    metrics=chosen, collate=collate, **data)
 
 
-def batch_source(data: Any, device: torch.device, cfg: Config) -> BatchSource:
+def batch_source(data: Any, device: torch.device, cfg: Config,
+                 collate: Callable[[list], Any] | None = None) -> BatchSource:
     if isinstance(data, (tuple, list)):
+        if collate is not None:  # it would be ignored: rows of tensors are sliced, not collated
+            raise ConfigError("--collate (fit: collate=) makes batches of a Dataset's samples; "
+                              "this data is a pair of tensors, batched by slicing rows: drop it")
         return InMemoryBatches(data[0], data[1], device)
     source = LoaderBatches(data, device, data_workers=cfg.data.data_workers, seed=cfg.run.seed,
-                           stream_steps=cfg.run.max_steps_per_epoch or None)
+                           stream_steps=cfg.run.max_steps_per_epoch or None, collate=collate)
     if isinstance(data, FirstSamples):
         source.name = data.name  # messages name the user's class
     return source

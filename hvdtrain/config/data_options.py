@@ -21,6 +21,9 @@ class DataConfig:
                             "object, e.g. '{\"root\": \"data/\"}'")
     data_path: str | None = opt(None, "folder of MNIST IDX files, the .npz file, or the image "
                                 "folder; required for --dataset mnist|npz|folder")
+    collate: str = opt("", "your own MODULE:CALLABLE that makes a batch of a list of (input, "
+                       "target) samples of a Dataset, e.g. padding sequences to the longest; "
+                       "default: torch's default_collate, which stacks samples of one shape")
     data_workers: int = opt(0, "DataLoader processes per worker for Dataset inputs (started "
                             "with forkserver, persistent across epochs); 0 loads in the "
                             "training process. In-memory data never uses a DataLoader")

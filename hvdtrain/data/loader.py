@@ -32,7 +32,7 @@ Streams (``IterableDataset``): the split rule
 With data_workers > 0 the loader processes start with forkserver (a fork after MPI has started
 can crash or hang; Horovod's examples use forkserver too) and persist across epochs: what changes
 per iteration (the batch sampler's batches, the stream's plan) is read at each iteration's start.
-They end with the training process, however it ends (_end_with_trainer).
+They end with the training process, however it ends (loader_processes.py).
 """
 
 from __future__ import annotations
@@ -40,14 +40,8 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import pickle
-import select
-import shutil
-import threading
-import time
 import warnings
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -55,7 +49,7 @@ from torch.utils.data import DataLoader, IterableDataset, Sampler, get_worker_in
 from torch.utils.data import default_collate
 
 from ..errors import ConfigError
-from ..processes import process_alive
+from . import loader_processes as processes
 from .batches import BatchSource, PartRows, to_device
 from .builtin import DataError, epoch_batches, eval_shard, share_batches
 from .user_data import HeldOut
@@ -63,12 +57,15 @@ from .user_data import HeldOut
 
 class LoaderBatches(BatchSource):
     def __init__(self, dataset: Any, device: torch.device | str = "cpu", data_workers: int = 0,
-                 seed: int = 0, pin_memory: bool | None = None, stream_steps: int | None = None):
+                 seed: int = 0, pin_memory: bool | None = None, stream_steps: int | None = None,
+                 collate: Callable[[list], Any] | None = None):
         """dataset: a map-style Dataset or an IterableDataset yielding (x, y) samples.
         data_workers: loader processes per worker (--data-workers); 0 loads in this process.
         seed: seeds the loader processes' torch, random and numpy generators (augmentations).
         pin_memory: page-locked batches for fast copies; None means: when device is CUDA.
-        stream_steps: steps per epoch of a stream without __len__ (--max-steps-per-epoch)."""
+        stream_steps: steps per epoch of a stream without __len__ (--max-steps-per-epoch).
+        collate: makes a batch of a list of samples (--collate); None: torch's default_collate,
+        which stacks samples of one shape."""
         self.is_stream = isinstance(dataset, IterableDataset)
         if not self.is_stream and not (hasattr(dataset, "__getitem__")
                                        and hasattr(dataset, "__len__")):
@@ -83,6 +80,7 @@ class LoaderBatches(BatchSource):
         self.seed = seed
         self.pin_memory = self.device.type == "cuda" if pin_memory is None else pin_memory
         self.name = dataset.name if isinstance(dataset, HeldOut) else type(dataset).__name__
+        self.collate = collate or StackSamples(self.name)
         try:
             self.num_samples: int | None = len(dataset)
         except TypeError:  # an IterableDataset without __len__
@@ -95,7 +93,7 @@ class LoaderBatches(BatchSource):
             raise ConfigError(f"--max-steps-per-epoch {stream_steps}: must be at least 1")
         self.stream_steps = stream_steps
         self._batches = _BatchList()
-        self._stream = _StreamShard(dataset) if self.is_stream else None
+        self._stream = _StreamShard(dataset, self.collate) if self.is_stream else None
         self._loader: DataLoader | None = None  # built on first use, kept (persistent workers)
         self._iteration = 0  # the newest iteration; an older one must not go on
 
@@ -162,7 +160,7 @@ class LoaderBatches(BatchSource):
         process, since the simulator's virtual workers share it and loader processes for each
         would multiply."""
         return LoaderBatches(self.dataset, self.device, 0, self.seed, self.pin_memory,
-                             self.stream_steps)
+                             self.stream_steps, self.collate)
 
     @property
     def random_access(self) -> bool:
@@ -195,7 +193,7 @@ class LoaderBatches(BatchSource):
             samples = [self.dataset[i] for i in range(min(2, self.num_samples))]
         if not samples:
             raise DataError(f"{self.name} holds no samples; check the data it reads")
-        return to_device(_pair(default_collate(samples), self.name), self.device)
+        return to_device(_pair(self.collate(samples), self.name), self.device)
 
     def close(self) -> None:
         loader, self._loader = self._loader, None
@@ -223,11 +221,12 @@ class LoaderBatches(BatchSource):
         if self._loader is None:
             self._loader = self._build()
         try:
-            with warnings.catch_warnings():  # torch's advice (start method fork) is wrong here
+            with warnings.catch_warnings(), processes.tensors_shared_by_name():
+                # torch's advice (start method fork) is wrong here
                 warnings.filterwarnings("ignore", message="Got pickle error")
                 return iter(self._loader)  # starts the loader processes the first time
         except Exception as e:
-            problem = _pickling_problem(self.dataset) if self.data_workers else None
+            problem = processes.pickling_problem(self.dataset) if self.data_workers else None
             if problem is None:
                 raise
             self._loader = None
@@ -245,13 +244,15 @@ class LoaderBatches(BatchSource):
             generator=torch.Generator().manual_seed(self.seed))  # the loader processes' seeds
         if workers:
             # Horovod: fork after MPI has started can crash or hang; forkserver starts clean.
-            _forkserver_preloads_torch()
+            processes.forkserver_preloads_torch()
+            ends = functools.partial(processes.end_with_trainer, os.getpid(),
+                                     processes.shared_temp_dir())
             options.update(multiprocessing_context="forkserver", persistent_workers=True,
-                           worker_init_fn=functools.partial(_end_with_trainer, os.getpid(),
-                                                            _shared_temp_dir()))
+                           worker_init_fn=ends)
         if self.is_stream:
             return DataLoader(self._stream, batch_size=None, **options)  # batches come whole
-        return DataLoader(self.dataset, batch_sampler=self._batches, **options)
+        return DataLoader(self.dataset, batch_sampler=self._batches, collate_fn=self.collate,
+                          **options)
 
 
 class _BatchList(Sampler):
@@ -278,8 +279,8 @@ class _StreamShard(IterableDataset):
     to cut sits in a shared-memory tensor that this process writes before each iteration: the
     persistent loader processes hold their own copies of this object, but share that tensor."""
 
-    def __init__(self, dataset: IterableDataset):
-        self.dataset = dataset
+    def __init__(self, dataset: IterableDataset, collate: Callable[[list], Any]):
+        self.dataset, self.collate = dataset, collate
         self.plan = torch.zeros(9, dtype=torch.int64).share_memory_()
 
     def plan_train(self, epoch: int, worker: int, workers: int, batch_size: int,
@@ -311,13 +312,13 @@ class _StreamShard(IterableDataset):
             if not batch or (train and len(batch) < batch_size):
                 return  # the end of the stream; the partial batch only counts in evaluation
             if (step - first) % procs == proc:
-                yield step, default_collate(batch)
+                yield step, self.collate(batch)
             step += 1
 
 
-    @staticmethod
-    def _shares(stream: Iterator[Any], workers: int, batch_size: int, first: int, stop: int,
-                offset: int, share: int, procs: int, proc: int) -> Iterator[tuple[int, Any]]:
+    def _shares(self, stream: Iterator[Any], workers: int, batch_size: int, first: int,
+                stop: int, offset: int, share: int, procs: int,
+                proc: int) -> Iterator[tuple[int, Any]]:
         """Training batches of unequal shares: a span of each global batch, laid out by the
         equal split (sample i of the global batch is worker i % workers's)."""
         size = batch_size * workers
@@ -329,8 +330,32 @@ class _StreamShard(IterableDataset):
                 return  # the end of the stream
             if (step - first) % procs == proc:
                 by_worker = [batch[i] for w in range(workers) for i in range(w, size, workers)]
-                yield step, default_collate(by_worker[offset:offset + share])
+                yield step, self.collate(by_worker[offset:offset + share])
             step += 1
+
+
+class UnstackableSamples(DataError):
+    """Samples that torch's default_collate cannot make one batch of."""
+
+
+class StackSamples:
+    """torch's default_collate, whose error for samples it cannot stack (of different lengths,
+    often far into the data, where the first batch passed the start-up check) says what to do.
+    A class, not a closure: loader processes receive it pickled."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, samples: list) -> Any:
+        try:
+            return default_collate(samples)
+        except (RuntimeError, TypeError) as e:
+            raise UnstackableSamples(
+                f"{self.name}: the samples of a batch cannot be stacked into one "
+                f"({str(e).splitlines()[0]}); every sample must hold tensors, numbers or arrays "
+                "of one shape: pad or crop them to one size in the dataset, or pass --collate "
+                "MODULE:CALLABLE (fit: collate=), a function that makes a batch of a list of "
+                "(input, target) samples, e.g. padding them to the longest") from None
 
 
 def _as_one_process(dataset: IterableDataset) -> Iterator[Any]:
@@ -373,106 +398,3 @@ def _pair(batch: Any, name: str) -> tuple[Any, Any]:
         raise DataError(f"{name}: a sample must be a pair (input, target), but it gives {kind}; "
                         "return (x, y) from __getitem__ or __iter__")
     return batch[0], batch[1]
-
-
-# + the trainer's PID + "-": multiprocessing's pymp-* folder, short (a socket's path in it has
-# room for about 107 characters, the temp folder's included: the PID namespace's tag, which the
-# sweep needs too, is a file inside it instead of a part of its name)
-TEMP_PREFIX = "pymp-hvd"
-NAMESPACE_FILE = "pid-namespace"
-
-
-def pid_namespace() -> str:
-    """A tag of this process's PID namespace: a PID means something only inside its own, and a
-    temp folder may be shared with containers that have theirs (Docker with /tmp mounted,
-    Apptainer). Empty where /proc does not say."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return ""
-
-
-def _shared_temp_dir() -> str:
-    """multiprocessing's temp folder (its sockets: the forkserver's, and the loader processes'
-    for the batches' shared memory), made now, before the loader processes: each of them then
-    inherits it instead of making a pymp-* folder of its own. A trainer that ends normally
-    removes it; one killed alone (kill -9) leaves that to its loader processes
-    (_exit_when_ended); where the launcher killed them all at once, the next start on the
-    machine removes it (sweep_temp_dirs)."""
-    import tempfile
-    from multiprocessing import process, util
-
-    config = process.current_process()._config
-    if config.get("tempdir") is None:  # multiprocessing has not made its own yet
-        sweep_temp_dirs(Path(tempfile.gettempdir()))
-        folder = tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{os.getpid()}-")
-        (Path(folder) / NAMESPACE_FILE).write_text(pid_namespace())
-        util.Finalize(None, shutil.rmtree, args=(folder, True), exitpriority=-100)
-        config["tempdir"] = folder
-    return config["tempdir"]
-
-
-def sweep_temp_dirs(temp: Path) -> None:
-    """Removes the temp folders of this PID namespace's trainers that are gone. A folder of
-    another namespace (a container sharing the temp folder), or one that does not say, is left
-    alone: its PID cannot be checked from here, and removing a live trainer's sockets would end
-    its loader processes."""
-    own = pid_namespace()
-    for folder in temp.glob(f"{TEMP_PREFIX}*-*"):
-        pid = folder.name[len(TEMP_PREFIX):].split("-", 1)[0]
-        try:
-            same = own and (folder / NAMESPACE_FILE).read_text() == own
-        except OSError:
-            same = False
-        if same and pid.isdigit() and folder.stat().st_uid == os.getuid() and \
-                not process_alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _end_with_trainer(trainer: int, temp_dir: str, worker_id: int) -> None:
-    """worker_init_fn: end this loader process as soon as the training process ``trainer`` has
-    ended, however it ended (SIGKILL, the stall watchdog's os._exit, MPI_Abort). Nothing else
-    does: a loader process is the forkserver's child, so PR_SET_PDEATHSIG (which fires when the
-    parent dies) and torch's own watchdog (which checks the parent's PID) watch the forkserver,
-    and the forkserver and the resource tracker live while any loader process holds their pipes.
-    All of them stayed under PID 1 holding their memory; ending the loader processes ends the
-    other two, each of which exits when the last holder of its pipe is gone."""
-    try:
-        handle = os.pidfd_open(trainer)  # readable once the process has exited (Linux 5.3)
-    except ProcessLookupError:  # the trainer ended before this process started
-        shutil.rmtree(temp_dir, ignore_errors=True)
-        os._exit(0)
-    except (AttributeError, OSError):  # no pidfd on this system: poll the PID instead
-        handle = None
-    threading.Thread(target=_exit_when_ended, args=(trainer, handle, temp_dir), daemon=True,
-                     name="hvdtrain-end-with-trainer").start()
-
-
-def _exit_when_ended(trainer: int, handle: int | None, temp_dir: str) -> None:
-    if handle is not None:
-        select.select([handle], [], [])
-    else:
-        while process_alive(trainer):  # another user's counts (a reused PID, a setuid trainer)
-            time.sleep(1)
-    # A killed trainer removed nothing: its pymp-* folder would stay in the temp folder.
-    shutil.rmtree(temp_dir, ignore_errors=True)
-    os._exit(0)  # at once: no batch is wanted any more, and a clean exit could block on queues
-
-
-def _forkserver_preloads_torch() -> None:
-    """Loader processes fork from the forkserver; with torch imported there once, they start in
-    a fraction of a second instead of importing torch each (seconds on a busy machine). Takes
-    effect only before the forkserver starts, and keeps the modules it already preloads."""
-    from multiprocessing import forkserver
-
-    preload = getattr(forkserver._forkserver, "_preload_modules", None) or ["__main__"]
-    if "torch" not in preload:
-        forkserver.set_forkserver_preload([*preload, "torch"])
-
-
-def _pickling_problem(obj: Any) -> str | None:
-    try:
-        pickle.dumps(obj)
-    except Exception as e:  # PicklingError, AttributeError, TypeError: each says what failed
-        return f"{type(e).__name__}: {e}"
-    return None

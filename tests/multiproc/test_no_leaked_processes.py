@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hvdtrain.data.loader import sweep_temp_dirs
+from hvdtrain.data.loader_processes import sweep_temp_dirs
 from launch import REPO, hvdtrain, launcher_env, mpirun, pid_of_rank
 
 pytestmark = pytest.mark.multiproc

@@ -481,8 +481,9 @@ def checked_workload(**options):
     # max() of an empty tensor
     ("empty_test", "linear", r"the test data holds no samples; give it samples, or pass None"),
     # torch.stack in the collate function
-    ("ragged", "fixed", r"the first samples of the training data cannot be stacked into a batch "
-                        r"\(stack expects each tensor to be equal size.*pad or crop"),
+    ("ragged", "fixed", r"the training data: .*the samples of a batch cannot be stacked into "
+                        r"one \(stack expects each tensor to be equal size.*pad or crop.*"
+                        r"--collate"),
     # hvdtrain's own TypeError from the loader
     ("no_len", "fixed", r"is a map-style Dataset \(NoLen\) without __len__.*define __len__"),
     # blamed the built-in model for a missing input shape

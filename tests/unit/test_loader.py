@@ -136,7 +136,8 @@ def test_the_temp_folders_of_trainers_that_are_gone_are_swept(tmp_path):
     import subprocess
     import sys
 
-    from hvdtrain.data.loader import NAMESPACE_FILE, TEMP_PREFIX, pid_namespace, sweep_temp_dirs
+    from hvdtrain.data.loader_processes import (NAMESPACE_FILE, TEMP_PREFIX, pid_namespace,
+                                                sweep_temp_dirs)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     # (name, its namespace file): a gone trainer's of this namespace is swept; a live one's,
@@ -227,6 +228,48 @@ def test_a_stream_that_splits_itself_is_still_read_whole():
         stream_steps_match(source, 2, range(2), 0, shuffle=True)
         parts = [torch.cat([b[1] for b in source.eval_batches(p, 2, 5)]) for p in range(2)]
         assert sorted(torch.cat(parts).tolist()) == list(range(N))
+
+
+class Sequences(Dataset):
+    """Sample i is a sequence of i % 3 + 1 tokens (all equal to i), label i: as many tensors as
+    samples, and lengths that differ from the second sample on."""
+
+    def __init__(self, n: int = N):
+        self.items = [(torch.full((i % 3 + 1,), i), torch.tensor(i)) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int):
+        return self.items[i]
+
+
+def pad(samples):
+    xs = torch.nn.utils.rnn.pad_sequence([x for x, _ in samples], batch_first=True,
+                                         padding_value=-1)
+    return xs, torch.stack([y for _, y in samples])
+
+
+def test_samples_of_different_lengths_take_the_users_collate_in_every_loader_process():
+    got = {}
+    for workers in (0, 2):
+        with LoaderBatches(Sequences(), "cpu", data_workers=workers, collate=pad) as source:
+            got[workers] = list(source.train_batches(0, 1, 2, BATCH, SEED, 0, 3))
+    assert_same(got[0], got[2])
+    for x, y in got[0]:  # each row: its label's tokens, then the padding
+        for row, i in zip(x.tolist(), y.tolist()):
+            assert row[:i % 3 + 1] == [i] * (i % 3 + 1) and set(row[i % 3 + 1:]) <= {-1}
+    with pytest.raises(DataError, match=r"Sequences: the samples of a batch cannot be stacked "
+                                        r"into one \(stack expects.*--collate MODULE:CALLABLE"):
+        list(LoaderBatches(Sequences(), "cpu").train_batches(0, 0, 1, BATCH, SEED, 0, 3))
+
+
+def test_a_dataset_of_more_tensors_than_forkserver_can_send_as_descriptors_loads():
+    """forkserver sends a new process at most about 250 file descriptors, one per shared
+    tensor: a Dataset of 400 tensors failed with "too many fds" under --data-workers."""
+    with LoaderBatches(Sequences(400), "cpu", data_workers=2, collate=pad) as source:
+        ys = torch.cat([y for _, y in source.eval_batches(0, 1, 50)])
+    assert sorted(ys.tolist()) == list(range(400))
 
 
 def test_stream_without_len_needs_steps():

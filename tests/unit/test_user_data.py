@@ -20,6 +20,7 @@ from hvdtrain.data import DataError, load_dataset
 from hvdtrain.data.folder import load_folder
 from hvdtrain.data.loader import LoaderBatches
 from hvdtrain.data.user_data import HeldOut, hold_out, split_indices
+from hvdtrain.user_code import resolve_callable
 from hvdtrain.workload import workload_from_config, workload_from_objects
 
 CPU = torch.device("cpu")
@@ -394,3 +395,44 @@ def test_a_fit_run_records_its_own_objects_and_refuses_the_built_in_shapes(tmp_p
                         ("data_path", "x.npz")):
         with pytest.raises(ConfigError, match=f"^{name}=: it shapes the command line's built-in"):
             hvdtrain.fit(torch.nn.Linear(4, 1), (x, x), epochs=1, **{name: value})
+
+
+def test_a_collate_function_is_taken_from_the_command_line_and_from_fit(tmp_path):
+    """Samples of different lengths had no way to become a batch but padding in the dataset."""
+    import hvdtrain
+
+    code = write(tmp_path / "seqs.py", """
+        import torch
+
+        class Seqs(torch.utils.data.Dataset):
+            def __len__(self):
+                return 40
+
+            def __getitem__(self, i):
+                return torch.ones(i % 4 + 1), i % 2
+
+        def load():
+            return Seqs(), Seqs()
+
+        def pad(samples):
+            xs = torch.nn.utils.rnn.pad_sequence([x for x, _ in samples], batch_first=True)
+            return xs[:, :1], torch.tensor([y for _, y in samples])  # one feature: Linear(1, 2)
+    """)
+    cfg = config(dataset=f"{code}:load", model="torch.nn:Linear", model_args='{"in_features": 1,'
+                 ' "out_features": 2}', collate=f"{code}:pad")
+    workload = workload_from_config(cfg)
+    workload.bind(torch.device("cpu"), cfg)
+    x, y = workload.train.sample()
+    assert x.shape == (2, 1) and y.tolist() == [0, 1]
+    train, test = resolve_callable(f"{code}:load", "--dataset")()
+    result = hvdtrain.fit(torch.nn.Linear(1, 2), train, test, collate=f"{code}:pad", epochs=1,
+                          batch_size=8, run_dir=str(tmp_path / "run"), progress=False)
+    assert result.final["test_acc"] is not None
+    header = json.loads(result.log_path.read_text().splitlines()[0])
+    assert header["config"]["data"]["collate"] == "pad"
+    with pytest.raises(ConfigError, match=r"--dataset digits: --collate .*a pair of tensors, "
+                                          r"batched by slicing rows: drop it"):
+        digits = config(collate=f"{code}:pad")
+        workload_from_config(digits).bind(torch.device("cpu"), digits)
+    with pytest.raises(ConfigError, match="^collate: got int; pass a function"):
+        hvdtrain.fit(torch.nn.Linear(1, 2), train, collate=3)
