@@ -255,6 +255,12 @@ def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: 
                               fix: str) -> None:
     """The mismatches a built-in loss would train on without an error, or without learning,
     or refuse with torch's own words, which do not say what to change."""
+    if isinstance(target, (tuple, list)) and target and all(isinstance(t, str) for t in target):
+        # a Dataset's label names, batched by default_collate as a list ('tuple' has no dtype)
+        raise ConfigError(f"--loss {loss_name}: the data's targets are text ({target[0]!r}, ...), "
+                          "which a built-in loss cannot score; return class indices 0..K-1 from "
+                          "the dataset (e.g. NAMES.index(name), NAMES the sorted label names), "
+                          "or numbers for a regression loss")
     if not isinstance(output, torch.Tensor):  # a dict, a tuple, a ModelOutput
         raise ConfigError(f"--loss {loss_name}: the model's output is {describe(output)}, not "
                           "a tensor; a built-in loss scores the tensor that forward returns: "

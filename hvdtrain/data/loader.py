@@ -348,7 +348,7 @@ class StackSamples:
 
     def __call__(self, samples: list) -> Any:
         try:
-            return default_collate(samples)
+            return _floats_as_default(default_collate(samples))
         except (RuntimeError, TypeError) as e:
             raise UnstackableSamples(
                 f"{self.name}: the samples of a batch cannot be stacked into one "
@@ -356,6 +356,21 @@ class StackSamples:
                 "of one shape: pad or crop them to one size in the dataset, or pass --collate "
                 "MODULE:CALLABLE (fit: collate=), a function that makes a batch of a list of "
                 "(input, target) samples, e.g. padding them to the longest") from None
+
+
+def _floats_as_default(batch: Any) -> Any:
+    """float64 tensors (numpy's default, from a Dataset's arrays) in torch's default float dtype,
+    the models' weights' (float32 unless torch.set_default_dtype says otherwise), as an (x, y)
+    pair of arrays is converted (user_data.py): float64 inputs had failed in the model's first
+    layer with "mat1 and mat2 must have the same dtype"."""
+    if isinstance(batch, torch.Tensor):
+        default = torch.get_default_dtype()
+        return batch.to(default) if batch.dtype == torch.float64 != default else batch
+    if isinstance(batch, dict):
+        return {key: _floats_as_default(value) for key, value in batch.items()}
+    if isinstance(batch, (tuple, list)) and not hasattr(batch, "_fields"):
+        return type(batch)(_floats_as_default(value) for value in batch)
+    return batch
 
 
 def _as_one_process(dataset: IterableDataset) -> Iterator[Any]:

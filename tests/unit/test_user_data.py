@@ -436,3 +436,50 @@ def test_a_collate_function_is_taken_from_the_command_line_and_from_fit(tmp_path
         workload_from_config(digits).bind(torch.device("cpu"), digits)
     with pytest.raises(ConfigError, match="^collate: got int; pass a function"):
         hvdtrain.fit(torch.nn.Linear(1, 2), train, collate=3)
+
+
+def test_a_datasets_float64_arrays_train_and_its_text_labels_are_named(tmp_path):
+    """float64 samples (numpy's default) were blamed on the model ("mat1 and mat2 must have the
+    same dtype"), and label names on the loss ("'tuple' object has no attribute 'dtype'")."""
+    code = write(tmp_path / "rows.py", """
+        import numpy as np
+        import torch
+
+        class Rows(torch.utils.data.Dataset):
+            def __init__(self, names=False):
+                self.names = names
+
+            def __len__(self):
+                return 16
+
+            def __getitem__(self, i):
+                label = ["cat", "dog"][i % 2] if self.names else np.full(1, i % 2.0)
+                return {"x": np.full(3, float(i))}, label
+
+        def floats():
+            return Rows(), Rows()
+
+        def names():
+            return Rows(names=True), None
+
+        class Model(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = torch.nn.Linear(3, 1)
+
+            def forward(self, x):
+                return self.linear(x)
+    """)
+    cfg = config(dataset=f"{code}:floats", model=f"{code}:Model", loss="mse")
+    workload = workload_from_config(cfg)
+    workload.bind(torch.device("cpu"), cfg)
+    x, y = workload.train.sample()
+    assert x["x"].dtype == torch.float32 and y.dtype == torch.float32
+    model = workload.build_model()
+    workload.check(lambda inputs: model(**inputs), torch.device("cpu"))  # the model takes them
+    named = config(dataset=f"{code}:names", model=f"{code}:Model", loss="cross_entropy")
+    workload = workload_from_config(named)
+    workload.bind(torch.device("cpu"), named)
+    with pytest.raises(ConfigError, match=r"the data's targets are text \('cat', \.\.\.\).*"
+                                          r"return class indices 0\.\.K-1"):
+        workload.check(lambda inputs: model(**inputs), torch.device("cpu"))
