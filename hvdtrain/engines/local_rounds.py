@@ -189,6 +189,14 @@ class LocalRounds:
         return {"steps": self.unshared_steps, "state_apart": self.state_apart,
                 "rounds": self.rounds, "rounds_total": self.rounds_total}
 
+    def agreed_model(self) -> dict[str, torch.Tensor] | None:
+        """Inside a round, under a rule that keeps the parameters agreed at its start (DiLoCo):
+        those, by name, the model its evaluations score (model_to_score); else None."""
+        agreed = self.rule.agreed()
+        if agreed is None or not self.unshared_steps:
+            return None
+        return {name: value for (name, _), value in zip(self._parameters(), agreed)}
+
     def checkpoint_inside_round(self, own: Any, model: Named) -> dict[str, Any]:
         """Collective: the checkpoint's ``local_round`` while the workers stand apart: the
         counters and every worker's ``own`` part (whatever the driver needs to take its place

@@ -46,9 +46,10 @@ class LocalSGDSync(CollectiveSync):
     target reached at a step) ends no round and averages nothing: it holds every rank's own
     parameters, buffers and optimizer state (gathered to rank 0: the checkpoint is that many
     models large) and the steps into the round, as its ``local_round``, so that a resume with
-    the same number of ranks continues exactly too; its ``model`` is the ranks' average, for
-    whoever reads the checkpoint as a model (and for a resume with another number of ranks,
-    which starts the rest of the round from it, and says so).
+    the same number of ranks continues exactly too; its ``model``, for whoever reads the
+    checkpoint as a model, is the ranks' average (DiLoCo's: the parameters agreed at the round's
+    start, which its evaluations score, with the buffers' average), and a resume with another
+    number of ranks starts the rest of the round from it, and says so.
     """
 
     def __init__(self, cfg: Config, runtime: Runtime, port: CollectivePort):
@@ -157,6 +158,11 @@ class LocalSGDSync(CollectiveSync):
         average = {k: v.detach().clone() for k, v in own["model"].items()}
         local = self.rounds.checkpoint_inside_round(
             own, [(k, v) for k, v in average.items() if v.is_floating_point()])
+        # DiLoCo: the parameters its evaluations score, so that a stop at a target reached
+        # inside a round keeps the model that reached it (an average of the ranks' inner
+        # steps is no model DiLoCo ever makes)
+        average.update((k, v.detach().clone()) for k, v in
+                       (self.rounds.agreed_model() or {}).items() if k in average)
         state = {"model": average, "optimizer": own["optimizer"], "local_round": local}
         scale = own["grad_scaler"]
         return {**state, "grad_scaler": scale} if scale is not None else state
@@ -169,7 +175,7 @@ class LocalSGDSync(CollectiveSync):
         if saved is not None and saved != size and self.port.rank == 0:
             print(f"hvdtrain: warning: the checkpoint was written inside a local SGD round "
                   f"by {saved} ranks; this run's {size} start the rest of the "
-                  "round from their average, so it does not continue exactly as the "
+                  "round from the checkpoint's model, so it does not continue exactly as the "
                   "uninterrupted run would", flush=True)
         if own is not None:
             self.replica.model.load_state_dict(own["model"])

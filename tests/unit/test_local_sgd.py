@@ -198,3 +198,22 @@ def test_a_checkpoint_inside_an_epoch_averages_nothing_and_keeps_the_round():
     scheme.step_done(Progress(epoch=1, step=0, global_step=12))
     assert "local_round" not in scheme.state_dict()
     assert kinds(hvd.take()) == {"param", "buffer", "optim"}
+
+
+def test_a_diloco_checkpoint_inside_a_round_holds_the_model_its_evaluations_score():
+    """A --stop-at target reached at an evaluation inside a DiLoCo round saved the ranks'
+    average of their inner steps, not the model that was scored and reached the target."""
+    from hvdtrain.scheme import Progress
+    scheme, _ = local_sgd_scheme(local_steps=4, optimizer="sgd", outer_lr=0.7,
+                                 outer_momentum=0.9)
+    scheme.port.hvd = GatheringHorovod()
+    take_steps(scheme, 6)  # one round after step 4, two steps into the next
+    scheme.step_done(Progress(epoch=0, step=6, global_step=6))
+    live, scored = scheme.rounds.model_to_score()
+    names = [name for name, _ in scheme.replica.model.named_parameters()]
+    state = scheme.state_dict()
+    for name, agreed in zip(names, scored):
+        assert torch.equal(state["model"][name], agreed), name
+    assert not torch.equal(state["model"][names[0]], live[0])  # not the inner steps' weights
+    [own] = state["local_round"]["ranks"]  # each rank's own weights still resume the round
+    assert torch.equal(own["model"][names[0]], live[0])
