@@ -66,8 +66,11 @@ def measure_hvdtrain(np: int, args: argparse.Namespace, extra: tuple[str, ...] =
     """Median samples/s of the epochs after the first (warmup; with --compile, compiling).
     ``drop_last``: run one more epoch and leave it out too, since the last epoch's time holds
     the final evaluation (with --compile, the compile of the eval-mode graph as well)."""
-    steps_per_epoch = 50
-    epochs = 1 + max(1, args.steps // steps_per_epoch) + drop_last
+    # --steps timed steps, in epochs of at most 50 (the first epoch, warmup, is not timed):
+    # 150 is 3 x 50, 20 one epoch of 20, 70 two of 35 (was at least 50, and a multiple of 50)
+    timed_epochs = -(-args.steps // 50)
+    steps_per_epoch = -(-args.steps // timed_epochs)
+    epochs = 1 + timed_epochs + drop_last
     with tempfile.TemporaryDirectory() as run_dir:
         cmd = [str(BIN / "hvdtrain"), "train", "--dataset", "synthetic",
                "--synthetic-shape", str(MODEL["features"]), "--synthetic-samples", "16384",
