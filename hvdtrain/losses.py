@@ -251,16 +251,21 @@ def check_loss_accepts(loss_fn: Callable, loss_name: str, output: torch.Tensor,
                           "operations on the output (no .item(), .detach() or numpy)")
 
 
-def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: str,
-                              fix: str) -> None:
-    """The mismatches a built-in loss would train on without an error, or without learning,
-    or refuse with torch's own words, which do not say what to change."""
+def _refuse_text_targets(loss_name: str, target: Any) -> None:
+    """A Dataset's label names, which default_collate batches as a list of strings: torch's
+    words were "'tuple' object has no attribute 'dtype'", which blamed the loss."""
     if isinstance(target, (tuple, list)) and target and all(isinstance(t, str) for t in target):
-        # a Dataset's label names, batched by default_collate as a list ('tuple' has no dtype)
         raise ConfigError(f"--loss {loss_name}: the data's targets are text ({target[0]!r}, ...), "
                           "which a built-in loss cannot score; return class indices 0..K-1 from "
                           "the dataset (e.g. NAMES.index(name), NAMES the sorted label names), "
                           "or numbers for a regression loss")
+
+
+def _refuse_silent_mismatches(loss_name: str, output: Any, target: Any, shapes: str,
+                              fix: str) -> None:
+    """The mismatches a built-in loss would train on without an error, or without learning,
+    or refuse with torch's own words, which do not say what to change."""
+    _refuse_text_targets(loss_name, target)
     if not isinstance(output, torch.Tensor):  # a dict, a tuple, a ModelOutput
         raise ConfigError(f"--loss {loss_name}: the model's output is {describe(output)}, not "
                           "a tensor; a built-in loss scores the tensor that forward returns: "

@@ -16,4 +16,5 @@ def take_lead(trainer) -> None:
     trainer.is_main = True
     trainer.checkpointer.take_over()
     trainer.best.take_over()
-    trainer.log.take_over(trainer.run_dir)
+    survivors = getattr(trainer.scheme, "survivors", None)  # the async schemes' (ps/)
+    trainer.log.take_over(trainer.run_dir, sorted(survivors.lost) if survivors else [])

@@ -172,11 +172,12 @@ class RunLog:
         elif not is_main and self.sinks:
             self.close()
 
-    def take_over(self, run_dir: Path) -> None:
+    def take_over(self, run_dir: Path, lost: list[int] = ()) -> None:
         """Async: this worker became the lead after the lead's loss (loop/lead.py). It appends
         to the run's log from here on, leaving out the epoch lines that the lost lead wrote
         already: every worker computes each epoch's line, and the lost lead may have written
-        some that this worker's sums have not completed yet."""
+        some that this worker's sums have not completed yet. Those it writes name the workers
+        ``lost``: their sums are the survivors' (they were computed before the loss was known)."""
         if cut_partial_line(run_dir / LOG_NAME):
             print(f"hvdtrain: cut {run_dir / LOG_NAME} back to its last whole line (the lost "
                   "lead was killed while it wrote one)", flush=True)
@@ -186,7 +187,7 @@ class RunLog:
         for result, line in self._unwritten:  # done here before the lead was lost
             if result.epoch > self.logged_epochs:
                 print(summary_line(result, self.epochs), flush=True)
-                self.write("epoch", **line)
+                self.write("epoch", **{**({"workers_lost": list(lost)} if lost else {}), **line})
                 self.logged_epochs = result.epoch
         self._unwritten = []
 

@@ -62,10 +62,13 @@ def test_the_new_lead_continues_the_log_without_repeating_the_lost_leads_epochs(
     new.open(tmp_path, append=True, header={"model": "m"})  # not the lead yet: no files
     for epoch in range(3):  # epoch 3's line: done here, while the lost lead never wrote it
         new.end_epoch(epoch, 10 * (epoch + 1), 0.1, 2, None, 0.5, {})
-    new.take_over(tmp_path)
-    new.end_epoch(3, 40, 0.1, 2, None, 0.5, {})
+    new.take_over(tmp_path, lost=[0])
+    new.end_epoch(3, 40, 0.1, 2, None, 0.5, {"workers_lost": [0]})
     new.close()
     assert [e["epoch"] for e in _lines(tmp_path, "epoch")] == [1, 2, 3, 4]
+    # epoch 3's sums were the survivors' too: its line says so (it was computed before the
+    # loss was known, and lacked it), and the lost lead's own lines do not
+    assert [e.get("workers_lost") for e in _lines(tmp_path, "epoch")] == [None, None, [0], [0]]
     assert len(_lines(tmp_path, "header")) == 1
     assert [r.epoch for r in new.history] == [1, 2, 3, 4]  # its own record is whole
 
