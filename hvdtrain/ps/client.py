@@ -305,7 +305,9 @@ def job_statistics(stats: list[dict]) -> dict[str, Any]:
             "pushes_made_by_workers": stats[0]["pushes_made_by_workers"],
             "samples": stats[0]["samples"],
             "samples_per_sec": stats[0]["samples_per_sec"],
-            **{k: stats[0][k] for k in ("batches_completed", "batches_per_worker",
+            **{k: stats[0][k] for k in ("gradients_applied", "dropped_gradients",
+                                        "pushes_without_gradient",
+                                        "batches_completed", "batches_per_worker",
                                         "batches_left", "batches_handed_back",
                                         "workers_lost",
                                         "workers_replaced") if k in stats[0]}}

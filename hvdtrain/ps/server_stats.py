@@ -66,6 +66,11 @@ class ServerLoad:
                 "rss_at_first_push_bytes": self.rss_at_first_push,
                 "rss_at_end_bytes": current_rss_bytes(),
                 "updates": updates, **rules, **self.push_intervals(),
+                # pushes_applied counts every push the rules took in (clocks, rounds, the batch
+                # plan); a backup worker's late gradient and an fp16 step's skipped one changed
+                # no parameter
+                "gradients_applied": self.pushes_received - rules.get("dropped_gradients", 0)
+                - rules.get("pushes_without_gradient", 0),
                 "busy_seconds": round(self.busy_seconds, 3),
                 "wall_seconds": round(time.perf_counter() - self.started, 3)}
 

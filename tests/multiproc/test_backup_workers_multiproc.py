@@ -38,6 +38,7 @@ def test_a_straggler_is_left_out_of_the_rounds_and_nothing_stale_is_applied(tmp_
     assert set(stats["gradients_per_round"]) == {"1"}, stats["gradients_per_round"]
     assert stats["dropped_gradients"] > 0  # the pushes that lost their round
     assert stats["updates"] + stats["dropped_gradients"] == 2 * steps  # applied or dropped
+    assert stats["gradients_applied"] == stats["updates"]  # one gradient per round of N-b = 1
     # Plain --bsp makes one update per step of a worker; here the rounds left the slow worker
     # behind, so there are more.
     assert stats["updates"] > steps, (stats["updates"], steps)
