@@ -163,13 +163,19 @@ class LocalRounds:
                 [*agreed, *(b for _, b in averaged)])
 
     def share_state(self) -> None:
-        """Collective: average the inner optimizer state, if it stepped apart since it was."""
+        """Collective: average the inner optimizer state, if it stepped apart since it was: the
+        tensors every worker holds. A parameter a worker's forward never used has no state
+        there yet (torch makes it at its first gradient), so a model whose branches follow
+        the data held other tensors on each worker, which then waited for each other's
+        averages until the stall timeout; those stay each worker's own."""
         if not self.state_apart:
             return
         tensors = self._optimizer_state()
-        fewest, most = self.port.agree(len(tensors), name="optim.count")
-        if fewest == most:
-            self.port.average_([(f"local_sgd.{name}", t) for name, t in tensors])
+        held = self.port.gather_object([name for name, _ in tensors], name="optim.names")
+        common = set.intersection(*map(set, held))  # the same on every worker
+        if common:
+            self.port.average_([(f"local_sgd.{name}", t) for name, t in tensors
+                                if name in common])
         self.state_apart = False
 
     def share_everything(self) -> None:

@@ -215,6 +215,5 @@ def _running_ranks(places: dict[int, str], hosts: dict[int, str], unseen: list[i
     alive = "every other rank is still running" if not unseen else \
         f"ranks {unseen} are not visible, the others are still running"
     return (f"{alive}: a rank may be stuck outside training (in your code or a data "
-            "loader), a step takes longer than --stall-timeout-s, or (sync) the ranks' "
-            "forwards used different parameters, whose gradients they then wait for in "
-            "different collectives (Horovod's 'Missing ranks' lines above name them)")
+            "loader), a step takes longer than --stall-timeout-s, or (sync) the ranks "
+            "wait in different collectives (Horovod's 'Missing ranks' lines above name them)")

@@ -201,7 +201,7 @@ def test_reading_the_model_ends_a_round_early_once_and_the_epoch_end_averages_th
     results = run_workers(2, work)
     evaluated, again, at_end, _, engine = results[0]
     assert {n.split(".")[1] for n in evaluated} == {"param", "buffer"} and again == []
-    assert at_end == ["optim.count"] + [f"local_sgd.optim.{i}.momentum_buffer"
+    assert at_end == ["optim.names"] + [f"local_sgd.optim.{i}.momentum_buffer"
                                         for i in range(6)]
     assert not engine.apart and engine.rounds_total == 1
     assert same(results[0][3], results[1][3])  # every worker continues with the same state
@@ -218,7 +218,7 @@ def test_workers_with_different_state_keep_their_own():
         engine.share_state()
         return port.names
 
-    assert run_workers(2, work) == [["optim.count"]] * 2  # agreed they differ: nothing sent
+    assert run_workers(2, work) == [["optim.names"]] * 2  # no tensor in common: none sent
 
 
 def test_diloco_round_is_the_outer_nesterov_step_on_the_mean_pseudo_gradient():
@@ -311,3 +311,39 @@ def test_engines_import_no_transport_and_no_clock():
             for name in names:
                 assert not any(name == f or name.startswith(f + ".") for f in FORBIDDEN), \
                     f"{path.name} imports {name}"
+
+
+class Branches(torch.nn.Module):
+    """A forward whose branch follows the worker: worker 0 trains ``a``, worker 1 ``b``."""
+
+    def __init__(self, worker: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b, self.worker = torch.nn.Linear(3, 2), torch.nn.Linear(3, 2), worker
+
+    def forward(self, x):
+        return (self.a if self.worker == 0 else self.b)(x)
+
+
+def test_optimizer_state_that_only_some_workers_hold_is_left_out_of_the_average():
+    """SGD makes a parameter's momentum buffer at its first gradient: workers whose forwards used
+    different branches held different state tensors, whose averages waited for each other
+    until the stall timeout. The state every worker holds is averaged; the rest stays own."""
+    x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+
+    def work(port):
+        r = Replica(Branches(port.rank), torch.device("cpu"))
+        engine, optimizer = local_worker(port, r, local_steps=2)
+        for _ in range(2):
+            local_step(r, optimizer, x, y)
+            engine.stepped()
+        held = dict(optimizer_tensors(optimizer))
+        engine.share_everything()
+        return held, dict(optimizer_tensors(optimizer)), port.names
+
+    results = run_workers(2, work)
+    for (before, after, names), own in zip(results, ((0, 1), (2, 3))):
+        # its own branch's weight and bias only
+        assert set(before) == {f"optim.{i}.momentum_buffer" for i in own}
+        assert all(torch.equal(before[k], after[k]) for k in before)  # nothing in common
+        assert not any("local_sgd.optim" in n for n in names)
