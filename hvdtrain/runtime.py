@@ -43,6 +43,8 @@ def detect_launcher() -> str:
         return "horovodrun --gloo"
     if "OMPI_COMM_WORLD_RANK" in os.environ or "PMI_RANK" in os.environ:
         return "mpirun"
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # torchrun's, in every process it starts
+        return "torchrun"
     return "none"
 
 
@@ -101,6 +103,12 @@ def start_horovod(run: RunConfig, sync: SyncConfig) -> Runtime:
         raise ConfigError(f"--elastic needs horovodrun's elastic mode, and this job was started "
                           f"{started}: launch with horovodrun -np N --gloo --min-np/--max-np "
                           "--host-discovery-script, or drop --elastic")
+    if detect_launcher() == "torchrun":
+        # Horovod finds no job there: each process trained alone, into a folder of its own
+        raise ConfigError("this job was started by torchrun, whose processes Horovod cannot "
+                          "join (each would train alone): add --collective torch "
+                          "(torch.distributed, which takes torchrun's rendezvous), or launch "
+                          "with horovodrun -np N or mpirun -np N")
     if sync.reduce_op == "adasum" and os.environ.get("HOROVOD_CONTROLLER") == "gloo":
         # Horovod's Gloo controller has no Adasum: the first step failed with "No Adasum
         # operation enabled", blamed on another rank or a stall
@@ -144,8 +152,8 @@ def start_mpi(run: RunConfig, is_server: Callable[[int, int], bool],
     (pick_server_device). A worker's local rank counts the workers on its host only, so that
     the workers take GPUs 0, 1, ... however the servers are placed among them."""
     launcher = detect_launcher()
-    if launcher == "horovodrun --gloo":
-        raise ConfigError("--mode async talks MPI, but horovodrun --gloo starts no MPI job; "
+    if launcher in ("horovodrun --gloo", "torchrun"):
+        raise ConfigError(f"--mode async talks MPI, but {launcher} starts no MPI job; "
                           "launch with mpirun -np N, or horovodrun --mpi -np N")
     from mpi4py import MPI
 

@@ -427,6 +427,22 @@ def test_elastic_without_a_launcher_is_refused(monkeypatch):
         runtime.start_horovod(RunConfig(run_dir="r"), SyncConfig(elastic=True))
 
 
+def test_a_job_that_torchrun_started_is_refused_by_horovod_and_the_server(monkeypatch):
+    """Under torchrun every process trained alone in sync (Horovod found no job), each in a
+    folder of its own, and async said '--num-servers 1 with 1 process(es)'."""
+    from hvdtrain import runtime
+
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.SimpleNamespace(
+        init=lambda: pytest.fail("hvd.init() was reached")))
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "HOROVOD_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    with pytest.raises(ConfigError, match="started by torchrun.*add --collective torch"):
+        runtime.start_horovod(RunConfig(), SyncConfig())
+    with pytest.raises(ConfigError, match="--mode async talks MPI, but torchrun starts no MPI"):
+        runtime.start_mpi(RunConfig(), lambda rank, size: False)
+
+
 def test_a_nan_evaluation_keeps_no_best_and_reaches_no_target():
     import math
 
