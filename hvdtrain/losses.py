@@ -100,16 +100,22 @@ def resolve_loss(spec: str | Callable) -> tuple[Loss, str]:
     return _instantiate_if_class(found, spec), spec
 
 
-def resolve_metrics(text: str, flag: str) -> dict[str, Metric]:
-    """The metrics "NAME=MODULE:CALLABLE,..." names (--metrics, or fit's metrics= as text),
-    each callable imported; ConfigError for text that is not that."""
+def resolve_metrics(text: str, flag: str, loss_name: str) -> dict[str, Metric]:
+    """The run's metrics: the built-in ones of ``loss_name`` and those "NAME=MODULE:CALLABLE,..."
+    names (--metrics, or fit's metrics= as text), each callable imported; ConfigError for text
+    that is not that, or a name the built-ins take."""
     from .config.model_options import metric_specs
 
     try:
         specs = metric_specs(text)
     except ValueError as e:
         raise ConfigError(f"{flag}: invalid value {text!r}; {e}") from None
-    return {name: resolve_callable(spec, flag) for name, spec in specs.items()}
+    builtin = default_metrics(loss_name)
+    for name in specs:  # it replaced the built-in accuracy: acc, test_acc and --stop-at on it
+        if name in builtin:
+            raise ConfigError(f"{flag}: the name {name!r} is the built-in accuracy's under "
+                              f"--loss {loss_name}; give your metric a name of its own")
+    return {**builtin, **{name: resolve_callable(spec, flag) for name, spec in specs.items()}}
 
 
 def is_builtin_loss(loss_fn: Callable, loss_name: str) -> bool:

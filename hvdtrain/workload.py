@@ -166,11 +166,11 @@ def workload_from_config(cfg: Config) -> Workload:
     data = {"origin": f"--dataset {cfg.data.dataset}", **load_training_data(cfg)}
     loss, loss_name = resolve_loss(cfg.model.loss)
     model_spec = cfg.model.model
-    own = resolve_metrics(cfg.model.metrics, "--metrics")
+    metrics = resolve_metrics(cfg.model.metrics, "--metrics", loss_name)
     collate = resolve_callable(cfg.data.collate, "--collate") if cfg.data.collate else None
     return Workload(name=model_spec, build_model=model_factory(cfg, data), loss=loss,
-                    loss_name=loss_name, metrics={**default_metrics(loss_name), **own},
-                    from_command_line=True, collate=collate, **data)
+                    loss_name=loss_name, metrics=metrics, from_command_line=True,
+                    collate=collate, **data)
 
 
 def load_training_data(cfg: Config) -> dict[str, Any]:
@@ -442,7 +442,7 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
         raise ConfigError(f"model: got {type(model).__name__}; pass an nn.Module, or a "
                           "function with no arguments that returns one")
     if isinstance(metrics, str):  # the command line's "top3=metrics.py:top3,..."
-        metrics = {**default_metrics(loss_name), **resolve_metrics(metrics, "metrics")}
+        metrics = resolve_metrics(metrics, "metrics", loss_name)
     try:
         chosen = dict(default_metrics(loss_name)) if metrics is None else dict(metrics)
     except (TypeError, ValueError):

@@ -336,6 +336,12 @@ def test_metrics_of_the_users_own_are_taken_from_files_and_reported_beside_the_b
                         ("a=mine.py:top2,a=mine.py:top2", "the name 'a' is given twice")):
         with pytest.raises(ConfigError, match=f"--metrics: invalid value .*{words}"):
             Config.from_overrides({"metrics": text}).validate()
+    # it replaced the built-in accuracy, acc and test_acc, without a word; free under mse
+    with pytest.raises(ConfigError, match="--metrics: the name 'acc' is the built-in accuracy's"):
+        workload_from_config(data_config(dataset="data.py:numpy_pairs",
+                                         metrics="acc=mine.py:top2"))
+    assert "acc" in workload_from_config(data_config(
+        dataset="data.py:numpy_pairs", metrics="acc=mine.py:top2", loss="mse")).metrics
 
 
 def test_labels_past_the_models_scores_are_refused_before_training():
