@@ -35,6 +35,19 @@ class LogWriteError(RuntimeError):
     the OS error, and what the file holds now."""
 
 
+def keep_aside(path: Path) -> Path:
+    """Rename ``path`` to <stem>.<time it was last written><suffix> beside it (a log, a best
+    model of an earlier attempt), never over another kept one; the new name."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
+    target = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
+    n = 1
+    while target.exists():  # never overwrite an earlier kept one either
+        n += 1
+        target = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
+    path.rename(target)
+    return target
+
+
 class JsonlLog:
     """Append-only JSON-lines log. Only the main process creates one.
 
@@ -46,23 +59,12 @@ class JsonlLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not append and self.path.exists():
-            kept = self._keep_aside(self.path)
+            kept = keep_aside(self.path)
             print(f"hvdtrain: {self.path} held another run's log; it is kept as {kept}",
                   flush=True)
         # Unbuffered appends: a failed write is known at once, and where the last whole line ends.
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         self._end = os.fstat(self._fd).st_size
-
-    @staticmethod
-    def _keep_aside(path: Path) -> Path:
-        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(path.stat().st_mtime))
-        target = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
-        n = 1
-        while target.exists():  # never overwrite an earlier kept log either
-            n += 1
-            target = path.with_name(f"{path.stem}.{stamp}-{n}{path.suffix}")
-        path.rename(target)
-        return target
 
     def write(self, kind: str, **fields: Any) -> None:
         record = {"type": kind, "time": round(time.time(), 3), **fields}

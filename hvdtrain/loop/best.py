@@ -21,6 +21,7 @@ from typing import Any
 
 from .. import checkpoint
 from ..config import ConfigError, RunConfig, parse_metric_goal
+from ..run_output import keep_aside
 from ..scheme import Progress, UpdateScheme
 from .checkpointer import Checkpointer
 
@@ -95,6 +96,10 @@ class BestTracker:
         worker's first evaluation does not replace a better model there."""
         if self.metric is None or self.patience or not self.path.exists():
             return
+        self._read_record()
+
+    def _read_record(self) -> None:
+        """best.pt's record, where it is for this metric."""
         try:
             self.load_state_dict(checkpoint.load(self.path).get("best"))
         except checkpoint.CheckpointError as e:
@@ -106,8 +111,26 @@ class BestTracker:
         run read it there), so all agree on the best so far and on whether patience ran out."""
         if self.metric is None:
             return
+        if self.scheme.group.leads() and self.path.exists():
+            self._meet_earlier_best()
         self.load_state_dict(self.scheme.group.broadcast_object(self.state_dict()))
         self._check_patience(progress)
+
+    def _meet_earlier_best(self) -> None:
+        """best.pt is in the folder already. A fresh run found it from an earlier attempt (one
+        killed before its first checkpoint), whose best model its first evaluation replaced
+        without a word: it is kept aside, as the log is. A resumed run takes its record where
+        it is better than the checkpoint's (written after that checkpoint: an async resume
+        need not reach it again), so that no worse model replaces it."""
+        if self.checkpointer.resumed_from is None:
+            kept = keep_aside(self.path)
+            print(f"hvdtrain: {self.path} held an earlier attempt's best model; it is kept as "
+                  f"{kept}", flush=True)
+            return
+        saved, best = self.best, (self.best_epoch, self.since_best)
+        self._read_record()
+        if saved is not None and self.best is not None and not self._better(self.best, saved):
+            self.best, (self.best_epoch, self.since_best) = saved, best
 
     def evaluated(self, test: tuple[float, dict[str, float | None]] | None,
                   progress: Progress) -> None:
@@ -128,13 +151,15 @@ class BestTracker:
     # --- arithmetic -----------------------------------------------------------------------------
     def _judge(self, value: float, epoch: int) -> bool:
         """Record ``value`` of the evaluation after ``epoch`` epochs; True if it is the best."""
-        better = self.best is None or (value < self.best if self.goal == "min"
-                                       else value > self.best)
+        better = self.best is None or self._better(value, self.best)
         if better:
             self.best, self.best_epoch, self.since_best = value, epoch, 0
         else:
             self.since_best += 1
         return better
+
+    def _better(self, value: float, than: float) -> bool:
+        return value < than if self.goal == "min" else value > than
 
     def _check_patience(self, progress: Progress) -> None:
         # Patience that runs out at the last epoch stops nothing: the run ends there anyway.

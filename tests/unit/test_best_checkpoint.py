@@ -121,3 +121,27 @@ def test_patience_running_out_on_nan_losses_stops_without_a_traceback(tmp_path, 
     out = capsys.readouterr().out
     assert "stopped early after epoch 2" in out and "the best model is in" not in out
     assert not (tmp_path / "best.pt").exists()
+
+
+def test_an_earlier_attempts_best_model_is_kept_aside_and_a_resume_keeps_a_better_one(tmp_path,
+                                                                                      capsys):
+    """A run that started afresh in a folder (its first attempt killed before a checkpoint)
+    replaced that attempt's best.pt without a word; a resume could replace a better best.pt
+    written after its checkpoint."""
+    first = make_trainer(tmp_path, epochs=3, keep_best="test_acc")
+    first.fit()
+    earlier = (tmp_path / "best.pt").read_bytes()
+    (tmp_path / "checkpoint.pt").unlink()  # as if killed before its first checkpoint
+    again = make_trainer(tmp_path, epochs=1, keep_best="test_acc", auto_resume=True)
+    again.fit()
+    kept = [p for p in tmp_path.glob("best.*.pt")]
+    assert len(kept) == 1 and kept[0].read_bytes() == earlier
+    assert "held an earlier attempt's best model; it is kept as" in capsys.readouterr().out
+    # best.pt now says 1.1 at epoch 1, better than anything the resumed record holds
+    better = checkpoint.load(tmp_path / "best.pt")
+    better["best"]["value"] = 1.1
+    torch.save(better, tmp_path / "best.pt")
+    resumed = make_trainer(tmp_path, epochs=3, keep_best="test_acc", auto_resume=True)
+    resumed.fit()
+    assert checkpoint.load(tmp_path / "best.pt")["best"]["value"] == 1.1  # never replaced
+    assert len(list(tmp_path.glob("best.*.pt"))) == 1  # a resume keeps nothing aside
