@@ -35,6 +35,8 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
+from ..requeue import tell_wrapper
+
 HEARTBEAT_DIR = ".heartbeat"
 BEAT_S = 1.0
 STOPPED_AFTER_S = 5.0  # a heartbeat this old: the process is not running
@@ -162,6 +164,8 @@ class StallWatchdog:
                                     daemon=True)  # a tracker's sink may hang where the job did
             told.start()
             told.join(STOP_LINE_S)
+        # `hvdtrain run` reads a rank gone without its code as killed (137, "out of memory")
+        tell_wrapper("exit", self.exit_code)
         os._exit(self.exit_code)  # the main thread is stuck in C: nothing else ends it
 
     def what_stalled(self, idle: float) -> str:

@@ -1,6 +1,7 @@
 """loop/watchdog.py: where a stalled rank is, read from its main thread, and what the watchdog
 says and logs before it ends a job whose ranks all still run (one stuck in its own code)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from hvdtrain.loop import watchdog
+from hvdtrain.requeue import RANKS_FILE_ENV
 from hvdtrain.loop.watchdog import HEARTBEAT_DIR, WAITS, StallWatchdog, main_thread_place
 
 
@@ -60,9 +62,12 @@ def test_a_stalled_rank_says_where_it_is_and_leaves_a_stop_line(tmp_path):
         user_forward()
     """)
     started = time.monotonic()
+    ranks = tmp_path / "ranks"  # `hvdtrain run` read a rank gone without its code as killed
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, env={**os.environ, RANKS_FILE_ENV: str(ranks)})
     assert proc.returncode == 1 and time.monotonic() - started < 30, proc.stderr
+    kind, _, code = ranks.read_text().split()
+    assert (kind, code) == ("exit", "1")
     assert "hvdtrain: error (rank 0): no progress in 2 s (--stall-timeout-s 2) while starting; " \
            "rank 0 (this rank) is in <string>:" in proc.stderr, proc.stderr
     assert "(user_forward), while rank(s) 1 wait for it in a collective" in proc.stderr
