@@ -144,6 +144,22 @@ def read_run_log(path: str | Path) -> tuple[list[dict[str, Any]], str]:
     return records, ""
 
 
+def latest_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's log lines as its latest attempt continued it: a resume's header takes back the
+    earlier attempts' epoch, eval and step lines past the step it resumed from (an epoch whose
+    line was written before a kill that came ahead of its checkpoint is trained, and logged,
+    again), which readers had counted twice. Headers from before resumed_from_global_step was
+    recorded take nothing back."""
+    kept: list[dict[str, Any]] = []
+    for record in records:
+        at = record.get("resumed_from_global_step") if record.get("type") == "header" else None
+        if isinstance(at, int):
+            kept = [k for k in kept if not (k.get("type") in ("epoch", "eval", "step")
+                                            and isinstance(k.get("step"), int) and k["step"] > at)]
+        kept.append(record)
+    return kept
+
+
 class NotJson(ValueError):
     pass
 

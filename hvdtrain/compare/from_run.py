@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..loop.step_times import RankStepTimes
-from ..run_output import read_run_log
+from ..run_output import latest_attempt, read_run_log
 from ..stragglers import _uniform
 from .results import curve
 from .sim.timing import Timing
@@ -291,6 +291,7 @@ def read_run(folder: str | Path) -> RunLog:
                           "hvdtrain train run")
     try:
         records, cut = read_run_log(path)
+        records = latest_attempt(records)
     except ValueError as e:  # not a log: binary, a line that is not one
         raise ConfigError(f"--from-run: {e}; give the folder of a finished run") from None
     if cut:  # a killed run's log: its whole lines are the run

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..run_output import read_jsonl
+from ..run_output import latest_attempt, read_jsonl
 from .plan import PlannedRun
 from .target_metric import Target
 
@@ -115,7 +115,7 @@ def read_result(run: PlannedRun, run_dir: Path, status: dict,
     if status["status"] != "ok":
         return result
     try:
-        records = read_jsonl(run_dir / "metrics.jsonl")
+        records = latest_attempt(read_jsonl(run_dir / "metrics.jsonl"))
         header = next(r for r in records if r["type"] == "header")
         epochs = [r for r in records if r["type"] == "epoch"]
         scheme = next((r for r in records if r["type"] == "scheme"), None)

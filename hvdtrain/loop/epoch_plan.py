@@ -23,6 +23,9 @@ class EpochPlan:
         self.source = source
         self.worker, self.num_workers = 0, 1
         self.steps_per_epoch = 0
+        # the global step less the place in this world's epochs: a resume's, after the steps
+        # of another number of workers (rescale); 0 for a run that started here
+        self.global_offset = 0
         self.feed: BatchFeed | None = None
         self.scheme: UpdateScheme | None = None  # asked for each epoch's shares (--balance)
         self.samples_agreed = False  # the workers' sample counts were compared (once a run)
@@ -79,11 +82,22 @@ class EpochPlan:
     def rescale(self, progress: Progress) -> None:
         """A position inside an epoch counted by a different number of workers (an elastic reset,
         or --resume from a step checkpoint with another world size) becomes the step of this
-        world's global batch that has seen about the same share of the epoch's samples."""
+        world's global batch that has seen about the same share of the epoch's samples. A
+        feed's global step, the job's place in its epochs, goes on from where it was: counted
+        in this world's epochs afresh, a resume with more workers (fewer steps each) had gone
+        back below the steps the log and the trackers had already seen."""
         if progress.step and progress.workers != self.num_workers:
             progress.step = min(self.steps_per_epoch,
                                 progress.step * progress.workers // self.num_workers)
+        elif progress.step > self.steps_per_epoch:
+            raise ConfigError(
+                f"the checkpoint stopped at step {progress.step} of epoch {progress.epoch + 1}, "
+                f"past this run's {self.steps_per_epoch} steps per epoch (--max-steps-per-epoch "
+                f"{self.run.max_steps_per_epoch or 'unset'}, --batch-size {self.run.batch_size}):"
+                f" resume with --max-steps-per-epoch {progress.step} or more to finish that "
+                "epoch, then lower it")
         progress.workers = self.num_workers
+        self.global_offset = progress.global_step - self._place(progress)
 
     def seed_epoch(self, epoch: int) -> None:
         # Seeded per (epoch, worker) before the epoch's batches are read, so that the data's
@@ -140,9 +154,9 @@ class EpochPlan:
     def finish_epoch(self, progress: Progress) -> None:
         """The epoch under way is done. With a feed the job's position is its end, whoever
         trained its last batches (this worker's last one may be earlier in it)."""
-        if self.feed is not None:
-            progress.global_step = (progress.epoch + 1) * self.steps_per_epoch
         progress.epoch, progress.step = progress.epoch + 1, 0
+        if self.feed is not None:
+            progress.global_step = self._place(progress) + self.global_offset
 
     def advance(self, progress: Progress) -> None:
         """After a step: one step further, or, with a feed, at the job's position of the
@@ -153,4 +167,7 @@ class EpochPlan:
         piece = self.feed.part_trained()
         if piece is not None and piece[0] == progress.epoch:  # not an earlier epoch's leftover
             progress.step = piece[1] + 1
-            progress.global_step = progress.epoch * self.steps_per_epoch + progress.step
+            progress.global_step = self._place(progress) + self.global_offset
+
+    def _place(self, progress: Progress) -> int:
+        return progress.epoch * self.steps_per_epoch + progress.step

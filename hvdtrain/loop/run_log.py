@@ -463,6 +463,7 @@ def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_
                 dataset=workload.describe(), model=workload.name,
                 num_parameters=count_parameters(replica.model), steps_per_epoch=steps_per_epoch,
                 resumed_from_epoch=progress.epoch, resumed_from_step=progress.step,
+                resumed_from_global_step=progress.global_step,
                 **throughput_header(cfg, workload, replica, num_workers,
                                     announce=runtime.rank == 0))
 

@@ -11,7 +11,7 @@ from hvdtrain.config import Config, ConfigError
 from hvdtrain.loop import StepHook, Trainer, TrainingError
 from hvdtrain.loop.epoch_plan import EpochPlan
 from hvdtrain.loop.preemption import StopSignals
-from hvdtrain.run_output import read_jsonl
+from hvdtrain.run_output import latest_attempt, read_jsonl
 from hvdtrain.replica import Replica
 from hvdtrain.runtime import Runtime
 from hvdtrain.scheme import Batches, Progress, UpdateScheme
@@ -200,6 +200,27 @@ def test_a_position_inside_an_epoch_rescales_to_another_number_of_workers(step, 
     plan.rescale(progress)
     assert progress.step == min(expected, plan.steps_per_epoch)
     assert progress.workers == now
+
+
+def test_a_resume_past_this_runs_epoch_is_refused_and_a_feeds_step_goes_on_from_its_own():
+    """A step checkpoint at step 20 resumed with --max-steps-per-epoch 15 ended in a traceback
+    (ValueError: steps 20..15 out of range); an async resume with more workers (fewer steps an
+    epoch) counted its global step afresh in the new epochs, below the steps already logged."""
+    x, y = data(400)
+    run = Config.from_overrides({"batch_size": 16, "max_steps_per_epoch": 15}).validate().run
+    plan = EpochPlan(run, InMemoryBatches(x, y))
+    plan.bind_world(0, 1)
+    with pytest.raises(ConfigError, match=r"stopped at step 20 of epoch 2, past this run's 15 "
+                                          r"steps per epoch .*--max-steps-per-epoch 20 or more"):
+        plan.rescale(Progress(epoch=1, step=20, global_step=45, workers=1))
+    plan = EpochPlan(Config.from_overrides({"batch_size": 16}).validate().run,
+                     InMemoryBatches(x, y))
+    plan.bind_world(0, 4)  # 6 steps an epoch, where 2 workers had 12
+    resumed = Progress(epoch=2, step=0, global_step=24, workers=2)
+    plan.rescale(resumed)
+    plan.feed = object()  # the job's batch plan (async): its place sets the global step
+    plan.finish_epoch(resumed)
+    assert (resumed.epoch, resumed.global_step) == (3, 30)  # 24 + 6, not 3 x 6 = 18
 
 
 def test_workers_that_hold_different_numbers_of_samples_are_refused_before_training():
@@ -436,3 +457,19 @@ def test_a_finished_run_resumed_with_nothing_left_leaves_its_log_as_it_was(tmp_p
     assert "has finished all 2 epoch(s); nothing is left to train" in out
     assert "training of" not in out  # the opening line of a run that does not train
     assert "is rank 0 now" not in out  # an elastic hand-over's line: nothing was handed over
+
+
+def test_an_epoch_logged_by_a_killed_attempt_and_trained_again_is_read_once(tmp_path):
+    """A kill after epoch 3's line but before its checkpoint (every 2 epochs): the resume from
+    epoch 2 trains and logs epoch 3 again, and the readers (compare, --from-run) took both."""
+    make_trainer(tmp_path, epochs=4, checkpoint_every=2).fit()
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    epoch2_step = next(r["step"] for r in lines if r.get("epoch") == 2)
+    torch.save({**checkpoint.load(tmp_path), "epoch": 2, "global_step": epoch2_step},
+               tmp_path / "checkpoint.pt")  # its checkpoint after epoch 2, with epoch 4's model
+    make_trainer(tmp_path, epochs=4, checkpoint_every=2, auto_resume=True).fit()
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["epoch"] for r in lines if r["type"] == "epoch"] == [1, 2, 3, 4, 3, 4]
+    assert lines[-3]["type"] == "header" and lines[-3]["resumed_from_global_step"] == epoch2_step
+    assert [r["epoch"] for r in latest_attempt(lines) if r["type"] == "epoch"] == [1, 2, 3, 4]
+    assert latest_attempt(lines)[-1] == lines[-1]  # the latest attempt's own lines stay
