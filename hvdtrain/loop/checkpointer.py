@@ -27,7 +27,7 @@ from ..trackers.state import CheckpointRecord
 from . import own_state
 from .checkpoint_writer import CheckpointWriter
 from .hooks import TrainingError
-from .resume_source import resume_source
+from .resume_source import global_batch, note_changes, resume_source
 
 
 def default_run_dir(cfg: Config, data_name: str, model_name: str) -> Path:
@@ -206,7 +206,8 @@ class Checkpointer:
             planned = ((state.get("config") or {}).get("run") or {})
             return {"progress": Progress(state["epoch"], state.get("step", 0),
                                          state["global_step"], state["num_workers"]),
-                    "finished": state.get("finished"), "planned": planned}
+                    "finished": state.get("finished"), "planned": planned,
+                    "data": (state.get("config") or {}).get("data")}
 
         answer = self.scheme.group.main_decides(read)
         if "error" in answer:
@@ -214,7 +215,7 @@ class Checkpointer:
         progress = answer["progress"]
         self.finished_target = self._target_reached(answer.get("finished"))
         self._check_branch_has_work(progress, checkpoint.checkpoint_path(source))
-        written = self._global_batch(answer.get("planned", {}), progress)
+        written = global_batch(answer.get("planned", {}), progress, self.run.batch_size)
         self._check_epochs_left(progress, source, answer.get("planned", {}), num_workers)
         self._note_schedule(answer.get("planned", {}).get("epochs"), progress)
         if state is not None:
@@ -223,18 +224,9 @@ class Checkpointer:
         self.scheme.group.checkpoint_place = self._place(checkpoint.checkpoint_path(source),
                                                          progress)
         self._restore_own_state(checkpoint.checkpoint_path(source), progress)
-        if written != self.run.batch_size * num_workers and self._is_main() and \
-                (progress.epoch, progress.step) < (self.run.epochs, 0):  # something left to train
-            print(f"hvdtrain: warning: checkpoint was written with a global batch of {written} "
-                  f"samples, this run's is {self.run.batch_size} x {num_workers} workers; the "
-                  "data order differs from an uninterrupted run", flush=True)
+        if self._is_main() and (progress.epoch, progress.step) < (self.run.epochs, 0):
+            note_changes(source, answer.get("data"), written, self.cfg, num_workers)
         return state, progress
-
-    def _global_batch(self, planned: dict, progress: Progress) -> int:
-        """The checkpoint's. An epoch is one order of global batches: with the same global
-        batch, however split, the order is the uninterrupted run's (2 x 32 onto 1 x 64)."""
-        batch = planned.get("batch_size")
-        return (batch if isinstance(batch, int) else self.run.batch_size) * progress.workers
 
     def _own_tag(self, progress: Progress) -> dict[str, Any]:
         return own_state.position(self.identity(), progress.epoch, progress.step,
