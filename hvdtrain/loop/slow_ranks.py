@@ -39,7 +39,8 @@ MIN_EXCESS_FRACTION = 0.25
 def slow_workers(compute_p50: tuple[float, ...], factor: float,
                  steps: tuple[int, ...] | None = None,
                  wait_p50: tuple[float, ...] | None = None,
-                 compute_p10: tuple[float, ...] | None = None) -> dict[int, float]:
+                 compute_p10: tuple[float, ...] | None = None,
+                 samples: tuple[int, ...] | None = None) -> dict[int, float]:
     """{worker: its median compute time over the median of the others'} for each worker slow in
     one epoch: at ``factor`` or more, and computing longer than the others by at least
     MIN_EXCESS_SECONDS and MIN_EXCESS_FRACTION of the median of the others' whole steps
@@ -48,8 +49,13 @@ def slow_workers(compute_p50: tuple[float, ...], factor: float,
     lost its core to another process for part of an epoch still has steps at full speed. None
     with fewer than two workers, or factor 0. A worker that measured no step in the epoch
     (``steps``: an async worker lost, or one that trained none of its batches) has no median,
-    and its zero would make the others look slow."""
+    and its zero would make the others look slow. Given ``samples`` (each worker's in the
+    epoch) as well, a worker must also compute longer per sample than the others: under
+    --balance a larger share makes a fast worker's steps longer (after a slow worker recovered,
+    the fast one was named, at 1.6x per step and 2.5x faster per sample)."""
     measured = [w for w in range(len(compute_p50)) if steps is None or steps[w] > 0]
+    per_sample = ([compute_p50[w] * steps[w] / max(1, samples[w]) for w in range(len(steps))]
+                  if samples and steps else None)
     if factor <= 0 or len(measured) < 2:
         return {}
     wait = wait_p50 or (0.0,) * len(compute_p50)
@@ -61,6 +67,8 @@ def slow_workers(compute_p50: tuple[float, ...], factor: float,
         excess = compute_p50[w] - compute
         fastest = not compute_p10 or compute_p10[w] >= factor * statistics.median(
             compute_p10[v] for v in others)
+        fastest = fastest and (per_sample is None or per_sample[w] >= statistics.median(
+            per_sample[v] for v in others))
         if (compute > 0 and compute_p50[w] >= factor * compute and excess >= MIN_EXCESS_SECONDS
                 and excess >= MIN_EXCESS_FRACTION * step and fastest):
             slow[w] = compute_p50[w] / compute
@@ -90,7 +98,7 @@ class SlowRankCheck(StepHook):
 
     def __call__(self, times: RankStepTimes, epoch: int) -> dict:
         now = slow_workers(times.compute_p50, self.factor, times.steps, times.wait_p50,
-                           times.compute_p10)
+                           times.compute_p10, times.samples)
         if times.num_workers != self.workers_before:  # the first epoch, or an elastic reset
             self.before, self.named = set(), set()
         slow, self.before = persisting(now, self.before), set(now)
@@ -131,11 +139,13 @@ def remedy(cfg: Config) -> str:
         what = ("Its rounds take longer than the others' and arrive staler: --local-steps auto "
                 "(--dynamic-local-steps) gives it fewer inner steps a round, so that they take "
                 "about as long.")
+    elif cfg.ps.bsp and cfg.ps.backup_workers:
+        what = (f"--backup-workers {cfg.ps.backup_workers} already closes each --bsp round "
+                "without its late gradient, which is then dropped: its work is mostly lost; "
+                "without --bsp the others go on without it and its gradients count, staler.")
     elif cfg.ps.bsp:
-        what = ("Every --bsp round waits for it: " + (
-            f"--backup-workers {cfg.ps.backup_workers} drops the latest gradients of each round"
-            if cfg.ps.backup_workers else "--backup-workers 1 drops its late gradients") +
-            "; without --bsp the others go on without it.")
+        what = ("Every --bsp round waits for it: --backup-workers 1 drops its late gradients; "
+                "without --bsp the others go on without it.")
     else:
         what = "Async hands the batches to whoever asks, so it trains fewer of them, but its " + (
             "gradients arrive stale (--staleness-lr already weighs them down)"

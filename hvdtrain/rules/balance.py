@@ -73,7 +73,10 @@ class FixedCost:
     ``fixed`` is learned from the epochs: a worker measured at two shares at least
     ``min_move`` apart (the plan moves them) gives a line whose value at no samples is it.
     A line that does not rise (the worker's speed changed between the two epochs) tells
-    nothing. Each worker's latest estimate is kept, and the smallest of them is used: a worker
+    nothing, and so does one that meets 0 below no samples (noise: one such estimate, as the
+    smallest, had kept the fixed cost at 0 for the rest of a run, and a recovered worker got its
+    share back a sample an epoch). Each worker's latest estimate is kept, and the smallest of
+    them is used: a worker
     whose device changed speed between its two points tends to overstate it. 0 (the whole step
     time, as before) until an estimate exists. Plain arithmetic on figures every rank has, so
     every rank learns the same value."""
@@ -90,7 +93,9 @@ class FixedCost:
             for w, (s0, c0, s1, c1) in enumerate(zip(*self.before, samples, compute)):
                 if abs(s1 - s0) >= self.min_move and min(c0, c1) > 0 and \
                         (c1 - c0) / (s1 - s0) > 0:
-                    self.estimates[w] = c1 - (c1 - c0) / (s1 - s0) * s1
+                    fixed = c1 - (c1 - c0) / (s1 - s0) * s1
+                    if fixed > 0:  # below 0 is noise, and as the smallest it had set 0 for good
+                        self.estimates[w] = fixed
         elif self.before is not None:
             self.estimates = {}  # another world: other workers
         self.before = (list(samples), list(compute))

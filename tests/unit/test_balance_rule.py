@@ -69,6 +69,9 @@ def test_the_fixed_cost_is_learned_from_a_worker_measured_at_two_shares():
     # device got faster in between) tells nothing
     assert cost.update([40, 24], [0.0008, 0.0007]) == pytest.approx(0.0006)
     assert cost.update([48, 16], [0.0007, 0.0007]) == pytest.approx(0.0006)
+    # a line that meets 0 samples below 0 (noise) tells nothing either: as the smallest it
+    # had set the fixed cost to 0 for the rest of the run
+    assert cost.update([56, 8], [0.00175, 0.0009]) == pytest.approx(0.0006)
     cost.update([32, 32], [0.001, 0.001])  # another world size forgets the estimates
     assert cost.update([32, 32, 32], [0.001] * 3) == 0.0
 

@@ -55,6 +55,15 @@ def test_the_timer_counts_the_hooks_before_it_as_compute_and_leaves_out_the_wait
     assert timer.wait == [0.02] and 0.03 <= timer.compute[0] < 0.2 and timer.samples == 32
 
 
+def test_a_worker_whose_larger_share_lengthens_its_steps_is_not_named_slow():
+    """--balance after a slow rank recovered: shares 51 and 13 a step, the fast worker's steps
+    1.6 times longer and each of its samples 2.5 times faster; it was warned of as slow."""
+    compute, steps, wait = (0.0175, 0.0112), (22, 22), (0.0, 0.006)
+    assert slow_workers(compute, 1.5, steps, wait, None, (22 * 51, 22 * 13)) == {}
+    assert slow_workers(compute, 1.5, steps, wait, None, (22 * 32, 22 * 32)) == {
+        0: pytest.approx(1.5625)}  # equal shares: slower per step is slower per sample
+
+
 def test_slow_workers_are_named_against_the_median_of_the_others():
     assert slow_workers((0.001, 0.0031), 1.5) == {1: pytest.approx(3.1)}
     assert slow_workers((0.001, 0.0012, 0.0011, 0.004), 1.5) == {3: pytest.approx(4 / 1.1)}
@@ -152,8 +161,9 @@ def test_a_worker_that_stays_slow_is_named_once_a_streak(capsys):
     (["--mode", "async", "--staleness-lr"], ["--staleness-lr already weighs"], []),
     (["--mode", "async", "--bsp"], ["Every --bsp round waits", "--backup-workers 1 drops"],
      ["--staleness-lr"]),
-    (["--mode", "async", "--bsp", "--backup-workers", "1"], ["--backup-workers 1 drops the "
-     "latest"], ["--staleness-lr"]),
+    # its rounds do not wait for it, and the run drops its gradients already
+    (["--mode", "async", "--bsp", "--backup-workers", "1"], ["--backup-workers 1 already "
+     "closes each --bsp round without its late gradient"], ["--staleness-lr", "waits for it"]),
     (["--mode", "async", "--local-steps", "8"], ["--local-steps auto"], ["--staleness-lr"]),
     (["--mode", "async", "--local-steps", "auto"], ["--dynamic-local-steps already"],
      ["--local-steps auto"]),
