@@ -52,7 +52,8 @@ class FaultInjector:
         self.last_step = last_step  # the run's length in global steps, once the world is known
         self.rank = 0
         self.start: int | None = None  # the global step at this process's first step
-        self.done: set[Fault] = set()
+        self.done: set[Fault] = set()  # fired, or (slow) begun
+        self.ended: set[Fault] = set()  # slow faults whose steps are over
 
     def bind_world(self, worker: int, num_workers: int) -> None:
         # Workers' indices are their world ranks: sync's Horovod rank, async's ranks 0..W-1.
@@ -84,7 +85,10 @@ class FaultInjector:
                 continue
             if fault.kind == "slow":
                 if fault.step <= before + 1 <= fault.last_step:
+                    self._announce(fault, "slows this rank's steps", self.done)
                     time.sleep((fault.factor - 1) * step.seconds)
+                elif fault in self.done:  # its steps are over (a job's steps may skip some)
+                    self._announce(fault, "is over", self.ended)
             elif self._due(fault, before):
                 self.done.add(fault)
                 if actions.already_fired(self.folder, fault):
@@ -94,6 +98,12 @@ class FaultInjector:
                     continue
                 actions.record_fired(self.folder, fault)
                 actions.fire(fault)
+
+    def _announce(self, fault: Fault, what: str, said: set[Fault]) -> None:
+        """Once: a slow fault leaves no other trace than longer steps."""
+        if fault not in said:
+            said.add(fault)
+            print(f"hvdtrain: injected fault {fault.text()} {what}", file=sys.stderr, flush=True)
 
     def _due(self, fault: Fault, before: int) -> bool:
         """This step took the job to the fault's step or past it (async: a worker's steps skip

@@ -78,13 +78,17 @@ def test_async_steps_that_skip_the_fault_step_still_fire_it(tmp_path):
         hook.after_step(StepResult(Progress(global_step=5), 0.0, 0.0))
 
 
-def test_slow_stretches_only_its_steps(monkeypatch):
+def test_slow_stretches_only_its_steps(monkeypatch, capsys):
     slept = []
     monkeypatch.setattr("hvdtrain.faults.inject.time.sleep", slept.append)
     hook = FaultInjector("slow:rank=0,steps=2-3,factor=4")
     hook.bind_world(0, 1)
     _steps(hook, 0, 5, seconds=0.5)
     assert slept == [1.5, 1.5]
+    # said once as it begins and once as it ends (it left no trace but the longer steps)
+    assert capsys.readouterr().err.splitlines() == [
+        "hvdtrain: injected fault slow:rank=0,steps=2-3,factor=4 slows this rank's steps",
+        "hvdtrain: injected fault slow:rank=0,steps=2-3,factor=4 is over"]
 
 
 def test_a_rank_without_a_training_process_is_refused():
