@@ -148,16 +148,28 @@ def latest_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A run's log lines as its latest attempt continued it: a resume's header takes back the
     earlier attempts' epoch, eval and step lines past the step it resumed from (an epoch whose
     line was written before a kill that came ahead of its checkpoint is trained, and logged,
-    again), which readers had counted twice. Headers from before resumed_from_global_step was
-    recorded take nothing back."""
+    again), which readers had counted twice; and the later attempts' clocks (wall_seconds,
+    train_seconds), which start at 0 each, go on from the time the kept lines reached. Headers
+    from before resumed_from_global_step was recorded take nothing back."""
     kept: list[dict[str, Any]] = []
+    clocks = {"wall_seconds": 0.0, "train_seconds": 0.0}  # an attempt's start on the run's
     for record in records:
         at = record.get("resumed_from_global_step") if record.get("type") == "header" else None
         if isinstance(at, int):
             kept = [k for k in kept if not (k.get("type") in ("epoch", "eval", "step")
                                             and isinstance(k.get("step"), int) and k["step"] > at)]
+            # each attempt's clocks start at 0: go on from the time the kept lines reached
+            clocks = {name: max([float(k[name]) for k in kept if _number(k.get(name))] or [0.0])
+                      for name in clocks}
+        elif any(clocks.values()) and record.get("type") != "header":
+            record = {**record, **{name: record[name] + start for name, start in clocks.items()
+                                   if _number(record.get(name))}}
         kept.append(record)
     return kept
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class NotJson(ValueError):

@@ -301,9 +301,12 @@ def read_run(folder: str | Path) -> RunLog:
                           "began to train, or the file is not an hvdtrain log; give the folder "
                           "of a finished run")
     try:
-        header = next(r for r in records if r.get("type") == "header")
+        # the latest attempt's world: a run resumed with another number of workers has epochs
+        # of both, whose per-worker figures do not line up (an IndexError)
+        header = [r for r in records if r.get("type") == "header"][-1]
         epochs = [_epoch_times(r, i, records) for i, r in enumerate(records)
                   if r.get("type") == "epoch"]
+        epochs = _of_one_world(epochs)
     except (ValueError, StopIteration, KeyError, TypeError, AttributeError) as e:
         raise ConfigError(f"--from-run: {path} cannot be read ({type(e).__name__}: {e}); give "
                           "the folder of a finished run, whose log hvdtrain wrote") from None
@@ -357,6 +360,16 @@ def _check_rebuildable(folder: Path, header: dict) -> None:
             "the replay cannot rebuild; put them in files and compare a run of hvdtrain train "
             "--model FILE:FACTORY --dataset FILE:LOADER --loss FILE:LOSS, or pass those flags "
             "to hvdtrain compare --simulate")
+
+
+def _of_one_world(epochs: list[EpochTimes | None]) -> list[EpochTimes | None]:
+    """The epochs of the latest attempt's number of workers: a run resumed with another has
+    epochs of both, whose per-worker figures do not line up (they ended in an IndexError)."""
+    timed = [e for e in epochs if e is not None]
+    if not timed:
+        return epochs
+    world = timed[-1].times.num_workers
+    return [e for e in timed if e.times.num_workers == world]
 
 
 def _epoch_times(record: dict, index: int, records: list[dict]) -> EpochTimes | None:
