@@ -76,15 +76,18 @@ class OptimConfig:
 
     optimizer: str = opt("sgd", "sgd (with --momentum), adam or adamw",
                          choices=("sgd", "adam", "adamw"))
-    lr: float = opt(0.05, "learning rate of one worker; it is scaled by the world size "
-                    "(see --lr-scaling)")
+    lr: float = opt(0.05, "learning rate of one worker; sync and async --bsp scale it by "
+                    "the number of workers whose gradients an update averages (see "
+                    "--lr-scaling); plain async applies each worker's gradient alone, at --lr")
     momentum: float = opt(0.9, "SGD momentum")
     weight_decay: float = opt(0.0, "L2 penalty (decoupled for adamw)")
-    lr_scaling: str = opt("linear", "linear: multiply --lr by the number of workers "
-                          "(Goyal et al. 2017); none: use --lr as is",
+    lr_scaling: str = opt("linear", "linear: multiply --lr by the number of workers an "
+                          "update averages (Goyal et al. 2017; none in plain async, where each "
+                          "update is one worker's); none: use --lr as is",
                           choices=("linear", "none"))
     warmup_epochs: float = opt(1.0, "epochs over which the learning rate ramps from --lr to "
-                               "the scaled rate; 0 disables warmup")
+                               "the scaled rate (no ramp where that is --lr: plain async, "
+                               "--lr-scaling none); 0 disables warmup")
     lr_schedule: str = opt("constant", "after warmup: constant, or cosine decay to 0",
                            choices=("constant", "cosine"))
     clip_grad_norm: float = opt(0.0, "clip the gradient to this total L2 norm before each "
