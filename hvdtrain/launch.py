@@ -333,10 +333,8 @@ def _log_failure(run_dir: Path, why: str) -> None:
     path = Path(run_dir) / LOG_NAME
     if not path.is_file():
         return
-    try:
-        log = JsonlLog(path, append=True)
-        log.write("stop", reason=f"failed: {why.splitlines()[0]}")
-        log.close()
+    try:  # locked until the abort: the lead's next line must not come after it
+        JsonlLog(path, append=True).write_last("stop", reason=f"failed: {why.splitlines()[0]}")
     except (OSError, LogWriteError):  # the folder is gone or full: stderr still says why
         pass
 

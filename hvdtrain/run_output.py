@@ -8,6 +8,7 @@ every line in the file parses.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import platform
@@ -67,8 +68,29 @@ class JsonlLog:
         self._end = os.fstat(self._fd).st_size
 
     def write(self, kind: str, **fields: Any) -> None:
+        self._lock(fcntl.LOCK_EX)  # after another process's last line (write_last)
+        try:
+            self._append(kind, fields)
+        finally:
+            self._lock(fcntl.LOCK_UN)
+
+    def write_last(self, kind: str, **fields: Any) -> None:
+        """Write a line, and keep the file locked until this process ends: for a process
+        that ends the job next (an async worker's failure, launch.py), whose stop line the
+        lead, still at work, wrote an epoch line after."""
+        self._lock(fcntl.LOCK_EX)
+        self._append(kind, fields)
+
+    def _lock(self, operation: int) -> None:
+        try:
+            fcntl.flock(self._fd, operation)
+        except OSError:  # a file system without locks: the lines still go in whole
+            pass
+
+    def _append(self, kind: str, fields: dict[str, Any]) -> None:
         record = {"type": kind, "time": round(time.time(), 3), **fields}
         line = (json.dumps(record, default=str) + "\n").encode()
+        self._end = os.fstat(self._fd).st_size  # another process may have appended a line
         try:
             rest = memoryview(line)
             while rest:  # a full disk takes part of a line, then refuses the rest

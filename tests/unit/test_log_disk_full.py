@@ -159,3 +159,24 @@ def test_train_with_log_steps_on_a_full_disk_exits_1_and_the_log_parses(tmp_path
     assert records[-1]["type"] == "step" and records[-1]["epoch"] == 2
     assert (run_dir / checkpoint.CHECKPOINT_NAME).read_bytes() == (
         tmp_path / "before.pt").read_bytes()
+
+
+def test_a_failing_workers_stop_line_stays_the_last_line(tmp_path):
+    """An async worker that fails appends the stop line, then aborts the job; the lead, still
+    at work, wrote an epoch line after it (1 run in 5), and the log no longer ended at its
+    stop line. The failing process keeps the log locked until it ends."""
+    import threading
+
+    path = tmp_path / "metrics.jsonl"
+    lead = JsonlLog(path)
+    lead.write("epoch", epoch=1)
+    failing = JsonlLog(path, append=True)  # another process's open file, as the worker's is
+    failing.write_last("stop", reason="failed: rank 1: boom")
+    late = threading.Thread(target=lead.write, args=("epoch",), kwargs={"epoch": 2}, daemon=True)
+    late.start()
+    late.join(0.5)
+    assert late.is_alive()  # held until the failing process ends (its abort ends the lead too)
+    assert [r["type"] for r in read_jsonl(path)] == ["epoch", "stop"]
+    failing.close()  # here: the lock goes with the process
+    late.join(5)
+    assert not late.is_alive() and read_jsonl(path)[-1]["epoch"] == 2
