@@ -165,6 +165,12 @@ class Stopping(StepHook):
         target reached. Given the global step just reached, the workers vote only at the steps
         the cadence names (stop_cadence.py), or at once where a target was reached."""
         reached = self.target.reached is not None
+        if reached and self._everyone_judged():
+            # sync: every rank scored the same sums at this step, so all stop here, without
+            # the vote, which reads its sum a vote later: the checkpoint then held the model
+            # of a step after the one that reached the target
+            self._agreed(at_step=True)
+            return self.verdict
         if global_step is not None and not (reached or self.cadence.due(global_step)):
             return self.verdict
         if self.scheme.group.agree_to_stop(self.signals.received is not None or reached):
@@ -208,15 +214,20 @@ class Stopping(StepHook):
         evaluation."""
         if self.verdict.stop:
             return self.verdict
-        partition = self.scheme.group.eval_partition
-        everyone_judged = partition is not None and partition[1] == num_workers
         last_epoch = progress.epoch >= self.epochs
-        if self.target.reached is not None and (everyone_judged or last_epoch):
+        if self.target.reached is not None and (self._everyone_judged(num_workers) or
+                                                last_epoch):
             self.verdict = Verdict(TARGET, self.target.reached, clock=self.clock.now(),
                                    last_epoch=last_epoch)
         elif self.best.stop_reason:
             self.verdict = Verdict(EARLY_STOP, self.best.stop_reason)
         return self.verdict
+
+    def _everyone_judged(self, num_workers: int | None = None) -> bool:
+        """Whether every worker scored the evaluation (sync: all received the same sums)."""
+        partition = self.scheme.group.eval_partition
+        workers = self.scheme.group.workers()[1] if num_workers is None else num_workers
+        return partition is not None and partition[1] == workers
 
     def _agreed(self, at_step: bool) -> None:
         """Why this process stops: its own stop signal, else the target that it saw reached,

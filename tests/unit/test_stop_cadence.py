@@ -58,6 +58,9 @@ class Scheme(OwnGroup):
         self.calls, self.others_stop_from, self.vote_gap_s = [], others_stop_from, 0.0
         self._pending = None
 
+    def workers(self):
+        return 0, 2
+
     def agree_to_stop(self, wants):
         step = self.step
         self.vote_gap_s = (self.calls[-1] - self.calls[-2]) * 0.001 if len(self.calls) >= 2 \
@@ -100,8 +103,19 @@ def test_a_signal_on_another_worker_stops_within_two_vote_intervals():
     assert len(scheme.calls) < 20  # not a vote per step
 
 
-def test_a_reached_target_votes_at_once_and_stops_a_step_later():
+def test_a_target_that_every_worker_judged_stops_at_its_step_without_a_vote():
+    """Sync: every rank scored the evaluation's sums, so all stop at the step that reached the
+    target; the vote, read a vote later, stopped them a step after it, and the checkpoint held
+    another model than the one that reached the target."""
     scheme = Scheme()
+    s = stopping(scheme)
+    assert run_steps(s, scheme, 1000, evaluated_at=120) == 120
+    assert s.verdict.why == TARGET and 120 not in scheme.calls
+
+
+def test_a_target_that_one_worker_judged_votes_at_once_and_stops_a_step_later():
+    scheme = Scheme()
+    scheme.eval_partition = None  # async: worker 0 judged alone, and tells the others
     s = stopping(scheme)
     assert run_steps(s, scheme, 1000, evaluated_at=120) == 121
     assert s.verdict.why == TARGET and 120 in scheme.calls
