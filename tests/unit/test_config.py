@@ -109,6 +109,11 @@ def test_an_option_given_twice_in_a_file_is_refused_and_a_near_name_is_suggested
     with pytest.raises(ConfigError, match=r"twice\.toml: lr is given at the top level and again "
                                           r"under \[optim\]; keep one of them"):
         load_config_file(str(twice))
+    inside = tmp_path / "inside.yaml"  # YAML kept the last of a mapping's keys, TOML refused
+    inside.write_text("optim:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ConfigError, match=r"inside\.yaml: the key 'lr' is given twice in one "
+                                          r"mapping \(line 3\); keep one"):
+        load_config_file(str(inside))
     section = tmp_path / "section.toml"
     section.write_text("[optm]\nlr = 0.2\n")
     with pytest.raises(ConfigError, match=r"unknown option\(s\) optm; optm: did you mean "
