@@ -182,6 +182,10 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"--resume: no checkpoint at {path}; pass a checkpoint file or a "
                               f"run folder that holds {CHECKPOINT_NAME}")
+    if path.suffix in (".jsonl", ".json", ".txt", ".log", ".csv", ".md"):  # not one: no move
+        raise CheckpointError(f"--resume: {path} is not a checkpoint but a {path.suffix} file; "
+                              f"pass its run folder ({path.parent}) or the {CHECKPOINT_NAME} "
+                              "in it")
     try:
         state = load_checked(path)
     except DamagedFile as e:

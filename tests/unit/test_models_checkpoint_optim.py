@@ -95,6 +95,11 @@ def test_bad_checkpoints_are_reported(tmp_path):
         checkpoint.load(path)
     # --auto-resume finds the file again in its folder: the way out is to move it, said so
     assert f"move this file aside (mv {path} {path}.unreadable)" in str(e.value)
+    log = tmp_path / "metrics.jsonl"  # another file of the run: named, not to be moved aside
+    log.write_text('{"type": "header"}\n')
+    with pytest.raises(checkpoint.CheckpointError, match=r"is not a checkpoint but a \.jsonl "
+                       r"file; pass its run folder .* or the checkpoint\.pt in it"):
+        checkpoint.load(log)
     torch.save({"weights": torch.ones(2)}, tmp_path / "other.pt")
     with pytest.raises(checkpoint.CheckpointError, match="not an hvdtrain checkpoint of this "
                        r"version \(format none, expected 1\); it was not written by hvdtrain"):
