@@ -89,10 +89,15 @@ def targets_without_classes(y: torch.Tensor) -> tuple[int | None, str | None]:
                       f"({own_model})")
     kind = "booleans" if y.dtype == torch.bool else f"{_dtype_name(y.dtype)} values"
     width = y.shape[1] if y.dim() == 2 and y.dtype != torch.bool else None
-    return width, (f"the targets are {kind}, not integer class labels, so the number of "
-                   "classes cannot be read from them (for a classifier give labels 0..K-1, "
-                   "e.g. y.long(); for real-valued targets pass a regression loss, --loss mse "
-                   f"or l1, with targets shaped (N, k); or {own_model})")
+    # (N,) real values read as a regression loss's only where shaped (N, 1): the advice to
+    # pass --loss mse came back to a run that passed it
+    regression = ("shape them (N, 1) (y.unsqueeze(1)) and pass a regression loss (--loss mse, "
+                  "l1, or bce_with_logits for 0/1 targets)" if y.dim() == 1 else
+                  "pass a regression loss, --loss mse or l1, with targets shaped (N, k)")
+    return width, (f"the targets are {kind} shaped {tuple(y.shape)}, not integer class labels, "
+                   "so the number of classes cannot be read from them (for a classifier give "
+                   f"labels 0..K-1, e.g. y.long(); for real-valued targets {regression}; or "
+                   f"{own_model})")
 
 
 class HeldOut(Subset):
