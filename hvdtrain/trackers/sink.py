@@ -14,12 +14,15 @@ import os
 import queue
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
 from .metrics import line_step, metrics_of, tags_of
 from .state import resume_point, write_state
+
+STEP_SAVE_S = 1.0  # the most a resume sends of step lines twice
 
 # How long the end of a run waits for the tracker to take its last lines and artifacts
 # (seconds): a tracker that hangs must not hold the job past its end for long.
@@ -76,6 +79,7 @@ class TrackerSink:
         self.status = "FINISHED"
         self.stopped_here = False  # a stop line in this attempt (entry["stopped"]: any attempt's)
         self.step = 0  # the step of a line that has none (the scheme's summary)
+        self.saved_at = 0.0  # time.monotonic() of the last tracker.json written
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._work, name=f"hvdtrain-{backend.name}",
                                        daemon=True)  # a hung tracker must not hold the exit
@@ -132,7 +136,9 @@ class TrackerSink:
             self.entry["stopped"], self.stopped_here = reason, True
             if reason.startswith("preempted"):
                 self.status = "KILLED"
-        if kind != "step":  # a killed job keeps its epochs' last step; step lines are many
+        # Step lines are many: their last step is kept once a second, so that a kill and
+        # resume sends at most a second of steps twice (it sent all since the last epoch)
+        if kind != "step" or time.monotonic() - self.saved_at >= STEP_SAVE_S:
             self._save()
 
     def _not_logged(self, metrics: dict[str, float]) -> dict[str, float]:
@@ -168,6 +174,7 @@ class TrackerSink:
 
     def _save(self) -> None:
         write_state(self.run_dir, self.backend.name, self.entry)
+        self.saved_at = time.monotonic()
 
     def _warn(self, reason: str) -> None:
         if self.failed:

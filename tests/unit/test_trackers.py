@@ -113,6 +113,26 @@ def test_a_resume_continues_the_tracker_run_and_skips_the_steps_it_logged(tmp_pa
     assert read_state(tmp_path)["fake"]["last_step"] == 6
 
 
+def test_a_killed_jobs_step_lines_are_kept_as_sent_once_a_second(tmp_path, monkeypatch):
+    """tracker.json kept only the epochs' last step: a job killed mid-epoch and resumed from
+    an earlier checkpoint sent every step since that epoch twice (MLflow: two points at steps
+    101..104). Now its step lines' last step is saved at most a second late."""
+    from hvdtrain.trackers import sink as sink_module
+
+    monkeypatch.setattr(sink_module, "STEP_SAVE_S", 0.0)  # every step line, for the test
+    sink = TrackerSink(FakeBackend(), tmp_path, {})
+    for step in (1, 2, 3, 4):  # killed here: no stop line, no close
+        sink.record("step", {"epoch": 1, "step": step, "loss": 1.0 / step})
+    deadline = time.monotonic() + 10
+    while read_state(tmp_path).get("fake", {}).get("last_step") != 4:
+        assert time.monotonic() < deadline, read_state(tmp_path)
+        time.sleep(0.01)
+    again = FakeBackend()  # resumed from a checkpoint at step 2: steps 3 and 4 come again
+    feed(TrackerSink(again, tmp_path, read_state(tmp_path)["fake"]), [3, 4, 5])
+    assert [c[1] for c in again.calls if c[0] == "metrics"] == [5]
+    sink.close()
+
+
 def test_a_resumed_run_that_finishes_replaces_the_stop_tag_of_the_attempt_before(tmp_path):
     """A tracker run left tagged stop/reason = preempted after it finished looked preempted."""
     feed(TrackerSink(FakeBackend(), tmp_path, {}), [1, 2])
