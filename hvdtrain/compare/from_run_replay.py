@@ -11,7 +11,9 @@ first epoch, warm-up and all, and its later epochs at the speeds of the run's la
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import math
 import sys
 from dataclasses import asdict, dataclass, field, replace
@@ -281,19 +283,21 @@ def main(cfg) -> int:
     if own not in modes:
         modes.append(own)
     check_out(cfg.out, run)  # before the replay's minute, not after
-    args = train_args_from_config(run.config)
-    apply_seconds = measure_timing(args, step_seconds=1.0).apply_seconds
-    print(f"hvdtrain compare --from-run {run.folder}: {run.header['model']} on "
-          f"{run.num_workers} workers in mode {own.name}; replaying {len(modes)} modes x "
-          f"{cfg.seeds} seeds up to {target.metric} {target.op} {target.value:.4g}{capped} "
-          "...", flush=True)
-    if run.cut_short:
-        print(f"hvdtrain compare: note: {run.cut_short}; the fit reads the epochs it logged",
-              file=sys.stderr, flush=True)
-    seeds = [int(run.config["run"]["seed"]) + i for i in range(cfg.seeds)]
-    link, network = from_run_link(run, own, args, apply_seconds, cfg)
-    predictions, fit = replay(run, modes, seeds, target, apply_seconds, link,
-                              server_link(cfg))
+    out, run.folder = Path(cfg.out).absolute(), run.folder.absolute()
+    with in_launch_folder(run):
+        args = train_args_from_config(run.config)
+        apply_seconds = measure_timing(args, step_seconds=1.0).apply_seconds
+        print(f"hvdtrain compare --from-run {cfg.from_run}: {run.header['model']} on "
+              f"{run.num_workers} workers in mode {own.name}; replaying {len(modes)} modes x "
+              f"{cfg.seeds} seeds up to {target.metric} {target.op} {target.value:.4g}"
+              f"{capped} ...", flush=True)
+        if run.cut_short:
+            print(f"hvdtrain compare: note: {run.cut_short}; the fit reads the epochs it logged",
+                  file=sys.stderr, flush=True)
+        seeds = [int(run.config["run"]["seed"]) + i for i in range(cfg.seeds)]
+        link, network = from_run_link(run, own, args, apply_seconds, cfg)
+        predictions, fit = replay(run, modes, seeds, target, apply_seconds, link,
+                                  server_link(cfg))
     real = real_time_to_target(run, target)
     own_prediction = next(p for p in predictions if p.own)
     ok = overlaps(own_prediction, real)
@@ -304,7 +308,7 @@ def main(cfg) -> int:
         (f"\n\nnote: {run.cut_short}" if run.cut_short else "") + \
         "\n\nrecommendation: " + advice
     print("\n" + table, flush=True)
-    folder = output_folder(cfg.out, run)
+    folder = output_folder(out, run)
     write_answer(folder, {"run": str(run.folder), "target": target.value,
                           "target_metric": target.metric, "target_op": target.op,
                           "own_mode": own.name,
@@ -314,6 +318,20 @@ def main(cfg) -> int:
                           "predictions": [p.row() for p in predictions]}, table)
     print(f"\nanswer: {folder / 'from_run.md'}, {folder / 'from_run.json'}", flush=True)
     return 0
+
+
+@contextlib.contextmanager
+def in_launch_folder(run: RunLog):
+    """In the folder the run started in (its header's ``folder``), where it still exists: the
+    run's relative paths (a --model file, --data-path, a --dataset-args root, a dotted module
+    beside them) are relative to it, wherever compare is run from. A log from before the header
+    named it stays in the current folder."""
+    folder = run.header.get("folder")
+    if not folder or not os.path.isdir(folder):
+        yield
+        return
+    with contextlib.chdir(folder):
+        yield
 
 
 def run_target(goal: Target, run: RunLog) -> tuple[Target, str]:

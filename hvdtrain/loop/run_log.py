@@ -453,8 +453,11 @@ def run_header(cfg: Config, runtime, workload, replica, num_workers: int, steps_
     CPU placement (runtime.py, core_binding.py); ``horovod_wakes`` and ``horovod_cycle_ms``
     Horovod's start of a collective (on enqueue, or at its next cycle) and its cycle time, as
     hvd.init() took them, and ``keeps_freed_memory`` whether malloc keeps freed blocks for the
-    next step (freed_memory.py) (sync only)."""
-    return dict(config=cfg.to_record(), world_size=runtime.size, num_workers=num_workers,
+    next step (freed_memory.py) (sync only). ``folder``: where the run started, which its relative
+    paths (a --model file, --data-path, a --dataset-args root) are relative to, so that
+    ``compare --from-run`` builds its model and data from anywhere."""
+    return dict(config=cfg.to_record(), folder=os.getcwd(), world_size=runtime.size,
+                num_workers=num_workers,
                 launcher=runtime.launcher, device=replica.describe(), versions=package_versions(),
                 cores=sorted(os.sched_getaffinity(0)), threads=torch.get_num_threads(),
                 horovod_wakes=runtime.horovod_wakes,

@@ -10,8 +10,9 @@ import pytest
 
 from hvdtrain.compare.from_run import (EpochTimes, FittedDelays, delay_fit, fit_epochs,
                                        read_run, run_speeds, split_warmup)
-from hvdtrain.compare.from_run_replay import (Prediction, mode_of_run, output_folder, overlaps,
-                                              recommend, train_args_from_config)
+from hvdtrain.compare.from_run_replay import (Prediction, in_launch_folder, mode_of_run,
+                                              output_folder, overlaps, recommend,
+                                              train_args_from_config)
 from hvdtrain.compare.plan import modes
 from hvdtrain.compare.sim.flat_model import config_from_train_args
 from hvdtrain.config import ConfigError
@@ -315,6 +316,26 @@ def test_each_answer_gets_its_own_folder_never_inside_the_run(tmp_path):
     with pytest.raises(ConfigError, match="inside the run's folder"):
         output_folder(tmp_path / "r", run)
     assert sorted(p.name for p in (tmp_path / "out" / "from-run").iterdir()) == ["r", "r-2"]
+
+
+def test_the_replay_finds_the_runs_relative_model_file_from_any_folder(tmp_path, monkeypatch):
+    from hvdtrain.user_code import resolve_callable
+    launch, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    launch.mkdir(), elsewhere.mkdir()
+    (launch / "own_net.py").write_text("def build(input_shape, num_classes):\n    return 7\n")
+    log = _write_log(launch / "run")
+    lines = (log / "metrics.jsonl").read_text().splitlines()
+    header = {**json.loads(lines[0]), "folder": str(launch)}
+    (log / "metrics.jsonl").write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    monkeypatch.chdir(elsewhere)
+    run = read_run(log)
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve_callable("own_net.py:build", "--model")
+    with in_launch_folder(run):
+        assert resolve_callable("own_net.py:build", "--model")((8,), 10) == 7
+    assert elsewhere.samefile(".")
+    with in_launch_folder(read_run(_write_log(tmp_path / "old"))):  # no folder in its header
+        assert elsewhere.samefile(".")
 
 
 def test_an_async_workers_longer_wait_is_its_own_fixed_delay():
