@@ -37,15 +37,24 @@ def _finished_status(run_dir: Path) -> dict | None:
     return status if status.get("status") == "ok" else None
 
 
+# the flags whose values name the user's code as MODULE:CALLABLE (--metrics: NAME=...,NAME=...)
+CODE_FLAGS = ("--model", "--dataset", "--loss", "--metrics", "--collate")
+
+
 def user_code(command: list[str]) -> dict[str, str]:
-    """The SHA-256 of each .py file the command's --model, --dataset or --loss names: an edited
-    model file leaves the command as it was, and its finished runs were of another model."""
+    """The SHA-256 of each .py file the command's --model, --dataset, --loss, --metrics or
+    --collate names: an edited model file leaves the command as it was, and its finished runs
+    were of another model."""
+    values = [value for flag, value in zip(command, command[1:]) if flag in CODE_FLAGS]
+    values += [word.partition("=")[2] for word in command
+               if word.partition("=")[0] in CODE_FLAGS and "=" in word]
     digests = {}
-    for flag, value in zip(command, command[1:]):
-        module = value.rpartition(":")[0]
-        if flag in ("--model", "--dataset", "--loss") and module.endswith(".py"):
-            with contextlib.suppress(OSError):
-                digests[module] = hashlib.sha256(Path(module).read_bytes()).hexdigest()
+    for value in values:
+        for spec in value.split(","):
+            module = spec.rpartition("=")[2].rpartition(":")[0]
+            if module.endswith(".py"):
+                with contextlib.suppress(OSError):
+                    digests[module] = hashlib.sha256(Path(module).read_bytes()).hexdigest()
     return digests
 
 

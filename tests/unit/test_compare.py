@@ -353,3 +353,18 @@ def test_runs_of_a_model_file_edited_since_are_neither_reused_nor_replaced_silen
     with pytest.raises(ConfigError, match=f"holds a finished run of {model} as it was before an "
                                           "edit; pass another --out to keep it, or --force"):
         runner.check_no_other_plan([run], out)
+
+
+def test_every_flag_that_names_user_code_is_hashed(tmp_path):
+    from hvdtrain.compare import runner
+
+    files = {name: tmp_path / f"{name}.py" for name in ("net", "ppl", "acc5", "pad", "data")}
+    for path in files.values():
+        path.write_text("x = 1\n")
+    command = ["train", "--model", f"{files['net']}:build",
+               "--metrics", f"ppl={files['ppl']}:ppl,top5={files['acc5']}:top5",
+               f"--collate={files['pad']}:pad", "--dataset=" + f"{files['data']}:load"]
+    before = runner.user_code(command)
+    assert sorted(before) == sorted(str(p) for p in files.values())
+    files["acc5"].write_text("x = 2\n")
+    assert runner.user_code(command) != before
