@@ -387,9 +387,11 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
     fn = resolve_callable(spec, "--model", builtins=MODELS)
     explicit = parse_json_args(cfg.model.model_args, "--model-args")
     offered = {k: v for k, v in (("input_shape", shape), ("num_classes", classes)) if v is not None}
+    # a stream (IterableDataset) is not read ahead for its first item, as a Dataset is
+    pairs = ("" if isinstance(data["train_data"], IterableDataset) else
+             "items that are (input tensor, target) pairs, ")
     how = {"input_shape": "this dataset does not tell it (give the training dataset an "
-                          "input_shape attribute, or items that are (input tensor, target) pairs, "
-                          "or pass it in --model-args)",
+                          f"input_shape attribute, {pairs}or pass it in --model-args)",
            "num_classes": classes_unknown or
                           "this dataset does not tell it (give the training dataset a "
                           "num_classes or classes attribute, or pass it in --model-args)"}

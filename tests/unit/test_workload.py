@@ -219,6 +219,17 @@ def test_a_builtin_model_on_a_stream_that_cannot_tell_its_shape(user_files):
         workload.build_model()
 
 
+def test_a_stream_is_told_to_give_its_input_shape_not_pairs_it_is_not_read_for(user_files):
+    models, data = user_files
+    workload = workload_from_config(config(model=f"{models}:regressor", dataset=f"{data}:stream",
+                                           max_steps_per_epoch=2))
+    with pytest.raises(ConfigError) as e:
+        workload.build_model()
+    assert ("input_shape was not offered because this dataset does not tell it (give the "
+            "training dataset an input_shape attribute, or pass it in --model-args)"
+            ) in str(e.value)
+
+
 def test_a_builtin_dataset_and_model_need_no_user_code():
     workload = workload_from_config(config())
     assert workload.name == "mlp" and workload.data_name == "digits"
