@@ -253,8 +253,10 @@ class Stopping(StepHook):
 
     def _report_preemption(self, p: Progress, log: RunLog) -> None:
         where = f"epoch {p.epoch + 1}, step {p.step}" if p.step else f"the end of epoch {p.epoch}"
-        log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.step,
-                  global_step=p.global_step, reason=f"preempted: {self.verdict.detail}")
+        # ``step`` is the global step on every stop line, as on the epoch lines
+        log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.global_step,
+                  step_in_epoch=p.step, global_step=p.global_step,
+                  reason=f"preempted: {self.verdict.detail}")
         if log.is_main:
             print(f"hvdtrain: stopped by {self.verdict.detail} after {where} (global step "
                   f"{p.global_step}); checkpoint {self.checkpointer.path}; continue with "
@@ -264,7 +266,7 @@ class Stopping(StepHook):
         wall, train = self.verdict.clock
         # Stamped as the eval lines are (wall time, and training time without the evaluations).
         log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.global_step,
-                  wall_seconds=round(wall, 4), train_seconds=round(train, 4),
+                  global_step=p.global_step, wall_seconds=round(wall, 4), train_seconds=round(train, 4),
                   target=self.target.text, reason=f"reached the target: {self.verdict.detail}")
         if log.is_main:
             print(f"hvdtrain: reached the target {self.target.text} ({self.verdict.detail}); "
@@ -273,7 +275,8 @@ class Stopping(StepHook):
 
     def _report_early_stop(self, p: Progress, log: RunLog) -> None:
         reason = f"stopped early after epoch {p.epoch}: {self.verdict.detail}"
-        log.write("stop", epoch=p.epoch, reason=reason)
+        log.write("stop", epoch=p.epoch, step=p.global_step, global_step=p.global_step,
+                  reason=reason)
         if log.is_main:
             where = (f"; the best model is in {self.best.path}" if self.best.best is not None
                      else "")  # no evaluation gave a number: no best.pt was written

@@ -23,13 +23,15 @@ from ..checkpoint import intact_note
 from .hooks import TrainingError
 
 # Positions and counts, not figures worth a curve: the step is the x axis already.
-NOT_PLOTTED = {"epoch", "step", "global_step", "from_step", "workers", "samples",  # positions,
-               "wall_seconds", "train_seconds"}                                  # clocks
+NOT_PLOTTED = {"epoch", "step", "global_step", "step_in_epoch", "from_step",  # positions,
+               "workers", "samples",                                          # counts,
+               "wall_seconds", "train_seconds"}                               # clocks
 
 
 def line_step(fields: dict[str, Any]) -> int | None:
-    """The global step of a line: a stop line after a preemption has its step in the epoch as
-    ``step`` and the global one as ``global_step``; scheme lines have none."""
+    """The global step of a line (``global_step``, else ``step``, which is the global step too on
+    this version's lines; a preemption's stop line once had its step in the epoch there);
+    scheme lines have none."""
     step = fields.get("global_step", fields.get("step"))
     return int(step) if isinstance(step, (int, float)) and not isinstance(step, bool) else None
 

@@ -338,7 +338,8 @@ def test_each_verdict_writes_its_stop_line(capsys):
     s.signals.received = "SIGTERM"
     s.decide_at_step()
     s.report(Progress(epoch=1, step=3, global_step=11), log)
-    assert log.lines == [("stop", {"epoch": 2, "step": 3, "global_step": 11,
+    # every stop line's step is the global step, as the epoch lines' is
+    assert log.lines == [("stop", {"epoch": 2, "step": 11, "step_in_epoch": 3, "global_step": 11,
                                    "reason": "preempted: SIGTERM"})]
     assert ("hvdtrain: stopped by SIGTERM after epoch 2, step 3 (global step 11); checkpoint "
             "run/checkpoint.pt; continue with --auto-resume --run-dir run") in capsys.readouterr().out
@@ -348,16 +349,17 @@ def test_each_verdict_writes_its_stop_line(capsys):
     s.decide_at_step()
     s.report(Progress(epoch=1, step=4, global_step=12), log)
     [(kind, fields)] = log.lines
-    assert (fields["epoch"], fields["step"], fields["target"], fields["reason"]) == (
-        2, 12, "test_acc>=0.9", "reached the target: test_acc 0.95 >= 0.9 at step 12")
+    assert (fields["epoch"], fields["step"], fields["global_step"], fields["target"],
+            fields["reason"]) == (2, 12, 12, "test_acc>=0.9", "reached the target: test_acc 0.95 >= 0.9 at step 12")
     assert fields["train_seconds"] <= fields["wall_seconds"]
     assert "hvdtrain: reached the target test_acc>=0.9" in capsys.readouterr().out
 
     s, log = stopping(), Log()
     s.best.stop_reason = "no better"
     s.decide_at_epoch_end(Progress(epoch=2), num_workers=2)
-    s.report(Progress(epoch=2), log)
-    assert log.lines == [("stop", {"epoch": 2, "reason": "stopped early after epoch 2: no better"})]
+    s.report(Progress(epoch=2, global_step=40), log)
+    assert log.lines == [("stop", {"epoch": 2, "step": 40, "global_step": 40,
+                                   "reason": "stopped early after epoch 2: no better"})]
     assert "the best model is in run/best.pt" in capsys.readouterr().out
 
     s, log = stopping(), Log()
