@@ -121,6 +121,29 @@ def sequential_layers(model: nn.Module) -> nn.Sequential:
                       "--stages 1")
 
 
+def most_stages_sharing(model: nn.Module, stages: list[nn.Sequential], devices: list[str]) -> int:
+    """The most stages that use one parameter: 1, or more for tied weights (a language model's
+    token embedding and output head share theirs). Each stage's backward adds into the shared
+    gradient, so Horovod's hook on it fires once per such stage and micro-batch, and Horovod
+    must expect that many passes (its count ran out: an AssertionError inside Horovod). A
+    parameter is on one device, so stages that share one must be on it: refused otherwise."""
+    users: dict[int, list[int]] = {}
+    for k, stage in enumerate(stages):
+        for p in stage.parameters():
+            users.setdefault(id(p), []).append(k)
+    names = {id(p): name for name, p in model.named_parameters()}
+    for key, ks in users.items():
+        places = sorted({devices[k] for k in ks})
+        if len(places) > 1:
+            raise ConfigError(
+                f"--stages: the parameter {names.get(key, '?')} is used by stages "
+                f"{', '.join(map(str, ks))}, which --devices puts on {' and '.join(places)}; a "
+                "parameter lives on one device, so give those stages one device (--devices), "
+                "move --split-points so that one stage holds every layer that uses it, or untie "
+                "it")
+    return max(map(len, users.values()), default=1)
+
+
 def gpipe_bubble(stages: int, micro_batches: int) -> float:
     """The idle share of each stage under GPipe with equal stage times: (K-1)/(M+K-1)."""
     return (stages - 1) / (micro_batches + stages - 1)
@@ -171,13 +194,16 @@ class PipelineReplica(Replica):
         self.devices = [torch.device(d) for d in devices]
         self.device = self.devices[0]            # where the trainer puts the inputs
         self.bounds = bounds
+        sharing = most_stages_sharing(model, [layers[a:b] for a, b in bounds], devices)
         self.stages = [layers[a:b].to(dev) for (a, b), dev in zip(bounds, self.devices)]
         self.run_stages: list = list(self.stages)  # what a forward calls (--compile wraps them)
         # One loss scale and one clipping norm over every stage's parameters.
         self.precision = precision or Precision("32", self.devices)
         self.micro_batches = cfg.micro_batches
         self.schedule = cfg.schedule
-        self.backward_passes = cfg.micro_batches  # Horovod allreduces after the last of them
+        # Horovod allreduces a gradient after the last of its backward passes in a step: one
+        # per micro-batch, and one per stage that uses it (tied weights, most_stages_sharing)
+        self.backward_passes = cfg.micro_batches * sharing
         self._pool = (ThreadPoolExecutor(stages, thread_name_prefix="stage")
                       if cfg.schedule != "sequential" and stages > 1 else None)
         self._busy = [0.0] * stages

@@ -198,6 +198,57 @@ def test_a_model_with_parameters_outside_its_layers_is_refused_and_tied_ones_are
     assert len(piped.stages) == 2
 
 
+class TiedLM(nn.Module):
+    """A language model's tied weights: the embedding's matrix is the output head's too."""
+
+    def __init__(self, vocab=11, width=6):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.layers = nn.Sequential(self.embed, nn.Linear(width, width), nn.Tanh(),
+                                    TiedHead(self.embed))
+
+    def forward(self, ids):
+        return self.layers(ids)
+
+
+class TiedHead(nn.Module):
+    def __init__(self, embed):
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, h):
+        return h @ self.embed.weight.t()
+
+
+def test_stages_that_share_a_weight_tell_horovod_each_ones_backward_pass():
+    """Each stage's backward adds into the tied weight's gradient: 2 hook calls per micro-batch,
+    where Horovod, told to expect 1, failed its own assertion at the first step."""
+    from hvdtrain.losses import token_cross_entropy
+    from hvdtrain.replica import Objective
+
+    torch.manual_seed(0)
+    model = TiedLM()
+    plain = Replica(copy.deepcopy(model), torch.device("cpu"), Objective(token_cross_entropy))
+    piped = PipelineReplica(model, ["cpu", "cpu"], PipelineConfig(stages=2, micro_batches=3),
+                            Objective(token_cross_entropy))
+    assert piped.backward_passes == 6
+    shared = piped.stages[0][0].weight
+    calls = []
+    shared.register_post_accumulate_grad_hook(lambda p: calls.append(1))
+    ids = torch.randint(0, 11, (6, 5))
+    a = plain.forward_backward(ids, ids, grad_scale=1.0)
+    b = piped.forward_backward(ids, ids, grad_scale=1.0)
+    assert len(calls) == piped.backward_passes  # as many as Horovod is told
+    assert b.mean_loss() == pytest.approx(a.mean_loss(), abs=1e-5)
+    assert torch.allclose(shared.grad, plain.model.embed.weight.grad, atol=1e-5)
+    assert PipelineReplica(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4)), ["cpu", "cpu"],
+                           PipelineConfig(stages=2, micro_batches=3)).backward_passes == 3
+    with pytest.raises(ConfigError, match=r"--stages: the parameter embed\.weight is used by "
+                                          r"stages 0, 1, which --devices puts on cpu and "
+                                          r"cuda:0; a parameter lives on one device"):
+        PipelineReplica(TiedLM(), ["cpu", "cuda:0"], PipelineConfig(stages=2))
+
+
 # --- GPUs ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
