@@ -23,6 +23,10 @@ def metric_specs(text: str) -> dict[str, str]:
         if name == "loss" or name in specs:
             taken = "the loss's" if name == "loss" else "given twice"
             raise ValueError(f"the name {name!r} is {taken}; give each metric a name of its own")
+        if name.startswith(("test_", "train_")):  # the log adds those: test_test_x
+            raise ValueError(f"the name {name!r} would be logged as train_{name} and "
+                             f"test_{name}; name it {name.partition('_')[2]!r}, and its test "
+                             "value is test_" + name.partition("_")[2])
         specs[name] = spec
     return specs
 

@@ -336,7 +336,9 @@ def test_metrics_of_the_users_own_are_taken_from_files_and_reported_beside_the_b
     assert "top2" in w.objective().metrics
     for text, words in (("top2", "'top2' is not NAME=MODULE:CALLABLE"),
                         ("loss=mine.py:top2", "the name 'loss' is the loss's"),
-                        ("a=mine.py:top2,a=mine.py:top2", "the name 'a' is given twice")):
+                        ("a=mine.py:top2,a=mine.py:top2", "the name 'a' is given twice"),
+                        ("test_x=mine.py:top2", "the name 'test_x' would be logged as "
+                                                "train_test_x and test_test_x; name it 'x'")):
         with pytest.raises(ConfigError, match=f"--metrics: invalid value .*{words}"):
             Config.from_overrides({"metrics": text}).validate()
     # it replaced the built-in accuracy, acc and test_acc, without a word; free under mse
