@@ -387,15 +387,7 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
     fn = resolve_callable(spec, "--model", builtins=MODELS)
     explicit = parse_json_args(cfg.model.model_args, "--model-args")
     offered = {k: v for k, v in (("input_shape", shape), ("num_classes", classes)) if v is not None}
-    # a stream (IterableDataset) is not read ahead for its first item, as a Dataset is
-    pairs = ("" if isinstance(data["train_data"], IterableDataset) else
-             "items that are (input tensor, target) pairs, ")
-    how = {"input_shape": "this dataset does not tell it (give the training dataset an "
-                          f"input_shape attribute, {pairs}or pass it in --model-args)",
-           "num_classes": classes_unknown or
-                          "this dataset does not tell it (give the training dataset a "
-                          "num_classes or classes attribute, or pass it in --model-args)"}
-    unlearned = {k: v for k, v in how.items() if k not in offered}
+    unlearned = {k: v for k, v in _why_not_offered(data).items() if k not in offered}
 
     def build_user() -> nn.Module:
         model = call_with_known_kwargs(fn, "--model", spec, explicit, offered,
@@ -403,6 +395,19 @@ def model_factory(cfg: Config, data: dict[str, Any]) -> Callable[[], nn.Module]:
         expect_type(model, nn.Module, "--model", spec, "the model instance (an nn.Module)")
         return checked_trainable(model, "--model", spec)
     return build_user
+
+
+def _why_not_offered(data: dict[str, Any]) -> dict[str, str]:
+    """What a user's model is told where the data did not tell its input_shape or
+    num_classes."""
+    # a stream (IterableDataset) is not read ahead for its first item, as a Dataset is
+    pairs = ("" if isinstance(data["train_data"], IterableDataset) else
+             "items that are (input tensor, target) pairs, ")
+    return {"input_shape": "this dataset does not tell it (give the training dataset an "
+                           f"input_shape attribute, {pairs}or pass it in --model-args)",
+            "num_classes": data.get("classes_unknown") or
+                           "this dataset does not tell it (give the training dataset a "
+                           "num_classes or classes attribute, or pass it in --model-args)"}
 
 
 def checked_trainable(model: nn.Module, flag: str, spec: str) -> nn.Module:
