@@ -56,6 +56,16 @@ def token_cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Ten
                            _as_class_ids(target).reshape(-1))
 
 
+def scored_positions(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """How many positions token_cross_entropy's mean is over: those not IGNORE_INDEX. A test
+    loss over several batches or workers is then the mean over every scored token, whatever
+    their lengths (padded sequences), not a mean of per-batch means."""
+    return (target != IGNORE_INDEX).sum()
+
+
+token_cross_entropy.loss_weight = scored_positions  # type: ignore[attr-defined]
+
+
 LOSSES: dict[str, Loss] = {  # torch's defaults are reduction="mean"
     "cross_entropy": cross_entropy,
     "token_cross_entropy": token_cross_entropy,

@@ -27,14 +27,37 @@ class BatchStats:
     loss_sum: torch.Tensor  # detached scalar tensor: reading it is the caller's choice
     count: int
     metrics: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (sum, count)
+    # What loss_sum sums over: the samples (count), or the units a loss weighs its mean by
+    # (loss_weight_of: token_cross_entropy's scored tokens), so that a mean over several
+    # batches, micro-batches or workers is the loss's own mean over all of them.
+    loss_weight: Any = None
+
+    def __post_init__(self) -> None:
+        if self.loss_weight is None:
+            self.loss_weight = self.count
 
     def __iadd__(self, other: "BatchStats") -> "BatchStats":
         self.loss_sum = self.loss_sum + other.loss_sum
         self.count += other.count
+        self.loss_weight = self.loss_weight + other.loss_weight
         for name, (s, c) in other.metrics.items():
             mine = self.metrics.get(name)
             self.metrics[name] = (s, c) if mine is None else (mine[0] + s, mine[1] + c)
         return self
+
+    def mean_loss(self) -> float:
+        """The loss's mean over what it weighs (the samples, or the scored tokens)."""
+        weight = self.loss_weight
+        if isinstance(weight, torch.Tensor):  # one read, not two, of a loss on a GPU
+            return (self.loss_sum / weight.clamp(min=1)).item()
+        return self.loss_sum.item() / max(weight, 1)
+
+
+def loss_weight_of(loss: Callable) -> Callable[[Any, Any], Any] | None:
+    """A loss's own weight of a batch, (output, target) -> how many units its mean is over,
+    where it gives one as its ``loss_weight`` attribute (token_cross_entropy: the positions not
+    ignored; a user's loss may too), else None: the batch's samples."""
+    return getattr(loss, "loss_weight", None)
 
 
 def batch_length(obj: Any) -> int:
@@ -81,8 +104,10 @@ class Objective:
                 result = metric(output, target)
                 if result is not None:  # a metric that does not apply to this output says None
                     sums[name] = result
+        weigh = loss_weight_of(self.loss)
+        weight = n if weigh is None else weigh(output, target)
         # float32 sums: a bfloat16 loss (autocast) would lose digits as the epoch adds them up
-        return loss, BatchStats(loss.detach().float() * n, n, sums)
+        return loss, BatchStats(loss.detach().float() * weight, n, sums, weight)
 
 
 class Replica:

@@ -1,5 +1,5 @@
-"""A worker's running sums over the epoch under way (and over an evaluation): the loss, the
-samples and each metric's sum and count, in the layout that adds up across workers
+"""A worker's running sums over the epoch under way (and over an evaluation): the loss and what
+it weighs (replica.BatchStats.loss_weight), the samples and each metric's sum and count, in the layout that adds up across workers
 (``as_vector``), and the means of such a sum (``means``). The run log (run_log.py) and the
 evaluator (evaluator.py) keep one each."""
 
@@ -20,6 +20,7 @@ class EpochTotals:
         self.names = metric_names
         self.loss = 0.0
         self.count = 0
+        self.loss_weight: float | torch.Tensor = 0.0
         self.metrics = {name: [0.0, 0.0] for name in metric_names}
         self.started = time.perf_counter()
         self.steps = 0
@@ -27,22 +28,24 @@ class EpochTotals:
     def add(self, loss_sum: float, stats: BatchStats) -> None:
         self.loss += loss_sum
         self.count += stats.count
+        self.loss_weight = _added(self.loss_weight, stats.loss_weight)
         self.steps += 1
         for name, (s, c) in stats.metrics.items():
             sums = self.metrics[name]
             sums[0], sums[1] = _added(sums[0], s), _added(sums[1], c)
 
     def running(self) -> dict[str, float]:
-        out = {"loss": self.loss / max(self.count, 1)}
+        out = {"loss": self.loss / max(float(self.loss_weight), 1)}
         for name, (s, c) in self.metrics.items():
             if c:
                 out[name] = float(s) / float(c)
         return out
 
     def as_vector(self, seconds: float) -> list[float]:
-        """[loss sum, samples, samples/s, then each metric's sum and count]: adds across workers."""
+        """[loss sum, samples, samples/s, loss weight, then each metric's sum and count]: adds
+        across workers."""
         rate = self.count / seconds if seconds > 0 else 0.0
-        return [self.loss, float(self.count), rate,
+        return [self.loss, float(self.count), rate, float(self.loss_weight),
                 *[float(v) for name in self.names for v in self.metrics[name]]]
 
 
@@ -62,9 +65,8 @@ def _added(total: float | torch.Tensor, value: Any) -> float | torch.Tensor:
 
 def means(vector: list[float], names: list[str]) -> tuple[float, dict[str, float | None]]:
     """(mean loss, each metric's mean or None) from a summed vector of as_vector's layout."""
-    count = vector[1]
     metrics = {}
     for i, name in enumerate(names):
-        s, c = vector[3 + 2 * i], vector[4 + 2 * i]
+        s, c = vector[4 + 2 * i], vector[5 + 2 * i]
         metrics[name] = s / c if c else None
-    return vector[0] / max(count, 1), metrics
+    return vector[0] / max(vector[3], 1), metrics

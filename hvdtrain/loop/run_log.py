@@ -222,10 +222,10 @@ class RunLog:
 
     def step(self, epoch: int, global_step: int, lr: float, loss: float,
              stats: BatchStats) -> None:
-        t = self.totals
-        t.add(loss * stats.count, stats)
+        t, weight = self.totals, float(stats.loss_weight)  # samples, or a loss's scored tokens
+        t.add(loss * weight, stats)
         if self.log_steps:
-            values = [loss * stats.count, stats.count]
+            values = [loss * weight, weight]
             record = {"type": "step", "epoch": epoch + 1, "step": global_step, "lr": lr}
             if self.scheme.group.steps_agree:
                 self._post(values, record)

@@ -147,7 +147,7 @@ class Trainer:
         p, epoch = self.progress, self.progress.epoch
         started = time.perf_counter()
         stats = self.scheme.step(x, y, lr)
-        loss = stats.loss_sum.item() / stats.count
+        loss = stats.mean_loss()
         waited = self.scheme.take_wait_seconds()
         done = StepResult(p, loss, time.perf_counter() - started - waited, stats.count, waited,
                           started)

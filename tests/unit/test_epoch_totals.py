@@ -37,8 +37,38 @@ def test_cpu_metrics_add_as_floats_and_read_the_same():
     for correct in (1, 3, 4):
         totals.add(0.5 * 4, stats(correct))
     assert totals.metrics["acc"] == [8.0, 12.0]
-    assert totals.as_vector(2.0) == [6.0, 12.0, 6.0, 8.0, 12.0]
+    assert totals.as_vector(2.0) == [6.0, 12.0, 6.0, 12.0, 8.0, 12.0]
     assert totals.running() == {"loss": 0.5, "acc": pytest.approx(8 / 12)}
+
+
+def test_a_token_loss_over_workers_is_the_mean_over_every_scored_token():
+    """Padded sequences of unequal lengths on two workers: the test loss is the mean over all
+    their scored tokens, as one worker scoring both gives, not the mean of the two workers'
+    means (a 2-worker run reported 3.06 where 1 worker reported 1.52)."""
+    from hvdtrain.losses import IGNORE_INDEX, token_cross_entropy
+    from hvdtrain.loop.epoch_totals import means
+    from hvdtrain.replica import Objective
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 6, 5, generator=g)
+    target = torch.randint(0, 5, (4, 6), generator=g)
+    target[2:, 1:] = IGNORE_INDEX  # the second worker's sequences are one token long
+    objective = Objective(token_cross_entropy)
+    whole = token_cross_entropy(logits, target).item()
+
+    def worker_vector(rows):
+        totals = EpochTotals([])
+        _, batch = objective.score(logits[rows], target[rows])
+        totals.add(batch.loss_sum.item(), batch)
+        return totals.as_vector(1.0)
+
+    summed = [a + b for a, b in zip(worker_vector(slice(0, 2)), worker_vector(slice(2, 4)))]
+    assert means(summed, [])[0] == pytest.approx(whole)
+    _, both = objective.score(logits, target)
+    assert both.count == 4 and int(both.loss_weight) == 14 and both.mean_loss() == \
+        pytest.approx(whole)
+    _, plain = Objective(torch.nn.functional.mse_loss).score(torch.ones(3, 2), torch.zeros(3, 2))
+    assert plain.loss_weight == 3  # a loss that declares no weight is weighed by its samples
 
 
 def test_a_16_bit_float_metric_adds_up_in_float32():

@@ -224,7 +224,9 @@ class _Summed(OwnGroup, Group):
 
 def test_the_epoch_line_carries_every_workers_step_times(tmp_path):
     other = _timer([0.004] * 3, [0.0] * 3).vector(1, 2)
-    scheme = _Summed([0.0] * 5 + other)  # the other worker's totals: nothing but its times
+    # the other worker's totals (loss, samples, rate, loss weight, acc's sum and count):
+    # nothing but its times
+    scheme = _Summed([0.0] * 6 + other)
     timer = _timer([0.001] * 3, [0.003] * 3)
     # The trainer has the scheme hear them (Trainer's build_log); the log only calls its listeners.
     log = RunLog(1, scheme, ["acc"], True, False, False, timer=timer,

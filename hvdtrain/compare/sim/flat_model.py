@@ -36,7 +36,8 @@ class _FlatModel:
             p.data = view  # the weights live in the flat vector
 
     def gradient(self, x, y, clip: bool = True) -> tuple[torch.Tensor, float, int]:
-        """(flat gradient of the batch's mean loss at the loaded weights, loss sum, samples).
+        """(flat gradient of the batch's mean loss at the loaded weights, loss sum, samples,
+        what the loss sum is over: replica.BatchStats.loss_weight).
         With ``clip``, clipped as --clip-grad-norm asks, as an async worker clips before its
         push (sync clips the average instead: :meth:`clip`)."""
         for p in self.params:
@@ -46,7 +47,7 @@ class _FlatModel:
             self.clip()
         grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
                           for p in self.params])
-        return grad, stats.loss_sum.item(), stats.count
+        return grad, stats.loss_sum.item(), stats.count, float(stats.loss_weight)
 
     def clip(self) -> None:
         """--clip-grad-norm on the parameters' gradients, as precision.Precision.update does."""
@@ -67,7 +68,7 @@ class _FlatModel:
         stats = self.replica.evaluate(test.eval_batches(0, 1, EVAL_BATCH))
         if stats is None or not stats.count:
             return {}
-        return {"test_loss": stats.loss_sum.item() / stats.count,
+        return {"test_loss": stats.mean_loss(),
                 **{f"test_{name}": float(s) / float(c) if float(c) else None
                    for name, (s, c) in stats.metrics.items()}}
 

@@ -180,15 +180,16 @@ class Simulation:
         if weights is not None:
             self.setup.model.flat.copy_(weights)
         torch.set_rng_state(w.rng)
-        grad, loss_sum, count = self.setup.model.gradient(x, y, clip)
+        grad, loss_sum, count, weight = self.setup.model.gradient(x, y, clip)
         w.rng = torch.get_rng_state()
-        self._counted(w, loss_sum, count)
+        self._counted(w, loss_sum, count, weight)
         return grad
 
-    def _counted(self, w: _Worker, loss_sum: float, count: int) -> None:
-        """Worker ``w`` took a step whose loss over ``count`` samples summed to ``loss_sum``;
-        a non-finite loss ends the run, as a real run's loss guard ends it (loop/stopping.py)."""
-        per_epoch, loss = self.steps_per_epoch, loss_sum / count if count else loss_sum
+    def _counted(self, w: _Worker, loss_sum: float, count: int, weight: float) -> None:
+        """Worker ``w`` took a step of ``count`` samples whose loss summed to ``loss_sum`` over
+        ``weight`` (the samples, or a token loss's scored tokens: BatchStats.loss_weight); a
+        non-finite loss ends the run, as a real run's loss guard ends it (loop/stopping.py)."""
+        per_epoch, loss = self.steps_per_epoch, loss_sum / weight if weight else loss_sum
         if not math.isfinite(loss):  # the advice is worded only then
             why = non_finite_loss(loss, Progress(epoch=w.steps // per_epoch,
                                                  step=w.steps % per_epoch, global_step=w.steps),
@@ -197,7 +198,7 @@ class Simulation:
         w.steps += 1
         self._worker_steps += 1
         self._samples += count
-        self._loss_sum, self._loss_count = self._loss_sum + loss_sum, self._loss_count + count
+        self._loss_sum, self._loss_count = self._loss_sum + loss_sum, self._loss_count + weight
 
     def _delay(self, w: _Worker, step: int, step_seconds: float, work: float = 1.0) -> float:
         """What the straggler hook sleeps after ``w``'s step ``step``, which computed for

@@ -115,4 +115,4 @@ class SyncRun:
         x, y = w.next_batch()
         set_learning_rate(learner.optimizer, lr)
         stats = w.engine.step(x, y)
-        self.sim._counted(w, stats.loss_sum.item(), stats.count)
+        self.sim._counted(w, stats.loss_sum.item(), stats.count, float(stats.loss_weight))

@@ -145,8 +145,8 @@ def _compute_line(model: _FlatModel, batches: Iterator, warmup: int,
         halves = 2 if batch_length(y) > 1 else 1
         for parts in range(1, halves + 1):
             started = time.perf_counter()
-            _, _, counts[parts] = model.gradient(split_batch(x, parts)[0],
-                                                 split_batch(y, parts)[0])
+            _, _, counts[parts], _ = model.gradient(split_batch(x, parts)[0],
+                                                    split_batch(y, parts)[0])
             if i >= warmup:
                 seconds[parts].append(time.perf_counter() - started)
     full = statistics.median(seconds[1])
