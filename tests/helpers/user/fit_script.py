@@ -41,12 +41,10 @@ def main():
     out = Path(sys.argv[1])
     train, test = digits()
 
+    options = parse_options(sys.argv[2:])
     result = hvdtrain.fit(lambda: build((1, 8, 8), 10), train, test,
-                          loss="cross_entropy", **parse_options(sys.argv[2:]))
-
-    # Distributed: the launcher's rank, only to name this process's file.
-    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
-    (out / f"rank{rank}.json").write_text(json.dumps({
+                          loss="cross_entropy", **options)
+    returned = {
         "history": result.history,
         "final": result.final,
         "run_dir": str(result.run_dir),
@@ -56,8 +54,16 @@ def main():
         "model_training": None if result.model is None else result.model.training,
         "parameters": None if result.model is None else digests(result.model.named_parameters()),
         "buffers": None if result.model is None else digests(result.model.named_buffers()),
-    }))
+    }
+    if options.get("mode") == "sync":  # the trained model trains again: fine-tuning
+        again = hvdtrain.fit(result.model, train, test, loss="cross_entropy",
+                             **{**options, "epochs": 1, "warmup_epochs": 0,
+                                "run_dir": options["run_dir"] + "-again"})
+        returned["again"] = again.final
 
+    # Distributed: the launcher's rank, only to name this process's file.
+    rank = int(os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", 0)))
+    (out / f"rank{rank}.json").write_text(json.dumps(returned))
 
 if __name__ == "__main__":  # loader processes may import this file; they must not train
     main()
