@@ -222,11 +222,14 @@ def _run_async(cfg: Config, workload: Workload, model):
         if is_server:
             server = _built_on_every_rank(
                 world, lambda: ParameterServer(comm, cfg, topology, runtime.device))
+            _same_model_on_every_worker(world, None)
             lost = _serve(server)
         else:
             trainer = _built_on_every_rank(world, lambda: _build_trainer(
                 cfg, runtime, layout, _client_class(cfg)(cfg, runtime, comm, worker_comm, topology),
                 workload, model))
+            _same_model_on_every_worker(world, [
+                (name, tuple(p.shape)) for name, p in trainer.replica.model.named_parameters()])
             trainer.fit()
             workload.close()
             lost = trainer.scheme.survivors.lost
@@ -267,6 +270,29 @@ def _built_on_every_rank(world, build: Callable[[], Any]) -> Any:
         refused = e
     _agree_on_input(world, refused)
     return built
+
+
+def _same_model_on_every_worker(world, shapes: list | None) -> None:
+    """Every worker's model has worker 0's parameters (``shapes``: names and shapes; None on a
+    server), else ConfigError on every rank. The server holds worker 0's flat parameters, and a
+    worker whose model differed (fit() given another on each rank) trained on them in silence,
+    or failed in a numpy copy, where sync's broadcast refuses the mismatch."""
+    workers = [(rank, s) for rank, s in enumerate(world.allgather(shapes)) if s is not None]
+    lead_rank, lead = workers[0]
+    differ = [(rank, s) for rank, s in workers if s != lead]
+    if not differ:
+        return
+    rank, other = differ[0]
+    def shown(parameter) -> str:
+        return f"{parameter[0]} {'x'.join(map(str, parameter[1])) or 'scalar'}"
+    first = next((f"{shown(b)} against {shown(a)}" for a, b in zip(lead, other) if a != b),
+                 f"{len(other)} parameters against {len(lead)}")
+    error = ConfigError(
+        f"the model: {len(differ)} worker(s) built another model than rank {lead_rank}'s "
+        f"(rank {rank}: {first}); every worker must build the same model, from the same "
+        "builder and arguments on every rank (a parameter server holds one copy of it)")
+    error.raised_on_every_rank = True
+    raise error
 
 
 def _agree_on_input(world, refused: BaseException | None) -> None:

@@ -540,6 +540,32 @@ def test_an_async_workers_refusal_at_start_up_is_raised_on_every_rank():
     assert raised.value is own and own.raised_on_every_rank
 
 
+def test_an_async_worker_with_another_model_than_worker_0s_is_refused_on_every_rank():
+    """The server holds worker 0's parameters: a worker whose fit() got a narrower model
+    trained on them in silence (exit 0), a wider one failed in a numpy copy."""
+    from hvdtrain import launch
+
+    class World:  # worker 0, worker 1, a server
+        def __init__(self, *every):
+            self.every = list(every)
+
+        def allgather(self, mine):
+            return self.every
+
+    wide = [("0.weight", (32, 20)), ("0.bias", (32,))]
+    launch._same_model_on_every_worker(World(wide, wide, None), None)  # the same: nothing
+    for mine in (None, wide):  # the server, worker 0: every rank raises it
+        with pytest.raises(ConfigError, match=r"^the model: 1 worker\(s\) built another model "
+                                              r"than rank 0's \(rank 1: 0\.weight 16x20 "
+                                              r"against 0\.weight 32x20\); every worker must "
+                                              r"build the same model") as raised:
+            launch._same_model_on_every_worker(
+                World(wide, [("0.weight", (16, 20)), ("0.bias", (16,))], None), mine)
+        assert raised.value.raised_on_every_rank
+    with pytest.raises(ConfigError, match=r"rank 1: 1 parameters against 2"):
+        launch._same_model_on_every_worker(World(wide, wide[:1], None), None)
+
+
 def test_an_error_in_a_loader_process_is_told_by_its_own_message():
     """The one-line error said "Caught DataError in DataLoader worker process 0." alone."""
     from hvdtrain.errors import plain_message
