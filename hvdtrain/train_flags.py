@@ -43,8 +43,10 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def add_train_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=argparse.SUPPRESS,
-                        help="TOML or YAML file of options; flags given here override it")
+    parser.add_argument("--config", default=argparse.SUPPRESS, action="append",
+                        help="TOML or YAML file of options; flags given here override it. "
+                             "Given more than once, the files are read in order, a later "
+                             "file's options over an earlier one's")
     for section, klass in SECTIONS.items():
         group = parser.add_argument_group(section, klass.__doc__)
         for f in dataclasses.fields(klass):
@@ -101,7 +103,13 @@ def near_flags(parser: argparse.ArgumentParser, unknown: Sequence[str]) -> str:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    values = load_config_file(args.config) if getattr(args, "config", None) else {}
+    values: dict = {}
+    origin: dict[str, str] = {}  # the file each option not given as a flag came from
+    files = getattr(args, "config", None) or []
+    for path in [files] if isinstance(files, str) else files:  # in order: the later wins
+        read = load_config_file(path)
+        values.update(read)
+        origin.update(dict.fromkeys(read, path))
     given = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
     values.update(given)
     # One file may hold both modes' options, each read under its mode (a [ps] section in a sync
@@ -114,3 +122,8 @@ def config_from_args(args: argparse.Namespace) -> Config:
             if e.option in given or e.option not in values:
                 raise
             del values[e.option]
+        except ConfigError as e:  # a bad value from a file: name the file, not only the flag
+            name = str(e).split(":", 1)[0].split()[0].removeprefix("--").replace("-", "_")
+            if name in given or name not in origin:
+                raise
+            raise ConfigError(f"{origin[name]}: {e} (the file's {name!r})") from None

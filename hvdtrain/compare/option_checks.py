@@ -17,6 +17,7 @@ from ..config import ConfigError
 from ..config.cross_checks import ASYNC_RULES
 from ..config.values import UnreadOption
 from ..train_flags import config_from_args, parse_train_flags
+from .plan import unread_tuning
 from .measured_links import links_flag
 from .sim.link import check_link_flags
 
@@ -121,8 +122,9 @@ def check_train_args(cfg) -> None:
     refused = {}
     modes = cfg.planned_modes()
     for mode in modes:
+        own = {k: v for k, v in vars(given).items() if k not in unread_tuning(mode)}
         try:
-            config_from_args(argparse.Namespace(**{**vars(given), **mode.config_options()}))
+            config_from_args(argparse.Namespace(**{**own, **mode.config_options()}))
         except UnreadOption as e:  # the plan sets the mode: its "add --mode async" is no fix
             refused[mode.name] = (f"{str(e).split(':', 1)[0]}: an option of the parameter "
                                   "server, which this mode has not: drop it"

@@ -130,7 +130,9 @@ class CompareConfig:
     model: str | None = _opt(None, "the --model of every run (see hvdtrain train --help)",
                              type=str)
     train_args: str | None = _opt(None, "more hvdtrain train flags for every run, e.g. "
-                                  "'--batch-size 64'", type=str)
+                                  "'--batch-size 64'; a transport's tuning (--chunk-mb, "
+                                  "--fusion-threshold-mb) goes to the modes that read it",
+                                  type=str)
     # --- the real runs: processes, hosts, where they write
     workers: int = _opt(2, "training processes in every run")
     out: str = _opt("runs/compare", "folder for the runs, report and plots")

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 # The modes' names, flags, options and rules have one table: rules/registry.py.
+from ..config.cross_checks import UNREAD_TUNING
 from ..ps.membership import RECOVERY_FLAGS
 from ..rules.registry import DC_LAMBDA, MODE_NAMES, Mode, modes  # noqa: F401
 
@@ -17,6 +18,28 @@ from ..rules.registry import DC_LAMBDA, MODE_NAMES, Mode, modes  # noqa: F401
 # names both resolve to this machine, and Horovod starts a local process for either.
 ELASTIC = Mode("elastic", scheme="sync")
 ELASTIC_HOSTS = ("localhost", "127.0.0.1")
+
+
+def unread_tuning(mode: Mode) -> tuple[str, ...]:
+    """The transports' tuning options (field names) that a run of ``mode`` does not read, and
+    would refuse: a plan's --train-args give them to the modes that read them alone."""
+    return UNREAD_TUNING["async" if mode.is_async else "sync"]
+
+
+def for_mode(train_args: list[str] | tuple[str, ...], mode: Mode) -> list[str]:
+    """``train_args`` without the tuning flags (and their values) that ``mode`` does not read."""
+    unread = {"--" + name.replace("_", "-") for name in unread_tuning(mode)}
+    switches = {"--shared-memory", "--no-shared-memory"}  # flags without a value
+    kept, skip_value = [], False
+    for word in train_args:
+        flag = word.split("=", 1)[0]
+        if skip_value:
+            skip_value = False
+        elif flag in unread or flag in switches and "--" + flag[5:] in unread:
+            skip_value = "=" not in word and flag not in switches
+        else:
+            kept.append(word)
+    return kept
 
 
 @dataclass(frozen=True)
@@ -100,6 +123,7 @@ def plan(mode_list: list[Mode], seeds: list[int], stragglers: list[str], workers
             for seed in seeds:
                 name = f"{mode.name}-seed{seed}" + (f"-straggler{slug}" if straggler else "")
                 processes = workers + (1 if mode.is_async else 0)
-                runs.append(PlannedRun(name, mode, seed, straggler, processes, tuple(train_args),
+                runs.append(PlannedRun(name, mode, seed, straggler, processes,
+                                       tuple(for_mode(train_args, mode)),
                                        tuple(launcher_args), faults))
     return runs

@@ -65,6 +65,9 @@ def _check_what_async_cannot_run(cfg: Any) -> None:
     # lock-step rounds have no staleness to bound; the round weight is DiLoCo's.
     refuse_unread(s, ("compression",), False, "it compresses sync's gradient allreduce; the "
                   "parameter server's messages take --wire-dtype fp16 (or bf16) instead")
+    refuse_unread(s, HOROVOD_ONLY, False, "an option of Horovod's allreduce (--mode sync); the "
+                  "parameter server (--mode async) does not use Horovod and would ignore it: "
+                  "drop {flag}")
     require(not p.bsp or math.isinf(p.staleness), "--staleness", p.staleness,
             "--bsp rounds are lock-step, with no staleness to bound; drop one of them")
     # A lock-step round replies with its new parameters, which a worker skipping pulls would
@@ -78,11 +81,21 @@ def _check_what_async_cannot_run(cfg: Any) -> None:
                           "DiLoCo's (--local-steps H); drop it")
 
 
+# What only Horovod reads: an async job has no allreduce (its chunks are --chunk-mb).
+HOROVOD_ONLY = ("reduce_op", "fusion_threshold_mb", "cycle_time_ms")
+# The parameter server's transport: what only an async job's messages read.
+SERVER_TRANSPORT = ("chunk_mb", "shared_memory")
+# The transports' tuning, which changes no result, that each mode does not read: compare gives
+# a plan's --train-args of it to the modes that read it alone (compare/plan.py for_mode).
+UNREAD_TUNING = {"sync": SERVER_TRANSPORT, "async": ("fusion_threshold_mb", "cycle_time_ms")}
+
 # The parameter server's rules: what a sync run would ignore without a word, leaving its user
 # to believe it ran SSP or BSP (mpirun -np 3 --staleness 0, --mode async forgotten, trained
 # three sync workers). --backup-workers, --max-restarts and --server-device have checks of
-# their own; the transport's tuning (--chunk-mb, shared memory) changes no result. Each mode has
+# their own. Each mode has
 # its own timeout for a hang, and a user who set the other mode's would believe a hang bounded.
+# The transport's tuning (SERVER_TRANSPORT) changes no result, and is refused all the same: it
+# would tune nothing (compare passes it only to the modes that read it: compare/plan.py).
 ASYNC_RULES = ("num_servers", "staleness", "pull_every", "bsp", "dc_lambda", "staleness_lr",
                "round_staleness_weight", "eval_pauses_workers")
 
@@ -92,6 +105,9 @@ def _check_async_only(cfg: Any) -> None:
     refuse_unread(cfg.ps, ASYNC_RULES, mode == "async",
                   f"an option of the parameter server (--mode async); this run is --mode {mode} "
                   "and would ignore it: add --mode async, or drop {flag}")
+    refuse_unread(cfg.ps, SERVER_TRANSPORT, mode == "async",
+                  "it tunes the parameter server's messages (--mode async); this run is --mode "
+                  f"{mode}, whose allreduce takes --fusion-threshold-mb instead: drop {{flag}}")
     refuse_unread(cfg.ps, ("timeout_s",), mode == "async",
                   "the parameter server's limit on silence (--mode async); a sync run's hangs "
                   "are ended by --stall-timeout-s instead: use that")

@@ -63,10 +63,11 @@ class DataConfig:
                        "npz": "FILE.npz holding arrays x and y",
                        "folder": "FOLDER with one subfolder of images per class"}[d.dataset])
         else:  # the built-in digits trained instead, without a word (a forgotten --dataset npz)
-            require(not d.data_path, "--data-path", d.data_path,
-                    f"only --dataset mnist, npz or folder read it, and --dataset {d.dataset} "
-                    "would ignore it: add --dataset npz (a .npz file), mnist or folder, or give "
-                    "your own --dataset callable its path with --dataset-args")
+            refuse_unread(d, ("data_path",), False,
+                          f"only --dataset mnist, npz or folder read it, and --dataset "
+                          f"{d.dataset} would ignore it: add --dataset npz (a .npz file), mnist "
+                          "or folder, or give your own --dataset callable its path with "
+                          "--dataset-args")
         require(d.data_workers >= 0, "--data-workers", d.data_workers,
                 "use 0 (load in the training process) or a number of loader processes")
         require(0 <= d.data_seed <= MAX_SEED, "--data-seed", d.data_seed, SEED_RANGE)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError, require
-from .values import opt, parse_metric_goal, parse_stop_at
+from .values import UnreadOption, opt, parse_metric_goal, parse_stop_at
 
 
 @dataclass
@@ -49,6 +49,6 @@ class EvalOptions:
         require(self.early_stop_patience >= 0, "--early-stop-patience", self.early_stop_patience,
                 "use 0 (never stop early) or a number of evaluations, e.g. 3")
         if self.early_stop_patience and not self.keep_best:
-            raise ConfigError("--early-stop-patience watches the metric of --keep-best: pass "
-                              "--keep-best METRIC too (e.g. --keep-best test_acc), or drop "
-                              "--early-stop-patience")
+            raise UnreadOption("--early-stop-patience watches the metric of --keep-best: pass "
+                               "--keep-best METRIC too (e.g. --keep-best test_acc), or drop "
+                               "--early-stop-patience", "early_stop_patience")

@@ -67,11 +67,14 @@ class ModelConfig:
                 m.channels, "give positive channel counts, e.g. --channels 32,64")
         # Each built-in model reads its own shape flag; another's was ignored without a word.
         for flag, owner in (("hidden", "mlp"), ("channels", "cnn")):
-            given = getattr(m, flag)
-            require(m.model == owner or given == DEFAULT_SHAPES[flag], f"--{flag}", given,
-                    f"it shapes --model {owner}, not --model {m.model}: drop it"
-                    + (" (your own model takes its sizes in --model-args)"
-                       if ":" in m.model else ""))
+            refuse_unread(m, (flag,), m.model == owner,
+                          f"it shapes --model {owner}, not --model {m.model}: drop it"
+                          + (" (your own model takes its sizes in --model-args)"
+                             if ":" in m.model else ""))
+        refuse_unread(m, ("model_args",), ":" in m.model,
+                      f"it is for your own --model MODULE:CALLABLE; the built-in {m.model} would "
+                      "ignore it. Its sizes are flags (--hidden for mlp, --channels for cnn): use "
+                      "those, or drop {flag}")
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError, require
-from .values import opt
+from .values import UnreadOption, opt
 
 
 @dataclass
@@ -31,7 +31,7 @@ class PipelineConfig:
         require(pl.stages >= 1, "--stages", pl.stages, "use 1 (no split) or more stages")
         require(pl.micro_batches >= 1, "--micro-batches", pl.micro_batches, "use 1 or more")
         if pl.stages == 1:  # the pipeline's own flags do nothing without one: ran as a plain run
-            given = [f"{flag} {value}" for flag, value, is_set in (
+            given = [(f"{flag} {value}", flag) for flag, value, is_set in (
                 ("--micro-batches", pl.micro_batches, pl.micro_batches != 1),
                 ("--schedule", pl.schedule, pl.schedule != "gpipe"),
                 ("--devices", pl.devices, pl.devices != "auto"),
@@ -39,9 +39,10 @@ class PipelineConfig:
                 if is_set]
             if given:
                 what = "pipeline options" if len(given) > 1 else "a pipeline option"
-                raise ConfigError(f"{', '.join(given)}: {what}, for a replica split into "
-                                  "stages; add --stages K (2 or more), or drop it (the device "
-                                  "of an unsplit replica is --device)")
+                raise UnreadOption(f"{', '.join(shown for shown, _ in given)}: {what}, for a "
+                                   "replica split into stages; add --stages K (2 or more), or "
+                                   "drop it (the device of an unsplit replica is --device)",
+                                   given[0][1][2:].replace("-", "_"))
         if pl.split_points:
             require(len(pl.split_points) == pl.stages - 1, "--split-points", pl.split_points,
                     f"--stages {pl.stages} needs {pl.stages - 1} split point(s), got "

@@ -113,6 +113,8 @@ def coerce(section: Any, name: str, value: Any) -> Any:
             out = None
         elif isinstance(default, bool):
             out = parse_bool(value)
+        elif isinstance(value, bool):  # true in a file, or fit(lr=True): not a number
+            raise ValueError("a boolean, not a number")
         elif isinstance(default, tuple):
             out = parse_int_tuple(value)
         elif isinstance(default, int):

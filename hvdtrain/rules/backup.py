@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.values import UnreadOption
 from ..errors import ConfigError, require
 from .bsp import LockStepRounds, bsp_quorum
 from .clocks import Versions, WorkerClocks
@@ -53,9 +54,11 @@ def check_options(cfg: Any) -> None:
     ps = cfg.ps
     if not ps.backup_workers:
         return
-    require(cfg.run.mode == "async" and ps.bsp, "--backup-workers", ps.backup_workers,
-            "backup workers close the lock-step rounds of the parameter server early; "
-            "add --mode async --bsp, or drop --backup-workers")
+    if cfg.run.mode != "async" or not ps.bsp:
+        add = "--bsp" if cfg.run.mode == "async" else "--mode async --bsp"
+        raise UnreadOption(f"--backup-workers: invalid value {ps.backup_workers}; backup "
+                           "workers close the lock-step rounds of the parameter server early; "
+                           f"add {add}, or drop --backup-workers", "backup_workers")
     # A late gradient is dropped and its worker continues from the parameters of its
     # reply, so every reply must carry them.
     require(ps.pull_every == 1, "--pull-every", ps.pull_every,

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from ..config.values import UnreadOption
 from ..errors import ConfigError, require
 
 
@@ -210,14 +211,14 @@ def _check_outer_step(sync: Any) -> None:
             sync.outer_momentum_every, "use 0 (the default, 4), 1 (plain Nesterov) or N > 1 "
             "pushes, e.g. 4")
     if sync.outer_momentum and not sync.outer_lr:
-        raise ConfigError("--outer-momentum is the momentum of DiLoCo's outer step, which "
-                          "--outer-lr turns on: add --outer-lr (e.g. 0.7) and --local-steps "
-                          "H, or drop --outer-momentum")
+        raise UnreadOption("--outer-momentum is the momentum of DiLoCo's outer step, which "
+                           "--outer-lr turns on: add --outer-lr (e.g. 0.7) and --local-steps "
+                           "H, or drop --outer-momentum", "outer_momentum")
     if sync.outer_lr and sync.local_steps == 1:
-        raise ConfigError(f"--outer-lr {sync.outer_lr:g} steps the average of rounds of "
-                          "local steps, and --local-steps 1 has none (every gradient is "
-                          "averaged); add --local-steps H with H > 1, e.g. 8, or drop "
-                          "--outer-lr")
+        raise UnreadOption(f"--outer-lr {sync.outer_lr:g} steps the average of rounds of "
+                           "local steps, and --local-steps 1 has none (every gradient is "
+                           "averaged); add --local-steps H with H > 1, e.g. 8, or drop "
+                           "--outer-lr", "outer_lr")
 
 
 def _check_local_sgd(sync: Any) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..config.values import UnreadOption
 from ..errors import ConfigError
 
 NAMES = ("fp32", "bf16", "fp16")
@@ -32,10 +33,11 @@ def check_options(cfg: Any) -> None:
     if wire == "fp32" or cfg.run.mode != "sync":
         return
     if s.local_steps == 1:
-        raise ConfigError(f"--wire-dtype {wire} rounds what the parameter server's messages "
-                          "(--mode async) and local SGD's rounds (--local-steps H) carry; plain "
-                          "sync averages every step's gradients, which --compression fp16 "
-                          "compresses: use --compression fp16, or add --local-steps H (e.g. 8)")
+        raise UnreadOption(f"--wire-dtype {wire} rounds what the parameter server's messages "
+                           "(--mode async) and local SGD's rounds (--local-steps H) carry; plain "
+                           "sync averages every step's gradients, which --compression fp16 "
+                           "compresses: use --compression fp16, or add --local-steps H (e.g. 8)",
+                           "wire_dtype")
     if wire == "bf16" and s.collective == "horovod":
         raise ConfigError("--wire-dtype bf16 with --local-steps: Horovod has no bfloat16 "
                           "allreduce; use --wire-dtype fp16, or --collective torch (Gloo and "

@@ -146,7 +146,7 @@ def test_an_unbounded_staleness_stays_the_default():
         Config.from_overrides({"micro_batches": 4, "schedule": "1f1b"}).validate()
     Config.from_overrides({"stages": 2, "micro_batches": 4}).validate()
     # another built-in model's shape flag was ignored without a word
-    with pytest.raises(ConfigError, match=r"--channels: invalid value 256,512; it shapes "
+    with pytest.raises(ConfigError, match=r"--channels: it shapes "
                                           r"--model cnn, not --model mlp: drop it"):
         Config.from_overrides({"model": "mlp", "channels": "256,512"}).validate()
     with pytest.raises(ConfigError, match=r"--hidden: .* not --model my.py:build: drop it "
@@ -165,7 +165,10 @@ def test_an_unbounded_staleness_stays_the_default():
                                               f"\\(--mode async\\); this run is --mode sync and "
                                               f"would ignore it: add --mode async, or drop {flag}"):
             Config.from_overrides(values).validate()
-    Config.from_overrides({"chunk_mb": 4}).validate()  # transport: no result
+    # the transport's tuning changes no result, and tunes nothing in the other mode
+    Config.from_overrides({"chunk_mb": 4, "mode": "async"}).validate()
+    with pytest.raises(ConfigError, match=r"--chunk-mb: it tunes the parameter server's"):
+        Config.from_overrides({"chunk_mb": 4}).validate()
     # each mode's limit on a hang, set in the other mode, bounded nothing
     with pytest.raises(ConfigError, match=r"--timeout-s: .*a sync run's hangs are ended by "
                                           r"--stall-timeout-s instead"):
@@ -352,8 +355,8 @@ def test_a_seed_beyond_what_the_generators_take(flag, value, capsys, no_training
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--model-args", '{"width": 3}'], "--model-args is for your own --model MODULE:CALLABLE; "
-                                       "the built-in mlp would ignore it"),
+    (["--model-args", '{"width": 3}'], "--model-args: it is for your own --model "
+                                       "MODULE:CALLABLE; the built-in mlp would ignore it"),
     (["--dataset", "synthetic", "--dataset-args", '{"n": 3}'],
      "--dataset-args is for your own --dataset MODULE:CALLABLE; the built-in synthetic would "
      "ignore it"),

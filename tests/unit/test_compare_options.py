@@ -195,3 +195,18 @@ def test_flags_only_simulated_runs_or_another_plan_read_are_refused_where_nothin
             options(tmp_path, *flags)
     assert options(tmp_path, "--simulate", "--global-batch", "64").global_batch == 64
     assert options(tmp_path, "--sweep-workers", "2,4", "--sweep-seeds", "3").sweep_seeds == 3
+
+
+def test_each_transports_tuning_goes_to_the_modes_that_read_it_alone(tmp_path):
+    """A sync run refuses the server's --chunk-mb, and an async one Horovod's
+    --fusion-threshold-mb: a plan of both passes each to its own modes' runs."""
+    from hvdtrain.compare.plan import for_mode, plan
+
+    tuning = "--chunk-mb 4 --fusion-threshold-mb=8 --no-shared-memory --cycle-time-ms 2 --lr 0.1"
+    cfg = options(tmp_path, "--modes", "sync,async", "--train-args", tuning)
+    sync, asynchronous = cfg.planned_modes()
+    runs = plan([sync, asynchronous], [0], ["none"], 2, tuning.split())
+    assert list(runs[0].train_args) == ["--fusion-threshold-mb=8", "--cycle-time-ms", "2",
+                                        "--lr", "0.1"]
+    assert list(runs[1].train_args) == ["--chunk-mb", "4", "--no-shared-memory", "--lr", "0.1"]
+    assert for_mode(["--shared-memory", "--epochs", "2"], sync) == ["--epochs", "2"]

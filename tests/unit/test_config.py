@@ -92,15 +92,59 @@ def test_one_file_holds_both_modes_options_each_read_under_its_mode(tmp_path, na
     path.write_text(text)
     sync = parse("--config", str(path))
     assert (sync.run.mode, sync.ps.staleness, sync.ps.dc_lambda) == ("sync", float("inf"), 0.0)
-    assert sync.ps.chunk_mb == 2.0 and sync.sync.fusion_threshold_mb == 32
+    assert sync.ps.chunk_mb == 1.0 and sync.sync.fusion_threshold_mb == 32  # each its mode's
     assert sync.sync.compression == "fp16"
     asynchronous = parse("--config", str(path), "--mode", "async")
     assert (asynchronous.ps.staleness, asynchronous.ps.dc_lambda) == (2.0, 0.04)
+    assert asynchronous.ps.chunk_mb == 2.0 and asynchronous.sync.fusion_threshold_mb == 64
     assert asynchronous.sync.compression == "none"  # sync's allreduce: the server has none
     with pytest.raises(ConfigError, match="--compression: .*take --wire-dtype fp16"):
         parse("--config", str(path), "--mode", "async", "--compression", "fp16")
     with pytest.raises(ConfigError, match="--staleness: an option of the parameter server"):
         parse("--config", str(path), "--staleness", "0")  # given on the command line
+
+
+@pytest.mark.parametrize("line, flags", [
+    ("[ps]\nbsp = true\nbackup_workers = 1", ["--backup-workers", "1"]),
+    ("[ps]\nwire_dtype = 'bf16'", ["--wire-dtype", "bf16"]),
+    ("[sync]\nouter_momentum = 0.5", ["--outer-momentum", "0.5"]),
+    ("[pipeline]\nmicro_batches = 4\nschedule = '1f1b'", ["--micro-batches", "4"]),
+    ("early_stop_patience = 3", ["--early-stop-patience", "3"]),
+    ("model_args = {width = 3}", ["--model-args", '{"width": 3}']),
+    ("data_path = '/tmp'", ["--data-path", "/tmp"]),
+    ("hidden = [8]\nchannels = [4]", ["--channels", "4"]),
+    ("[ps]\nshared_memory = false", None),
+    ("[sync]\nreduce_op = 'adasum'\ncycle_time_ms = 5", ["--mode", "async", "--reduce-op",
+                                                          "adasum"])])
+def test_a_file_keeps_options_that_this_run_does_not_read_and_flags_are_refused(tmp_path, line,
+                                                                                flags):
+    """Each was refused from a file in a sync run (with a flag the user never typed), though
+    the file may serve the runs that read it."""
+    path = tmp_path / "shared.toml"
+    path.write_text("epochs = 1\n" + line + "\n")
+    mode = ["--mode", "async"] if flags and "--mode" in flags else []
+    parse("--config", str(path), *mode)  # left for the runs that read it
+    if flags:
+        with pytest.raises(ConfigError, match=f"^{flags[-2]}"):
+            parse(*flags)
+
+
+def test_config_files_merge_in_order_and_a_bad_value_names_its_file(tmp_path):
+    first, second = tmp_path / "first.yaml", tmp_path / "second.toml"
+    first.write_text("epochs: 1\nlr: 0.01\n")
+    second.write_text("seed = 3\nlr = 0.02\n")
+    cfg = parse("--config", str(first), "--config", str(second))  # the first was dropped
+    assert (cfg.run.epochs, cfg.run.seed, cfg.optim.lr) == (1, 3, 0.02)
+    second.write_text("epochs = 'two'\n")
+    with pytest.raises(ConfigError, match=r"second\.toml: --epochs: cannot read 'two'"):
+        parse("--config", str(second))
+    second.write_text("lr = true\n")  # trained at lr 1
+    with pytest.raises(ConfigError, match=r"--lr: cannot read True \(a boolean, not a number"):
+        parse("--config", str(second))
+    with pytest.raises(ConfigError, match="--chunk-mb: it tunes the parameter server's"):
+        parse("--chunk-mb", "4")
+    with pytest.raises(ConfigError, match="--fusion-threshold-mb: an option of Horovod's"):
+        parse("--mode", "async", "--fusion-threshold-mb", "1")
 
 
 def test_an_option_given_twice_in_a_file_is_refused_and_a_near_name_is_suggested(tmp_path):

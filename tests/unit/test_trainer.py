@@ -374,7 +374,8 @@ def test_huge_model_args_are_recorded_as_their_size_and_digest(tmp_path):
     # A 20 MB --model-args was copied into every checkpoint and the log's header.
     import hashlib
     big = '{"table": "' + "x" * 200_000 + '"}'
-    make_trainer(tmp_path, epochs=1, model_args=big).fit()
+    # a model of the user's (the objects' own here): a built-in one refuses --model-args
+    make_trainer(tmp_path, epochs=1, model="own.py:build", model_args=big).fit()
     recorded = [checkpoint.load(tmp_path)["config"]["model"]["model_args"],
                 read_jsonl(tmp_path / "metrics.jsonl")[0]["config"]["model"]["model_args"]]
     digest = hashlib.sha256(big.encode()).hexdigest()

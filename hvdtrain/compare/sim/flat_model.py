@@ -108,11 +108,14 @@ class _Setup:
 def config_from_train_args(train_args: Sequence[str], overrides: dict) -> Config:
     """The Config that ``hvdtrain train TRAIN_ARGS`` builds, with ``overrides`` (flag names with
     underscores) set on top. ConfigError for flags that train does not take."""
+    from ...config.cross_checks import UNREAD_TUNING
     from ...train_flags import config_from_args, parse_train_flags
 
     given = parse_train_flags(train_args, "train flags")
     for name, value in overrides.items():
         setattr(given, name, value)
+    for name in UNREAD_TUNING[getattr(given, "mode", "sync")]:  # as compare's real runs
+        vars(given).pop(name, None)
     given.data_workers = 0  # dozens of virtual workers must not each start loader processes
     return config_from_args(given)
 
