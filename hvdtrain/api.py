@@ -67,7 +67,7 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
     loss: a built-in's name (``cross_entropy``, ``mse``...), ``"MODULE:CALLABLE"`` or a callable
         ``loss(output, target) -> scalar mean``.
     metrics: ``{name: metric(output, target) -> (sum, count)}``, summed over micro-batches and
-        workers; by default accuracy ("acc") for cross_entropy and nll on (N, C) outputs.
+        workers, beside the loss's accuracy ("acc": cross_entropy, nll on (N, C) outputs).
     collate: ``collate(samples) -> (inputs, targets)`` for a Dataset's samples (padding them
         to one length, say), or ``"MODULE:CALLABLE"``; torch's ``default_collate`` by default.
     config: a ``hvdtrain.config.Config``; ``options`` override its fields.
@@ -79,8 +79,8 @@ def fit(model: nn.Module | Callable[[], nn.Module], train_data: Any, test_data: 
         ``data_workers`` above 0 and a Dataset, call fit under ``if __name__ == "__main__":``:
         the loader processes import the script again, and fit refuses an unguarded call.
 
-    Errors: bad input raises ConfigError (or DataError, CheckpointError) on every rank before
-    training. A failure during async training ends the whole MPI job (MPI_Abort).
+    Errors (each in hvdtrain): bad input raises ConfigError, DataError or CheckpointError on
+    every rank before training. A failure during async training ends the MPI job (MPI_Abort).
     """
     from . import launch
     from .workload import workload_from_objects

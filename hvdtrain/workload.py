@@ -62,10 +62,13 @@ class Workload:
         """Make the batch sources that feed ``device``."""
         try:
             self.train = batch_source(self.train_data, device, cfg, self.collate)
-            self.test = (batch_source(self.test_data, device, cfg, self.collate)
-                         if self.test_data is not None else None)
         except ConfigError as e:  # name the data's origin: the user's --dataset, say
             raise ConfigError(f"{self.origin}: {e}") from None
+        try:
+            self.test = (batch_source(self.test_data, device, cfg, self.collate)
+                         if self.test_data is not None else None)
+        except ConfigError as e:
+            raise ConfigError(f"{origin_of_test_data(self.origin)}: {e}") from None
 
     def close(self) -> None:
         for source in (self.train, self.test):
@@ -220,18 +223,25 @@ def load_training_data(cfg: Config) -> dict[str, Any]:
     return dict(data, origin=f"--dataset {d.dataset}")
 
 
+def origin_of_test_data(where: str) -> str:
+    """Where the test data came from: fit()'s test_data where its training data is train_data;
+    the one --dataset that gave both."""
+    return "test_data" if where == "train_data" else where
+
+
 def describe_data(train: Any, test: Any, name: str, where: str,
                   sparse_labels: bool = False) -> dict[str, Any]:
     """Check the user's training and test data, and learn what a model factory may be offered:
     the input shape and the number of classes, where they can be known. (x, y) pairs come back
     as tensors of the dtypes the models and losses take (data/user_data.py)."""
     train, converted = ready_pair(train, where, "the training data")
-    test, converted_test = ready_pair(test, where, "the test data")
+    test_where = origin_of_test_data(where)
+    test, converted_test = ready_pair(test, test_where, "the test data")
     check_data(train, where, "the training data")
     if test is not None:
-        check_data(test, where, "the test data")
+        check_data(test, test_where, "the test data")
         if isinstance(test, IterableDataset):
-            test = FirstSamples(test, where)
+            test = FirstSamples(test, test_where)
     input_shape = num_classes = classes_unknown = num_targets = None
     if isinstance(train, (tuple, list)):
         x, y = train
@@ -451,10 +461,17 @@ def workload_from_objects(model: Any, train_data: Any, test_data: Any, loss: Any
     if isinstance(metrics, str):  # the command line's "top3=metrics.py:top3,..."
         metrics = resolve_metrics(metrics, "metrics", loss_name)
     try:
-        chosen = dict(default_metrics(loss_name)) if metrics is None else dict(metrics)
+        own = dict(metrics or {})
     except (TypeError, ValueError):
         raise ConfigError(f"metrics: got {type(metrics).__name__}; pass a dict {{name: "
                           "metric(output, target) -> (sum, count)}, or 'NAME=MODULE:CALLABLE'")
+    # added to the loss's built-in accuracy, as --metrics adds them (it had replaced it)
+    builtin = default_metrics(loss_name)
+    taken = [name for name in own if name in builtin and own[name] is not builtin[name]]
+    if taken:
+        raise ConfigError(f"metrics: the name {taken[0]!r} is the built-in accuracy's under "
+                          f"loss {loss_name}; give your metric a name of its own")
+    chosen = {**builtin, **own}
     for metric_name, metric in chosen.items():
         if not callable(metric):
             raise ConfigError(f"metrics: {metric_name!r} is {type(metric).__name__}; pass "

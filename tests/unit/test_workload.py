@@ -342,6 +342,10 @@ def test_fit_objects_a_module_a_factory_and_a_dataset():
     assert workload.build_model() is module and workload.name == "Linear"
     assert workload.input_shape == (3, 2) and workload.num_classes is None  # no attribute
     assert set(workload.metrics) == {"acc"} and workload.loss_name == "nll"
+    # a metric of the user's is added beside the accuracy, as --metrics adds it (it replaced it,
+    # and --stop-at test_acc was refused)
+    top = workload_from_objects(module, TensorDataset(x, y), None, "nll", {"top": len}).metrics
+    assert set(top) == {"acc", "top"}
 
     def factory():
         return torch.nn.Linear(6, 5)
@@ -354,7 +358,9 @@ def test_fit_objects_a_module_a_factory_and_a_dataset():
 @pytest.mark.parametrize("model, train, metrics, says", [
     (3, None, None, "model: got int; pass an nn.Module, or a function"),
     (torch.nn.Linear(2, 2), 5, None, "train_data: the training data is int; pass a pair"),
-    (torch.nn.Linear(2, 2), None, {"acc": "yes"}, "metrics: 'acc' is str"),
+    (torch.nn.Linear(2, 2), None, {"top": "yes"}, "metrics: 'top' is str"),
+    (torch.nn.Linear(2, 2), None, {"acc": len}, "metrics: the name 'acc' is the built-in "
+                                                "accuracy's under loss cross_entropy"),
     (torch.nn.Linear(2, 2), (torch.zeros(4, 2), torch.zeros(3)), None,
      "train_data: the training data has 4 inputs but 3 targets"),
     (torch.nn.Linear(2, 2), (torch.zeros(4, 2),), None,
