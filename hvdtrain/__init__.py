@@ -10,7 +10,14 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "ConfigError", "FitResult", "fit", "__version__"]
+__all__ = ["CheckpointError", "Config", "ConfigError", "DataError", "FitResult", "TrainingError",
+           "fit", "__version__"]
+
+# What fit() raises (hvdtrain.api.fit): bad options and user code (ConfigError), bad data
+# (DataError), a checkpoint it cannot resume (CheckpointError), a run that fails while it
+# trains (TrainingError: a NaN loss, a stall); each where its own module lives.
+_ERRORS = {"ConfigError": "config", "DataError": "data.builtin",
+           "CheckpointError": "checkpoint", "TrainingError": "errors"}
 
 
 def __getattr__(name: str) -> Any:
@@ -20,7 +27,10 @@ def __getattr__(name: str) -> Any:
     if name in ("fit", "FitResult"):
         from . import api
         return getattr(api, name)
-    if name in ("Config", "ConfigError"):
+    if name == "Config":
         from . import config
-        return getattr(config, name)
+        return config.Config
+    if name in _ERRORS:
+        import importlib
+        return getattr(importlib.import_module(f".{_ERRORS[name]}", __name__), name)
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -47,6 +47,9 @@ class CommandParser(argparse.ArgumentParser):
             if args[i] in self.VALUES_ARE_FLAGS and args[i + 1].startswith("-"):
                 args[i:i + 2] = [f"{args[i]}={args[i + 1]}"]
         parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown and self.prog.endswith(" run"):  # `hvdtrain run -np 2 ...`: no launcher
+            self.error(f"unrecognized arguments: {' '.join(unknown)}; the launcher comes first "
+                       f"and {unknown[0]} is its flag, e.g. hvdtrain run mpirun {unknown[0]} ...")
         if unknown:
             from .train_flags import near_flags
 

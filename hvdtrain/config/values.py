@@ -84,8 +84,11 @@ def check_writable_folder(path: str, flag: str) -> None:
     if not os.path.isdir(existing):
         raise ConfigError(f"{flag} {path}: {it} is a file, not a folder; pass the path of a "
                           "folder (it is created if missing)")
+    where = "" if existing == Path(path) else ", where it would be created,"
+    if os.statvfs(existing).f_flag & os.ST_RDONLY:  # no permission makes it writable
+        raise ConfigError(f"{flag} {path}: {it}{where} is on a read-only file system; pass a "
+                          "folder on a writable one")
     if not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == Path(path) else ", where it would be created,"
         raise ConfigError(f"{flag} {path}: {it}{where} is not writable for this user; pass a "
                           "folder you can write to, or change its permissions")
 
@@ -98,8 +101,8 @@ def check_faults(schedule: str, flag: str = "--inject-faults") -> None:
 
 
 def near_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
-    """The names of ``known`` nearest to a misspelled ``name``, best first: difflib's close
-    matches, then one that ``name``'s initials spell (learning_rate -> lr) or whose initials
+    """The names of ``known`` nearest to a misspelled ``name``, best first: those it begins
+    (a name cut short), difflib's close matches, then one that ``name``'s initials spell (learning_rate -> lr) or whose initials
     spell ``name`` (bs -> batch_size), which difflib rates far apart. Leading dashes are set
     aside and dashes and underscores are alike, so flags (--lr) compare like option names."""
     def bare(text: str) -> str:
@@ -113,7 +116,9 @@ def near_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
     for k in known:
         by_bare.setdefault(bare(k), k)
     wanted = bare(name)
-    found = difflib.get_close_matches(wanted, list(by_bare), n=n)
+    # a name cut short (--ep) first: difflib rated --help nearer than --epochs
+    found = [k for k in by_bare if len(wanted) >= 2 and k != wanted and k.startswith(wanted)]
+    found += difflib.get_close_matches(wanted, list(by_bare), n=n)
     found += [k for k in by_bare if k != wanted and (
         initials(wanted) == k or (initials(k) is not None and initials(k) == wanted))]
     return [by_bare[k] for k in dict.fromkeys(found)][:n]

@@ -615,6 +615,9 @@ def test_an_endless_test_stream_is_refused_or_cut_at_its_len():
     with pytest.raises(ConfigError, match=r"the test data is a stream \(EndlessStream\) without "
                                           r"__len__, so an evaluation cannot tell where it ends"):
         describe_data(train, EndlessStream(), "data", "--dataset d.py:data")
+    # fit()'s test_data is named as such, not as its train_data
+    with pytest.raises(ConfigError, match=r"^test_data: the test data is a stream"):
+        describe_data(train, EndlessStream(), "data", "train_data")
     test = describe_data(train, EndlessStreamOf20(), "data", "--dataset d.py:data")["test_data"]
     source = batch_source(test, torch.device("cpu"), Config())
     assert isinstance(source, LoaderBatches) and source.name == "EndlessStreamOf20"
@@ -646,3 +649,33 @@ def test_a_model_file_named_by_another_path_is_the_same_setup():
     for other in ("other.py:build", "model.py:make", "pkg.model:build"):
         with pytest.raises(checkpoint.CheckpointError, match="was written for a different setup"):
             checkpoint.check_compatible(saved, {"model": other, "mode": "sync"}, "c")
+
+
+def test_every_error_fit_raises_is_importable_from_the_package():
+    """fit()'s docstring names DataError and CheckpointError, which only their own modules
+    exported: a user could not catch them from hvdtrain."""
+    import hvdtrain
+    from hvdtrain.checkpoint import CheckpointError
+    from hvdtrain.config import ConfigError as Config_error
+    from hvdtrain.data.builtin import DataError
+    from hvdtrain.errors import TrainingError
+
+    assert (hvdtrain.CheckpointError, hvdtrain.DataError, hvdtrain.TrainingError,
+            hvdtrain.ConfigError) == (CheckpointError, DataError, TrainingError, Config_error)
+    assert set(hvdtrain.__all__) >= {"CheckpointError", "DataError", "TrainingError",
+                                     "ConfigError"}
+    with pytest.raises(AttributeError):
+        hvdtrain.NoSuchError
+
+
+def test_a_run_folder_on_a_read_only_file_system_is_not_told_to_change_permissions(
+        tmp_path, monkeypatch):
+    import os
+    from types import SimpleNamespace
+
+    from hvdtrain.config.values import check_writable_folder
+
+    monkeypatch.setattr(os, "statvfs", lambda path: SimpleNamespace(f_flag=os.ST_RDONLY))
+    with pytest.raises(ConfigError, match=r"where it would be created, is on a read-only file "
+                                          r"system; pass a folder on a writable one"):
+        check_writable_folder(str(tmp_path / "run"), "--run-dir")

@@ -25,6 +25,7 @@ def test_near_names_spells_out_initials_and_sets_dashes_aside():
     assert near_names("--learning-rate", ["--lr", "--epochs"]) == ["--lr"]
     assert near_names("--weight_decay", ["--weight-decay"]) == ["--weight-decay"]
     assert near_names("staleness", options) == []
+    assert near_names("--ep", ["--help", "--epochs"])[0] == "--epochs"  # cut short; was --help
 
 
 @pytest.fixture
@@ -121,3 +122,11 @@ def test_one_epochs_throughput_is_not_called_an_average_over_epochs():
     assert throughput_summary([epoch(2.0)]) == ", 2 TFLOP/s over the epoch"
     assert throughput_summary([epoch(1.0), epoch(2.0)]) == (", 1.5 TFLOP/s on average over "
                                                             "the epochs")
+
+
+def test_run_without_a_launcher_says_the_launcher_comes_first(capsys):
+    with pytest.raises(SystemExit) as ended:
+        main(["run", "-np", "2", "hvdtrain", "train"])
+    assert ended.value.code == 2
+    assert "unrecognized arguments: -np; the launcher comes first and -np is its flag, e.g. " \
+           "hvdtrain run mpirun -np ..." in capsys.readouterr().err
