@@ -27,6 +27,7 @@ MARKED = re.compile(f"({STARTED}|{FACTS}|{STEP}) (.*)")
 # Open MPI's tag also lands inside a long line, where its output was read in pieces.
 TAGGED = re.compile(r"\[\d+,\d+\]<std(out|err)>:")
 END_S = 5.0  # kept for ending the launcher and writing the verdict
+RANKS_S = 10.0  # the least the ranks get: MPI's start, the probe's imports and measurements
 
 
 def python_for_ranks() -> str:
@@ -120,12 +121,17 @@ def run_doctor(command: list[str], args) -> int:
     asked = (Asked(parse_host_slots(args.expect, "--expect"), None, "--expect") if args.expect
              else from_launcher(command))
     budget = args.timeout - END_S  # the probe's own, less a second to report
-    code, output = run_launcher(probe_command(command, args, max(5.0, budget - 1.0)), budget)
+    if budget < RANKS_S:  # the ranks had half a second, and were said to have had --timeout
+        raise DoctorInput(f"--timeout {args.timeout:g}: with a launcher line the doctor keeps "
+                          f"{END_S:g} s to end the launcher and report, which leaves the ranks "
+                          f"{max(budget, 0):g} s, too few to start and measure (a healthy "
+                          f"host takes about 5); give --timeout {END_S + RANKS_S:g} or more")
+    code, output = run_launcher(probe_command(command, args, budget - 1.0), budget)
     facts = output.facts
     if facts is not None and facts.get("partial"):
-        facts["problems_before"] = [hung(output.step, args.timeout)]
+        facts["problems_before"] = [hung(output.step, budget)]
     if facts is None:
-        problems = _no_facts(code, output, asked, args.timeout)
+        problems = _no_facts(code, output, asked, budget)
         for problem in problems:
             print(problem.line(), flush=True)
         write_and_judge(args.json, unfinished_report(asked, problems, len(output.started)),

@@ -182,12 +182,20 @@ def _fake_launcher(tmp_path, lines: list[str]):
     return str(script)
 
 
-def _doctor_args(tmp_path, timeout=6.0):
+@pytest.fixture
+def quick_ranks(monkeypatch):
+    """Fake launchers answer at once: the ranks' least time (10 s, for MPI's start) is 1 s."""
+    from hvdtrain.doctor import launcher
+    monkeypatch.setattr(launcher, "RANKS_S", 1.0)
+
+
+def _doctor_args(tmp_path, timeout=6.0):  # the ranks get 1 s of it (END_S: 5 s to report)
     return SimpleNamespace(expect=None, timeout=timeout, run_dir="runs", sizes="1MiB", env="",
                            env_names=(), json=str(tmp_path / "doctor.json"))
 
 
-def test_ranks_that_hang_are_ended_at_the_timeout_and_the_step_is_named(tmp_path, capsys):
+def test_ranks_that_hang_are_ended_at_the_timeout_and_the_step_is_named(tmp_path, capsys,
+                                                                        quick_ranks):
     partial = json.dumps({"ranks": cluster({"a": 1, "b": 1}), "partial": True})
     launcher = _fake_launcher(tmp_path, [
         f"[1,0]<stdout>:{STARTED} 0 a", f"{STARTED} 1 b", f"{FACTS} {partial}",
@@ -197,16 +205,16 @@ def test_ranks_that_hang_are_ended_at_the_timeout_and_the_step_is_named(tmp_path
     assert code == 2 and time.monotonic() - started < 6
     out = capsys.readouterr().out
     assert ("doctor: network: the ranks hung in the link test between a and b and were ended "
-            "after 6 s") in out
+            "after 1 s") in out  # what the ranks had, not --timeout
     report = json.loads((tmp_path / "doctor.json").read_text())
     assert report["fit"] is False and sorted(report["hosts"]) == ["a", "b"]
 
 
-def test_ranks_that_never_start_are_counted(tmp_path, capsys):
+def test_ranks_that_never_start_are_counted(tmp_path, capsys, quick_ranks):
     launcher = _fake_launcher(tmp_path, [f"{STARTED} 0 a"])
     code = run_doctor([launcher, "-np", "3", "-H", "a:2,b:1"], _doctor_args(tmp_path))
     out = capsys.readouterr().out
-    assert code == 2 and "doctor: hosts: no rank on b answered within 6 s (1 rank(s) on a did)" \
+    assert code == 2 and "doctor: hosts: no rank on b answered within 1 s (1 rank(s) on a did)" \
         in out, out
     assert out.splitlines()[-2:] == [f"doctor: measurements and problems written to "
                                      f"{tmp_path / 'doctor.json'}", "doctor: NOT fit (1 problem)"]
@@ -223,7 +231,7 @@ def test_fill_in_gives_the_lead_s_devices_to_the_other_ranks_of_its_host():
     assert everyone[3]["gpus"] == 1  # its own devices (CUDA_VISIBLE_DEVICES) stay
 
 
-def test_a_rank_without_hvdtrain_is_a_versions_problem(tmp_path, capsys):
+def test_a_rank_without_hvdtrain_is_a_versions_problem(tmp_path, capsys, quick_ranks):
     script = tmp_path / "mpirun"
     script.write_text("#!/bin/sh\necho \"/usr/bin/python3: No module named hvdtrain\" >&2\n"
                       "exit 1\n")
@@ -233,6 +241,15 @@ def test_a_rank_without_hvdtrain_is_a_versions_problem(tmp_path, capsys):
     assert "doctor: versions: a rank cannot import what the doctor needs (/usr/bin/python3: No " \
            "module named hvdtrain) -- fix: install hvdtrain" in captured.out
     assert "No module named hvdtrain" in captured.err  # the launcher's own output, passed on
+
+
+def test_a_timeout_that_leaves_the_ranks_no_time_is_refused(tmp_path):
+    """--timeout 5 left the ranks 0 s (5 s are kept to end the launcher and report): NOT fit
+    in half a second, "0 of 2 rank(s) started within 5 s"."""
+    with pytest.raises(DoctorInput, match=r"^--timeout 5: with a launcher line the doctor keeps "
+                                          r"5 s to end the launcher and report, which leaves "
+                                          r"the ranks 0 s, .*give --timeout 15 or more"):
+        run_doctor(["mpirun", "-np", "2"], _doctor_args(tmp_path, timeout=5.0))
 
 
 def test_under_which_launcher():
