@@ -158,16 +158,19 @@ class EpochPlan:
         if self.feed is not None:
             progress.global_step = self._place(progress) + self.global_offset
 
-    def advance(self, progress: Progress) -> None:
+    def advance(self, progress: Progress) -> int:
         """After a step: one step further, or, with a feed, at the job's position of the
-        piece just trained (a fast worker's steps skip the pieces others trained)."""
+        piece just trained (a fast worker's steps skip the pieces others trained). Returns the
+        global step before it."""
+        before = progress.global_step
         if self.feed is None:
             progress.step, progress.global_step = progress.step + 1, progress.global_step + 1
-            return
+            return before
         piece = self.feed.part_trained()
         if piece is not None and piece[0] == progress.epoch:  # not an earlier epoch's leftover
             progress.step = piece[1] + 1
             progress.global_step = self._place(progress) + self.global_offset
+        return before
 
     def _place(self, progress: Progress) -> int:
         return progress.epoch * self.steps_per_epoch + progress.step

@@ -132,6 +132,7 @@ class Trainer:
     def _train_epoch(self) -> Verdict:
         p, epoch = self.progress, self.progress.epoch
         batches = self.plan.batches(p)  # seeds torch; the rest of the epoch after a resume
+        self.watchdog.stepped(p.global_step)  # past the last epoch's end: "in step N+1" again
         self.replica.model.train()
         self.log.start_epoch(epoch, self.plan.steps_per_epoch - p.step, p.step)
         rate = partial(self.plan.learning_rate, p, self.cfg.optim)
@@ -153,8 +154,7 @@ class Trainer:
                           started)
         for hook in self.step_hooks:  # the last, the step timer, counts the straggler's delay
             hook.after_step(done)
-        before = p.global_step
-        self.plan.advance(p)
+        before = self.plan.advance(p)  # the global step before this one
         self.scheme.step_done(p)
         self.checkpointer.step_done(before, p, self.plan.steps_per_epoch)
         self.log.step(epoch, p.global_step, lr, loss, stats)

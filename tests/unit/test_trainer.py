@@ -497,3 +497,21 @@ def test_a_resume_onto_another_split_of_the_data_says_so(tmp_path, capsys):
         in said and "synthetic" not in said  # a tuple and its record's list are the same
     note_data_change(None, DataConfig(data_seed=1), "ck")  # an old checkpoint: nothing known
     assert capsys.readouterr().out == ""
+
+
+def test_a_stall_in_an_epochs_first_step_is_told_as_a_step_not_the_epochs_end(tmp_path):
+    """The watchdog said "while at the end of an epoch (evaluation, checkpoint)" of a rank
+    stuck in the first step of the next epoch: nothing had said the end was done."""
+    class Where(StepHook):
+        def __init__(self):
+            self.doing: list[tuple[int, str]] = []
+
+        def after_step(self, step):  # inside the step, before the loop says it is done
+            self.doing.append((step.progress.step, trainer.watchdog.doing_text))
+
+    where = Where()
+    trainer = make_trainer(tmp_path, hooks=[where], epochs=2, stall_timeout_s=60)
+    trainer.fit()
+    per_epoch = trainer.plan.steps_per_epoch
+    first_of_second = where.doing[per_epoch]
+    assert first_of_second == (0, f"in step {per_epoch + 1}"), first_of_second
