@@ -222,14 +222,11 @@ def _run_async(cfg: Config, workload: Workload, model):
         if is_server:
             server = _built_on_every_rank(
                 world, lambda: ParameterServer(comm, cfg, topology, runtime.device))
-            _same_model_on_every_worker(world, None)
             lost = _serve(server)
         else:
             trainer = _built_on_every_rank(world, lambda: _build_trainer(
                 cfg, runtime, layout, _client_class(cfg)(cfg, runtime, comm, worker_comm, topology),
-                workload, model))
-            _same_model_on_every_worker(world, [
-                (name, tuple(p.shape)) for name, p in trainer.replica.model.named_parameters()])
+                workload, model), model_of=lambda built: built.replica.model)
             trainer.fit()
             workload.close()
             lost = trainer.scheme.survivors.lost
@@ -258,17 +255,22 @@ def _async_channels(cfg: Config, world, rank: int, is_server: bool):
     return comm, world.Split(1 if is_server else 0, rank)
 
 
-def _built_on_every_rank(world, build: Callable[[], Any]) -> Any:
+def _built_on_every_rank(world, build: Callable[[], Any],
+                         model_of: Callable[[Any], Any] = lambda built: None) -> Any:
     """What build() makes on this rank (its server, or its trainer, whose model and data are
     checked then), once every rank has built its own: bad input refused on any rank is raised
     on all of them, before anything trains. fit() then raises it and the command line exits 2 on
-    every rank, as in sync, where a worker's refusal had aborted the MPI job."""
+    every rank, as in sync, where a worker's refusal had aborted the MPI job. ``model_of``: a
+    worker's model, which must be worker 0's (_same_model_on_every_worker); a server has none."""
     refused = built = None
     try:
         built = build()
     except BAD_INPUT as e:
         refused = e
     _agree_on_input(world, refused)
+    model = model_of(built)
+    _same_model_on_every_worker(world, None if model is None else [
+        (name, tuple(p.shape)) for name, p in model.named_parameters()])
     return built
 
 

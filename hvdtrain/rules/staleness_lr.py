@@ -51,6 +51,10 @@ def divergence_hint(cfg: Any, num_workers: int) -> str:
     fresh one of that rate would not take."""
     ps = cfg.ps
     if cfg.run.mode != "async":
+        if cfg.sync.compression == "fp16" and cfg.sync.local_steps == 1:
+            # a gradient over 65504 becomes inf in the compressed allreduce, whatever --lr
+            return ("drop --compression fp16: fp16 holds values up to 65504 only, and a larger "
+                    "gradient becomes inf in the allreduce; or lower --lr, or check the data")
         return LOWER_LR
     if ps.wire_dtype == "fp16":  # a gradient over 65504 becomes inf on the wire, whatever --lr
         return ("use --wire-dtype bf16: fp16 messages hold values up to 65504 only, and a "

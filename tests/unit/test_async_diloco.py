@@ -424,6 +424,9 @@ def test_simulated_async_diloco_on_8_workers_trains_with_its_rounds_weighted():
      "or --outer-lr, drop --no-round-staleness-weight, or check the data"),
     # an fp16 wire's overflow (a gradient over 65504) was told to lower --lr, which bf16 cures
     ({"wire_dtype": "fp16"}, 2, "use --wire-dtype bf16: fp16 messages hold values up to 65504"),
+    # and sync's fp16 allreduce's (at --lr 1e-9 the advice was to lower --lr)
+    ({"mode": "sync", "compression": "fp16"}, 2, "drop --compression fp16: fp16 holds values "
+                                                 "up to 65504 only"),
 ])
 def test_an_async_runs_nan_names_the_weight_on_stale_updates_it_lacks(options, workers, advice):
     """The loss guard's message (loop/stopping.py) takes the run's advice: plain async with
