@@ -13,4 +13,14 @@ def process_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # exists, owned by someone else (or the PID was reused)
-    return True
+    return not _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits for its parent to read its exit code (a process
+    that os._exit ended, while its parent still reads its output): it is no longer running."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False

@@ -3,9 +3,10 @@ doctor``, ``srun ... hvdtrain doctor``). At the deadline rank 0 says why, in a p
 doctor.json, and every rank exits 2 (not fit), which ends the launcher's job.
 
 Two guards: a thread in the rank, which runs while the rank waits in MPI (mpi4py lets go of the
-GIL there) and exits 2; and, three seconds later, ``python -m hvdtrain.doctor.deadline PID
-SECONDS RANK JSON``, a process of its own for a rank that holds the GIL (MPI's start-up), which
-reports the same way and kills it. It leaves as soon as its rank has ended."""
+GIL there) and exits 2, three seconds before the deadline; and, at the deadline, ``python -m
+hvdtrain.doctor.deadline PID SECONDS RANK JSON``, a process of its own for a rank that holds the
+GIL (MPI's start-up, waiting for a rank that never started), which reports the same way and
+kills it: the launcher then exits 137 (mpirun), and doctor.json says NOT fit. It leaves as soon as its rank has ended."""
 
 from __future__ import annotations
 
@@ -43,13 +44,15 @@ class Guards:
         import subprocess
         import threading
 
-        self.timer = threading.Timer(seconds, self._expire, (seconds, rank, path))
+        # the thread first, the process at the deadline itself: the doctor ends within it
+        early = seconds - GRACE_S if seconds >= 2 * GRACE_S else seconds / 2
+        self.timer = threading.Timer(early, self._expire, (early, rank, path))
         self.timer.daemon = True
         self.timer.start()
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "hvdtrain.doctor.deadline", str(os.getpid()),
-                 f"{seconds + GRACE_S:g}", str(rank), path])
+                 f"{seconds:g}", str(rank), path])
         except OSError:
             self.process = None
 
@@ -72,6 +75,8 @@ def main(argv: list[str]) -> int:
         if not process_alive(pid):
             return 0
         time.sleep(POLL_S)
+    if not process_alive(pid):  # the rank's own thread ended it meanwhile
+        return 0
     report(seconds, rank, path)
     try:
         os.kill(pid, signal.SIGKILL)
