@@ -13,6 +13,12 @@ PidFile $home/.sshd/sshd.pid
 AuthorizedKeysFile $home/.ssh/authorized_keys
 PasswordAuthentication no
 UsePAM no
+# Kubeflow's MPIJob mounts ~/.ssh from a Secret, whose files' modes sshd's strict checks refuse
+# (the MPI operator's own images turn them off for that reason)
+StrictModes no
+# An ssh session's PATH is sshd's default, without the venv: a rank started on this host through
+# it (mpirun -H a,b without -x PATH) would not find hvdtrain. Not tested here (no sshd).
+SetEnv PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 CONFIG
 # ssh clients in the image reach their peers' sshd on port 2222 without host-key prompts. This
 # lives in /etc, not ~/.ssh, because Kubeflow's MPIJob mounts its keys over ~/.ssh.

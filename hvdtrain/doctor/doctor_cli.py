@@ -34,6 +34,19 @@ def add_parser(commands) -> None:
                         "doctor")
 
 
+def own_launcher(env, hostfile: str | None = None) -> list[str]:
+    """The doctor's launcher on its own: srun over a Slurm allocation, with PMIx for the probe's
+    MPI as the job's own srun has it (--mpi=pmix), unless SLURM_MPI_TYPE names the site's;
+    else mpirun over the hosts and slots of the job's --hostfile, or one rank here."""
+    if "SLURM_JOB_ID" not in env:
+        if hostfile:
+            from .asked import parse_hostfile
+            slots = sum(parse_hostfile(hostfile).values())
+            return ["mpirun", "--hostfile", hostfile, "-np", str(slots)]
+        return ["mpirun", "-np", "1"]
+    return ["srun"] + ([] if env.get("SLURM_MPI_TYPE") else ["--mpi=pmix"])
+
+
 def under_launcher(env: dict[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     if env.get("HOROVOD_CONTROLLER") == "gloo":  # horovodrun --gloo: no MPI between the ranks
@@ -68,6 +81,11 @@ def main(args: argparse.Namespace) -> int:
         command = list(args.launch_command or [])
         command = command[1:] if command[:1] == ["--"] else command
         refuse_program(command)
+        if command and args.hostfile:  # it was ignored: the launcher places the ranks
+            raise DoctorInput(f"--hostfile {args.hostfile}: with a launcher line, give the "
+                              f"hostfile to the launcher ({command[0]} --hostfile "
+                              f"{args.hostfile} ...), which places the ranks by it, and the "
+                              "doctor reads it there")
         if command:
             from .launcher import run_doctor
             return run_doctor(command, args)
@@ -75,8 +93,7 @@ def main(args: argparse.Namespace) -> int:
             from .rank import probe
             return probe(args, to_stdout=False)
         from .launcher import run_doctor  # on its own: the allocation's tasks, or one rank here
-        return run_doctor(["srun"] if "SLURM_JOB_ID" in os.environ else ["mpirun", "-np", "1"],
-                          args)
+        return run_doctor(own_launcher(os.environ, args.hostfile), args)
     except DoctorInput as e:  # under a launcher every rank has it: rank 0 says it
         from .rank import rank_from_environment
 

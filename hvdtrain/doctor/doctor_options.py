@@ -32,7 +32,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
                         "launcher (mpirun ... hvdtrain doctor); else they are read from the "
                         "launcher line, --hostfile, Open MPI's or an MPIJob's hostfile, or Slurm")
     p.add_argument("--hostfile", default=None, metavar="PATH",
-                   help="the hostfile the job uses, when the doctor runs under the launcher")
+                   help="the hostfile the job uses: under the launcher, what was asked for; "
+                        "on its own, the doctor runs mpirun over its hosts and slots (beside a "
+                        "launcher line, give it to the launcher instead)")
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -57,4 +59,7 @@ def checked(args: argparse.Namespace) -> argparse.Namespace:
     args.env_names = tuple(n.strip() for n in args.env.split(",") if n.strip())
     if args.expect is not None:
         parse_host_slots(args.expect, "--expect")
+    if args.hostfile is not None:  # at once: under a launcher, an unreadable one waited out
+        from .asked import parse_hostfile  # the whole --timeout
+        parse_hostfile(args.hostfile)
     return args

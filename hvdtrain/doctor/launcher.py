@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from ..exit_codes import EXIT_BAD_INPUT
-from .asked import Asked, DoctorInput, from_launcher, launcher_kind, parse_host_slots
+from .asked import (Asked, DoctorInput, from_launcher, from_probe_options, launcher_kind,
+                    parse_host_slots)
 from .facts import environment
 from .problem import Problem
 from .rank import FACTS, STARTED, STEP, resolve
@@ -118,8 +119,9 @@ def run_launcher(command: list[str], timeout: float) -> tuple[int | None, Output
 def run_doctor(command: list[str], args) -> int:
     from .verdict import conclude, unfinished_report, write_and_judge
 
+    hostfile = getattr(args, "hostfile", None)  # on its own: what the job's hostfile asks for
     asked = (Asked(parse_host_slots(args.expect, "--expect"), None, "--expect") if args.expect
-             else from_launcher(command))
+             else from_probe_options(None, hostfile) if hostfile else from_launcher(command))
     budget = args.timeout - END_S  # the probe's own, less a second to report
     if budget < RANKS_S:  # the ranks had half a second, and were said to have had --timeout
         raise DoctorInput(f"--timeout {args.timeout:g}: with a launcher line the doctor keeps "

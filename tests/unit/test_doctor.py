@@ -350,3 +350,30 @@ def test_a_launcher_that_fails_before_the_ranks_is_quoted_by_its_message_not_its
     [problem] = _no_facts(1, output, Asked(), 30)
     assert problem.message.endswith("started): A hostfile was provided that contains multiple "
                                     "definitions of the slot count for at least one node:")
+
+
+def test_on_its_own_in_an_allocation_the_doctor_runs_srun_with_pmix():
+    """Its srun had no --mpi=pmix, which every srun of the job's own has: the probes' MPI could
+    not start under a Slurm without a default MPI type."""
+    from hvdtrain.doctor.doctor_cli import own_launcher
+
+    assert own_launcher({"SLURM_JOB_ID": "7"}) == ["srun", "--mpi=pmix"]
+    assert own_launcher({"SLURM_JOB_ID": "7", "SLURM_MPI_TYPE": "pmi2"}) == ["srun"]
+    assert own_launcher({}) == ["mpirun", "-np", "1"]
+
+
+def test_a_hostfile_is_read_at_once_refused_beside_a_launcher_line_and_launched_on_its_own(
+        tmp_path, capsys):
+    """An unreadable --hostfile under mpirun waited out the whole --timeout; beside a launcher
+    line, or on its own, it was ignored (fit, whatever it asked for)."""
+    from hvdtrain.cli import main
+    from hvdtrain.doctor.doctor_cli import own_launcher
+
+    assert main(["doctor", "--hostfile", str(tmp_path / "none")]) == 2
+    assert "hostfile " + str(tmp_path / "none") + ": cannot read it" in capsys.readouterr().err
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=2\nb slots=3\n")
+    assert main(["doctor", "--hostfile", str(hostfile), "mpirun", "-np", "5"]) == 2
+    assert (f"--hostfile {hostfile}: with a launcher line, give the hostfile to the launcher "
+            f"(mpirun --hostfile {hostfile} ...)") in capsys.readouterr().err
+    assert own_launcher({}, str(hostfile)) == ["mpirun", "--hostfile", str(hostfile), "-np", "5"]
