@@ -240,7 +240,7 @@ def _run_async(cfg: Config, workload: Workload, model):
         if getattr(e, "raised_on_every_rank", False):
             raise
         _leave_if_lost(e)
-        _end_async_job(e, world, runtime.rank, trainer)
+        _end_async_job(e, world, runtime.rank, trainer, cfg.run.run_dir)
 
 
 def _async_channels(cfg: Config, world, rank: int, is_server: bool):
@@ -329,8 +329,10 @@ def _leave_if_lost(e: BaseException) -> None:
         exit_without_finalize()
 
 
-def _end_async_job(e: BaseException, world, rank: int, trainer) -> None:
-    """Print what went wrong and end every rank (abort)."""
+def _end_async_job(e: BaseException, world, rank: int, trainer,
+                   run_dir: str | None = None) -> None:
+    """Print what went wrong and end every rank (abort). ``run_dir``: --run-dir, where a server
+    (no trainer) logs why, as a worker other than the lead does."""
     code = failure_code(e)
     if code is None:
         traceback.print_exc()
@@ -345,8 +347,9 @@ def _end_async_job(e: BaseException, world, rank: int, trainer) -> None:
         from .ps.membership import lost_server_note
 
         message += f"; {lost_server_note(trainer.run_dir)}"
-    if trainer is not None and not trainer.is_main and code != EXIT_BAD_INPUT:
-        _log_failure(trainer.run_dir, f"rank {rank}: {message}")
+    folder = run_dir if trainer is None else None if trainer.is_main else trainer.run_dir
+    if folder and code != EXIT_BAD_INPUT:  # the abort kills the lead before it logs the stop
+        _log_failure(folder, f"rank {rank}: {message}")
     abort(world, f"hvdtrain: error{where}: {message}", code or EXIT_FAILED,
           collective=code == EXIT_BAD_INPUT)
 

@@ -74,6 +74,7 @@ class BatchDispatcher:
         self.outstanding: dict[int, int] = {}  # slot -> worker: handed out, push not arrived
         self.told_none: set[int] = set()     # workers told NO_SLOT
         self.completed = 0                   # pushes that carried a slot, in this run
+        self.done_before = 0                 # slots a resumed checkpoint's attempts completed
         self.pushed_twice = 0                # ... a slot not outstanding to its sender
         self.handed_back = 0                 # slots of lost workers, handed out again
         self.handed_to: Counter = Counter()  # worker -> slots handed out, for the statistics
@@ -182,12 +183,14 @@ class BatchDispatcher:
         if (steps, parts) == (self.plan.steps_per_epoch, self.plan.num_parts):
             self.next = min(int(state["next"]), self.plan.total)
             self.redo = deque(s for s in state["outstanding"] if s < self.plan.total)
+            self.done_before = self.next - len(self.redo)
             return None
         old = SlotPlan(steps, parts, state["plan"][2])
         epoch, step, _ = old.locate(min(int(state["next"]), old.total))
         step = min(self.plan.steps_per_epoch, step * parts // self.plan.num_parts)
         self.next = min(self.plan.first_slot(epoch, step), self.plan.total)
         self.redo.clear()
+        self.done_before = self.next
         return (f"the checkpoint's async batch plan was cut for {parts} worker(s) and {steps} "
                 f"steps per epoch, this run's for {self.plan.num_parts} and "
                 f"{self.plan.steps_per_epoch}: the job goes on in epoch {epoch + 1} after the "
@@ -198,7 +201,8 @@ class BatchDispatcher:
     def statistics(self) -> dict[str, Any]:
         return {"batches_completed": self.completed, "batches_pushed_twice": self.pushed_twice,
                 "batches_handed_back": self.handed_back,
-                "batches_untrained": self.plan.total - self.completed,
+                # the job's: what earlier attempts trained (a resume's checkpoint) counts
+                "batches_untrained": self.plan.total - self.done_before - self.completed,
                 "batches_per_worker": {int(w): int(n) for w, n in sorted(self.handed_to.items())},
                 "batches_left": self.plan.total - self.lowest_undone()}
 

@@ -23,6 +23,12 @@ from .waiting import wait_any
 from .wire import WorkerWire
 
 
+def reply_limit(recovery: bool) -> str:
+    """What ServerLink.reply_timeout_s is, for its message."""
+    return ("twice --timeout-s under the recovery settings, the time a server takes to drop a "
+            "dead worker whose reply it holds" if recovery else "--timeout-s")
+
+
 class ServerLink:
     """The messages of worker ``worker`` to the servers of ``topology`` over ``comm``.
 
@@ -227,7 +233,8 @@ class ServerLink:
         """Wait for every request; copy each parameter chunk to the device as it arrives."""
         while True:
             index = wait_any(self.MPI, requests, self.reply_timeout_s(),
-                             lambda: self._no_reply(kind, clock), check=self.check_ended)
+                             lambda: self._no_reply(kind, clock), check=self.check_ended,
+                             limit=reply_limit(self.recovery))
             if index == self.MPI.UNDEFINED:
                 break
             if copies[index] is not None:
@@ -267,7 +274,7 @@ class ServerLink:
         wait_any(self.MPI, [self.comm.Irecv(slots, source=self.leader, tag=Tag.SLOT)],
                  self.reply_timeout_s(), lambda: (
                      f"worker {self.worker}: parameter server 0 handed out no batch"),
-                 check=self.check_ended)
+                 check=self.check_ended, limit=reply_limit(self.recovery))
         return slots
 
     def send_plan(self, message: dict[str, Any]) -> None:

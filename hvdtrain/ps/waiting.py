@@ -13,9 +13,11 @@ class StuckError(RuntimeError):
 
 
 def wait_any(MPI, requests: list, timeout_s: float, explain: Callable[[], str],
-             status=None, check: Callable[[], None] | None = None) -> int:
+             status=None, check: Callable[[], None] | None = None,
+             limit: str = "--timeout-s") -> int:
     """Index of one completed request, or MPI.UNDEFINED once none is active. ``check`` runs
-    every 1024 polls meanwhile, and may raise (a lost worker told that the job ended)."""
+    every 1024 polls meanwhile, and may raise (a lost worker told that the job ended).
+    ``limit``: what ``timeout_s`` is, for the message."""
     if not timeout_s and check is None:
         return MPI.Request.Waitany(requests, status)
     deadline = time.monotonic() + timeout_s if timeout_s else float("inf")
@@ -30,5 +32,5 @@ def wait_any(MPI, requests: list, timeout_s: float, explain: Callable[[], str],
         if check is not None:
             check()
         if time.monotonic() > deadline:
-            raise StuckError(f"{explain()} (waited {timeout_s:g} s, --timeout-s); a process has "
+            raise StuckError(f"{explain()} (waited {timeout_s:g} s, {limit}); a process has "
                              "stopped or hangs. Raise --timeout-s if it may pause this long.")

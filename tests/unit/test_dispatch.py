@@ -66,6 +66,8 @@ def test_resume_trains_exactly_the_slots_not_yet_trained():
     after = _run(resumed, [1.0, 0.3], rng)
     slots = sorted(s for part in (before, after) for w in part for s in part[w])
     assert slots == list(range(plan.total))  # none skipped, none twice
+    # the job's count: what the first attempt trained is not untrained (it said 37)
+    assert resumed.statistics()["batches_untrained"] == 0
 
 
 def test_resume_with_another_cut_keeps_the_epoch_position():

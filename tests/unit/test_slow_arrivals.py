@@ -215,3 +215,17 @@ def test_a_16_bit_gradient_staged_is_widened_as_one_received_at_once():
     got = np.concatenate([wire.gradient(5, a, b).copy() for a, b in wire.chunks])
     np.testing.assert_array_equal(got, sent.float().numpy())
     assert wire.bytes_pushed == 2 * TOTAL
+
+
+def test_a_wait_that_times_out_names_the_limit_it_waited():
+    """A worker under the recovery settings waits twice --timeout-s for a reply, and said
+    "(waited 12 s, --timeout-s)" of --timeout-s 6."""
+    from types import SimpleNamespace
+
+    from hvdtrain.ps.waiting import StuckError
+
+    never = [SimpleNamespace(done=False, source=0)]
+    with pytest.raises(StuckError, match=r"^no reply \(waited 0\.01 s, twice --timeout-s\)"):
+        wait_any(FakeMPI, never, 0.01, lambda: "no reply", limit="twice --timeout-s")
+    with pytest.raises(StuckError, match=r"\(waited 0\.01 s, --timeout-s\)"):
+        wait_any(FakeMPI, never, 0.01, lambda: "no reply")

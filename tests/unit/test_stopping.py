@@ -514,6 +514,14 @@ def test_a_worker_that_fails_in_async_ends_the_log_with_why(tmp_path, monkeypatc
     lead = SimpleNamespace(is_main=True, run_dir=tmp_path)  # the lead writes its own
     launch._end_async_job(RuntimeError("again"), None, 0, lead)
     assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 2
+    # a server, which has no trainer: its error (a silent worker) ended the log at an epoch line
+    # (another run's folder: the line above keeps its log locked until this process ends)
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "metrics.jsonl").write_text('{"type": "epoch", "epoch": 2}\n')
+    launch._end_async_job(RuntimeError("worker 1 sent nothing"), None, 2, None, str(served))
+    last = json.loads((served / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["reason"] == "failed: rank 2: RuntimeError: worker 1 sent nothing"
 
 
 def test_an_async_workers_refusal_at_start_up_is_raised_on_every_rank():
