@@ -145,10 +145,26 @@ def balance_settings(cfg) -> tuple[int, float]:
     count of them). The real scheme (balance.py) and the simulator (compare/share_clock.py)
     both take them from here."""
     sync = cfg.sync
-    micro = cfg.pipeline.micro_batches if cfg.pipeline.stages > 1 else 1
-    floor = max(math.ceil(sync.balance_floor * cfg.run.batch_size),
-                sync.backward_passes_per_step * micro)
+    floor = max(math.ceil(sync.balance_floor * cfg.run.batch_size), passes_per_step(cfg))
     return floor, sync.balance_damping
+
+
+def passes_per_step(cfg) -> int:
+    """The backward passes a rank makes per step: --backward-passes-per-step x the pipeline's
+    micro-batches."""
+    micro = cfg.pipeline.micro_batches if cfg.pipeline.stages > 1 else 1
+    return cfg.sync.backward_passes_per_step * micro
+
+
+def batchnorm_floor(floor: int, model, passes: int) -> int:
+    """``floor`` for ``model``: at least 2 samples per backward pass where it has BatchNorm,
+    which normalizes each pass's samples by their own statistics, and which torch refuses to
+    train on one sample (a straggler's share at a floor of a sample per micro-batch crashed the
+    run in its second epoch)."""
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    normed = any(isinstance(m, _BatchNorm) for m in model.modules())
+    return max(floor, 2 * passes) if normed else floor
 
 
 def gradient_weight(share: int, global_batch: int, workers: int) -> float:

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config, ConfigError
 from ..replica import batch_length
-from ..rules.balance import (FixedCost, balance_settings, equal_shares, gradient_weight,
-                             plan_shares)
+from ..rules.balance import (FixedCost, balance_settings, batchnorm_floor, equal_shares,
+                             gradient_weight, passes_per_step, plan_shares)
 from ..runtime import Runtime
 from ..scheme import Batches
 from .horovod import HorovodSync
@@ -52,6 +52,10 @@ class BalancedSync(HorovodSync):
         # a share move smaller than an eighth of --batch-size measures noise more than a slope
         self.fixed_cost = FixedCost(min_move=max(self.granularity, -(-cfg.run.batch_size // 8)))
         self.batches = SharedBatches(self)
+
+    def attach(self, replica) -> None:
+        super().attach(replica)
+        self.floor = batchnorm_floor(self.floor, replica.model, passes_per_step(self.cfg))
 
     def gradient_scale(self, y: Any) -> float:
         """This rank's share of the global batch, as a weight: the k backward passes over equal

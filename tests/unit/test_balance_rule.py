@@ -360,3 +360,16 @@ def test_shares_are_multiples_of_the_backward_passes(monkeypatch):
 
 def test_a_stream_with_loader_processes_cuts_the_same_shares():
     assert stream_batches(1, [4, 12], data_workers=2) == stream_batches(1, [4, 12])
+
+
+def test_a_model_with_batchnorm_keeps_two_samples_per_backward_pass():
+    """A straggler's share at the floor of a sample per micro-batch crashed a BatchNorm model
+    in its second epoch (torch trains BatchNorm on 2 or more samples)."""
+    import torch.nn as nn
+
+    from hvdtrain.rules.balance import batchnorm_floor
+
+    normed = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    assert batchnorm_floor(4, normed, passes=4) == 8
+    assert batchnorm_floor(4, nn.Sequential(nn.Linear(4, 4)), passes=4) == 4
+    assert batchnorm_floor(12, normed, passes=4) == 12  # the --balance-floor is higher already
