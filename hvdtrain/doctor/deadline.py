@@ -6,7 +6,8 @@ Two guards: a thread in the rank, which runs while the rank waits in MPI (mpi4py
 GIL there) and exits 2, three seconds before the deadline; and, at the deadline, ``python -m
 hvdtrain.doctor.deadline PID SECONDS RANK JSON``, a process of its own for a rank that holds the
 GIL (MPI's start-up, waiting for a rank that never started), which reports the same way and
-kills it: the launcher then exits 137 (mpirun), and doctor.json says NOT fit. It leaves as soon as its rank has ended."""
+kills it: the launcher then exits 137 (mpirun), and doctor.json says NOT fit. It leaves as soon
+as its rank has ended."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A worker's running sums over the epoch under way (and over an evaluation): the loss and what
-it weighs (replica.BatchStats.loss_weight), the samples and each metric's sum and count, in the layout that adds up across workers
-(``as_vector``), and the means of such a sum (``means``). The run log (run_log.py) and the
-evaluator (evaluator.py) keep one each."""
+it weighs (replica.BatchStats.loss_weight), the samples and each metric's sum and count, in the
+layout that adds up across workers (``as_vector``), and the means of such a sum (``means``).
+The run log (run_log.py) and the evaluator (evaluator.py) keep one each."""
 
 from __future__ import annotations
 

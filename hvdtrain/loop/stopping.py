@@ -266,7 +266,8 @@ class Stopping(StepHook):
         wall, train = self.verdict.clock
         # Stamped as the eval lines are (wall time, and training time without the evaluations).
         log.write("stop", epoch=p.epoch + (1 if p.step else 0), step=p.global_step,
-                  global_step=p.global_step, wall_seconds=round(wall, 4), train_seconds=round(train, 4),
+                  global_step=p.global_step, wall_seconds=round(wall, 4),
+                  train_seconds=round(train, 4),
                   target=self.target.text, reason=f"reached the target: {self.verdict.detail}")
         if log.is_main:
             print(f"hvdtrain: reached the target {self.target.text} ({self.verdict.detail}); "

@@ -350,7 +350,8 @@ def test_each_verdict_writes_its_stop_line(capsys):
     s.report(Progress(epoch=1, step=4, global_step=12), log)
     [(kind, fields)] = log.lines
     assert (fields["epoch"], fields["step"], fields["global_step"], fields["target"],
-            fields["reason"]) == (2, 12, 12, "test_acc>=0.9", "reached the target: test_acc 0.95 >= 0.9 at step 12")
+            fields["reason"]) == (2, 12, 12, "test_acc>=0.9",
+                                  "reached the target: test_acc 0.95 >= 0.9 at step 12")
     assert fields["train_seconds"] <= fields["wall_seconds"]
     assert "hvdtrain: reached the target test_acc>=0.9" in capsys.readouterr().out
 
