@@ -104,8 +104,8 @@ def near_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
     """The names of ``known`` nearest to a misspelled ``name``, best first: those it begins
     (a name cut short), difflib's close matches, then one that ``name``'s initials spell
     (learning_rate -> lr) or whose initials spell ``name`` (bs -> batch_size), which difflib
-    rates far apart. Leading dashes are set
-    aside and dashes and underscores are alike, so flags (--lr) compare like option names."""
+    rates far apart. Leading dashes are set aside and dashes and underscores are alike, so
+    flags (--lr) compare like option names."""
     def bare(text: str) -> str:
         return text.lstrip("-").replace("-", "_")
 

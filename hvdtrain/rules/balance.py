@@ -138,14 +138,18 @@ def apportion(total: int, wanted: Sequence[float], floor: int = 1,
     return [(fixed.get(i) or whole[i]) * granularity for i in range(len(ideal))]
 
 
-def balance_settings(cfg) -> tuple[int, float]:
+def balance_settings(cfg, model=None) -> tuple[int, float]:
     """--balance's floor in samples and its damping for the Config ``cfg``: at least
     --balance-floor of --batch-size, and a sample per backward pass and pipeline micro-batch
     (every rank makes the same number of backward passes: Horovod allreduces after a fixed
-    count of them). The real scheme (balance.py) and the simulator (compare/share_clock.py)
-    both take them from here."""
+    count of them), two in a ``model`` with BatchNorm where the model is known
+    (batchnorm_floor). The real scheme (sync/shares.py) and the simulator
+    (compare/sim/sync_run.py) both take them from here."""
     sync = cfg.sync
-    floor = max(math.ceil(sync.balance_floor * cfg.run.batch_size), passes_per_step(cfg))
+    passes = passes_per_step(cfg)
+    floor = max(math.ceil(sync.balance_floor * cfg.run.batch_size), passes)
+    if model is not None:
+        floor = batchnorm_floor(floor, model, passes)
     return floor, sync.balance_damping
 
 

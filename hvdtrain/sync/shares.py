@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import Config, ConfigError
 from ..replica import batch_length
-from ..rules.balance import (FixedCost, balance_settings, batchnorm_floor, equal_shares,
-                             gradient_weight, passes_per_step, plan_shares)
+from ..rules.balance import (FixedCost, balance_settings, equal_shares, gradient_weight,
+                             plan_shares)
 from ..runtime import Runtime
 from ..scheme import Batches
 from .horovod import HorovodSync
@@ -55,7 +55,7 @@ class BalancedSync(HorovodSync):
 
     def attach(self, replica) -> None:
         super().attach(replica)
-        self.floor = batchnorm_floor(self.floor, replica.model, passes_per_step(self.cfg))
+        self.floor, _ = balance_settings(self.cfg, replica.model)  # now that the model is known
 
     def gradient_scale(self, y: Any) -> float:
         """This rank's share of the global batch, as a weight: the k backward passes over equal

@@ -81,7 +81,7 @@ class SyncRun:
         for w, learner in zip(sim.workers, self.learners):
             w.engine = SyncStep(self.cluster.port(w.rank), learner,
                                 cfg.sync.backward_passes_per_step)
-        floor, damping = balance_settings(cfg)
+        floor, damping = balance_settings(cfg, sim.setup.model.replica.model)  # as a real run
         # The straggler hook of a real worker is given its step's compute time, without the
         # wait for the allreduce (scheme.take_wait_seconds), and its samples.
         sim.clock = ShareClock(sim.timing, cfg.run.batch_size, sim.num_workers,
